@@ -1,0 +1,125 @@
+#include "tessel/base/env.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <cstdlib>
+#include <mutex>
+
+#include "tessel/base/clock.h"
+#include "tessel/base/error.h"
+#include "tessel/base/logging.h"
+
+namespace tessel {
+namespace {
+
+constexpr std::array<EnvKnobInfo, static_cast<size_t>(EnvKnob::kCount)> kKnobs = {{
+    {EnvKnob::kLogs, "TESSEL_LOGS", "",
+     "per-component log levels, e.g. 'collectives=debug,+launcher' (see docs/logging.md)"},
+    {EnvKnob::kLogTimestamps, "TESSEL_LOG_TIMESTAMPS", "1",
+     "prefix log lines with the wall-clock time (0 to omit, for diffable logs)"},
+}};
+
+// The table must list every enum value, in order; checked once at compile time.
+constexpr bool knobs_in_order() {
+  for (size_t i = 0; i < kKnobs.size(); ++i) {
+    if (static_cast<size_t>(kKnobs[i].knob) != i) return false;
+  }
+  return true;
+}
+static_assert(knobs_in_order(), "kKnobs must list EnvKnob values in declaration order");
+
+}  // namespace
+
+std::span<const EnvKnobInfo> env_knobs() { return kKnobs; }
+
+const EnvKnobInfo& env_knob_info(EnvKnob knob) {
+  const auto i = static_cast<size_t>(knob);
+  TESSEL_CHECK(i < kKnobs.size(), InvalidArgument, "unknown environment knob {}", i);
+  return kKnobs[i];
+}
+
+std::optional<std::string> env_value(EnvKnob knob) {
+  const std::string name(env_knob_info(knob).name);
+  const char* value = std::getenv(name.c_str());
+  if (value == nullptr) return std::nullopt;
+  return std::string(value);
+}
+
+std::string env_string(EnvKnob knob) {
+  auto value = env_value(knob);
+  if (!value || value->empty()) return std::string(env_knob_info(knob).default_value);
+  return *value;
+}
+
+int64_t env_int(EnvKnob knob) {
+  const std::string text = env_string(knob);
+  int64_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  TESSEL_CHECK(ec == std::errc() && end == text.data() + text.size(), InvalidArgument,
+               "{}='{}' is not an integer", env_knob_info(knob).name, text);
+  return value;
+}
+
+std::optional<bool> parse_bool(std::string_view text) {
+  std::string lower(text);
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (lower == "1" || lower == "true" || lower == "yes" || lower == "on") return true;
+  if (lower == "0" || lower == "false" || lower == "no" || lower == "off") return false;
+  return std::nullopt;
+}
+
+bool env_bool(EnvKnob knob) {
+  const std::string text = env_string(knob);
+  const auto value = parse_bool(text);
+  TESSEL_CHECK(value.has_value(), InvalidArgument,
+               "{}='{}' is not a boolean; expected 1/0, true/false, yes/no or on/off",
+               env_knob_info(knob).name, text);
+  return *value;
+}
+
+std::chrono::nanoseconds env_duration(EnvKnob knob) {
+  const std::string text = env_string(knob);
+  try {
+    return parse_duration(text);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("{}: {}", env_knob_info(knob).name, e.message()));
+  }
+}
+
+std::string env_knobs_markdown() {
+  std::string out = "| variable | default | description |\n|---|---|---|\n";
+  for (const auto& k : kKnobs) {
+    out += fmt::format("| `{}` | {} | {} |\n", k.name,
+                       k.default_value.empty() ? "(unset)" : fmt::format("`{}`", k.default_value),
+                       k.description);
+  }
+  return out;
+}
+
+std::string env_knobs_text() {
+  size_t width = 0;
+  for (const auto& k : kKnobs) width = std::max(width, k.name.size());
+  std::string out;
+  for (const auto& k : kKnobs) {
+    const auto value = env_value(k.knob);
+    out += fmt::format("  {:<{}}  default '{}'{}\n      {}\n", k.name, width, k.default_value,
+                       value ? fmt::format(", set to '{}'", *value) : "", k.description);
+  }
+  return out;
+}
+
+void log_env_knobs_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const auto& k : kKnobs) {
+      if (auto value = env_value(k.knob)) {
+        log_info(LogComponent::kBase, "{}={}", k.name, *value);
+      }
+    }
+  });
+}
+
+}  // namespace tessel

@@ -1,0 +1,49 @@
+#include "tessel/base/error.h"
+
+#include <cstring>
+
+namespace tessel {
+
+std::string_view error_kind_name(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kInvalidArgument: return "InvalidArgument";
+    case ErrorKind::kOutOfRange: return "OutOfRange";
+    case ErrorKind::kTimeout: return "Timeout";
+    case ErrorKind::kCommError: return "CommError";
+    case ErrorKind::kPeerLost: return "PeerLost";
+    case ErrorKind::kIoError: return "IoError";
+    case ErrorKind::kUnavailable: return "Unavailable";
+    case ErrorKind::kNotImplemented: return "NotImplemented";
+    case ErrorKind::kInternal: return "Internal";
+  }
+  return "Error";
+}
+
+Error::Error(ErrorKind kind, const std::string& message)
+    : std::runtime_error(fmt::format("{}: {}", error_kind_name(kind), message)),
+      kind_(kind),
+      message_(message) {}
+
+void throw_error(ErrorKind kind, const std::string& message) {
+  switch (kind) {
+    case ErrorKind::kInvalidArgument: throw InvalidArgument(message);
+    case ErrorKind::kOutOfRange: throw OutOfRange(message);
+    case ErrorKind::kTimeout: throw Timeout(message);
+    case ErrorKind::kCommError: throw CommError(message);
+    case ErrorKind::kPeerLost: throw PeerLost(message);
+    case ErrorKind::kIoError: throw IoError(message);
+    case ErrorKind::kUnavailable: throw Unavailable(message);
+    case ErrorKind::kNotImplemented: throw NotImplemented(message);
+    case ErrorKind::kInternal: throw Internal(message);
+  }
+  throw Internal(fmt::format("unknown error kind {} for: {}", static_cast<int>(kind), message));
+}
+
+void throw_system_error(std::string_view what, int errnum) {
+  char buf[256];
+  // GNU strerror_r returns the message pointer (possibly not buf).
+  const char* text = strerror_r(errnum, buf, sizeof(buf));
+  throw IoError(fmt::format("{}: {} (errno {})", what, text, errnum));
+}
+
+}  // namespace tessel

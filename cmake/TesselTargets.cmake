@@ -1,0 +1,70 @@
+# Target helpers: one library per folder, tests per file, tools as executables.
+include(GoogleTest OPTIONAL)
+
+# Layer dependencies declared here are written to ${CMAKE_BINARY_DIR}/tessel_layers.txt, which
+# the layering test compares against the graph in DESIGN.md.
+set_property(GLOBAL PROPERTY TESSEL_LAYERS "")
+
+# tessel_add_library(<folder> [SOURCES ...] [DEPS <tessel folders>...]
+#                    [PUBLIC_LIBS ...] [PRIVATE_LIBS ...])
+# Makes target tessel_<folder> with alias tessel::<folder>. With no sources it is an INTERFACE
+# library (a layer whose code has not landed yet still has its place in the graph).
+function(tessel_add_library folder)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PUBLIC_LIBS;PRIVATE_LIBS" ${ARGN})
+  set(target tessel_${folder})
+  set(dep_targets "")
+  foreach(dep IN LISTS ARG_DEPS)
+    list(APPEND dep_targets tessel::${dep})
+  endforeach()
+  if(ARG_SOURCES)
+    add_library(${target} ${ARG_SOURCES})
+    target_include_directories(${target} PUBLIC
+      $<BUILD_INTERFACE:${TESSEL_BUILD_INCLUDE_DIR}>
+      $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+    target_link_libraries(${target} PUBLIC ${dep_targets} ${ARG_PUBLIC_LIBS}
+                                    PRIVATE ${ARG_PRIVATE_LIBS})
+    set_target_properties(${target} PROPERTIES OUTPUT_NAME tessel_${folder}
+                                               EXPORT_NAME ${folder})
+  else()
+    add_library(${target} INTERFACE)
+    target_include_directories(${target} INTERFACE
+      $<BUILD_INTERFACE:${TESSEL_BUILD_INCLUDE_DIR}>
+      $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+    target_link_libraries(${target} INTERFACE ${dep_targets} ${ARG_PUBLIC_LIBS})
+    set_target_properties(${target} PROPERTIES EXPORT_NAME ${folder})
+  endif()
+  add_library(tessel::${folder} ALIAS ${target})
+  set_property(GLOBAL APPEND PROPERTY TESSEL_LIBRARIES ${target})
+  string(JOIN " " deps_line ${ARG_DEPS})
+  set_property(GLOBAL APPEND PROPERTY TESSEL_LAYERS "${folder}: ${deps_line}")
+endfunction()
+
+# tessel_add_tool(<name> SOURCES ... LIBS ...): an installed executable.
+function(tessel_add_tool name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS})
+  set_property(GLOBAL APPEND PROPERTY TESSEL_TOOLS ${name})
+endfunction()
+
+# tessel_add_test(<name> SOURCES ... [LIBS ...] [LABELS ...] [TIMEOUT seconds] [NO_MAIN])
+# One GoogleTest executable; every TEST in it becomes a ctest test with the folder's label
+# (the first path component under tests/), the extra LABELS, and a timeout (default 60 s).
+function(tessel_add_test name)
+  cmake_parse_arguments(ARG "NO_MAIN" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 60)
+  endif()
+  file(RELATIVE_PATH rel ${PROJECT_SOURCE_DIR}/tests ${CMAKE_CURRENT_SOURCE_DIR})
+  string(REGEX REPLACE "/.*" "" folder_label "${rel}")
+  add_executable(${name} ${ARG_SOURCES})
+  if(ARG_NO_MAIN)
+    target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest)
+  else()
+    target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main)
+  endif()
+  gtest_discover_tests(${name}
+    DISCOVERY_MODE PRE_TEST
+    DISCOVERY_TIMEOUT 30
+    PROPERTIES LABELS "${folder_label};${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})
+endfunction()

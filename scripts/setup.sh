@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Installs every system dependency tessel needs that is missing (Debian/Ubuntu, apt as root)
+# and reports the CUDA toolkit it finds. Idempotent: with everything present it only checks.
+set -euo pipefail
+
+packages=(
+  # toolchain
+  g++ cmake ninja-build ccache pkg-config git
+  # collectives and control plane
+  libopenmpi-dev openmpi-bin libgloo-dev
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  # math
+  libopenblas-dev libdnnl-dev
+  # JSON, CLI, logging
+  nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
+  # tests and benchmarks; network namespaces for multi-node tests
+  libgtest-dev libgmock-dev libbenchmark-dev iproute2 procps
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  if [[ $(id -u) -eq 0 ]]; then
+    sudo=()
+  elif command -v sudo >/dev/null; then
+    sudo=(sudo)
+  else
+    echo "setup: missing packages (${missing[*]}) and not root; install them with apt-get" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  echo "setup: all ${#packages[@]} system packages present"
+fi
+
+# The CUDA toolkit is not installed here (it comes from NVIDIA, not Debian); report what exists.
+nvcc=$(command -v nvcc || true)
+[[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
+if [[ -n $nvcc ]]; then
+  cuda_root=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
+  echo "setup: CUDA toolkit $("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') at $cuda_root"
+  header_version() {  # header, macro prefix -> "major.minor.patch" or "not found"
+    local h
+    for h in "$cuda_root/include/$1" "/usr/local/include/$1" "/usr/include/$1"; do
+      if [[ -f $h ]]; then
+        awk -v p="$2" '$1=="#define" && $2==p"MAJOR"{a=$3} $2==p"MINOR"{b=$3}
+          $2==p"PATCHLEVEL"||$2==p"PATCH"{c=$3} END{print a"."b"."c}' "$h"
+        return
+      fi
+    done
+    echo "not found"
+  }
+  echo "setup:   cuBLAS: $(ls "$cuda_root"/lib64/libcublas.so* >/dev/null 2>&1 && echo found || echo 'not found')"
+  echo "setup:   cuDNN:  $(header_version cudnn_version.h CUDNN_)"
+  echo "setup:   NCCL:   $(header_version nccl.h NCCL_)"
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+    echo "setup:   GPUs:   $(nvidia-smi -L | wc -l)"
+  else
+    echo "setup:   GPUs:   none visible (GPU tests will skip)"
+  fi
+else
+  echo "setup: no CUDA toolkit (nvcc not found); building CPU-only"
+fi
