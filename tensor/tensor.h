@@ -1,0 +1,103 @@
+#pragma once
+// Tensor: a view of a Storage (offset + shape + strides, in elements) with a dtype and device.
+// Copies of a Tensor share the view (like torch.Tensor handles); views share the storage.
+//
+//   Tensor x = from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+//   float* p = x.data<float>();          // contiguous f32 on the CPU
+//   Tensor z = zeros({4, 1024}, DType::kBF16);
+//
+// Thread-safety: a Tensor handle may be copied across threads; concurrent writes to the same
+// elements are the caller's to order.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/tensor/device.h"
+#include "tessel/tensor/dtype.h"
+#include "tessel/tensor/storage.h"
+
+namespace tessel {
+
+using Shape = std::vector<int64_t>;
+using Strides = std::vector<int64_t>;
+
+int64_t shape_numel(const Shape& shape);       // product of the sizes; 1 for a scalar shape {}
+std::string shape_str(const Shape& shape);     // "(2, 3)"
+Strides contiguous_strides(const Shape& shape);  // row-major
+
+struct AutogradMeta;  // defined with autograd; null for tensors that never needed a gradient
+
+// The state behind a Tensor handle. Exposed for backends and autograd; users use Tensor.
+struct TensorImpl {
+  Storage storage;
+  int64_t offset = 0;  // in elements
+  Shape shape;
+  Strides strides;     // in elements
+  DType dtype = DType::kF32;
+  std::shared_ptr<AutogradMeta> autograd;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined: defined() is false
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  bool defined() const { return impl_ != nullptr; }
+  DType dtype() const { return impl().dtype; }
+  Device device() const { return impl().storage.device(); }
+  const Shape& shape() const { return impl().shape; }
+  const Strides& strides() const { return impl().strides; }
+  int64_t dim() const { return static_cast<int64_t>(impl().shape.size()); }
+  // Size of dimension d; negative d counts from the end. Throws OutOfRange.
+  int64_t size(int64_t d) const;
+  int64_t stride(int64_t d) const;
+  int64_t numel() const { return shape_numel(impl().shape); }
+  int64_t offset() const { return impl().offset; }
+  size_t element_size() const { return dtype_size(dtype()); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
+  bool is_contiguous() const;
+  const Storage& storage() const { return impl().storage; }
+
+  // Address of the first element (storage data + offset).
+  void* data_ptr() const;
+  // Typed address; throws InvalidArgument when T does not match dtype().
+  template <typename T>
+  T* data() const {
+    check_dtype(dtype_of<T>());
+    return static_cast<T*>(data_ptr());
+  }
+
+  // A new view of the same storage. Throws OutOfRange when it would reach past the storage.
+  Tensor as_strided(const Shape& shape, const Strides& strides, int64_t offset) const;
+
+  // "Tensor(shape=(2, 3), dtype=f32, device=cpu)"
+  std::string str() const;
+
+  TensorImpl& impl() const;
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+
+ private:
+  void check_dtype(DType expected) const;
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+// Uninitialised memory of the given shape (contiguous).
+Tensor empty(const Shape& shape, DType dtype = DType::kF32, Device device = Device::cpu());
+Tensor zeros(const Shape& shape, DType dtype = DType::kF32, Device device = Device::cpu());
+// A CPU tensor holding a copy of `count` elements at `data`. Throws InvalidArgument when the
+// count does not match the shape.
+Tensor from_data(const void* data, int64_t count, const Shape& shape, DType dtype);
+
+template <typename T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape) {
+  static_assert(!std::is_same_v<T, bool>, "use from_data for bool (std::vector<bool> is packed)");
+  return from_data(values.data(), static_cast<int64_t>(values.size()), shape, dtype_of<T>());
+}
+template <typename T>
+Tensor from_vector(const std::vector<T>& values) {
+  return from_vector(values, Shape{static_cast<int64_t>(values.size())});
+}
+
+}  // namespace tessel
