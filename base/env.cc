@@ -19,6 +19,10 @@ constexpr std::array<EnvKnobInfo, static_cast<size_t>(EnvKnob::kCount)> kKnobs =
      "per-component log levels, e.g. 'collectives=debug,+launcher' (see docs/logging.md)"},
     {EnvKnob::kLogTimestamps, "TESSEL_LOG_TIMESTAMPS", "1",
      "prefix log lines with the wall-clock time (0 to omit, for diffable logs)"},
+    {EnvKnob::kFrEnable, "TESSEL_FR_ENABLE", "1",
+     "record collectives in the flight recorder (0 turns recording off)"},
+    {EnvKnob::kFrCapacity, "TESSEL_FR_CAPACITY", "4096",
+     "entries the flight recorder keeps per process; older ones are overwritten"},
 }};
 
 // The table must list every enum value, in order; checked once at compile time.

@@ -18,6 +18,8 @@ namespace tessel {
 enum class EnvKnob {
   kLogs,          // TESSEL_LOGS
   kLogTimestamps, // TESSEL_LOG_TIMESTAMPS
+  kFrEnable,      // TESSEL_FR_ENABLE
+  kFrCapacity,    // TESSEL_FR_CAPACITY
   kCount,
 };
 

@@ -100,6 +100,37 @@ std::string Tensor::str() const {
                      dtype_name(dtype()), device().str());
 }
 
+bool Tensor::requires_grad() const {
+  const AutogradMeta* meta = impl().autograd.get();
+  return meta != nullptr && meta->requires_grad;
+}
+
+Tensor& Tensor::set_requires_grad(bool on) {
+  TESSEL_CHECK(!on || is_floating(dtype()), InvalidArgument,
+               "only floating-point tensors can require gradients, not {}", dtype_name(dtype()));
+  ensure_autograd_meta().requires_grad = on;
+  return *this;
+}
+
+Tensor Tensor::grad() const {
+  const AutogradMeta* meta = impl().autograd.get();
+  return meta != nullptr ? meta->grad : Tensor();
+}
+
+void Tensor::set_grad(const Tensor& grad) const {
+  if (grad.defined()) {
+    TESSEL_CHECK(grad.shape() == shape() && grad.dtype() == dtype(), InvalidArgument,
+                 "gradient {} does not match tensor {}", grad.str(), str());
+  }
+  ensure_autograd_meta().grad = grad;
+}
+
+AutogradMeta& Tensor::ensure_autograd_meta() const {
+  TensorImpl& t = impl();
+  if (!t.autograd) t.autograd = std::make_shared<AutogradMeta>();
+  return *t.autograd;
+}
+
 Tensor empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t s : shape) {
     TESSEL_CHECK(s >= 0, InvalidArgument, "negative size in shape {}", shape_str(shape));

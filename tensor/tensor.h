@@ -75,12 +75,30 @@ class Tensor {
   // "Tensor(shape=(2, 3), dtype=f32, device=cpu)"
   std::string str() const;
 
+  // Autograd state (see tensor/autograd.h for backward()). A leaf that requires a gradient
+  // accumulates it in grad(); grad() is undefined until a backward pass reaches it.
+  bool requires_grad() const;
+  Tensor& set_requires_grad(bool on);
+  Tensor grad() const;
+  void set_grad(const Tensor& grad) const;
+  AutogradMeta* autograd_meta() const { return impl().autograd.get(); }
+  // Creates the autograd state on first use. Not thread-safe against a concurrent first call.
+  AutogradMeta& ensure_autograd_meta() const;
+
   TensorImpl& impl() const;
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
 
  private:
   void check_dtype(DType expected) const;
   std::shared_ptr<TensorImpl> impl_;
+};
+
+struct Node;  // an operation in the autograd graph (tensor/autograd.h)
+
+// Per-tensor autograd state; created on demand. Autograd adds the graph fields it needs.
+struct AutogradMeta {
+  bool requires_grad = false;
+  Tensor grad;
 };
 
 // Uninitialised memory of the given shape (contiguous).

@@ -91,6 +91,21 @@ TEST(TensorCoreTest, AsStridedSharesStorageAndChecksBounds) {
   EXPECT_THROW(t.as_strided({7}, {1}, 0), OutOfRange);
 }
 
+TEST(TensorCoreTest, GradSlot) {
+  Tensor w = zeros({2, 2});
+  EXPECT_FALSE(w.requires_grad());
+  EXPECT_FALSE(w.grad().defined());
+  w.set_requires_grad(true);
+  EXPECT_TRUE(w.requires_grad());
+  w.set_grad(from_vector<float>({1, 2, 3, 4}, {2, 2}));
+  EXPECT_EQ(w.grad().data<float>()[3], 4.0f);
+  Tensor alias = w;  // handles share autograd state
+  EXPECT_TRUE(alias.grad().defined());
+  EXPECT_THROW(w.set_grad(zeros({4})), InvalidArgument);
+  Tensor ids = zeros({3}, DType::kI64);
+  EXPECT_THROW(ids.set_requires_grad(true), InvalidArgument);
+}
+
 TEST(TensorCoreTest, UndefinedTensorThrows) {
   Tensor t;
   EXPECT_FALSE(t.defined());
