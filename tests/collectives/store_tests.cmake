@@ -1,0 +1,4 @@
+# The gRPC store's tests (collectives/grpc/); built only with gRPC.
+tessel_add_test(store_server_test SOURCES store_server_test.cc LIBS tessel::collectives)
+tessel_add_test(store_concurrency_test SOURCES store_concurrency_test.cc
+                LIBS tessel::collectives)
