@@ -2,3 +2,5 @@
 tessel_add_test(store_server_test SOURCES store_server_test.cc LIBS tessel::collectives)
 tessel_add_test(store_concurrency_test SOURCES store_concurrency_test.cc
                 LIBS tessel::collectives)
+tessel_add_test(store_multiprocess_test SOURCES store_multiprocess_test.cc
+                LIBS tessel::collectives LABELS multiprocess NO_MAIN TIMEOUT 90)
