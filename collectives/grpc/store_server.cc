@@ -68,6 +68,9 @@ const StoreLimits& StoreServer::limits() const { return impl_->options.limits; }
 StoreServerStats StoreServer::stats() const { return impl_->service->stats(); }
 
 std::shared_ptr<Store> StoreServer::connect(Nanoseconds default_timeout) {
+  std::lock_guard lock(impl_->stop_mutex);
+  TESSEL_CHECK(!impl_->stopped, PeerLost, "store server at {} stopped; cannot connect to it",
+               impl_->address.empty() ? std::string("(in-process)") : impl_->address);
   StoreClientOptions client_options;
   client_options.default_timeout = default_timeout;
   auto channel = impl_->server->InProcessChannel(internal::store_channel_arguments(client_options));

@@ -71,6 +71,8 @@ class GetReactor final : public grpc::ServerUnaryReactor, public StoreWaiter {
       if (values) finish(WaitEnd::kReady, std::move(*values));
     } catch (const Error& e) {
       Finish(status_of(e));
+    } catch (const std::exception& e) {
+      Finish(grpc::Status(grpc::StatusCode::INTERNAL, e.what()));
     }
   }
 
@@ -193,6 +195,9 @@ void add_store_service(grpc::ServerBuilder& builder, StoreService& service) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              kMinPingIntervalMs);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // gRPC sets SO_REUSEPORT by default: a second server on a taken port would share it
+  // silently. The store's address must be its own.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&service);
 }
 

@@ -74,8 +74,9 @@ class StoreService final : public storepb::Store::CallbackService {
   StoreTable table_;
 };
 
-// Registers service on builder with the settings it needs: the largest request its limits
-// allow, and the keepalive policy StoreClient uses.
+// Registers service on builder with the settings it needs, which apply to the whole server:
+// the largest request its limits allow, the keepalive policy StoreClient uses, and no
+// SO_REUSEPORT (so a taken port is an error, not a shared port).
 void add_store_service(grpc::ServerBuilder& builder, StoreService& service);
 
 }  // namespace tessel::internal

@@ -150,6 +150,25 @@ TEST(StoreConcurrencyTest, InProcessClientAfterStopGivesPeerLost) {
   EXPECT_THROW(store->get("k", 1s), PeerLost);
 }
 
+TEST(StoreConcurrencyTest, InProcessClientOutlivingItsServerGivesPeerLost) {
+  std::shared_ptr<Store> store;
+  {
+    StoreServer server(loopback_server_options());
+    store = server.connect();
+    store->set("k", "v");
+  }
+  EXPECT_THROW(store->set("k", "v"), PeerLost);
+  EXPECT_THROW(store->get("k", 1s), PeerLost);
+  store.reset();  // releasing the channel after its server is gone is safe
+}
+
+TEST(StoreConcurrencyTest, ConnectAfterStopGivesPeerLost) {
+  StoreServer server(loopback_server_options());
+  server.stop();
+  server.stop();  // idempotent
+  EXPECT_THROW(server.connect(), PeerLost);
+}
+
 TEST(StoreConcurrencyTest, UnreachableAddressFailsAfterBoundedRetries) {
   std::string address;
   {

@@ -189,6 +189,20 @@ TEST(StoreServerTest, RejectsMalformedAddresses) {
   }
 }
 
+TEST(StoreServerTest, AddressInUseIsAnIoErrorNamingIt) {
+  StoreServer first(loopback_server_options());
+  StoreServerOptions options = loopback_server_options();
+  options.address = first.address();
+  try {
+    StoreServer second(options);
+    FAIL() << "two servers bound " << first.address();
+  } catch (const IoError& e) {
+    EXPECT_TRUE(contains(e.message(), first.address())) << e.what();
+  }
+  StoreClient client(client_options_for(first.address()));  // the first still serves
+  client.set("k", "v");
+}
+
 TEST(StoreServerTest, InProcessOnlyServerHasNoAddress) {
   StoreServerOptions options = loopback_server_options();
   options.address.clear();
