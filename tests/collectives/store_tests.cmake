@@ -4,3 +4,4 @@ tessel_add_test(store_concurrency_test SOURCES store_concurrency_test.cc
                 LIBS tessel::collectives)
 tessel_add_test(store_multiprocess_test SOURCES store_multiprocess_test.cc
                 LIBS tessel::collectives LABELS multiprocess NO_MAIN TIMEOUT 90)
+tessel_add_test(store_table_test SOURCES store_table_test.cc LIBS tessel::collectives)
