@@ -9,6 +9,7 @@
 // client seeing it, measured on the shared monotonic clock); then each client runs rounds of
 // set (its own key), get (that key) and wait (that key, present). Reported per op: p50 and
 // p99 latency; overall: throughput, and the server process's RSS and thread count.
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -276,6 +277,21 @@ int proc_threads() {
   return n;
 }
 
+// Open sockets of this process (the server's connections, one per client channel).
+int proc_sockets() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int n = 0;
+  char target[64];
+  while (dirent* entry = ::readdir(dir)) {
+    const std::string path = std::string("/proc/self/fd/") + entry->d_name;
+    const ssize_t len = ::readlink(path.c_str(), target, sizeof(target) - 1);
+    if (len > 0 && std::strncmp(target, "socket:", 7) == 0) ++n;
+  }
+  ::closedir(dir);
+  return n;
+}
+
 struct WorkerProcess {
   pid_t pid = -1;
   int out_fd = -1;
@@ -344,7 +360,7 @@ Samples run_solo(const std::string& address, const std::string& token, const Con
 }
 
 Summary run_grpc(const Config& config, double& rss_idle, double& rss_parked, double& rss_peak,
-                 int& threads_parked, Samples& solo) {
+                 int& threads_parked, int& sockets_parked, Samples& solo) {
   StoreServerOptions options;
   options.address = "127.0.0.1:0";
   StoreServer server(options);
@@ -373,6 +389,7 @@ Summary run_grpc(const Config& config, double& rss_idle, double& rss_parked, dou
   }
   rss_parked = proc_status_mib("VmRSS:");
   threads_parked = proc_threads();
+  sockets_parked = proc_sockets();
   const Stopwatch elapsed;
   server.connect()->set("start", std::to_string(monotonic_ns()));
   for (auto& t : readers) t.join();
@@ -462,9 +479,10 @@ int run_parent(const Config& config, int peer_threads) {
               "of set/get/wait, %d-byte values\n",
               config.processes, config.clients, total, config.rounds, config.value_bytes);
   double rss_idle = 0, rss_parked = 0, rss_peak = 0;
-  int threads_parked = 0;
+  int threads_parked = 0, sockets_parked = 0;
   Samples solo;
-  Summary grpc = run_grpc(config, rss_idle, rss_parked, rss_peak, threads_parked, solo);
+  Summary grpc =
+      run_grpc(config, rss_idle, rss_parked, rss_peak, threads_parked, sockets_parked, solo);
   Summary memory = run_memory(config, peer_threads);
 
   std::printf("\none client alone (StoreClient, %d sequential ops each), vs MemoryStore:\n",
@@ -499,8 +517,8 @@ int run_parent(const Config& config, int peer_threads) {
               "on %d threads; memory/grpc %.0fx\n",
               grpc_rate, memory_rate, peer_threads, memory_rate / grpc_rate);
   std::printf("server process: RSS %.1f MiB idle, %.1f MiB with %d waits parked, peak %.1f MiB; "
-              "%d threads with the waits parked\n",
-              rss_idle, rss_parked, total, rss_peak, threads_parked);
+              "%d threads and %d open sockets with the waits parked\n",
+              rss_idle, rss_parked, total, rss_peak, threads_parked, sockets_parked);
   std::printf("(memory peak includes the peer's %d wake threads, run after the grpc figures)\n",
               total);
   if (grpc.failures > 0) {
