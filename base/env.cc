@@ -23,6 +23,12 @@ constexpr std::array<EnvKnobInfo, static_cast<size_t>(EnvKnob::kCount)> kKnobs =
      "record collectives in the flight recorder (0 turns recording off)"},
     {EnvKnob::kFrCapacity, "TESSEL_FR_CAPACITY", "4096",
      "entries the flight recorder keeps per process; older ones are overwritten"},
+    {EnvKnob::kStoreAddr, "TESSEL_STORE_ADDR", "",
+     "host:port of the job's store server (set by the launcher for every worker)"},
+    {EnvKnob::kStoreToken, "TESSEL_STORE_TOKEN", "",
+     "the job's store token (set by the launcher; never pass it on a command line)", true},
+    {EnvKnob::kStoreTokenFile, "TESSEL_STORE_TOKEN_FILE", "",
+     "a file holding the store token, read when TESSEL_STORE_TOKEN is unset"},
 }};
 
 // The table must list every enum value, in order; checked once at compile time.
@@ -109,8 +115,11 @@ std::string env_knobs_text() {
   std::string out;
   for (const auto& k : kKnobs) {
     const auto value = env_value(k.knob);
+    const std::string shown = !value       ? ""
+                              : k.secret ? std::string(", set (value hidden)")
+                                         : fmt::format(", set to '{}'", *value);
     out += fmt::format("  {:<{}}  default '{}'{}\n      {}\n", k.name, width, k.default_value,
-                       value ? fmt::format(", set to '{}'", *value) : "", k.description);
+                       shown, k.description);
   }
   return out;
 }
@@ -120,7 +129,7 @@ void log_env_knobs_once() {
   std::call_once(once, [] {
     for (const auto& k : kKnobs) {
       if (auto value = env_value(k.knob)) {
-        log_info(LogComponent::kBase, "{}={}", k.name, *value);
+        log_info(LogComponent::kBase, "{}={}", k.name, k.secret ? "(hidden)" : *value);
       }
     }
   });

@@ -20,6 +20,9 @@ enum class EnvKnob {
   kLogTimestamps, // TESSEL_LOG_TIMESTAMPS
   kFrEnable,      // TESSEL_FR_ENABLE
   kFrCapacity,    // TESSEL_FR_CAPACITY
+  kStoreAddr,      // TESSEL_STORE_ADDR
+  kStoreToken,     // TESSEL_STORE_TOKEN
+  kStoreTokenFile, // TESSEL_STORE_TOKEN_FILE
   kCount,
 };
 
@@ -28,6 +31,7 @@ struct EnvKnobInfo {
   std::string_view name;           // "TESSEL_LOGS"
   std::string_view default_value;  // the value used when unset
   std::string_view description;    // one line
+  bool secret = false;             // a credential: its value is never logged or printed
 };
 
 // All knobs, in declaration order. Thread-safe (immutable).
