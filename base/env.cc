@@ -23,6 +23,8 @@ constexpr std::array<EnvKnobInfo, static_cast<size_t>(EnvKnob::kCount)> kKnobs =
      "record collectives in the flight recorder (0 turns recording off)"},
     {EnvKnob::kFrCapacity, "TESSEL_FR_CAPACITY", "4096",
      "entries the flight recorder keeps per process; older ones are overwritten"},
+    {EnvKnob::kRdzvToken, "TESSEL_RDZV_TOKEN", "",
+     "tessel-run's job token for multi-node rendezvous (never logged; or --rdzv-token-file)"},
 }};
 
 // The table must list every enum value, in order; checked once at compile time.
