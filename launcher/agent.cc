@@ -423,13 +423,15 @@ struct NodeAgent::Impl {
           uint64_t n = 0;
           (void)!::read(event_fd, &n, sizeof(n));
           while (auto e = control.take()) {
-            const auto grace = stopping ? std::chrono::milliseconds(0) : o.failure_grace;
+            // Workers already told to stop keep the grace they were given.
+            const Deadline kill = stopping ? (kill_at.is_never() ? Deadline::after({}) : kill_at)
+                                           : Deadline::after(o.failure_grace);
             if (e->server_lost) {
-              workers->stop_all(grace);
+              workers->stop_all(kill);
               return RoundEnd::kServerLost;
             }
             *out = e->event;
-            workers->stop_all(e->event.kind() == proto::JobEvent::STOP ? o.signal_grace : grace);
+            workers->stop_all(kill);
             return e->event.kind() == proto::JobEvent::RESTART ? RoundEnd::kRestart
                                                                : RoundEnd::kFinal;
           }

@@ -103,7 +103,8 @@ void LogMux::write_line(int local_rank, int global_rank, WorkerStream stream,
     write_all(stream == WorkerStream::kStdout ? files_[lr].out : files_[lr].err,
               std::string_view(text).substr(text.size() - line.size() - 1));
   }
-  if (stream == WorkerStream::kStderr && lr < tails_.size()) {
+  if (stream == WorkerStream::kStderr) {
+    if (lr >= tails_.size()) tails_.resize(lr + 1);
     tails_[lr].emplace_back(line);
     if (tails_[lr].size() > options_.stderr_tail_lines) tails_[lr].pop_front();
   }

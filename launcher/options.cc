@@ -77,13 +77,13 @@ Environment current_environment() {
 
 std::pair<int, int> parse_nnodes(const std::string& text) {
   const size_t colon = text.find(':');
-  if (colon == std::string::npos) {
-    const int n = parse_int("--nnodes", text);
-    TESSEL_CHECK(n >= 1, InvalidArgument, "--nnodes {} must be at least 1", n);
-    return {n, n};
+  int lo = 0, hi = 0;
+  try {
+    lo = parse_int("--nnodes", text.substr(0, colon));
+    hi = colon == std::string::npos ? lo : parse_int("--nnodes", text.substr(colon + 1));
+  } catch (const InvalidArgument&) {
+    throw InvalidArgument(fmt::format("--nnodes '{}' is not N or MIN:MAX", text));
   }
-  const int lo = parse_int("--nnodes minimum", text.substr(0, colon));
-  const int hi = parse_int("--nnodes maximum", text.substr(colon + 1));
   TESSEL_CHECK(lo >= 1 && lo <= hi, InvalidArgument,
                "--nnodes {} needs 1 <= MIN <= MAX (got MIN {} and MAX {})", text, lo, hi);
   return {lo, hi};

@@ -545,6 +545,7 @@ RendezvousServer::RendezvousServer(RendezvousServerOptions options)
     impl_->store_service = make_store_service(o.token);
     if (impl_->store_service) builder.RegisterService(impl_->store_service.get());
   }
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a second server must fail to bind
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   impl_->server = builder.BuildAndStart();

@@ -392,10 +392,9 @@ pid_t WorkerGroup::pid_of(int local_rank) const {
   return -1;
 }
 
-std::vector<WorkerExit> WorkerGroup::stop_all(std::chrono::milliseconds grace) {
+std::vector<WorkerExit> WorkerGroup::stop_all(Deadline term) {
   std::vector<WorkerExit> seen;
   signal_all(SIGTERM);
-  const Deadline term = Deadline::after(grace);
   while (running() > 0 && !term.expired()) {
     auto ev = wait(term);
     seen.insert(seen.end(), ev.exits.begin(), ev.exits.end());

@@ -105,9 +105,12 @@ class WorkerGroup {
 
   // Sends sig to every live worker's process group.
   void signal_all(int sig);
-  // SIGTERM to every process group, SIGKILL after `grace`, then waits (bounded) for the workers
+  // SIGTERM to every process group, SIGKILL at `kill_at`, then waits (bounded) for the workers
   // and kills any remaining descendant. Returns the exits it saw.
-  std::vector<WorkerExit> stop_all(std::chrono::milliseconds grace);
+  std::vector<WorkerExit> stop_all(Deadline kill_at);
+  std::vector<WorkerExit> stop_all(std::chrono::milliseconds grace) {
+    return stop_all(Deadline::after(grace));
+  }
   // SIGKILL to every process group and every descendant; reaps what it can.
   void kill_all();
 
