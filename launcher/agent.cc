@@ -445,6 +445,49 @@ struct NodeAgent::Impl {
     }
   }
 
+  int interrupt_signal = 0;
+
+  // Joins on a scoped thread while this thread watches the signal fd: SIGINT/SIGTERM while
+  // waiting for a round cancels the join. False when interrupted.
+  bool join_interruptibly(const proto::JoinRequest& join, proto::JoinResponse* response) {
+    grpc::ClientContext context;
+    std::exception_ptr error;
+    const int done_fd = eventfd(0, EFD_CLOEXEC);
+    if (done_fd < 0) throw_system_error("eventfd", errno);
+    std::thread joiner([&] {
+      try {
+        *response = client->join(join, o.rdzv_timeout, &context);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      const uint64_t one = 1;
+      (void)!::write(done_fd, &one, sizeof(one));
+    });
+    for (;;) {
+      pollfd fds[2] = {{done_fd, POLLIN, 0}, {signal_fd, POLLIN, 0}};
+      if (::poll(fds, 2, -1) < 0 && errno == EINTR) continue;
+      if (fds[0].revents != 0) break;
+      signalfd_siginfo info{};
+      if (::read(signal_fd, &info, sizeof(info)) == sizeof(info) &&
+          (info.ssi_signo == SIGINT || info.ssi_signo == SIGTERM || info.ssi_signo == SIGHUP)) {
+        interrupt_signal = static_cast<int>(info.ssi_signo);
+        context.TryCancel();
+      }
+    }
+    joiner.join();
+    ::close(done_fd);
+    if (interrupt_signal != 0) return false;
+    if (error) std::rethrow_exception(error);
+    return true;
+  }
+
+  AgentResult interrupted_result() const {
+    return {128 + interrupt_signal,
+            fmt::format("tessel-run: {} while waiting for the rendezvous round; no workers ran\n",
+                        signal_name(interrupt_signal)),
+            log_dir};
+  }
+
   AgentResult final_result(const proto::JobEvent& event) {
     if (server) server->wait_all_notified(kNotifyWait);
     AgentResult result{0, "", log_dir};
@@ -514,7 +557,8 @@ struct NodeAgent::Impl {
       join.set_nproc(o.nproc_per_node);
       join.set_requested_rank(o.node_rank);
       join.set_master_port(free_port());
-      proto::JoinResponse r = client->join(join, o.rdzv_timeout);
+      proto::JoinResponse r;
+      if (!join_interruptibly(join, &r)) return interrupted_result();
       log_info(kL, "round {}: group rank {} of {}, ranks {}..{} of {}", r.round(), r.group_rank(),
                r.group_world_size(), r.rank_offset(), r.rank_offset() + o.nproc_per_node - 1,
                r.world_size());
@@ -522,7 +566,7 @@ struct NodeAgent::Impl {
       make_dir(attempt_dir);
       std::vector<int> ranks;
       for (int i = 0; i < o.nproc_per_node; ++i) ranks.push_back(r.rank_offset() + i);
-      mux->begin_attempt(attempt_dir, ranks);
+      mux->begin_attempt(attempt_dir, r.group_rank(), ranks);
       RoundControl control(*client, node_id, r.round(), o.monitor_interval, o.heartbeat_misses,
                            event_fd);
       workers->start(specs(r));

@@ -57,8 +57,10 @@ void LogMux::close_files() {
   files_.clear();
 }
 
-void LogMux::begin_attempt(const std::string& attempt_dir, const std::vector<int>& global_ranks) {
+void LogMux::begin_attempt(const std::string& attempt_dir, int node_rank,
+                           const std::vector<int>& global_ranks) {
   close_files();
+  options_.node_rank = node_rank;
   files_.resize(global_ranks.size());
   tails_.assign(global_ranks.size(), {});
   for (size_t i = 0; i < global_ranks.size(); ++i) {

@@ -53,8 +53,10 @@ class LogMux {
   LogMux(const LogMux&) = delete;
   LogMux& operator=(const LogMux&) = delete;
 
-  // Opens the per-rank files of a new attempt (closing the previous attempt's). Throws IoError.
-  void begin_attempt(const std::string& attempt_dir, const std::vector<int>& global_ranks);
+  // Opens the per-rank files of a new attempt (closing the previous attempt's); `node_rank` is
+  // this node's group rank in the attempt ({node}). Throws IoError.
+  void begin_attempt(const std::string& attempt_dir, int node_rank,
+                     const std::vector<int>& global_ranks);
   // Writes one whole line of a worker.
   void write_line(int local_rank, int global_rank, WorkerStream stream, std::string_view line);
   // The last lines the worker wrote to stderr in this attempt, joined with '\n'.

@@ -47,18 +47,38 @@ void RendezvousClient::prepare(grpc::ClientContext& context,
   context.AddMetadata(std::string(kTokenMetadataKey), token_);
 }
 
+namespace {
+
+const char* status_code_name(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::CANCELLED: return "CANCELLED";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    default: return "gRPC error";
+  }
+}
+
+}  // namespace
+
 void RendezvousClient::fail(const char* what, const grpc::Status& status) const {
-  throw RpcError(fmt::format("rendezvous {} at {} failed: {} ({})", what, endpoint_,
-                             status.error_message(), static_cast<int>(status.error_code())),
+  throw RpcError(fmt::format("rendezvous {} at {} failed: {} ({} {})", what, endpoint_,
+                             status.error_message(), status_code_name(status.error_code()),
+                             static_cast<int>(status.error_code())),
                  status.error_code());
 }
 
 proto::JoinResponse RendezvousClient::join(const proto::JoinRequest& request,
-                                           std::chrono::milliseconds timeout) {
-  grpc::ClientContext context;
-  prepare(context, timeout);
+                                           std::chrono::milliseconds timeout,
+                                           grpc::ClientContext* context) {
+  grpc::ClientContext own;
+  if (context == nullptr) context = &own;
+  prepare(*context, timeout);
   proto::JoinResponse response;
-  const grpc::Status status = stub_->Join(&context, request, &response);
+  const grpc::Status status = stub_->Join(context, request, &response);
   if (!status.ok()) fail("Join", status);
   return response;
 }

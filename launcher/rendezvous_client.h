@@ -44,7 +44,9 @@ class RendezvousClient {
 
   // Joins the next round; blocks until it forms or `timeout`. Throws RpcError
   // (DEADLINE_EXCEEDED when the round did not form, UNAUTHENTICATED without the right token).
-  proto::JoinResponse join(const proto::JoinRequest& request, std::chrono::milliseconds timeout);
+  // `context`, when given, lets another thread cancel the wait.
+  proto::JoinResponse join(const proto::JoinRequest& request, std::chrono::milliseconds timeout,
+                           grpc::ClientContext* context = nullptr);
   // One heartbeat. Throws RpcError (FAILED_PRECONDITION when the round is stale).
   void heartbeat(const std::string& node_id, int64_t round, std::chrono::milliseconds timeout);
   // Reports a failure; true when it became the round's root cause. Throws RpcError.

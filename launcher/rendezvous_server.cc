@@ -166,6 +166,7 @@ class RendezvousServer::State {
         failure.set_host(members_[node_id].assignment.host());
         failure.set_rank(-1);
         failure.set_reason("node lost (its agent's connection closed)");
+        members_[node_id].lost = true;
         fail_round_locked(std::move(failure), lock);
       }
       if (lock.owns_lock()) lock.unlock();
@@ -193,6 +194,7 @@ class RendezvousServer::State {
           failure.set_rank(-1);
           failure.set_reason(fmt::format("node lost (no heartbeat for {})",
                                          format_duration(now - m.last_seen)));
+          m.lost = true;
           fail_round_locked(std::move(failure), lock);
           break;
         }
@@ -253,8 +255,9 @@ class RendezvousServer::State {
     std::unique_lock lock(mu_);
     return cv_.wait_for(lock, timeout, [&] {
       return phase_ == Phase::kFinished &&
-             std::all_of(members_.begin(), members_.end(),
-                         [](const auto& m) { return m.second.notified; });
+             std::all_of(members_.begin(), members_.end(), [](const auto& m) {
+               return m.second.notified || m.second.lost;
+             });
     });
   }
 
@@ -294,6 +297,7 @@ class RendezvousServer::State {
     SteadyClock::time_point last_seen;
     bool done = false;
     bool notified = false;
+    bool lost = false;  // its agent is gone: nobody to notify
   };
   struct Finisher {
     ParkedCall* call;
