@@ -8,11 +8,20 @@
 
 namespace tessel::launcher {
 
+grpc::ChannelArguments control_plane_channel_args(bool private_connection) {
+  grpc::ChannelArguments args;
+  if (private_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_TCP_READ_CHUNK_SIZE, 4096);
+  args.SetInt(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256);
+  args.SetInt(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 65536);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  return args;
+}
+
 RendezvousClient::RendezvousClient(std::string endpoint, std::string token,
                                    RendezvousClientOptions options)
     : endpoint_(std::move(endpoint)), token_(std::move(token)) {
-  grpc::ChannelArguments args;
-  if (options.private_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  grpc::ChannelArguments args = control_plane_channel_args(options.private_connection);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   // Reconnect fast after a blip: the heartbeat bound is short.

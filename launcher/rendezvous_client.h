@@ -31,6 +31,11 @@ struct RendezvousClientOptions {
   bool private_connection = false;
 };
 
+// Channel arguments for the control plane: small TCP read buffers and no BDP probing, so a
+// server with thousands of agent connections (and a process simulating thousands of agents)
+// stays within memory; `private_connection` as in RendezvousClientOptions.
+grpc::ChannelArguments control_plane_channel_args(bool private_connection);
+
 class RendezvousClient {
  public:
   RendezvousClient(std::string endpoint, std::string token,

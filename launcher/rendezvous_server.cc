@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/resource_quota.h>
 
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
@@ -377,7 +378,6 @@ class RendezvousServer::State {
       r->set_master_addr(master_addr);
       r->set_master_port(master_port);
       r->set_heartbeat_interval_ms(options_.heartbeat_interval.count());
-      for (const auto& a : assignments) *r->add_nodes() = a;
       done.push_back({nodes[i].call, grpc::Status::OK});
     }
     phase_ = Phase::kRunning;
@@ -551,6 +551,14 @@ RendezvousServer::RendezvousServer(RendezvousServerOptions options)
   }
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a second server must fail to bind
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Thousands of agent connections: small read buffers, no BDP probing (as the clients).
+  builder.AddChannelArgument(GRPC_ARG_TCP_READ_CHUNK_SIZE, 4096);
+  builder.AddChannelArgument(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256);
+  builder.AddChannelArgument(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 65536);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  grpc::ResourceQuota quota("tessel-rendezvous");
+  quota.Resize(size_t{512} << 20);  // buffers shrink under pressure instead of growing unbounded
+  builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   impl_->server = builder.BuildAndStart();
   TESSEL_CHECK(impl_->server != nullptr && impl_->port != 0, CommError,

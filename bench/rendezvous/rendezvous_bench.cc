@@ -33,6 +33,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "tessel/launcher/proto/rendezvous.grpc.pb.h"
+#include "tessel/launcher/rendezvous_client.h"
 #include "tessel/launcher/rendezvous_server.h"
 
 namespace {
@@ -78,8 +79,8 @@ std::unique_ptr<grpc::ClientContext> context() {
 // One agent process: `count` simulated nodes with ids offset.. offset+count-1. Prints
 // "ping_ms join_ms barrier_ms" then one join latency (us) per node.
 int agent_main(const std::string& address, int count, int offset) {
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // one TCP connection per agent
+  // One TCP connection per agent (local subchannel pool), as tessel-run's agents configure.
+  grpc::ChannelArguments args = control_plane_channel_args(/*private_connection=*/true);
   std::vector<std::unique_ptr<proto::Rendezvous::Stub>> stubs;
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (int i = 0; i < count; ++i) {
