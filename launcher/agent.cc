@@ -357,10 +357,15 @@ struct NodeAgent::Impl {
 
   // Supervises one round's workers until the server's event for the round arrives.
   RoundEnd supervise(const proto::JoinResponse& r, RoundControl& control, proto::JobEvent* out) {
-    bool stopping = false, reported = false, done_reported = false, all_ok = true;
+    bool stopping = false, done_reported = false, all_ok = true;
     int interrupts = 0;
     Deadline kill_at = Deadline::never();
+    std::optional<RoundEnd> end;  // the server's decision; returned once the workers are gone
     for (;;) {
+      if (end && workers->running() == 0) {
+        workers->kill_all();  // descendants that outlived their worker
+        return *end;
+      }
       WorkerEvents ev = workers->wait(kill_at);
       for (const WorkerExit& e : ev.exits) {
         if (e.success()) continue;
@@ -374,7 +379,6 @@ struct NodeAgent::Impl {
         stopping = true;
         try {
           client->report_failure(node_id, r.round(), f, kRpcTimeout);
-          reported = true;
         } catch (const RpcError& err) {
           log_warn(kL, "failure report refused: {}", err.what());
         }
@@ -423,17 +427,15 @@ struct NodeAgent::Impl {
           uint64_t n = 0;
           (void)!::read(event_fd, &n, sizeof(n));
           while (auto e = control.take()) {
-            // Workers already told to stop keep the grace they were given.
-            const Deadline kill = stopping ? (kill_at.is_never() ? Deadline::after({}) : kill_at)
-                                           : Deadline::after(o.failure_grace);
-            if (e->server_lost) {
-              workers->stop_all(kill);
-              return RoundEnd::kServerLost;
+            if (!e->server_lost) *out = e->event;
+            end = e->server_lost ? RoundEnd::kServerLost
+                  : e->event.kind() == proto::JobEvent::RESTART ? RoundEnd::kRestart
+                                                                : RoundEnd::kFinal;
+            if (!stopping) {
+              workers->signal_all(SIGTERM);
+              kill_at = Deadline::after(o.failure_grace);
+              stopping = true;
             }
-            *out = e->event;
-            workers->stop_all(kill);
-            return e->event.kind() == proto::JobEvent::RESTART ? RoundEnd::kRestart
-                                                               : RoundEnd::kFinal;
           }
         }
       }
@@ -441,7 +443,6 @@ struct NodeAgent::Impl {
         workers->signal_all(SIGKILL);
         kill_at = Deadline::never();
       }
-      (void)reported;
     }
   }
 

@@ -8,6 +8,8 @@
 //                            record both pids in DIR/pids_<rank>, then sleep
 //   lines N                  print N long numbered lines to stdout, exit 0
 //   crash                    exit 1 at once (a crash loop)
+//   signals DIR              record SIGUSR1 in DIR/usr1_<rank>; ignore SIGINT and SIGTERM
+//                            (recording DIR/int_<rank>); DIR/ready_<rank> once handlers are set
 //   all_reduce               placeholder for the Gloo all_reduce across nodes (see below)
 #include <signal.h>
 #include <time.h>
@@ -34,6 +36,16 @@ long long monotonic_ns() {
 }
 
 std::string g_stop_file;
+std::string g_dir;
+int g_rank = -1;
+
+void touch(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f) std::fclose(f);
+}
+
+void on_usr1(int) { touch(g_dir + "/usr1_" + std::to_string(g_rank)); }
+void on_int(int) { touch(g_dir + "/int_" + std::to_string(g_rank)); }
 
 void on_term(int) {
   if (!g_stop_file.empty()) {
@@ -114,6 +126,15 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "crash") return 1;
+  if (mode == "signals" && argc >= 3) {
+    g_dir = argv[2];
+    g_rank = rank;
+    signal(SIGUSR1, on_usr1);
+    signal(SIGINT, on_int);
+    signal(SIGTERM, on_int);
+    touch(g_dir + "/ready_" + std::to_string(rank));
+    sleep_forever();
+  }
   if (mode == "all_reduce") {
     // Placeholder until ProcessGroup (h-pg) lands: the lead replaces this with a Gloo
     // all_reduce over TESSEL_STORE_ADDR and checks the sum. Exits 0 so topology tests pass.

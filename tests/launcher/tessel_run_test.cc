@@ -257,5 +257,30 @@ TEST(TesselRunTest, SigtermIsForwardedAndTheJobExitsWithIt) {
   EXPECT_TRUE(testing::wait_until([&] { return testing::pids_with_env(marker).empty(); }, 10s));
 }
 
+bool files_exist(const std::string& dir, const std::string& stem, int n) {
+  for (int r = 0; r < n; ++r) {
+    struct stat st {};
+    if (stat((dir + "/" + stem + std::to_string(r)).c_str(), &st) != 0) return false;
+  }
+  return true;
+}
+
+TEST(TesselRunTest, Usr1IsForwardedAndASecondSigintKillsAtOnce) {
+  const std::string dir = testing::make_temp_dir("signals");
+  const int nproc = 3;
+  // Workers ignore SIGINT; only the second SIGINT (SIGKILL) can end them before the 120 s grace.
+  ChildProcess run(run_args({"--standalone", "--nproc-per-node", std::to_string(nproc),
+                             "--signal-grace", "120s", "--log-dir", dir}, {"signals", dir}),
+                   {}, dir + "/run");
+  ASSERT_TRUE(testing::wait_until([&] { return files_exist(dir, "ready_", nproc); }, 30s));
+  run.signal(SIGUSR1);
+  EXPECT_TRUE(testing::wait_until([&] { return files_exist(dir, "usr1_", nproc); }, 10s));
+  run.signal(SIGINT);
+  ASSERT_TRUE(testing::wait_until([&] { return files_exist(dir, "int_", nproc); }, 10s));
+  EXPECT_EQ(run.wait(0ms), std::nullopt);  // still in its grace period
+  run.signal(SIGINT);
+  EXPECT_EQ(run.wait(30s), 128 + SIGINT) << run.err();
+}
+
 }  // namespace
 }  // namespace tessel::launcher
