@@ -10,6 +10,8 @@
 //   crash                    exit 1 at once (a crash loop)
 //   signals DIR              record SIGUSR1 in DIR/usr1_<rank>; ignore SIGINT and SIGTERM
 //                            (recording DIR/int_<rank>); DIR/ready_<rank> once handlers are set
+//   first-attempt-fails R   on attempt 0 rank R exits 1 (R = -1: nobody) and the others sleep;
+//                            on later attempts print "attempt A world W rank R" and exit 0
 //   all_reduce               placeholder for the Gloo all_reduce across nodes (see below)
 #include <signal.h>
 #include <time.h>
@@ -126,6 +128,15 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "crash") return 1;
+  if (mode == "first-attempt-fails" && argc >= 3) {
+    const int attempt = env_int("TORCHELASTIC_RESTART_COUNT");
+    if (attempt > 0) {
+      std::printf("attempt %d world %d rank %d\n", attempt, env_int("WORLD_SIZE"), rank);
+      return 0;
+    }
+    if (rank == std::atoi(argv[2])) return 1;
+    sleep_forever();
+  }
   if (mode == "signals" && argc >= 3) {
     g_dir = argv[2];
     g_rank = rank;

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -101,12 +103,13 @@ class NetnsTest : public ::testing::Test {
   // Starts node i's agent in its namespace.
   ChildProcess& start_node(int i, std::vector<std::string> flags, std::vector<std::string> worker,
                            std::vector<std::string> env = {}) {
+    const bool nnodes_given = std::find(flags.begin(), flags.end(), "--nnodes") != flags.end();
     std::vector<std::string> argv{"ip", "netns", "exec", cluster_->ns(i), kRun,
-                                  "--nnodes", "3", "--nproc-per-node", "2",
+                                  "--nnodes", nnodes_given ? flags[1] : "3", "--nproc-per-node", "2",
                                   "--rdzv-endpoint", NetnsCluster::addr(0) + ":" + std::to_string(kPort),
                                   "--node-rank", std::to_string(i), "--rdzv-token-file", token_file_,
                                   "--log-dir", dir_ + "/node" + std::to_string(i)};
-    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.insert(argv.end(), flags.begin() + (nnodes_given ? 2 : 0), flags.end());
     argv.push_back(kWorker);
     argv.insert(argv.end(), worker.begin(), worker.end());
     nodes_.push_back(std::make_unique<ChildProcess>(argv, env, dir_ + "/out" + std::to_string(i)));
@@ -216,6 +219,56 @@ TEST_F(NetnsTest, ServerBoundToOneAddressIsUnreachableAtOthers) {
   EXPECT_EQ(a->wait(60s), 0) << a->err();
   EXPECT_EQ(b->wait(60s), 0) << b->err();
   EXPECT_EQ(server.wait(30s), 0) << server.err();
+}
+
+// "attempt A world W rank R" lines of one node's output.
+std::vector<std::array<int, 3>> attempts(const std::string& out) {
+  std::vector<std::array<int, 3>> seen;
+  std::istringstream in(out);
+  std::string line;
+  const std::regex re(R"(^\[\d+:\d+\] attempt (\d+) world (\d+) rank (\d+)$)");
+  std::smatch m;
+  while (std::getline(in, line)) {
+    if (std::regex_match(line, m, re)) seen.push_back({std::stoi(m[1]), std::stoi(m[2]), std::stoi(m[3])});
+  }
+  return seen;
+}
+
+TEST_F(NetnsTest, FailureOnOneNodeRestartsTheWholeJob) {
+  for (int i = 0; i < 3; ++i) start_node(i, {"--max-restarts", "1"}, {"first-attempt-fails", "3"});
+  std::set<int> ranks;
+  for (int i = 0; i < 3; ++i) {
+    auto& node = *nodes_[static_cast<size_t>(i)];
+    ASSERT_EQ(node.wait(60s), 0) << node.err();
+    for (auto [attempt, world, rank] : attempts(node.out())) {
+      EXPECT_EQ(attempt, 1);
+      EXPECT_EQ(world, 6);
+      ranks.insert(rank);
+    }
+    struct stat st {};
+    EXPECT_EQ(stat((dir_ + "/node" + std::to_string(i) + "/attempt_1").c_str(), &st), 0);
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3, 4, 5}));
+}
+
+TEST_F(NetnsTest, ElasticJobContinuesWithTheNodesLeft) {
+  const std::vector<std::string> flags = {"--nnodes", "2:3", "--max-restarts", "1",
+                                          "--last-call-timeout", "300ms"};
+  for (int i = 0; i < 3; ++i) start_node(i, flags, {"first-attempt-fails", "-1"}, {"LAUNCH_TEST_MARKER=" + dir_});
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return testing::pids_with_env("LAUNCH_TEST_MARKER=" + dir_).size() >= 9; }, 30s));
+  nodes_[2]->signal(SIGKILL);
+  std::set<int> ranks;
+  for (int i : {0, 1}) {
+    auto& node = *nodes_[static_cast<size_t>(i)];
+    ASSERT_EQ(node.wait(60s), 0) << node.err();
+    for (auto [attempt, world, rank] : attempts(node.out())) {
+      EXPECT_EQ(attempt, 1);
+      EXPECT_EQ(world, 4);  // two nodes of two workers are left
+      ranks.insert(rank);
+    }
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3}));
 }
 
 }  // namespace

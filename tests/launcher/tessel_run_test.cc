@@ -282,5 +282,26 @@ TEST(TesselRunTest, Usr1IsForwardedAndASecondSigintKillsAtOnce) {
   EXPECT_EQ(run.wait(30s), 128 + SIGINT) << run.err();
 }
 
+// The hang path up to the store: a collective timeout (exit 124), or any failure with
+// --dump-on-hang, makes the server ask for flight-recorder dumps before the round ends. Until
+// the gRPC store is built in, that step says so instead of gathering.
+TEST(TesselRunTest, CollectiveTimeoutOrDumpOnHangTriggersDumpGathering) {
+  struct Case {
+    std::vector<std::string> flags;
+    std::string code;
+    bool triggers;
+  };
+  for (const Case& c : {Case{{}, "124", true}, Case{{"--dump-on-hang"}, "1", true},
+                        Case{{}, "1", false}}) {
+    const std::string dir = testing::make_temp_dir("hangpath");
+    std::vector<std::string> flags = {"--standalone", "--nproc-per-node", "2", "--log-dir", dir};
+    flags.insert(flags.end(), c.flags.begin(), c.flags.end());
+    ChildProcess run(run_args(flags, {"fail", "1", c.code}), {}, dir + "/run");
+    EXPECT_EQ(run.wait(60s), std::stoi(c.code)) << run.err();
+    const bool asked = run.err().find("flight-recorder dumps") != std::string::npos;
+    EXPECT_EQ(asked, c.triggers) << c.code << run.err();
+  }
+}
+
 }  // namespace
 }  // namespace tessel::launcher
