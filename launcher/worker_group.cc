@@ -52,8 +52,7 @@ std::string resolve_program(const std::string& program, const std::string& path_
   size_t start = 0;
   while (start <= path_env.size()) {
     const size_t colon = std::min(path_env.find(':', start), path_env.size());
-    std::string dir = path_env.substr(start, colon - start);
-    if (dir.empty()) dir = ".";
+    const std::string dir = colon > start ? path_env.substr(start, colon - start) : std::string(".");
     const std::string candidate = dir + "/" + program;
     if (executable_file(candidate)) return candidate;
     start = colon + 1;
