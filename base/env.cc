@@ -36,6 +36,12 @@ constexpr bool knobs_in_order() {
 }
 static_assert(knobs_in_order(), "kKnobs must list EnvKnob values in declaration order");
 
+// Secrets (any knob named *_TOKEN) are never printed or logged, only said to be set.
+std::string shown_value(const EnvKnobInfo& k, const std::string& value) {
+  if (k.name.size() >= 6 && k.name.substr(k.name.size() - 6) == "_TOKEN") return "(hidden)";
+  return value;
+}
+
 }  // namespace
 
 std::span<const EnvKnobInfo> env_knobs() { return kKnobs; }
@@ -112,7 +118,8 @@ std::string env_knobs_text() {
   for (const auto& k : kKnobs) {
     const auto value = env_value(k.knob);
     out += fmt::format("  {:<{}}  default '{}'{}\n      {}\n", k.name, width, k.default_value,
-                       value ? fmt::format(", set to '{}'", *value) : "", k.description);
+                       value ? fmt::format(", set to '{}'", shown_value(k, *value)) : "",
+                       k.description);
   }
   return out;
 }
@@ -122,7 +129,7 @@ void log_env_knobs_once() {
   std::call_once(once, [] {
     for (const auto& k : kKnobs) {
       if (auto value = env_value(k.knob)) {
-        log_info(LogComponent::kBase, "{}={}", k.name, *value);
+        log_info(LogComponent::kBase, "{}={}", k.name, shown_value(k, *value));
       }
     }
   });

@@ -47,7 +47,8 @@ std::chrono::nanoseconds env_duration(EnvKnob knob);  // as parse_duration()
 
 // The registry as a Markdown table (name | default | description), for docs and --help.
 std::string env_knobs_markdown();
-// The registry as plain aligned text, with each knob's current value where it is set.
+// The registry as plain aligned text, with each knob's current value where it is set. Values of
+// secrets (knobs named *_TOKEN) are shown as "(hidden)" here and in log_env_knobs_once().
 std::string env_knobs_text();
 
 // Logs, once per process at info level (component base), every knob that is set. Thread-safe.
