@@ -266,6 +266,10 @@ class RendezvousServer::State {
     std::lock_guard lock(mu_);
     return round_;
   }
+  size_t parked() const {
+    std::lock_guard lock(mu_);
+    return joining_.size() + waits_.size();
+  }
   int restart_count() const {
     std::lock_guard lock(mu_);
     return outcome_.restart_count;
@@ -584,6 +588,7 @@ bool RendezvousServer::wait_all_notified(std::chrono::milliseconds timeout) {
 }
 int64_t RendezvousServer::current_round() const { return state_->round(); }
 int RendezvousServer::restart_count() const { return state_->restart_count(); }
+size_t RendezvousServer::parked_calls() const { return state_->parked(); }
 
 void RendezvousServer::stop() {
   if (impl_->stopped) return;

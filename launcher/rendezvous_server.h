@@ -74,6 +74,9 @@ class RendezvousServer {
   // Waits until every node of the last round was told the final outcome, up to `timeout`.
   bool wait_all_notified(std::chrono::milliseconds timeout);
   int64_t current_round() const;
+  // Calls the server holds open now (Joins waiting for a round, long-polls). For monitoring
+  // and tests.
+  size_t parked_calls() const;
   int restart_count() const;
 
   // Shuts the gRPC server down (pending calls are cancelled) and joins the monitor thread.

@@ -8,6 +8,7 @@
 #include <thread>
 #include <tuple>
 
+#include "child_process.h"
 #include "tessel/launcher/rendezvous_client.h"
 
 namespace tessel::launcher {
@@ -253,6 +254,27 @@ TEST(RendezvousServerTest, SecondServerOnTheSamePortFails) {
   auto o = options(1, 1);
   o.bind_address = server.address();
   EXPECT_THROW(RendezvousServer second(o), CommError);
+}
+
+// An agent whose long-poll goes away (its process died, its connection closed) fails the round
+// at once, without waiting for the heartbeat bound (an hour here).
+TEST(RendezvousServerTest, ClosedLongPollFailsTheRoundAtOnce) {
+  auto o = options(2, 2, 1);
+  o.heartbeat_interval = std::chrono::hours(1);
+  RendezvousServer server(o);
+  join_all(server.address(), {join_request("a", "h1", 1), join_request("b", "h2", 1)});
+  auto doomed = std::make_unique<RendezvousClient>(server.address(), kToken);
+  grpc::ClientContext doomed_ctx;
+  std::thread poll([&] { EXPECT_THROW(doomed->wait_event("b", 0, 30s, &doomed_ctx), RpcError); });
+  RendezvousClient client(server.address(), kToken);
+  // Once b's poll is parked, cancel it as a dying process's connection would.
+  ASSERT_TRUE(testing::wait_until([&] { return server.parked_calls() == 1; }, 10s));
+  doomed_ctx.TryCancel();
+  poll.join();
+  grpc::ClientContext ctx;
+  const JobEvent e = client.wait_event("a", 0, 10s, &ctx);
+  EXPECT_EQ(e.kind(), JobEvent::RESTART);
+  EXPECT_EQ(e.root_cause().node_id(), "b");
 }
 
 }  // namespace
