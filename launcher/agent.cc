@@ -89,6 +89,24 @@ bool endpoint_is_local(const std::string& endpoint) {
   return local;
 }
 
+// True when something on this host already listens on the endpoint (another agent of the job
+// serves it): checked with a plain bind first so gRPC does not log a bind failure.
+bool endpoint_in_use(const std::string& endpoint) {
+  const std::string host = endpoint.substr(0, endpoint.rfind(':'));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::atoi(endpoint.c_str() + endpoint.rfind(':') + 1)));
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) return false;  // a name: let gRPC try
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const bool in_use = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 &&
+                      errno == EADDRINUSE;
+  ::close(fd);
+  return in_use;
+}
+
 void make_dir(const std::string& path) {
   if (mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) throw_system_error("mkdir " + path, errno);
 }
@@ -524,7 +542,7 @@ struct NodeAgent::Impl {
       endpoint = server->address();
     } else {
       endpoint = o.rdzv_endpoint;
-      if (endpoint_is_local(endpoint)) {
+      if (endpoint_is_local(endpoint) && !endpoint_in_use(endpoint)) {
         try {
           auto so = server_options(o, endpoint, token);
           so.on_hang = hang_hook(o, server_address, token, log_dir);
