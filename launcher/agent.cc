@@ -242,6 +242,26 @@ class RoundControl {
   std::thread watcher_;
 };
 
+// The trace tool to run: as given when it names a path or is on PATH; the default
+// `tessel-trace` is also looked for beside tessel-run (installed layout) and in the build
+// tree's flight_recorder/ folder.
+std::string find_trace_tool(const std::string& tool) {
+  const char* path = std::getenv("PATH");
+  try {
+    return resolve_program(tool, path ? path : "");
+  } catch (const ProgramError&) {
+  }
+  char self[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0 || tool.find('/') != std::string::npos) return tool;
+  std::string dir(self, static_cast<size_t>(n));
+  dir = dir.substr(0, dir.rfind('/'));
+  for (const std::string& candidate : {dir + "/" + tool, dir + "/../flight_recorder/" + tool}) {
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return tool;
+}
+
 // The hook the server runs on a hang: dumps through the job store, verdict in the log.
 std::function<void(const proto::Failure&, int64_t, int)> hang_hook(
     const LaunchOptions& o, std::shared_ptr<std::string> server_address, std::string token,
@@ -257,7 +277,7 @@ std::function<void(const proto::Failure&, int64_t, int)> hang_hook(
     StoreDumpChannel channel(store);
     const std::string dir = fmt::format("{}/flight_recorder_round_{}", log_dir, round);
     HangReport r = gather_flight_recorder_dumps(channel, world_size, round, root.reason(), dir,
-                                                std::chrono::seconds(30), o.trace_tool);
+                                                std::chrono::seconds(30), find_trace_tool(o.trace_tool));
     log_warn(kL, "tessel-trace analyze {} (status {}):\n{}", dir, r.trace_status, r.verdict);
   };
 }
