@@ -29,6 +29,8 @@ constexpr std::array<EnvKnobInfo, static_cast<size_t>(EnvKnob::kCount)> kKnobs =
      "the job's store token (set by the launcher; never pass it on a command line)", true},
     {EnvKnob::kStoreTokenFile, "TESSEL_STORE_TOKEN_FILE", "",
      "a file holding the store token, read when TESSEL_STORE_TOKEN is unset"},
+    {EnvKnob::kRdzvToken, "TESSEL_RDZV_TOKEN", "",
+     "tessel-run's job token for multi-node rendezvous (or --rdzv-token-file)", true},
 }};
 
 // The table must list every enum value, in order; checked once at compile time.

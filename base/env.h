@@ -23,6 +23,7 @@ enum class EnvKnob {
   kStoreAddr,      // TESSEL_STORE_ADDR
   kStoreToken,     // TESSEL_STORE_TOKEN
   kStoreTokenFile, // TESSEL_STORE_TOKEN_FILE
+  kRdzvToken,      // TESSEL_RDZV_TOKEN
   kCount,
 };
 

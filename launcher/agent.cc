@@ -1,0 +1,711 @@
+#include "tessel/launcher/agent.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "tessel/base/clock.h"
+#include "tessel/base/logging.h"
+#include "tessel/collectives/store.h"
+#include "tessel/launcher/failure_report.h"
+#include "tessel/launcher/hang_dump.h"
+#include "tessel/launcher/rendezvous_client.h"
+#include "tessel/launcher/rendezvous_server.h"
+#include "tessel/collectives/store_client.h"
+#include "tessel/launcher/token.h"
+#include "tessel/launcher/worker_group.h"
+
+extern char** environ;
+
+namespace tessel::launcher {
+namespace {
+
+constexpr auto kL = LogComponent::kLauncher;
+constexpr auto kPollLimit = std::chrono::seconds(10);
+constexpr auto kRpcTimeout = std::chrono::seconds(5);
+constexpr auto kNotifyWait = std::chrono::seconds(5);
+
+std::string hostname() {
+  char buf[256] = {};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+// A free TCP port on this host for MASTER_PORT (torchrun's approach: bind 0, read, close).
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// True when HOST of the endpoint names an address of one of this host's interfaces.
+bool endpoint_is_local(const std::string& endpoint) {
+  const std::string host = endpoint.substr(0, endpoint.rfind(':'));
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
+  ifaddrs* ifs = nullptr;
+  bool local = false;
+  if (getifaddrs(&ifs) == 0) {
+    for (addrinfo* a = res; a != nullptr && !local; a = a->ai_next) {
+      const auto want = reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr.s_addr;
+      for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+            reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == want) {
+          local = true;
+          break;
+        }
+      }
+    }
+    freeifaddrs(ifs);
+  }
+  freeaddrinfo(res);
+  return local;
+}
+
+// True when something on this host already listens on the endpoint (another agent of the job
+// serves it): checked with a plain bind first so gRPC does not log a bind failure.
+bool endpoint_in_use(const std::string& endpoint) {
+  const std::string host = endpoint.substr(0, endpoint.rfind(':'));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::atoi(endpoint.c_str() + endpoint.rfind(':') + 1)));
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) return false;  // a name: let gRPC try
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const bool in_use = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 &&
+                      errno == EADDRINUSE;
+  ::close(fd);
+  return in_use;
+}
+
+void make_dir(const std::string& path) {
+  if (mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) throw_system_error("mkdir " + path, errno);
+}
+
+std::string make_log_dir(const LaunchOptions& o) {
+  if (!o.log_dir.empty()) {
+    make_dir(o.log_dir);
+    return o.log_dir;
+  }
+  const char* tmp = std::getenv("TMPDIR");
+  std::string templ = fmt::format("{}/tessel-run-{}-XXXXXX", tmp ? tmp : "/tmp", o.rdzv_id);
+  if (mkdtemp(templ.data()) == nullptr) throw_system_error("mkdtemp " + templ, errno);
+  return templ;
+}
+
+AgentResult error_result(ExitCode code, const std::string& message) {
+  return {exit_status(code), fmt::format("tessel-run: error ({}): {}\n", exit_code_name(code),
+                                         message), ""};
+}
+
+// What the agent's control threads saw.
+struct ControlEvent {
+  bool server_lost = false;
+  proto::JobEvent event;
+};
+
+// The agent's two control threads for one round: heartbeats every interval, and the long-poll
+// for the round's job event. Events are queued and announced on an eventfd the agent's epoll
+// watches. Stopped (and joined) by stop() or the destructor.
+class RoundControl {
+ public:
+  RoundControl(RendezvousClient& client, std::string node_id, int64_t round,
+               std::chrono::milliseconds interval, int misses, int event_fd)
+      : client_(client), node_id_(std::move(node_id)), round_(round), interval_(interval),
+        misses_(misses), event_fd_(event_fd) {
+    heartbeat_ = std::thread([this] { heartbeat_loop(); });
+    watcher_ = std::thread([this] { watch_loop(); });
+  }
+  ~RoundControl() { stop(); }
+
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      if (stopped_) return;
+      stopped_ = true;
+      if (call_) call_->TryCancel();
+    }
+    cv_.notify_all();
+    heartbeat_.join();
+    watcher_.join();
+  }
+
+  std::optional<ControlEvent> take() {
+    std::lock_guard lock(mu_);
+    if (events_.empty()) return std::nullopt;
+    ControlEvent e = events_.front();
+    events_.pop_front();
+    return e;
+  }
+
+ private:
+  void push(ControlEvent e) {
+    {
+      std::lock_guard lock(mu_);
+      events_.push_back(std::move(e));
+    }
+    const uint64_t one = 1;
+    (void)!::write(event_fd_, &one, sizeof(one));
+  }
+
+  void heartbeat_loop() {
+    auto last_ok = SteadyClock::now();
+    const auto bound = interval_ * misses_;
+    std::unique_lock lock(mu_);
+    while (!cv_.wait_for(lock, interval_, [&] { return stopped_; })) {
+      lock.unlock();
+      bool stale = false;
+      try {
+        client_.heartbeat(node_id_, round_, std::max(interval_, std::chrono::milliseconds(200)));
+        last_ok = SteadyClock::now();
+      } catch (const RpcError& e) {
+        stale = e.code() == grpc::StatusCode::FAILED_PRECONDITION;
+        if (e.code() == grpc::StatusCode::UNAUTHENTICATED) stale = true;
+      }
+      if (!stale && SteadyClock::now() - last_ok > bound) {
+        log_error(kL, "rendezvous server {} lost: no answer for {}", client_.endpoint(),
+                  format_duration(SteadyClock::now() - last_ok));
+        push({.server_lost = true, .event = {}});
+        lock.lock();
+        return;
+      }
+      lock.lock();
+      if (stale) return;  // the round is over; its event is on the way
+    }
+  }
+
+  void watch_loop() {
+    for (;;) {
+      auto context = std::make_shared<grpc::ClientContext>();
+      {
+        std::lock_guard lock(mu_);
+        if (stopped_) return;
+        call_ = context;
+      }
+      try {
+        proto::JobEvent event =
+            client_.wait_event(node_id_, round_, kPollLimit + std::chrono::seconds(5), context.get());
+        if (event.kind() != proto::JobEvent::NONE) {
+          push({.server_lost = false, .event = event});
+          return;
+        }
+      } catch (const RpcError& e) {
+        std::unique_lock lock(mu_);
+        if (stopped_) return;
+        // The server restarts or a link blips: retry; the heartbeat thread decides loss.
+        cv_.wait_for(lock, interval_, [&] { return stopped_; });
+      }
+    }
+  }
+
+  RendezvousClient& client_;
+  const std::string node_id_;
+  const int64_t round_;
+  const std::chrono::milliseconds interval_;
+  const int misses_;
+  const int event_fd_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopped_ = false;
+  std::shared_ptr<grpc::ClientContext> call_;
+  std::deque<ControlEvent> events_;
+  std::thread heartbeat_;
+  std::thread watcher_;
+};
+
+// The trace tool to run: as given when it names a path or is on PATH; the default
+// `tessel-trace` is also looked for beside tessel-run (installed layout) and in the build
+// tree's flight_recorder/ folder.
+std::string find_trace_tool(const std::string& tool) {
+  const char* path = std::getenv("PATH");
+  try {
+    return resolve_program(tool, path ? path : "");
+  } catch (const ProgramError&) {
+  }
+  char self[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0 || tool.find('/') != std::string::npos) return tool;
+  std::string dir(self, static_cast<size_t>(n));
+  dir = dir.substr(0, dir.rfind('/'));
+  for (const std::string& candidate : {dir + "/" + tool, dir + "/../flight_recorder/" + tool}) {
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return tool;
+}
+
+// The hook the server runs on a hang: dumps through the job store, verdict in the log.
+std::function<void(const proto::Failure&, int64_t, int)> hang_hook(
+    const LaunchOptions& o, std::shared_ptr<std::string> server_address, std::string token,
+    std::string log_dir) {
+  return [o, server_address, token, log_dir](const proto::Failure& root, int64_t round,
+                                             int world_size) {
+    StoreClientOptions client;
+    client.address = *server_address;
+    client.token = token;
+    client.connect_timeout = std::chrono::seconds(10);
+    StoreDumpChannel channel(std::make_shared<StoreClient>(client));
+    const std::string dir = fmt::format("{}/flight_recorder_round_{}", log_dir, round);
+    HangReport r = gather_flight_recorder_dumps(channel, world_size, round, root.reason(), dir,
+                                                o.hang_dump_timeout, find_trace_tool(o.trace_tool));
+    log_warn(kL, "tessel-trace analyze {} (status {}):\n{}", dir, r.trace_status, r.verdict);
+  };
+}
+
+RendezvousServerOptions server_options(const LaunchOptions& o, const std::string& bind,
+                                       const std::string& token) {
+  RendezvousServerOptions s;
+  s.bind_address = bind;
+  s.token = token;
+  s.min_nodes = o.min_nodes;
+  s.max_nodes = o.max_nodes;
+  s.max_restarts = o.max_restarts;
+  s.heartbeat_interval = o.monitor_interval;
+  s.heartbeat_misses = o.heartbeat_misses;
+  s.last_call_timeout = o.last_call_timeout;
+  s.poll_limit = kPollLimit;
+  s.master_addr = o.master_addr;
+  s.master_port = o.master_port;
+  s.dump_on_hang = o.dump_on_hang;
+  return s;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> worker_environment(const LaunchOptions& o,
+                                                      const proto::JoinResponse& r,
+                                                      int local_rank) {
+  const int rank = r.rank_offset() + local_rank;
+  std::map<std::string, std::string> env = {
+      {"RANK", std::to_string(rank)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"GROUP_RANK", std::to_string(r.group_rank())},
+      {"ROLE_RANK", std::to_string(rank)},
+      {"ROLE_NAME", "default"},
+      {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
+      {"WORLD_SIZE", std::to_string(r.world_size())},
+      {"GROUP_WORLD_SIZE", std::to_string(r.group_world_size())},
+      {"ROLE_WORLD_SIZE", std::to_string(r.world_size())},
+      {"MASTER_ADDR", r.master_addr()},
+      {"MASTER_PORT", std::to_string(r.master_port())},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(r.restart_count())},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
+      {"TORCHELASTIC_RUN_ID", o.rdzv_id},
+      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+  };
+  return env;
+}
+
+struct NodeAgent::Impl {
+  LaunchOptions o;
+  int signal_fd;
+  int event_fd = -1;
+  std::string host = hostname();
+  std::string node_id;
+  std::string token;
+  std::string log_dir;
+  std::unique_ptr<OrphanGuard> guard;
+  std::unique_ptr<RendezvousServer> server;
+  std::unique_ptr<RendezvousClient> client;
+  std::unique_ptr<LogMux> mux;
+  std::unique_ptr<WorkerGroup> workers;
+  std::string endpoint;
+
+  std::vector<std::string> base_environment() const {
+    std::vector<std::string> env;
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+      const std::string_view entry(*e);
+      if (entry.rfind("TESSEL_RDZV_TOKEN=", 0) == 0) continue;  // workers get the store token
+      env.emplace_back(entry);
+    }
+    return env;
+  }
+
+  std::vector<WorkerSpec> specs(const proto::JoinResponse& r) const {
+    std::vector<WorkerSpec> out;
+    const std::vector<std::string> base = base_environment();
+    for (int local = 0; local < o.nproc_per_node; ++local) {
+      std::map<std::string, std::string> vars = worker_environment(o, r, local);
+      vars["TESSEL_STORE_ADDR"] = endpoint;
+      vars["TESSEL_STORE_TOKEN"] = token;
+      vars["TESSEL_AGENT_ID"] = node_id;
+      WorkerSpec s{local, r.rank_offset() + local, {}};
+      bool omp_set = false;
+      for (const auto& e : base) {
+        const std::string name = e.substr(0, e.find('='));
+        if (vars.count(name) != 0) continue;
+        omp_set |= name == "OMP_NUM_THREADS";
+        s.env.push_back(e);
+      }
+      // torchrun sets OMP_NUM_THREADS=1 for several workers per node unless the user did.
+      if (!omp_set && o.nproc_per_node > 1) s.env.push_back("OMP_NUM_THREADS=1");
+      for (const auto& [k, v] : vars) s.env.push_back(k + "=" + v);
+      out.push_back(std::move(s));
+    }
+    return out;
+  }
+
+  proto::Failure failure_of(const WorkerExit& e, const proto::JoinResponse& r) const {
+    proto::Failure f;
+    f.set_node_id(node_id);
+    f.set_host(host);
+    f.set_rank(e.global_rank);
+    f.set_local_rank(e.local_rank);
+    f.set_pid(e.pid);
+    f.set_exit_code(e.exit_code);
+    f.set_signal(e.signal);
+    f.set_reason(e.signal != 0 ? "signal" : "exited");
+    f.set_stderr_tail(mux->stderr_tail(e.local_rank));
+    f.set_round(r.round());
+    f.set_hang(e.signal == 0 && e.exit_code == kCollectiveTimeoutExitCode);
+    return f;
+  }
+
+  enum class RoundEnd { kRestart, kFinal, kServerLost };
+
+  // Supervises one round's workers until the server's event for the round arrives.
+  RoundEnd supervise(const proto::JoinResponse& r, RoundControl& control, proto::JobEvent* out) {
+    bool stopping = false, done_reported = false, all_ok = true;
+    int interrupts = 0;
+    Deadline kill_at = Deadline::never();
+    std::optional<RoundEnd> end;  // the server's decision; returned once the workers are gone
+    for (;;) {
+      if (end && workers->running() == 0) {
+        workers->kill_all();  // descendants that outlived their worker
+        return *end;
+      }
+      WorkerEvents ev = workers->wait(kill_at);
+      for (const WorkerExit& e : ev.exits) {
+        if (e.success()) continue;
+        all_ok = false;
+        if (stopping) continue;
+        proto::Failure f = failure_of(e, r);
+        log_warn(kL, "rank {} (pid {}) failed: {}", e.global_rank, e.pid,
+                 e.signal ? signal_name(e.signal) : fmt::format("exit code {}", e.exit_code));
+        workers->signal_all(SIGTERM);  // stop the rest now, without waiting for the server
+        kill_at = Deadline::after(o.failure_grace);
+        stopping = true;
+        try {
+          client->report_failure(node_id, r.round(), f, kRpcTimeout);
+        } catch (const RpcError& err) {
+          log_warn(kL, "failure report refused: {}", err.what());
+        }
+      }
+      if (workers->running() == 0 && all_ok && !done_reported && !stopping) {
+        done_reported = true;
+        try {
+          client->report_done(node_id, r.round(), kRpcTimeout);
+        } catch (const RpcError& err) {
+          log_warn(kL, "completion report refused: {}", err.what());
+        }
+      }
+      for (int fd : ev.ready_fds) {
+        if (fd == signal_fd) {
+          signalfd_siginfo info{};
+          while (::read(signal_fd, &info, sizeof(info)) == sizeof(info)) {
+            const int sig = static_cast<int>(info.ssi_signo);
+            if (sig == SIGUSR1 || sig == SIGUSR2) {
+              if (o.forward_usr_signals) workers->signal_all(sig);
+              continue;
+            }
+            ++interrupts;
+            if (sig == SIGINT && interrupts > 1) {
+              log_warn(kL, "second SIGINT: killing the workers now");
+              workers->signal_all(SIGKILL);
+              continue;
+            }
+            log_warn(kL, "{}: forwarding to the workers; SIGKILL in {}", signal_name(sig),
+                     format_duration(o.signal_grace));
+            workers->signal_all(sig);
+            kill_at = Deadline::after(o.signal_grace);
+            stopping = true;
+            proto::Failure f;
+            f.set_node_id(node_id);
+            f.set_host(host);
+            f.set_rank(-1);
+            f.set_signal(sig);
+            f.set_reason("interrupted");
+            try {
+              client->report_failure(node_id, r.round(), f, kRpcTimeout);
+            } catch (const RpcError& err) {
+              log_warn(kL, "interrupt report refused: {}", err.what());
+            }
+          }
+        } else if (fd == event_fd) {
+          uint64_t n = 0;
+          (void)!::read(event_fd, &n, sizeof(n));
+          while (auto e = control.take()) {
+            if (!e->server_lost) *out = e->event;
+            end = e->server_lost ? RoundEnd::kServerLost
+                  : e->event.kind() == proto::JobEvent::RESTART ? RoundEnd::kRestart
+                                                                : RoundEnd::kFinal;
+            if (!stopping) {
+              workers->signal_all(SIGTERM);
+              kill_at = Deadline::after(o.failure_grace);
+              stopping = true;
+            }
+          }
+        }
+      }
+      if (kill_at.expired()) {
+        workers->signal_all(SIGKILL);
+        kill_at = Deadline::never();
+      }
+    }
+  }
+
+  int interrupt_signal = 0;
+
+  // Joins on a scoped thread while this thread watches the signal fd: SIGINT/SIGTERM while
+  // waiting for a round cancels the join. False when interrupted.
+  bool join_interruptibly(const proto::JoinRequest& join, proto::JoinResponse* response) {
+    grpc::ClientContext context;
+    std::exception_ptr error;
+    const int done_fd = eventfd(0, EFD_CLOEXEC);
+    if (done_fd < 0) throw_system_error("eventfd", errno);
+    std::thread joiner([&] {
+      try {
+        *response = client->join(join, o.rdzv_timeout, &context);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      const uint64_t one = 1;
+      (void)!::write(done_fd, &one, sizeof(one));
+    });
+    for (;;) {
+      pollfd fds[2] = {{done_fd, POLLIN, 0}, {signal_fd, POLLIN, 0}};
+      if (::poll(fds, 2, -1) < 0 && errno == EINTR) continue;
+      if (fds[0].revents != 0) break;
+      signalfd_siginfo info{};
+      if (::read(signal_fd, &info, sizeof(info)) == sizeof(info) &&
+          (info.ssi_signo == SIGINT || info.ssi_signo == SIGTERM || info.ssi_signo == SIGHUP)) {
+        interrupt_signal = static_cast<int>(info.ssi_signo);
+        context.TryCancel();
+      }
+    }
+    joiner.join();
+    ::close(done_fd);
+    if (interrupt_signal != 0) return false;
+    if (error) std::rethrow_exception(error);
+    return true;
+  }
+
+  AgentResult interrupted_result() const {
+    return {128 + interrupt_signal,
+            fmt::format("tessel-run: {} while waiting for the rendezvous round; no workers ran\n",
+                        signal_name(interrupt_signal)),
+            log_dir};
+  }
+
+  AgentResult final_result(const proto::JobEvent& event) {
+    if (server) server->wait_all_notified(kNotifyWait);
+    AgentResult result{0, "", log_dir};
+    if (event.kind() == proto::JobEvent::SUCCEEDED) return result;
+    const proto::Failure& root = event.root_cause();
+    result.exit_status = root_cause_exit_status(root);
+    result.report = format_failure_report(root, event.restart_count(), o.max_restarts);
+    try {
+      write_failure_report(log_dir + "/failure.json", root, event.restart_count());
+      result.report += fmt::format("  report: {}/failure.json\n", log_dir);
+    } catch (const Error& e) {
+      result.report += fmt::format("  (could not write failure.json: {})\n", e.message());
+    }
+    return result;
+  }
+
+  AgentResult run() {
+    const char* path = std::getenv("PATH");
+    const std::string program = resolve_program(o.program, path ? path : "/usr/bin:/bin");
+    token = o.standalone ? generate_token() : load_token(o.rdzv_token_file);
+    char nonce[16];
+    snprintf(nonce, sizeof(nonce), "%08x", static_cast<unsigned>(std::hash<std::string>{}(
+                                                generate_token())));
+    node_id = fmt::format("{}:{}:{}", host, getpid(), nonce);
+    guard = std::make_unique<OrphanGuard>(node_id);  // before any thread
+    log_dir = make_log_dir(o);
+
+    auto server_address = std::make_shared<std::string>();
+    if (o.standalone) {
+      auto so = server_options(o, "127.0.0.1:0", token);
+      so.on_hang = hang_hook(o, server_address, token, log_dir);
+      server = std::make_unique<RendezvousServer>(so);
+      endpoint = server->address();
+    } else {
+      endpoint = o.rdzv_endpoint;
+      if (endpoint_is_local(endpoint) && !endpoint_in_use(endpoint)) {
+        try {
+          auto so = server_options(o, endpoint, token);
+          so.on_hang = hang_hook(o, server_address, token, log_dir);
+          server = std::make_unique<RendezvousServer>(so);
+        } catch (const CommError& e) {
+          log_info(kL, "not hosting the rendezvous ({}); joining as a client", e.message());
+        }
+      }
+    }
+    if (server) *server_address = server->address();
+    client = std::make_unique<RendezvousClient>(endpoint, token);
+    client->wait_connected(o.rdzv_connect_timeout);
+
+    LogMuxOptions mo;
+    mo.prefix_format = o.log_prefix;
+    mo.host = host;
+    mo.console_stdout = !o.redirects.stdout_stream;
+    mo.console_stderr = !o.redirects.stderr_stream;
+    mo.console_local_ranks = o.local_ranks_filter;
+    mux = std::make_unique<LogMux>(mo);
+    event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (event_fd < 0) throw_system_error("eventfd", errno);
+    workers = std::make_unique<WorkerGroup>(program, o.program_args, mux.get(), guard.get());
+    workers->add_external_fd(signal_fd);
+    workers->add_external_fd(event_fd);
+
+    for (;;) {
+      proto::JoinRequest join;
+      join.set_node_id(node_id);
+      join.set_host(host);
+      join.set_nproc(o.nproc_per_node);
+      join.set_requested_rank(o.node_rank);
+      join.set_master_port(free_port());
+      proto::JoinResponse r;
+      if (!join_interruptibly(join, &r)) return interrupted_result();
+      log_info(kL, "round {}: group rank {} of {}, ranks {}..{} of {}", r.round(), r.group_rank(),
+               r.group_world_size(), r.rank_offset(), r.rank_offset() + o.nproc_per_node - 1,
+               r.world_size());
+      const std::string attempt_dir = fmt::format("{}/attempt_{}", log_dir, r.restart_count());
+      make_dir(attempt_dir);
+      std::vector<int> ranks;
+      for (int i = 0; i < o.nproc_per_node; ++i) ranks.push_back(r.rank_offset() + i);
+      mux->begin_attempt(attempt_dir, r.group_rank(), ranks);
+      RoundControl control(*client, node_id, r.round(), o.monitor_interval, o.heartbeat_misses,
+                           event_fd);
+      workers->start(specs(r));
+      proto::JobEvent event;
+      const RoundEnd end = supervise(r, control, &event);
+      control.stop();
+      if (end == RoundEnd::kRestart) continue;
+      if (end == RoundEnd::kServerLost) {
+        return error_result(ExitCode::kRendezvousUnreachable,
+                            fmt::format("lost the rendezvous server {} (no heartbeat answer for "
+                                        "{} x {}); workers stopped", endpoint,
+                                        o.heartbeat_misses, format_duration(o.monitor_interval)));
+      }
+      return final_result(event);
+    }
+  }
+};
+
+NodeAgent::NodeAgent(LaunchOptions options, int signal_fd) : impl_(std::make_unique<Impl>()) {
+  impl_->o = std::move(options);
+  impl_->signal_fd = signal_fd;
+}
+
+NodeAgent::~NodeAgent() {
+  if (impl_->workers) impl_->workers->kill_all();
+  impl_->workers.reset();
+  if (impl_->server) impl_->server->stop();
+  if (impl_->event_fd >= 0) ::close(impl_->event_fd);
+}
+
+AgentResult NodeAgent::run() {
+  try {
+    return impl_->run();
+  } catch (const ProgramError& e) {
+    return error_result(e.exit_status() == 127 ? ExitCode::kProgramNotFound
+                                               : ExitCode::kProgramNotExecutable,
+                        e.message());
+  } catch (const Unavailable& e) {
+    return error_result(ExitCode::kRendezvousUnreachable, e.message());
+  } catch (const RpcError& e) {
+    if (e.code() == grpc::StatusCode::UNAUTHENTICATED) {
+      return error_result(ExitCode::kUnauthenticated, e.message());
+    }
+    if (e.code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return error_result(ExitCode::kRendezvousTimeout,
+                          fmt::format("{} (--rdzv-timeout {})", e.message(),
+                                      format_duration(impl_->o.rdzv_timeout)));
+    }
+    if (e.code() == grpc::StatusCode::UNAVAILABLE) {
+      return error_result(ExitCode::kRendezvousUnreachable, e.message());
+    }
+    return error_result(ExitCode::kInternal, e.message());
+  } catch (const InvalidArgument& e) {
+    const bool token = e.message().find("token") != std::string::npos;
+    return error_result(token ? ExitCode::kUnauthenticated : ExitCode::kInvalidConfig,
+                        e.message());
+  } catch (const std::exception& e) {
+    return error_result(ExitCode::kInternal, e.what());
+  }
+}
+
+AgentResult run_rendezvous_server(const LaunchOptions& o, int signal_fd) {
+  try {
+    const std::string token = load_token(o.rdzv_token_file);
+    const char* tmp = std::getenv("TMPDIR");
+    const std::string log_dir = o.log_dir.empty() ? std::string(tmp ? tmp : "/tmp") : o.log_dir;
+    auto address = std::make_shared<std::string>();
+    auto so = server_options(o, o.rdzv_endpoint, token);
+    so.on_hang = hang_hook(o, address, token, log_dir);
+    RendezvousServer server(so);
+    *address = server.address();
+    for (;;) {
+      JobOutcome outcome = server.wait_outcome(std::chrono::milliseconds(0));
+      if (outcome.kind != proto::JobEvent::NONE) {
+        server.wait_all_notified(kNotifyWait);
+        if (outcome.kind == proto::JobEvent::SUCCEEDED) return {0, "", log_dir};
+        return {root_cause_exit_status(outcome.root_cause),
+                format_failure_report(outcome.root_cause, outcome.restart_count, o.max_restarts),
+                log_dir};
+      }
+      // Sleeps only in poll(2) on the signal fd; the outcome is checked between waits.
+      pollfd p{signal_fd, POLLIN, 0};
+      if (::poll(&p, 1, 200) > 0) {
+        signalfd_siginfo info{};
+        if (::read(signal_fd, &info, sizeof(info)) == sizeof(info) &&
+            (info.ssi_signo == SIGINT || info.ssi_signo == SIGTERM)) {
+          proto::Failure f;
+          f.set_rank(-1);
+          f.set_host(hostname());
+          f.set_signal(static_cast<int>(info.ssi_signo));
+          f.set_reason("interrupted");
+          server.stop_job(f);
+        }
+      }
+    }
+  } catch (const InvalidArgument& e) {
+    return error_result(ExitCode::kUnauthenticated, e.message());
+  } catch (const CommError& e) {
+    return error_result(ExitCode::kInvalidConfig, e.message());
+  } catch (const std::exception& e) {
+    return error_result(ExitCode::kInternal, e.what());
+  }
+}
+
+}  // namespace tessel::launcher

@@ -1,0 +1,102 @@
+#include "tessel/launcher/failure_report.h"
+
+#include <string.h>
+
+#include <ctime>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tessel/base/error.h"
+#include "tessel/launcher/exit_codes.h"
+
+namespace tessel::launcher {
+
+std::string signal_name(int signal) {
+  const char* abbrev = sigabbrev_np(signal);
+  if (abbrev == nullptr) return fmt::format("signal {}", signal);
+  return std::string("SIG") + abbrev;
+}
+
+int root_cause_exit_status(const proto::Failure& f) {
+  if (f.signal() != 0) return 128 + f.signal();
+  if (f.rank() < 0 || f.exit_code() == 0) return 1;
+  return f.exit_code();
+}
+
+namespace {
+
+std::string what_happened(const proto::Failure& f) {
+  if (f.signal() != 0) return fmt::format("killed by {}", signal_name(f.signal()));
+  if (f.rank() < 0) return f.reason();
+  if (f.reason() == "exited" || f.reason().empty()) {
+    return fmt::format("exited with code {}", f.exit_code());
+  }
+  return fmt::format("{} (exit code {})", f.reason(), f.exit_code());
+}
+
+std::string utc_time(int64_t us) {
+  const time_t secs = static_cast<time_t>(us / 1000000);
+  tm t{};
+  gmtime_r(&secs, &t);
+  char buf[64];
+  strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &t);
+  return fmt::format("{}.{:03d}Z", buf, static_cast<int>((us / 1000) % 1000));
+}
+
+}  // namespace
+
+std::string format_failure_report(const proto::Failure& f, int restart_count, int max_restarts) {
+  std::string out = fmt::format(
+      "tessel-run: job failed after {} of {} restarts; root cause (first failure by the "
+      "server's clock, {}, round {}):\n",
+      restart_count, max_restarts, utc_time(f.server_time_us()), f.round());
+  if (f.rank() >= 0) {
+    out += fmt::format("  rank {} (local rank {}) on host {}, pid {}: {}\n", f.rank(),
+                       f.local_rank(), f.host(), f.pid(), what_happened(f));
+  } else {
+    out += fmt::format("  node {} (host {}): {}\n", f.node_id(), f.host(), what_happened(f));
+  }
+  if (!f.stderr_tail().empty()) {
+    out += "  last lines of its stderr:\n";
+    size_t pos = 0;
+    const std::string& t = f.stderr_tail();
+    while (pos <= t.size()) {
+      const size_t nl = std::min(t.find('\n', pos), t.size());
+      out += "    | " + t.substr(pos, nl - pos) + "\n";
+      pos = nl + 1;
+    }
+  }
+  out += fmt::format("  tessel-run exits with status {}\n", root_cause_exit_status(f));
+  return out;
+}
+
+std::string failure_report_json(const proto::Failure& f, int restart_count) {
+  nlohmann::json j = {
+      {"host", f.host()},
+      {"node_id", f.node_id()},
+      {"rank", f.rank()},
+      {"local_rank", f.local_rank()},
+      {"pid", f.pid()},
+      {"exit_code", f.exit_code()},
+      {"signal", f.signal()},
+      {"signal_name", f.signal() != 0 ? signal_name(f.signal()) : ""},
+      {"reason", f.reason()},
+      {"stderr_tail", f.stderr_tail()},
+      {"server_time_us", f.server_time_us()},
+      {"server_time", utc_time(f.server_time_us())},
+      {"round", f.round()},
+      {"restart_count", restart_count},
+      {"exit_status", root_cause_exit_status(f)},
+  };
+  return j.dump(2) + "\n";
+}
+
+void write_failure_report(const std::string& path, const proto::Failure& f, int restart_count) {
+  std::ofstream out(path, std::ios::trunc);
+  TESSEL_CHECK(out.good(), IoError, "cannot write the failure report {}", path);
+  out << failure_report_json(f, restart_count);
+  TESSEL_CHECK(out.good(), IoError, "writing the failure report {} failed", path);
+}
+
+}  // namespace tessel::launcher

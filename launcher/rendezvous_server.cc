@@ -1,0 +1,603 @@
+#include "tessel/launcher/rendezvous_server.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/resource_quota.h>
+
+#include "tessel/base/clock.h"
+#include "tessel/base/error.h"
+#include "tessel/base/logging.h"
+#include "tessel/launcher/proto/rendezvous.grpc.pb.h"
+#include "tessel/collectives/grpc/store_service.h"
+#include "tessel/launcher/token.h"
+
+namespace tessel::launcher {
+namespace {
+
+using proto::JobEvent;
+constexpr auto kL = LogComponent::kLauncher;
+
+// "ipv4:10.0.0.2:5555" -> "10.0.0.2"; "ipv6:[::1]:5555" -> "::1".
+std::string peer_host(const std::string& peer) {
+  std::string rest = peer.substr(peer.find(':') + 1);
+  if (!rest.empty() && rest.front() == '[') return rest.substr(1, rest.find(']') - 1);
+  return rest.substr(0, rest.rfind(':'));
+}
+
+bool authenticated(grpc::CallbackServerContext* ctx, const std::string& token) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(std::string(kTokenMetadataKey));
+  if (it == md.end()) return false;
+  return tokens_equal(std::string_view(it->second.data(), it->second.size()), token);
+}
+
+grpc::Status unauthenticated() {
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      "missing or wrong job token (x-tessel-token)");
+}
+
+}  // namespace
+
+// A unary call the server answers later (a Join waiting for its round, a WaitEvent long-poll).
+// Owned by gRPC: deletes itself in OnDone. The State finishes it exactly once: whoever removes
+// it from the State's lists (under the State's mutex) calls Finish.
+class ParkedCall final : public grpc::ServerUnaryReactor {
+ public:
+  explicit ParkedCall(RendezvousServer::State* state) : state_(state) {}
+  void OnCancel() override;
+  void OnDone() override { delete this; }
+
+ private:
+  RendezvousServer::State* state_;
+};
+
+class RendezvousServer::State {
+ public:
+  explicit State(RendezvousServerOptions options) : options_(std::move(options)) {}
+
+  const RendezvousServerOptions& options() const { return options_; }
+
+  grpc::ServerUnaryReactor* join(grpc::CallbackServerContext* ctx, const proto::JoinRequest* req,
+                                 proto::JoinResponse* resp) {
+    if (!authenticated(ctx, options_.token)) return finish_now(ctx, unauthenticated());
+    std::unique_lock lock(mu_);
+    if (phase_ == Phase::kFinished) {
+      return finish_now(ctx, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                          "the job has already finished"));
+    }
+    auto* call = new ParkedCall(this);
+    joining_.push_back({*req, peer_host(ctx->peer()), call, resp});
+    log_info(kL, "node {} ({}) joined round {} ({} waiting, nnodes {}:{})", req->node_id(),
+             req->host(), round_, joining_.size(), options_.min_nodes, options_.max_nodes);
+    if (phase_ == Phase::kJoining) {
+      if (static_cast<int>(joining_.size()) >= options_.max_nodes) {
+        finish_all(form_round_locked(), lock);
+      } else if (static_cast<int>(joining_.size()) >= options_.min_nodes && !last_call_) {
+        last_call_ = SteadyClock::now() + options_.last_call_timeout;
+        cv_.notify_all();
+      }
+    }
+    return call;
+  }
+
+  grpc::ServerUnaryReactor* heartbeat(grpc::CallbackServerContext* ctx,
+                                      const proto::HeartbeatRequest* req,
+                                      proto::HeartbeatResponse* resp) {
+    if (!authenticated(ctx, options_.token)) return finish_now(ctx, unauthenticated());
+    std::lock_guard lock(mu_);
+    resp->set_current_round(round_);
+    grpc::Status status = check_member_locked(req->node_id(), req->round());
+    if (status.ok()) members_[req->node_id()].last_seen = SteadyClock::now();
+    return finish_now(ctx, status);
+  }
+
+  grpc::ServerUnaryReactor* report_failure(grpc::CallbackServerContext* ctx,
+                                           const proto::FailureRequest* req,
+                                           proto::FailureResponse* resp) {
+    if (!authenticated(ctx, options_.token)) return finish_now(ctx, unauthenticated());
+    std::unique_lock lock(mu_);
+    grpc::Status status = check_member_locked(req->node_id(), req->round());
+    if (!status.ok()) return finish_now(ctx, status);
+    proto::Failure failure = req->failure();
+    failure.set_node_id(req->node_id());
+    resp->set_root_cause(fail_round_locked(std::move(failure), lock));
+    return finish_now(ctx, grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* report_done(grpc::CallbackServerContext* ctx,
+                                        const proto::DoneRequest* req, proto::DoneResponse*) {
+    if (!authenticated(ctx, options_.token)) return finish_now(ctx, unauthenticated());
+    std::unique_lock lock(mu_);
+    grpc::Status status = check_member_locked(req->node_id(), req->round());
+    if (!status.ok()) return finish_now(ctx, status);
+    members_[req->node_id()].done = true;
+    const bool all_done = std::all_of(members_.begin(), members_.end(),
+                                      [](const auto& m) { return m.second.done; });
+    if (all_done && !round_failed_) {
+      outcome_.kind = JobEvent::SUCCEEDED;
+      finish_all(finish_job_locked(), lock);
+    }
+    return finish_now(ctx, grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* wait_event(grpc::CallbackServerContext* ctx,
+                                       const proto::WaitEventRequest* req, JobEvent* resp) {
+    if (!authenticated(ctx, options_.token)) return finish_now(ctx, unauthenticated());
+    std::lock_guard lock(mu_);
+    if (event_ready_locked(req->node_id(), req->round(), resp)) {
+      return finish_now(ctx, grpc::Status::OK);
+    }
+    auto* call = new ParkedCall(this);
+    waits_.push_back({req->node_id(), req->round(), call, resp,
+                      SteadyClock::now() + options_.poll_limit});
+    return call;
+  }
+
+  // A parked call's client went away. A member's long-poll cancelled while its round runs
+  // means its agent died (the connection closed): the round fails now, not after the
+  // heartbeat bound.
+  void on_cancel(ParkedCall* call) {
+    std::unique_lock lock(mu_);
+    for (auto it = joining_.begin(); it != joining_.end(); ++it) {
+      if (it->call == call) {
+        joining_.erase(it);
+        if (static_cast<int>(joining_.size()) < options_.min_nodes) last_call_.reset();
+        lock.unlock();
+        call->Finish(grpc::Status::CANCELLED);
+        return;
+      }
+    }
+    for (auto it = waits_.begin(); it != waits_.end(); ++it) {
+      if (it->call != call) continue;
+      const std::string node_id = it->node_id;
+      const int64_t round = it->round;
+      waits_.erase(it);
+      if (!stopping_ && phase_ == Phase::kRunning && round == round_ &&
+          members_.count(node_id) != 0 && !members_[node_id].done) {
+        proto::Failure failure;
+        failure.set_node_id(node_id);
+        failure.set_host(members_[node_id].assignment.host());
+        failure.set_rank(-1);
+        failure.set_reason("node lost (its agent's connection closed)");
+        members_[node_id].lost = true;
+        fail_round_locked(std::move(failure), lock);
+      }
+      if (lock.owns_lock()) lock.unlock();
+      call->Finish(grpc::Status::CANCELLED);
+      return;
+    }
+  }
+
+  // One pass of the monitor thread: last call, heartbeat deadlines, long-poll expiry, hangs.
+  void monitor_loop() {
+    std::unique_lock lock(mu_);
+    while (!stopping_) {
+      const auto now = SteadyClock::now();
+      if (phase_ == Phase::kJoining && last_call_ && now >= *last_call_) {
+        finish_all(form_round_locked(), lock);
+        continue;
+      }
+      if (phase_ == Phase::kRunning && !round_failed_) {
+        const auto bound = options_.heartbeat_interval * options_.heartbeat_misses;
+        for (auto& [id, m] : members_) {
+          if (m.done || now - m.last_seen <= bound) continue;
+          proto::Failure failure;
+          failure.set_node_id(id);
+          failure.set_host(m.assignment.host());
+          failure.set_rank(-1);
+          failure.set_reason(fmt::format("node lost (no heartbeat for {})",
+                                         format_duration(now - m.last_seen)));
+          m.lost = true;
+          fail_round_locked(std::move(failure), lock);
+          break;
+        }
+        if (!lock.owns_lock()) lock.lock();
+      }
+      if (pending_hang_) {
+        pending_hang_ = false;
+        const proto::Failure root = root_;
+        const int64_t round = round_;
+        const int world = world_size_;
+        lock.unlock();
+        try {
+          options_.on_hang(root, round, world);
+        } catch (const std::exception& e) {
+          log_error(kL, "gathering flight-recorder dumps failed: {}", e.what());
+        }
+        lock.lock();
+        finish_all(end_round_locked(), lock);
+        continue;
+      }
+      std::vector<Finisher> expired;
+      for (auto it = waits_.begin(); it != waits_.end();) {
+        if (now >= it->expires) {
+          it->response->set_kind(JobEvent::NONE);
+          it->response->set_round(round_);
+          expired.push_back({it->call, grpc::Status::OK});
+          it = waits_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      if (!expired.empty()) {
+        finish_all(std::move(expired), lock);
+        continue;
+      }
+      auto wake = now + options_.heartbeat_interval;
+      if (last_call_) wake = std::min(wake, *last_call_);
+      cv_.wait_until(lock, wake);
+    }
+  }
+
+  void stop_job(const proto::Failure& cause) {
+    std::unique_lock lock(mu_);
+    if (phase_ == Phase::kFinished) return;
+    root_ = cause;
+    root_.set_server_time_us(wall_time_us());
+    outcome_.kind = JobEvent::STOP;
+    finish_all(finish_job_locked(), lock);
+  }
+
+  JobOutcome wait_outcome(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, timeout, [&] { return phase_ == Phase::kFinished; });
+    return phase_ == Phase::kFinished ? outcome_ : JobOutcome{};
+  }
+
+  bool wait_all_notified(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] {
+      return phase_ == Phase::kFinished &&
+             std::all_of(members_.begin(), members_.end(), [](const auto& m) {
+               return m.second.notified || m.second.lost;
+             });
+    });
+  }
+
+  int64_t round() const {
+    std::lock_guard lock(mu_);
+    return round_;
+  }
+  size_t parked() const {
+    std::lock_guard lock(mu_);
+    return joining_.size() + waits_.size();
+  }
+  int restart_count() const {
+    std::lock_guard lock(mu_);
+    return outcome_.restart_count;
+  }
+
+  // Marks the server as stopping: cancellations are no longer failures; the monitor exits.
+  void begin_stop() {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  enum class Phase { kJoining, kRunning, kFinished };
+  struct PendingJoin {
+    proto::JoinRequest request;
+    std::string addr;
+    ParkedCall* call;
+    proto::JoinResponse* response;
+  };
+  struct PendingWait {
+    std::string node_id;
+    int64_t round;
+    ParkedCall* call;
+    JobEvent* response;
+    SteadyClock::time_point expires;
+  };
+  struct Member {
+    proto::NodeAssignment assignment;
+    SteadyClock::time_point last_seen;
+    bool done = false;
+    bool notified = false;
+    bool lost = false;  // its agent is gone: nobody to notify
+  };
+  struct Finisher {
+    ParkedCall* call;
+    grpc::Status status;
+  };
+
+  grpc::ServerUnaryReactor* finish_now(grpc::CallbackServerContext* ctx, grpc::Status status) {
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(std::move(status));
+    return reactor;
+  }
+
+  // Finishes calls outside the lock (gRPC may run reactions inline), then re-locks.
+  void finish_all(std::vector<Finisher> calls, std::unique_lock<std::mutex>& lock) {
+    cv_.notify_all();
+    if (calls.empty()) return;
+    lock.unlock();
+    for (auto& f : calls) f.call->Finish(f.status);
+    lock.lock();
+  }
+
+  grpc::Status check_member_locked(const std::string& node_id, int64_t round) const {
+    if (round != round_ || phase_ != Phase::kRunning) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          fmt::format("stale round {}: the job is in round {} ({})", round,
+                                      round_, phase_ == Phase::kRunning ? "running" : "not running"));
+    }
+    if (members_.count(node_id) == 0) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          fmt::format("node {} is not a member of round {}", node_id, round_));
+    }
+    return grpc::Status::OK;
+  }
+
+  // Assigns ranks to the joined nodes (up to max_nodes) and answers their Joins.
+  std::vector<Finisher> form_round_locked() {
+    last_call_.reset();
+    const size_t n = std::min(joining_.size(), static_cast<size_t>(options_.max_nodes));
+    std::vector<PendingJoin> nodes(joining_.begin(), joining_.begin() + n);
+    joining_.erase(joining_.begin(), joining_.begin() + n);
+    std::sort(nodes.begin(), nodes.end(), [](const PendingJoin& a, const PendingJoin& b) {
+      const auto key = [](const PendingJoin& j) {
+        const int r = j.request.requested_rank();
+        return std::make_tuple(r < 0, r, j.request.host(), j.request.node_id());
+      };
+      return key(a) < key(b);
+    });
+    members_.clear();
+    std::vector<proto::NodeAssignment> assignments;
+    int offset = 0;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      proto::NodeAssignment a;
+      a.set_node_id(nodes[i].request.node_id());
+      a.set_host(nodes[i].request.host());
+      a.set_addr(nodes[i].addr);
+      a.set_group_rank(static_cast<int>(i));
+      a.set_nproc(nodes[i].request.nproc());
+      a.set_rank_offset(offset);
+      offset += nodes[i].request.nproc();
+      assignments.push_back(a);
+      members_[a.node_id()] = Member{a, SteadyClock::now()};
+    }
+    world_size_ = offset;
+    const std::string master_addr =
+        options_.master_addr.empty() ? nodes.front().addr : options_.master_addr;
+    const int master_port =
+        options_.master_port != 0 ? options_.master_port : nodes.front().request.master_port();
+    std::vector<Finisher> done;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      proto::JoinResponse* r = nodes[i].response;
+      r->set_round(round_);
+      r->set_restart_count(outcome_.restart_count);
+      r->set_group_rank(static_cast<int>(i));
+      r->set_group_world_size(static_cast<int>(nodes.size()));
+      r->set_world_size(world_size_);
+      r->set_rank_offset(assignments[i].rank_offset());
+      r->set_master_addr(master_addr);
+      r->set_master_port(master_port);
+      r->set_heartbeat_interval_ms(options_.heartbeat_interval.count());
+      done.push_back({nodes[i].call, grpc::Status::OK});
+    }
+    phase_ = Phase::kRunning;
+    round_failed_ = false;
+    log_info(kL, "round {} formed: {} nodes, world size {}", round_, nodes.size(), world_size_);
+    return done;
+  }
+
+  // Records a failure of the running round; true when it is the round's root cause. May
+  // release the lock (to answer waiting calls); the caller re-checks state afterwards.
+  bool fail_round_locked(proto::Failure failure, std::unique_lock<std::mutex>& lock) {
+    if (phase_ != Phase::kRunning || round_failed_) return false;
+    round_failed_ = true;
+    failure.set_server_time_us(wall_time_us());
+    failure.set_round(round_);
+    root_ = std::move(failure);
+    log_warn(kL, "round {} failed: node {} rank {}: {}", round_, root_.node_id(), root_.rank(),
+             root_.reason());
+    if ((root_.hang() || options_.dump_on_hang) && options_.on_hang && root_.rank() >= 0) {
+      pending_hang_ = true;  // the monitor gathers dumps, then ends the round
+      cv_.notify_all();
+      return true;
+    }
+    finish_all(end_round_locked(), lock);
+    return true;
+  }
+
+  // Ends a failed round: the next round when restarts are left, else the job fails.
+  std::vector<Finisher> end_round_locked() {
+    const bool fatal = root_.reason() == "interrupted";
+    if (fatal || outcome_.restart_count >= options_.max_restarts) {
+      outcome_.kind = fatal ? JobEvent::STOP : JobEvent::FAILED;
+      return finish_job_locked();
+    }
+    ++outcome_.restart_count;
+    ++round_;
+    phase_ = Phase::kJoining;
+    log_info(kL, "restart {} of {}: round {}", outcome_.restart_count, options_.max_restarts,
+             round_);
+    std::vector<Finisher> done = answer_waits_locked();
+    if (static_cast<int>(joining_.size()) >= options_.min_nodes) {
+      last_call_ = SteadyClock::now() + options_.last_call_timeout;
+    }
+    return done;
+  }
+
+  std::vector<Finisher> finish_job_locked() {
+    phase_ = Phase::kFinished;
+    outcome_.root_cause = root_;
+    std::vector<Finisher> done = answer_waits_locked();
+    for (auto& j : joining_) {
+      done.push_back({j.call, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                           "the job has already finished")});
+    }
+    joining_.clear();
+    return done;
+  }
+
+  std::vector<Finisher> answer_waits_locked() {
+    std::vector<Finisher> done;
+    for (auto it = waits_.begin(); it != waits_.end();) {
+      if (event_ready_locked(it->node_id, it->round, it->response)) {
+        done.push_back({it->call, grpc::Status::OK});
+        it = waits_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return done;
+  }
+
+  // Fills `event` when something happened since `round` for this node.
+  bool event_ready_locked(const std::string& node_id, int64_t round, JobEvent* event) {
+    if (phase_ == Phase::kFinished) {
+      event->set_kind(outcome_.kind);
+      event->set_round(round_);
+      *event->mutable_root_cause() = outcome_.root_cause;
+      event->set_restart_count(outcome_.restart_count);
+      if (auto it = members_.find(node_id); it != members_.end()) it->second.notified = true;
+      cv_.notify_all();
+      return true;
+    }
+    if (round < round_) {
+      event->set_kind(JobEvent::RESTART);
+      event->set_round(round_);
+      *event->mutable_root_cause() = root_;
+      event->set_restart_count(outcome_.restart_count);
+      return true;
+    }
+    return false;
+  }
+
+  const RendezvousServerOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Phase phase_ = Phase::kJoining;
+  int64_t round_ = 0;
+  int world_size_ = 0;
+  std::optional<SteadyClock::time_point> last_call_;
+  std::vector<PendingJoin> joining_;
+  std::vector<PendingWait> waits_;
+  std::map<std::string, Member> members_;
+  bool round_failed_ = false;
+  bool pending_hang_ = false;
+  proto::Failure root_;
+  JobOutcome outcome_;
+  bool stopping_ = false;
+};
+
+void ParkedCall::OnCancel() { state_->on_cancel(this); }
+
+namespace {
+
+class RendezvousService final : public proto::Rendezvous::CallbackService {
+ public:
+  explicit RendezvousService(RendezvousServer::State* state) : state_(state) {}
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* c, const proto::JoinRequest* q,
+                                 proto::JoinResponse* r) override {
+    return state_->join(c, q, r);
+  }
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* c,
+                                      const proto::HeartbeatRequest* q,
+                                      proto::HeartbeatResponse* r) override {
+    return state_->heartbeat(c, q, r);
+  }
+  grpc::ServerUnaryReactor* ReportFailure(grpc::CallbackServerContext* c,
+                                          const proto::FailureRequest* q,
+                                          proto::FailureResponse* r) override {
+    return state_->report_failure(c, q, r);
+  }
+  grpc::ServerUnaryReactor* ReportDone(grpc::CallbackServerContext* c,
+                                       const proto::DoneRequest* q,
+                                       proto::DoneResponse* r) override {
+    return state_->report_done(c, q, r);
+  }
+  grpc::ServerUnaryReactor* WaitEvent(grpc::CallbackServerContext* c,
+                                      const proto::WaitEventRequest* q,
+                                      proto::JobEvent* r) override {
+    return state_->wait_event(c, q, r);
+  }
+
+ private:
+  RendezvousServer::State* state_;
+};
+
+}  // namespace
+
+struct RendezvousServer::Impl {
+  std::unique_ptr<RendezvousService> service;
+  std::unique_ptr<internal::StoreService> store_service;  // the job's Store, beside rendezvous
+  std::unique_ptr<grpc::Server> server;
+  std::thread monitor;
+  std::string address;
+  int port = 0;
+  bool stopped = false;
+};
+
+RendezvousServer::RendezvousServer(RendezvousServerOptions options)
+    : state_(std::make_unique<State>(std::move(options))), impl_(std::make_unique<Impl>()) {
+  const auto& o = state_->options();
+  TESSEL_CHECK(o.min_nodes >= 1 && o.min_nodes <= o.max_nodes, InvalidArgument,
+               "rendezvous needs 1 <= min_nodes <= max_nodes, got {}:{}", o.min_nodes,
+               o.max_nodes);
+  impl_->service = std::make_unique<RendezvousService>(state_.get());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(o.bind_address, grpc::InsecureServerCredentials(), &impl_->port);
+  builder.RegisterService(impl_->service.get());
+  if (o.host_store) {
+    impl_->store_service = std::make_unique<internal::StoreService>(o.token, StoreLimits{});
+    internal::add_store_service(builder, *impl_->store_service);
+  }
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a second server must fail to bind
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Thousands of agent connections: small read buffers, no BDP probing (as the clients).
+  builder.AddChannelArgument(GRPC_ARG_TCP_READ_CHUNK_SIZE, 4096);
+  builder.AddChannelArgument(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256);
+  builder.AddChannelArgument(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 65536);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  grpc::ResourceQuota quota("tessel-rendezvous");
+  quota.Resize(size_t{512} << 20);  // buffers shrink under pressure instead of growing unbounded
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  impl_->server = builder.BuildAndStart();
+  TESSEL_CHECK(impl_->server != nullptr && impl_->port != 0, CommError,
+               "cannot serve the rendezvous at {}: the address is in use or not local",
+               o.bind_address);
+  impl_->address = o.bind_address.substr(0, o.bind_address.rfind(':') + 1) +
+                   std::to_string(impl_->port);
+  impl_->monitor = std::thread([this] { state_->monitor_loop(); });
+  log_info(LogComponent::kLauncher, "rendezvous server on {} (store service {})",
+           impl_->address, impl_->store_service ? "hosted" : "off");
+}
+
+RendezvousServer::~RendezvousServer() { stop(); }
+
+const std::string& RendezvousServer::address() const { return impl_->address; }
+int RendezvousServer::port() const { return impl_->port; }
+void RendezvousServer::stop_job(const proto::Failure& cause) { state_->stop_job(cause); }
+JobOutcome RendezvousServer::wait_outcome(std::chrono::milliseconds timeout) {
+  return state_->wait_outcome(timeout);
+}
+bool RendezvousServer::wait_all_notified(std::chrono::milliseconds timeout) {
+  return state_->wait_all_notified(timeout);
+}
+int64_t RendezvousServer::current_round() const { return state_->round(); }
+int RendezvousServer::restart_count() const { return state_->restart_count(); }
+size_t RendezvousServer::parked_calls() const { return state_->parked(); }
+
+void RendezvousServer::stop() {
+  if (impl_->stopped) return;
+  impl_->stopped = true;
+  state_->begin_stop();
+  if (impl_->store_service) impl_->store_service->stop();  // parked store calls fail first
+  impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  impl_->server->Wait();
+  if (impl_->monitor.joinable()) impl_->monitor.join();
+}
+
+}  // namespace tessel::launcher

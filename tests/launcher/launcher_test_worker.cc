@@ -1,0 +1,157 @@
+// The worker program tessel-run starts in the launcher tests. Modes (argv[1]):
+//   env                      print every environment variable as "ENV NAME=value", exit 0
+//   fail RANK CODE [DIR]     rank RANK exits with CODE at once; others sleep until killed and,
+//                            with DIR, record in DIR/stopped_<rank> when SIGTERM reached them
+//   sleep                    sleep until killed
+//   await FILE               print the environment, then exit 0 once FILE exists
+//   grandchild DIR           fork a child that leaves the process group (setsid) and sleeps;
+//                            record both pids in DIR/pids_<rank>, then sleep
+//   lines N                  print N long numbered lines to stdout, exit 0
+//   crash                    exit 1 at once (a crash loop)
+//   signals DIR              record SIGUSR1 in DIR/usr1_<rank>; ignore SIGINT and SIGTERM
+//                            (recording DIR/int_<rank>); DIR/ready_<rank> once handlers are set
+//   first-attempt-fails R   on attempt 0 rank R exits 1 (R = -1: nobody) and the others sleep;
+//                            on later attempts print "attempt A world W rank R" and exit 0
+//   all_reduce               placeholder for the Gloo all_reduce across nodes (see below)
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+extern char** environ;
+
+namespace {
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : -1;
+}
+
+long long monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+std::string g_stop_file;
+std::string g_dir;
+int g_rank = -1;
+
+void touch(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f) std::fclose(f);
+}
+
+void on_usr1(int) { touch(g_dir + "/usr1_" + std::to_string(g_rank)); }
+void on_int(int) { touch(g_dir + "/int_" + std::to_string(g_rank)); }
+
+void on_term(int) {
+  if (!g_stop_file.empty()) {
+    FILE* f = std::fopen(g_stop_file.c_str(), "w");
+    if (f) {
+      std::fprintf(f, "%lld\n", monotonic_ns());
+      std::fclose(f);
+    }
+  }
+  _exit(143);
+}
+
+[[noreturn]] void sleep_forever() {
+  for (;;) pause();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "env";
+  const int rank = env_int("RANK");
+  if (mode == "env") {
+    for (char** e = environ; *e; ++e) std::printf("ENV %s\n", *e);
+    return 0;
+  }
+  if (mode == "fail" && argc >= 4) {
+    const std::string dir = argc >= 5 ? argv[4] : "";
+    if (rank == std::atoi(argv[2])) {
+      if (!dir.empty()) {
+        // Fail only once every other rank is ready to record its SIGTERM.
+        const int world = env_int("WORLD_SIZE");
+        for (int r = 0; r < world; ++r) {
+          const std::string ready = dir + "/ready_" + std::to_string(r);
+          while (r != rank && access(ready.c_str(), F_OK) != 0) usleep(1000);
+        }
+        FILE* f = std::fopen((dir + "/failed_at").c_str(), "w");
+        if (f) {
+          std::fprintf(f, "%lld\n", monotonic_ns());
+          std::fclose(f);
+        }
+      }
+      std::fprintf(stderr, "rank %d giving up: simulated failure\n", rank);
+      return std::atoi(argv[3]);
+    }
+    if (!dir.empty()) {
+      g_stop_file = dir + "/stopped_" + std::to_string(rank);
+      signal(SIGTERM, on_term);
+      FILE* f = std::fopen((dir + "/ready_" + std::to_string(rank)).c_str(), "w");
+      if (f) std::fclose(f);
+    }
+    sleep_forever();
+  }
+  if (mode == "sleep") sleep_forever();
+  if (mode == "await" && argc >= 3) {
+    for (char** e = environ; *e; ++e) std::printf("ENV %s\n", *e);
+    std::fflush(stdout);
+    while (access(argv[2], F_OK) != 0) usleep(10000);  // the test creates it when both run
+    return 0;
+  }
+  if (mode == "grandchild" && argc >= 3) {
+    const pid_t child = fork();
+    if (child == 0) {
+      setsid();  // leaves the worker's process group
+      sleep_forever();
+    }
+    const std::string path = std::string(argv[2]) + "/pids_" + std::to_string(rank);
+    const std::string tmp = path + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    std::fprintf(f, "%d %d\n", getpid(), child);
+    std::fclose(f);
+    std::rename(tmp.c_str(), path.c_str());
+    sleep_forever();
+  }
+  if (mode == "lines" && argc >= 3) {
+    const int n = std::atoi(argv[2]);
+    std::string pad(3000, 'x');
+    for (int i = 0; i < n; ++i) std::printf("line %d rank %d %s end\n", i, rank, pad.c_str());
+    return 0;
+  }
+  if (mode == "crash") return 1;
+  if (mode == "first-attempt-fails" && argc >= 3) {
+    const int attempt = env_int("TORCHELASTIC_RESTART_COUNT");
+    if (attempt > 0) {
+      std::printf("attempt %d world %d rank %d\n", attempt, env_int("WORLD_SIZE"), rank);
+      return 0;
+    }
+    if (rank == std::atoi(argv[2])) return 1;
+    sleep_forever();
+  }
+  if (mode == "signals" && argc >= 3) {
+    g_dir = argv[2];
+    g_rank = rank;
+    signal(SIGUSR1, on_usr1);
+    signal(SIGINT, on_int);
+    signal(SIGTERM, on_int);
+    touch(g_dir + "/ready_" + std::to_string(rank));
+    sleep_forever();
+  }
+  if (mode == "all_reduce") {
+    // Placeholder until ProcessGroup (h-pg) lands: the lead replaces this with a Gloo
+    // all_reduce over TESSEL_STORE_ADDR and checks the sum. Exits 0 so topology tests pass.
+    std::printf("all_reduce placeholder rank %d of %d\n", rank, env_int("WORLD_SIZE"));
+    return 0;
+  }
+  std::fprintf(stderr, "launcher_test_worker: unknown mode '%s'\n", mode.c_str());
+  return 2;
+}

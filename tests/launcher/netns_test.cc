@@ -1,0 +1,275 @@
+// Multi-node tessel-run jobs in network namespaces: each node is a namespace with one veth into
+// a private "switch" namespace holding a bridge, on 10.77.1.0/24. Nothing is created in the
+// root namespace; everything is deleted when the test ends. Needs root and `ip netns`;
+// skipped with the reason otherwise.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "child_process.h"
+
+namespace tessel::launcher {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::ChildProcess;
+
+const std::string kRun = TESSEL_RUN_PATH;
+const std::string kWorker = TEST_WORKER_PATH;
+constexpr int kPort = 29400;
+
+int sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
+
+// Three (or more) namespaces as nodes joined by a bridge in a fourth. RAII: the destructor
+// deletes every namespace it made (which deletes their veths).
+class NetnsCluster {
+ public:
+  explicit NetnsCluster(int nodes) {
+    const std::string base = "tslt" + std::to_string(getpid()) + "-";
+    switch_ = base + "sw";
+    ok_ = sh("ip netns add " + switch_) == 0;
+    if (ok_) made_.push_back(switch_);
+    ok_ = ok_ && sh("ip -n " + switch_ + " link add br0 type bridge") == 0 &&
+          sh("ip -n " + switch_ + " link set br0 up") == 0;
+    for (int i = 0; i < nodes && ok_; ++i) {
+      const std::string ns = base + std::to_string(i);
+      ok_ = sh("ip netns add " + ns) == 0;
+      if (!ok_) break;
+      made_.push_back(ns);
+      nodes_.push_back(ns);
+      const std::string port = "p" + std::to_string(i);
+      ok_ = sh("ip -n " + ns + " link add eth0 type veth peer name " + port + " netns " +
+               switch_) == 0 &&
+            sh("ip -n " + ns + " addr add " + addr(i) + "/24 dev eth0") == 0 &&
+            sh("ip -n " + ns + " link set eth0 up") == 0 &&
+            sh("ip -n " + ns + " link set lo up") == 0 &&
+            sh("ip -n " + switch_ + " link set " + port + " master br0") == 0 &&
+            sh("ip -n " + switch_ + " link set " + port + " up") == 0;
+    }
+  }
+  ~NetnsCluster() {
+    for (const auto& ns : made_) sh("ip netns del " + ns);
+  }
+  bool ok() const { return ok_; }
+  const std::string& ns(int i) const { return nodes_[static_cast<size_t>(i)]; }
+  static std::string addr(int i) { return "10.77.1." + std::to_string(i + 1); }
+  // Takes node i off the network (its link goes down).
+  void cut(int i) { sh("ip -n " + ns(i) + " link set eth0 down"); }
+
+ private:
+  std::string switch_;
+  std::vector<std::string> nodes_, made_;
+  bool ok_ = false;
+};
+
+std::string skip_reason() {
+  if (geteuid() != 0) return "needs root to create network namespaces";
+  if (sh("ip netns list") != 0) return "`ip netns` is not available";
+  return "";
+}
+
+std::string write_token_file(const std::string& dir, const std::string& token) {
+  const std::string path = dir + "/token";
+  std::ofstream(path) << token << "\n";
+  chmod(path.c_str(), 0600);
+  return path;
+}
+
+class NetnsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string why = skip_reason();
+    if (!why.empty()) GTEST_SKIP() << why;
+    cluster_ = std::make_unique<NetnsCluster>(3);
+    if (!cluster_->ok()) GTEST_SKIP() << "could not build the namespace cluster (ip netns/veth)";
+    dir_ = testing::make_temp_dir("netns");
+    token_file_ = write_token_file(dir_, "netns-test-token");
+  }
+  void TearDown() override {
+    nodes_.clear();  // kill agents before their namespaces go
+    cluster_.reset();
+  }
+
+  // Starts node i's agent in its namespace.
+  ChildProcess& start_node(int i, std::vector<std::string> flags, std::vector<std::string> worker,
+                           std::vector<std::string> env = {}) {
+    const bool nnodes_given = std::find(flags.begin(), flags.end(), "--nnodes") != flags.end();
+    std::vector<std::string> argv{"ip", "netns", "exec", cluster_->ns(i), kRun,
+                                  "--nnodes", nnodes_given ? flags[1] : "3", "--nproc-per-node", "2",
+                                  "--rdzv-endpoint", NetnsCluster::addr(0) + ":" + std::to_string(kPort),
+                                  "--node-rank", std::to_string(i), "--rdzv-token-file", token_file_,
+                                  "--log-dir", dir_ + "/node" + std::to_string(i)};
+    argv.insert(argv.end(), flags.begin() + (nnodes_given ? 2 : 0), flags.end());
+    argv.push_back(kWorker);
+    argv.insert(argv.end(), worker.begin(), worker.end());
+    nodes_.push_back(std::make_unique<ChildProcess>(argv, env, dir_ + "/out" + std::to_string(i)));
+    return *nodes_.back();
+  }
+
+  std::unique_ptr<NetnsCluster> cluster_;
+  std::string dir_, token_file_;
+  std::vector<std::unique_ptr<ChildProcess>> nodes_;
+};
+
+TEST_F(NetnsTest, ThreeNodesOfTwoWorkersFormAndExitZero) {
+  // `all_reduce` is the placeholder the Gloo all_reduce worker replaces (see the worker).
+  for (int i = 0; i < 3; ++i) start_node(i, {}, {"all_reduce"});
+  std::set<int> ranks;
+  const std::regex re(R"(^\[(\d):(\d)\] all_reduce placeholder rank (\d) of 6$)");
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(nodes_[static_cast<size_t>(i)]->wait(60s), 0) << nodes_[static_cast<size_t>(i)]->err();
+    std::istringstream in(nodes_[static_cast<size_t>(i)]->out());
+    std::string line;
+    std::smatch m;
+    while (std::getline(in, line)) {
+      ASSERT_TRUE(std::regex_match(line, m, re)) << line;
+      EXPECT_EQ(std::stoi(m[1]), i);                // node prefix = group rank = --node-rank
+      EXPECT_EQ(std::stoi(m[2]), std::stoi(m[3]));  // prefix rank = RANK
+      EXPECT_EQ(std::stoi(m[3]) / 2, i);            // node i holds ranks 2i, 2i+1
+      ranks.insert(std::stoi(m[3]));
+    }
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3, 4, 5}));
+}
+
+TEST_F(NetnsTest, KillingOneAgentStopsTheOthersWithinTheHeartbeatBound) {
+  const std::vector<std::string> flags = {"--monitor-interval", "100ms", "--heartbeat-misses", "5"};
+  for (int i = 0; i < 3; ++i) start_node(i, flags, {"sleep"}, {"LAUNCH_TEST_MARKER=" + dir_});
+  // All six workers run before the kill.
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return testing::pids_with_env("LAUNCH_TEST_MARKER=" + dir_).size() >= 9; }, 30s));
+  const auto killed_at = std::chrono::steady_clock::now();
+  nodes_[2]->signal(SIGKILL);
+  for (int i : {0, 1}) {
+    EXPECT_EQ(nodes_[static_cast<size_t>(i)]->wait(30s), 1) << nodes_[static_cast<size_t>(i)]->err();
+    EXPECT_NE(nodes_[static_cast<size_t>(i)]->err().find("node lost"), std::string::npos);
+  }
+  const auto took = std::chrono::steady_clock::now() - killed_at;
+  std::printf("other nodes stopped %.3f s after kill -9 of node 2's agent\n",
+              std::chrono::duration<double>(took).count());
+  // Heartbeat bound (100 ms x 5) plus the failure grace (500 ms) and process exit.
+  EXPECT_LT(took, 3s);
+  EXPECT_TRUE(testing::wait_until(
+      [&] { return testing::pids_with_env("LAUNCH_TEST_MARKER=" + dir_).empty(); }, 10s));
+}
+
+TEST_F(NetnsTest, CutLinkIsDetectedWithinIntervalTimesMisses) {
+  const std::vector<std::string> flags = {"--monitor-interval", "100ms", "--heartbeat-misses", "5"};
+  for (int i = 0; i < 3; ++i) start_node(i, flags, {"sleep"}, {"LAUNCH_TEST_MARKER=" + dir_});
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return testing::pids_with_env("LAUNCH_TEST_MARKER=" + dir_).size() >= 9; }, 30s));
+  cluster_->cut(2);
+  for (int i : {0, 1}) {
+    EXPECT_EQ(nodes_[static_cast<size_t>(i)]->wait(30s), 1) << nodes_[static_cast<size_t>(i)]->err();
+    EXPECT_NE(nodes_[static_cast<size_t>(i)]->err().find("no heartbeat"), std::string::npos)
+        << nodes_[static_cast<size_t>(i)]->err();
+  }
+  // The cut-off node loses the server the same way and stops its own workers.
+  EXPECT_EQ(nodes_[2]->wait(30s), 69) << nodes_[2]->err();
+  EXPECT_TRUE(testing::wait_until(
+      [&] { return testing::pids_with_env("LAUNCH_TEST_MARKER=" + dir_).empty(); }, 10s));
+}
+
+TEST_F(NetnsTest, ClientWithoutTheTokenIsRefused) {
+  ChildProcess& host = start_node(0, {"--rdzv-timeout", "20s"}, {"sleep"});
+  const std::string wrong = write_token_file(dir_ + "/..", "wrong-token-" + std::to_string(getpid()));
+  std::vector<std::string> argv{"ip", "netns", "exec", cluster_->ns(1), kRun, "--nnodes", "3",
+                                "--rdzv-endpoint", NetnsCluster::addr(0) + ":" + std::to_string(kPort),
+                                "--rdzv-token-file", wrong, "--rdzv-connect-timeout", "10s",
+                                kWorker, "sleep"};
+  ChildProcess intruder(argv, {}, dir_ + "/intruder");
+  EXPECT_EQ(intruder.wait(30s), 77) << intruder.err();
+  EXPECT_NE(intruder.err().find("UNAUTHENTICATED"), std::string::npos) << intruder.err();
+  host.signal(SIGTERM);
+  host.wait(30s);
+  std::remove(wrong.c_str());
+}
+
+TEST_F(NetnsTest, ServerBoundToOneAddressIsUnreachableAtOthers) {
+  // Node 0 has a second address; the server binds only the first.
+  ASSERT_EQ(sh("ip -n " + cluster_->ns(0) + " addr add 10.77.1.11/24 dev eth0"), 0);
+  const std::string endpoint = NetnsCluster::addr(0) + ":" + std::to_string(kPort);
+  ChildProcess server({"ip", "netns", "exec", cluster_->ns(0), kRun, "--rdzv-server", "--nnodes",
+                       "2", "--rdzv-endpoint", endpoint, "--rdzv-token-file", token_file_},
+                      {}, dir_ + "/server");
+  auto client = [&](int node, const std::string& ep, const std::string& tag) {
+    return std::make_unique<ChildProcess>(
+        std::vector<std::string>{"ip", "netns", "exec", cluster_->ns(node), kRun, "--nnodes", "2",
+                                 "--rdzv-endpoint", ep, "--rdzv-token-file", token_file_,
+                                 "--rdzv-connect-timeout", "1s", "--log-dir", dir_ + "/" + tag,
+                                 kWorker, "env"},
+        std::vector<std::string>{}, dir_ + "/" + tag);
+  };
+  auto other_addr = client(1, "10.77.1.11:" + std::to_string(kPort), "other");
+  EXPECT_EQ(other_addr->wait(30s), 69) << other_addr->err();
+  EXPECT_NE(other_addr->err().find("10.77.1.11:" + std::to_string(kPort)), std::string::npos);
+  // At the bound address the same job forms (two nodes) and succeeds.
+  auto a = client(1, endpoint, "a");
+  auto b = client(2, endpoint, "b");
+  EXPECT_EQ(a->wait(60s), 0) << a->err();
+  EXPECT_EQ(b->wait(60s), 0) << b->err();
+  EXPECT_EQ(server.wait(30s), 0) << server.err();
+}
+
+// "attempt A world W rank R" lines of one node's output.
+std::vector<std::array<int, 3>> attempts(const std::string& out) {
+  std::vector<std::array<int, 3>> seen;
+  std::istringstream in(out);
+  std::string line;
+  const std::regex re(R"(^\[\d+:\d+\] attempt (\d+) world (\d+) rank (\d+)$)");
+  std::smatch m;
+  while (std::getline(in, line)) {
+    if (std::regex_match(line, m, re)) seen.push_back({std::stoi(m[1]), std::stoi(m[2]), std::stoi(m[3])});
+  }
+  return seen;
+}
+
+TEST_F(NetnsTest, FailureOnOneNodeRestartsTheWholeJob) {
+  for (int i = 0; i < 3; ++i) start_node(i, {"--max-restarts", "1"}, {"first-attempt-fails", "3"});
+  std::set<int> ranks;
+  for (int i = 0; i < 3; ++i) {
+    auto& node = *nodes_[static_cast<size_t>(i)];
+    ASSERT_EQ(node.wait(60s), 0) << node.err();
+    for (auto [attempt, world, rank] : attempts(node.out())) {
+      EXPECT_EQ(attempt, 1);
+      EXPECT_EQ(world, 6);
+      ranks.insert(rank);
+    }
+    struct stat st {};
+    EXPECT_EQ(stat((dir_ + "/node" + std::to_string(i) + "/attempt_1").c_str(), &st), 0);
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3, 4, 5}));
+}
+
+TEST_F(NetnsTest, ElasticJobContinuesWithTheNodesLeft) {
+  const std::vector<std::string> flags = {"--nnodes", "2:3", "--max-restarts", "1",
+                                          "--last-call-timeout", "300ms"};
+  for (int i = 0; i < 3; ++i) start_node(i, flags, {"first-attempt-fails", "-1"}, {"LAUNCH_TEST_MARKER=" + dir_});
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return testing::pids_with_env("LAUNCH_TEST_MARKER=" + dir_).size() >= 9; }, 30s));
+  nodes_[2]->signal(SIGKILL);
+  std::set<int> ranks;
+  for (int i : {0, 1}) {
+    auto& node = *nodes_[static_cast<size_t>(i)];
+    ASSERT_EQ(node.wait(60s), 0) << node.err();
+    for (auto [attempt, world, rank] : attempts(node.out())) {
+      EXPECT_EQ(attempt, 1);
+      EXPECT_EQ(world, 4);  // two nodes of two workers are left
+      ranks.insert(rank);
+    }
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3}));
+}
+
+}  // namespace
+}  // namespace tessel::launcher
