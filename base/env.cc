@@ -23,6 +23,18 @@ constexpr std::array<EnvKnobInfo, static_cast<size_t>(EnvKnob::kCount)> kKnobs =
      "record collectives in the flight recorder (0 turns recording off)"},
     {EnvKnob::kFrCapacity, "TESSEL_FR_CAPACITY", "4096",
      "entries the flight recorder keeps per process; older ones are overwritten"},
+    {EnvKnob::kPgTimeout, "TESSEL_PG_TIMEOUT", "5m",
+     "default timeout of a process group's collectives (e.g. '30s')"},
+    {EnvKnob::kPgBackend, "TESSEL_PG_BACKEND", "auto",
+     "backend init_process_group uses: auto, gloo, mpi, nccl, threads (world of 1) or fake"},
+    {EnvKnob::kWatchdogPolicy, "TESSEL_WATCHDOG_POLICY", "raise",
+     "what a timed-out collective does: raise, abort_communicator or abort_process"},
+    {EnvKnob::kStoreAddr, "TESSEL_STORE_ADDR", "",
+     "host:port of the job's store server (set by tessel-run)"},
+    {EnvKnob::kStoreDir, "TESSEL_STORE_DIR", "",
+     "shared directory used as the job's store (FileStore) when no store server is given"},
+    {EnvKnob::kGlooIface, "TESSEL_GLOO_IFACE", "",
+     "network interface Gloo binds (default: the address of the host name, or loopback)"},
 }};
 
 // The table must list every enum value, in order; checked once at compile time.
