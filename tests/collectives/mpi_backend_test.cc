@@ -1,0 +1,51 @@
+// The MPI backend, run under `mpirun -np N` by ctest (see CMakeLists.txt): every collective x
+// dtypes x counts against local expectations, split into odd colours, a send/recv ring. Every
+// rank runs the same tests; a failure on any rank fails mpirun.
+
+#include "tessel/collectives/mpi/mpi_backend.h"
+
+#include <gtest/gtest.h>
+
+#include "collective_checks.h"
+
+namespace tessel {
+namespace {
+
+std::shared_ptr<ProcessGroup> world() {
+  static std::shared_ptr<ProcessGroup> group = mpi_create_world({.timeout = std::chrono::seconds(60)});
+  return group;
+}
+
+class MpiBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!mpi_is_available()) GTEST_SKIP() << "this build has no MPI backend";
+    if (!mpi_launched()) GTEST_SKIP() << "not started by mpirun";
+  }
+};
+
+TEST_F(MpiBackendTest, EveryCollectiveMatchesLocalExpectation) {
+  testing::check_everything(*world(), testing::acceptance_counts(/*large=*/false));
+}
+
+TEST_F(MpiBackendTest, OneMillionElements) {
+  auto pg = world();
+  const int size = pg->size();
+  const int64_t n = 1 << 20;
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kI64}) {
+    testing::check_all_reduce(*pg, dtype, n, ReduceOp::kSum);
+    testing::check_broadcast(*pg, dtype, n, 0);
+    testing::check_all_gather(*pg, dtype, n / size, false);
+    testing::check_reduce_scatter(*pg, dtype, n / size, true, ReduceOp::kSum);
+    testing::check_all_to_all(*pg, dtype, n / (size * size));
+    if (size > 1) testing::check_send_recv_ring(*pg, dtype, n);
+  }
+}
+
+TEST_F(MpiBackendTest, SplitsIntoOddColours) {
+  testing::check_split(*world(), 3, /*with_no_color=*/false);
+  testing::check_split(*world(), 2, /*with_no_color=*/world()->size() > 1);
+}
+
+}  // namespace
+}  // namespace tessel
