@@ -261,11 +261,6 @@ class MpiBackend final : public Backend {
 
 bool mpi_is_available() { return true; }
 
-bool mpi_launched() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr ||
-         std::getenv("PMIX_RANK") != nullptr;
-}
-
 std::shared_ptr<ProcessGroup> mpi_create_world(ProcessGroupOptions options) {
   MpiRuntime::get();
   MPI_Comm dup = MPI_COMM_NULL;

@@ -8,11 +8,6 @@ namespace tessel {
 
 bool mpi_is_available() { return false; }
 
-bool mpi_launched() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr ||
-         std::getenv("PMIX_RANK") != nullptr;
-}
-
 std::shared_ptr<ProcessGroup> mpi_create_world(ProcessGroupOptions) {
   throw Unavailable("this tessel build has no MPI backend (install libopenmpi-dev and configure "
                     "with TESSEL_WITH_MPI=ON)");

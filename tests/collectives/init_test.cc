@@ -1,0 +1,89 @@
+// init_process_group and the launcher environment (torchrun/tessel-run, mpirun, Slurm).
+
+#include "tessel/collectives/init.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include "tessel/base/error.h"
+
+namespace tessel {
+namespace {
+
+const char* kVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                       "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                       "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS",
+                       "SLURM_LOCALID", "TESSEL_STORE_ADDR", "TESSEL_STORE_DIR",
+                       "TESSEL_PG_BACKEND"};
+
+class InitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* v : kVars) ::unsetenv(v);
+  }
+  void TearDown() override { SetUp(); }
+};
+
+TEST_F(InitTest, ReadsTorchrunThenMpiThenSlurm) {
+  EXPECT_EQ(read_launch_env().launcher, "none");
+  ::setenv("SLURM_PROCID", "3", 1);
+  ::setenv("SLURM_NTASKS", "8", 1);
+  ::setenv("SLURM_LOCALID", "1", 1);
+  auto env = read_launch_env();
+  EXPECT_EQ(env.launcher, "slurm");
+  EXPECT_EQ(env.rank, 3);
+  EXPECT_EQ(env.world_size, 8);
+  EXPECT_EQ(env.local_rank, 1);
+  ::setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  env = read_launch_env();
+  EXPECT_EQ(env.launcher, "mpirun");
+  EXPECT_EQ(env.rank, 2);
+  ::setenv("RANK", "1", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("MASTER_ADDR", "10.0.0.1", 1);
+  ::setenv("MASTER_PORT", "29500", 1);
+  env = read_launch_env();
+  EXPECT_EQ(env.launcher, "torchrun");
+  EXPECT_EQ(env.rank, 1);
+  EXPECT_EQ(env.master_addr, "10.0.0.1");
+  EXPECT_EQ(env.master_port, 29500);
+}
+
+TEST_F(InitTest, RejectsBadNumbersAndRanks) {
+  ::setenv("RANK", "x", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  EXPECT_THROW(read_launch_env(), InvalidArgument);
+  ::setenv("RANK", "2", 1);
+  EXPECT_THROW(read_launch_env(), InvalidArgument);
+}
+
+TEST_F(InitTest, WorldOfOneWithoutALauncher) {
+  auto pg = init_process_group();
+  EXPECT_EQ(pg->size(), 1);
+  EXPECT_EQ(pg->backend_name(), "threads");
+  Tensor t = from_vector<float>({2});
+  pg->all_reduce(t);
+  EXPECT_EQ(t.data<float>()[0], 2.0f);
+}
+
+TEST_F(InitTest, GlooThroughAFileStore) {
+  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  char pattern[] = "/tmp/tessel-init-XXXXXX";
+  ::setenv("TESSEL_STORE_DIR", ::mkdtemp(pattern), 1);
+  auto pg = init_process_group({.backend = "gloo", .gloo = {.hostname = "127.0.0.1"}});
+  EXPECT_EQ(pg->backend_name(), "gloo");
+  EXPECT_EQ(pg->size(), 1);
+}
+
+TEST_F(InitTest, StoreServerAddressNeedsTheStoreClient) {
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", "29500", 1);
+  EXPECT_THROW(init_process_group({.backend = "gloo"}), Unavailable);
+  EXPECT_THROW(init_process_group({.backend = "bogus"}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace tessel
