@@ -159,7 +159,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // (empty when it cannot know).
   std::vector<int> missing_ranks(uint64_t seq) const;
 
-  // All calls tagged with the errors' group/op/seq prefix; used by backends' tests.
+  // The transport behind this group (for backend tests and for run_ranks to abort it).
   Backend& backend() const { return *backend_; }
 
  private:

@@ -52,7 +52,11 @@ void GroupWorker::run() {
   std::unique_lock lock(mutex_);
   for (;;) {
     // Tasks must wait for an inline call in progress so issue order is kept.
-    cv_.wait(lock, [&] { return (!queue_.empty() && !busy_) || (stopping_ && queue_.empty()); });
+    // Bounded waits: an idle worker re-checks once a second.
+    const bool ready = cv_.wait_for(lock, std::chrono::seconds(1), [&] {
+      return (!queue_.empty() && !busy_) || (stopping_ && queue_.empty());
+    });
+    if (!ready) continue;
     if (queue_.empty()) return;
     auto task = std::move(queue_.front());
     queue_.pop_front();

@@ -6,11 +6,16 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <stdlib.h>
+
+#include <atomic>
 
 #include "collective_checks.h"
 #include "fork_harness.h"
 #include "tessel/base/error.h"
 #include "tessel/collectives/file_store.h"
+#include "tessel/collectives/init.h"
+#include "tessel/collectives/watchdog.h"
 
 namespace tessel {
 namespace {
@@ -95,6 +100,8 @@ TEST(GlooBackendFaultTest, RankThatNeverCallsMakesOthersTimeOut) {
           store->wait({"checked/0", "checked/1"}, seconds(30));
           return;
         }
+        std::atomic<uint64_t> dumped_seq{0};
+        Watchdog::global().set_dump_hook([&](const WatchdogEvent& e) { dumped_seq = e.seq; });
         Tensor t = from_vector<float>({1, 2, 3});
         const Stopwatch watch;
         try {
@@ -110,6 +117,9 @@ TEST(GlooBackendFaultTest, RankThatNeverCallsMakesOthersTimeOut) {
         // Bounded by the timeout plus a margin: no hang (not a speed assertion).
         if (watch.elapsed() > timeout + seconds(5)) {
           throw testing::CheckFailure("timeout took " + format_duration(watch.elapsed()));
+        }
+        if (dumped_seq != 2) {
+          throw testing::CheckFailure("the dump hook saw seq " + std::to_string(dumped_seq));
         }
         store->set("checked/" + std::to_string(rank), "1");
       },
@@ -140,6 +150,23 @@ TEST(GlooBackendFaultTest, KilledRankGivesOthersPeerLost) {
     EXPECT_TRUE(outcomes[r].exited && outcomes[r].exit_code == 0)
         << testing::describe(outcomes[r]);
   }
+}
+
+TEST(GlooBackendInitTest, InitProcessGroupFromTorchrunEnvironment) {
+  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  expect_all_succeeded(testing::run_processes(
+      3,
+      [](int rank, const std::string& dir) {
+        ::setenv("RANK", std::to_string(rank).c_str(), 1);
+        ::setenv("WORLD_SIZE", "3", 1);
+        ::setenv("TESSEL_STORE_DIR", dir.c_str(), 1);
+        auto pg = init_process_group({.gloo = {.hostname = "127.0.0.1"}});
+        if (pg->backend_name() != "gloo" || pg->rank() != rank || pg->size() != 3) {
+          throw testing::CheckFailure("init_process_group made the wrong group");
+        }
+        testing::check_all_reduce(*pg, DType::kF32, 5, ReduceOp::kSum);
+      },
+      seconds(40)));
 }
 
 }  // namespace
