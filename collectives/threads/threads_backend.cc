@@ -54,7 +54,8 @@ struct Shared {
   std::map<std::tuple<int, int, int>, std::deque<std::vector<uint8_t>>> mailboxes;
 };
 
-// Sub-groups being formed by split(), shared by every group of one world.
+// Sub-groups being formed by split(), and every group of one world (so run_ranks can wake
+// them all when a rank fails).
 struct Registry {
   std::mutex mutex;
   uint64_t next_uid = 1;
@@ -62,8 +63,33 @@ struct Registry {
     std::shared_ptr<Shared> shared;
     int fetched = 0;
   };
-  std::map<std::string, Pending> pending;
+  std::map<std::string, Pending> pending;   // guarded by mutex
+  std::vector<std::weak_ptr<Shared>> groups;  // guarded by mutex
+
+  void abort_all(const std::string& reason);
 };
+
+void break_group(Shared& s, const std::string& reason) {
+  {
+    std::lock_guard lock(s.mutex);
+    if (!s.broken) {
+      s.broken = true;
+      s.broken_reason = reason;
+    }
+  }
+  s.cv.notify_all();
+}
+
+void Registry::abort_all(const std::string& reason) {
+  std::vector<std::shared_ptr<Shared>> live;
+  {
+    std::lock_guard lock(mutex);
+    for (const auto& weak : groups) {
+      if (auto s = weak.lock()) live.push_back(std::move(s));
+    }
+  }
+  for (const auto& s : live) break_group(*s, reason);
+}
 
 class ThreadsBackend final : public Backend {
  public:
@@ -213,6 +239,8 @@ class ThreadsBackend final : public Backend {
       if (!pending.shared) {
         pending.shared = std::make_shared<Shared>(static_cast<int>(request.members.size()),
                                                   shared_->registry, registry.next_uid++);
+        std::erase_if(registry.groups, [](const auto& weak) { return weak.expired(); });
+        registry.groups.push_back(pending.shared);
       }
       sub = pending.shared;
       if (++pending.fetched == sub->size) registry.pending.erase(key);
@@ -229,16 +257,7 @@ class ThreadsBackend final : public Backend {
     return missing;
   }
 
-  void abort(const std::string& reason) override {
-    {
-      std::lock_guard lock(shared_->mutex);
-      if (!shared_->broken) {
-        shared_->broken = true;
-        shared_->broken_reason = reason;
-      }
-    }
-    shared_->cv.notify_all();
-  }
+  void abort(const std::string& reason) override { break_group(*shared_, reason); }
 
  private:
   void throw_if_broken() const {
@@ -297,10 +316,13 @@ class ThreadsBackend final : public Backend {
 
 }  // namespace
 
-std::vector<std::shared_ptr<ProcessGroup>> create_world(int size, ProcessGroupOptions options) {
+namespace {
+
+std::vector<std::shared_ptr<ProcessGroup>> make_world(int size, ProcessGroupOptions options,
+                                                      std::shared_ptr<Registry> registry) {
   TESSEL_CHECK(size >= 1, InvalidArgument, "threads world size {} must be >= 1", size);
-  auto registry = std::make_shared<Registry>();
   auto shared = std::make_shared<Shared>(size, registry, 0);
+  registry->groups.push_back(shared);
   std::vector<int> ranks(static_cast<size_t>(size));
   std::iota(ranks.begin(), ranks.end(), 0);
   std::vector<std::shared_ptr<ProcessGroup>> groups;
@@ -311,9 +333,16 @@ std::vector<std::shared_ptr<ProcessGroup>> create_world(int size, ProcessGroupOp
   return groups;
 }
 
+}  // namespace
+
+std::vector<std::shared_ptr<ProcessGroup>> create_world(int size, ProcessGroupOptions options) {
+  return make_world(size, std::move(options), std::make_shared<Registry>());
+}
+
 void run_ranks(int size, const std::function<void(ProcessGroup&)>& fn,
                ProcessGroupOptions options) {
-  auto groups = create_world(size, options);
+  auto registry = std::make_shared<Registry>();
+  auto groups = make_world(size, std::move(options), registry);
   std::mutex mutex;
   std::exception_ptr first;
   int first_rank = -1;
@@ -331,8 +360,9 @@ void run_ranks(int size, const std::function<void(ProcessGroup&)>& fn,
             first_rank = r;
           }
         }
-        // Wake the other ranks instead of leaving them to time out.
-        groups[static_cast<size_t>(r)]->backend().abort(fmt::format("rank {} failed", r));
+        // Wake the other ranks, in every group of this world, instead of leaving them to
+        // time out.
+        registry->abort_all(fmt::format("rank {} failed", r));
       }
     });
   }

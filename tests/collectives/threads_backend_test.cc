@@ -155,5 +155,17 @@ TEST(ThreadsBackendTest, RunRanksPropagatesTheFirstFailure) {
                Error);
 }
 
+TEST(ThreadsBackendTest, FailureWakesRanksBlockedInSubGroups) {
+  // With the default 5-minute timeout, only the abort of every group of the world lets this
+  // finish within the ctest timeout.
+  EXPECT_THROW(threads::run_ranks(4,
+                                  [](ProcessGroup& pg) {
+                                    auto sub = pg.split(pg.rank() % 2, pg.rank());
+                                    if (pg.rank() == 3) throw InvalidArgument("rank 3 gives up");
+                                    sub->barrier();
+                                  }),
+               InvalidArgument);
+}
+
 }  // namespace
 }  // namespace tessel
