@@ -87,9 +87,7 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   log_env_knobs_once();
   const LaunchEnv env = read_launch_env();
   set_log_rank(env.rank);
-  const Nanoseconds timeout = options.timeout > Nanoseconds::zero()
-                                  ? options.timeout
-                                  : env_duration(EnvKnob::kPgTimeout);
+  const Nanoseconds timeout = resolve_group_timeout({.timeout = options.timeout});
   std::string backend = options.backend;
   if (backend.empty()) backend = env_string(EnvKnob::kPgBackend);
   if (backend.empty() || backend == "auto") {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "tessel/base/env.h"
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
 #include "tessel/collectives/backend.h"
@@ -86,10 +87,28 @@ struct ProcessGroup::Call {
   std::function<void(const OpContext&)> run;
 };
 
+Nanoseconds resolve_group_timeout(const ProcessGroupOptions& options) {
+  TESSEL_CHECK(options.timeout >= Nanoseconds::zero(), InvalidArgument,
+               "process group '{}': timeout {}ns is negative", options.name,
+               options.timeout.count());
+  if (options.timeout > Nanoseconds::zero()) return options.timeout;
+  const Nanoseconds timeout = env_duration(EnvKnob::kPgTimeout);
+  TESSEL_CHECK(timeout > Nanoseconds::zero(), InvalidArgument,
+               "TESSEL_PG_TIMEOUT must be positive, got {}", format_duration(timeout));
+  return timeout;
+}
+
+namespace {
+ProcessGroupOptions with_resolved_timeout(ProcessGroupOptions options) {
+  options.timeout = resolve_group_timeout(options);
+  return options;
+}
+}  // namespace
+
 ProcessGroup::ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions options,
                            std::vector<int> global_ranks)
     : backend_(std::move(backend)),
-      options_(std::move(options)),
+      options_(with_resolved_timeout(std::move(options))),
       global_ranks_(std::move(global_ranks)),
       rank_(backend_->rank()),
       size_(backend_->size()),
@@ -99,9 +118,6 @@ ProcessGroup::ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions
   TESSEL_CHECK(static_cast<int>(global_ranks_.size()) == size_, InvalidArgument,
                "process group '{}' has {} ranks but {} global ranks were given", options_.name,
                size_, global_ranks_.size());
-  TESSEL_CHECK(options_.timeout > Nanoseconds::zero(), InvalidArgument,
-               "process group '{}': timeout {} must be positive", options_.name,
-               format_duration(options_.timeout));
   fr::FlightRecorder::global().register_group(options_.id, options_.name, global_ranks_);
 }
 

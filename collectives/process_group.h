@@ -107,8 +107,12 @@ struct SplitOptions {
 struct ProcessGroupOptions {
   std::string name = "world";
   uint64_t id = 0;  // flight-recorder group id; the same on every member rank
-  Nanoseconds timeout = std::chrono::minutes(5);  // default per-call timeout
+  Nanoseconds timeout{0};  // default per-call timeout; 0: TESSEL_PG_TIMEOUT (default 5m)
 };
+
+// options.timeout, or TESSEL_PG_TIMEOUT when it is zero. Throws InvalidArgument when negative or
+// when the variable does not parse.
+Nanoseconds resolve_group_timeout(const ProcessGroupOptions& options);
 
 class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
  public:

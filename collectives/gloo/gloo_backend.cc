@@ -270,6 +270,7 @@ std::shared_ptr<ProcessGroup> gloo_create_process_group(std::shared_ptr<Store> s
   TESSEL_CHECK(store != nullptr, InvalidArgument, "gloo_create_process_group: store is null");
   TESSEL_CHECK(size >= 1 && rank >= 0 && rank < size, InvalidArgument,
                "gloo_create_process_group: rank {} is not in a world of size {}", rank, size);
+  options.group.timeout = resolve_group_timeout(options.group);
   auto device = make_device(options);
   auto prefixed =
       std::make_shared<PrefixStore>(fmt::format("gloo/{}", options.group.id), std::move(store));

@@ -322,6 +322,7 @@ std::shared_ptr<ProcessGroup> nccl_create_process_group(std::shared_ptr<Store> s
   TESSEL_CHECK(store != nullptr, InvalidArgument, "nccl_create_process_group: store is null");
   TESSEL_CHECK(size >= 1 && rank >= 0 && rank < size, InvalidArgument,
                "nccl_create_process_group: rank {} is not in a world of size {}", rank, size);
+  options.group.timeout = resolve_group_timeout(options.group);
   int devices = 0;
   cuda_check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
   TESSEL_CHECK(devices > 0, Unavailable, "NCCL needs a CUDA device and none is visible");
