@@ -218,6 +218,22 @@ void check_split(ProcessGroup& pg, int colors, bool with_no_color) {
   }
 }
 
+void check_async_batch(ProcessGroup& pg, DType dtype, int64_t count) {
+  const int rank = pg.rank();
+  std::vector<Tensor> tensors;
+  std::vector<Work> works;
+  for (int k = 0; k < 8; ++k) {
+    tensors.push_back(filled(dtype, count, [&](int64_t i) { return value(rank, i + k); }));
+    works.push_back(pg.all_reduce(tensors.back(), {.async = true}));
+  }
+  for (int k = 0; k < 8; ++k) {
+    works[k].wait(std::chrono::seconds(60));
+    expect_equal(tensors[k],
+                 [&](int64_t i) { return reduce_values(ReduceOp::kSum, pg.size(), i + k, dtype); },
+                 fmt::format("async all_reduce #{}", k), rank);
+  }
+}
+
 void check_everything(ProcessGroup& pg, const std::vector<int64_t>& counts) {
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kI64}) {
     for (int64_t count : counts) {
@@ -232,6 +248,7 @@ void check_everything(ProcessGroup& pg, const std::vector<int64_t>& counts) {
       check_reduce_scatter(pg, dtype, count, true, ReduceOp::kMax);
       check_all_to_all(pg, dtype, count);
       if (pg.size() > 1) check_send_recv_ring(pg, dtype, count);
+      check_async_batch(pg, dtype, count);
       pg.barrier();
     }
   }

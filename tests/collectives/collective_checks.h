@@ -31,6 +31,10 @@ void check_send_recv_ring(ProcessGroup& pg, DType dtype, int64_t count);
 // and an all_reduce in each sub-group; with_no_color leaves the last rank out.
 void check_split(ProcessGroup& pg, int colors, bool with_no_color);
 
+// Eight async all_reduces in flight at once, then waited in order: they run on the group's
+// worker thread in issue order.
+void check_async_batch(ProcessGroup& pg, DType dtype, int64_t count);
+
 // The sweep the acceptance asks for: every collective x dtypes {f32, bf16, i64} x counts.
 void check_everything(ProcessGroup& pg, const std::vector<int64_t>& counts);
 // Counts 0, 1, an odd one and (when `large`) 1M.
