@@ -222,12 +222,13 @@ void ProcessGroup::execute(const std::shared_ptr<WorkState>& state, Call& call) 
   }
   const std::string what = fmt::format("{} (rank {} of {}): {}", state->describe(), rank_,
                                        size_, message);
-  if (state->fail(wrap_error(kind, what))) {
-    recorder.failed(id);
-    if (kind != ErrorKind::kInvalidArgument) {
-      Watchdog::global().report_failure(*state, this, kind, what);
-    }
-  }
+  // Bad arguments are the caller's to see; transport failures are also dumped (before the
+  // caller wakes) and put through the watchdog's policy.
+  const bool transport = kind != ErrorKind::kInvalidArgument;
+  if (state->finished()) return;  // the watchdog failed it first
+  recorder.failed(id);
+  if (transport) Watchdog::global().dump(*state, kind, what);
+  if (state->fail(wrap_error(kind, what)) && transport) Watchdog::global().enforce(this, what);
 }
 
 Work ProcessGroup::all_reduce(Tensor& tensor, const AllReduceOptions& options) {

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "tessel/base/env.h"
 #include "tessel/base/logging.h"
@@ -89,42 +90,39 @@ size_t Watchdog::watched() const {
   return entries_.size();
 }
 
-void Watchdog::report_failure(const WorkState& work, ProcessGroup* group, ErrorKind kind,
-                              const std::string& what) {
+void Watchdog::dump(const WorkState& work, ErrorKind kind, const std::string& what) {
   log_error(LogComponent::kCollectives, "{}", what);
-  apply_policy(group, WatchdogEvent{.reason = what,
-                                    .kind = kind,
-                                    .group_id = work.group_id(),
-                                    .group_name = work.group_name(),
-                                    .seq = work.seq()});
-}
-
-void Watchdog::apply_policy(ProcessGroup* group, const WatchdogEvent& event) {
   WatchdogDumpHook hook;
-  WatchdogPolicy policy;
   {
     std::lock_guard lock(mutex_);
     hook = dump_hook_;
-    policy = options_.policy;
   }
-  if (hook) {
-    try {
-      hook(event);
-    } catch (const std::exception& e) {
-      log_error(LogComponent::kCollectives, "watchdog dump hook failed: {}", e.what());
-    }
+  if (!hook) return;
+  try {
+    hook(WatchdogEvent{.reason = what,
+                       .kind = kind,
+                       .group_id = work.group_id(),
+                       .group_name = work.group_name(),
+                       .seq = work.seq()});
+  } catch (const std::exception& e) {
+    log_error(LogComponent::kCollectives, "watchdog dump hook failed: {}", e.what());
   }
+}
+
+void Watchdog::enforce(ProcessGroup* group, const std::string& what) {
+  const WatchdogPolicy policy = this->policy();
   if (policy == WatchdogPolicy::kRaise) return;
-  if (group != nullptr) group->abort(event.reason);
+  if (group != nullptr) group->abort(what);
   if (policy == WatchdogPolicy::kAbortProcess) {
     log_error(LogComponent::kCollectives,
-              "watchdog policy abort_process: ending the process after: {}", event.reason);
+              "watchdog policy abort_process: ending the process after: {}", what);
     std::abort();  // the documented policy: a launcher restarts the job
   }
 }
 
 void Watchdog::expire(const Entry& entry) {
-  const WorkState& work = *entry.work;
+  WorkState& work = *entry.work;
+  if (work.finished()) return;
   auto group = entry.group.lock();
   std::string missing;
   if (group) {
@@ -134,14 +132,11 @@ void Watchdog::expire(const Entry& entry) {
   const std::string what = fmt::format(
       "{} did not complete within its timeout of {} (watchdog){}", work.describe(),
       format_duration(work.timeout()), missing);
-  if (!entry.work->fail(std::make_exception_ptr(Timeout(what)))) return;  // finished meanwhile
+  // Record, dump, then wake the caller, then apply the policy (an abort may make the blocked
+  // backend call return, which must find the Work already failed with this Timeout).
   fr::FlightRecorder::global().failed(work.record_id());
-  log_error(LogComponent::kCollectives, "{}", what);
-  apply_policy(group.get(), WatchdogEvent{.reason = "Timeout: " + what,
-                                          .kind = ErrorKind::kTimeout,
-                                          .group_id = work.group_id(),
-                                          .group_name = work.group_name(),
-                                          .seq = work.seq()});
+  dump(work, ErrorKind::kTimeout, "Timeout: " + what);
+  if (work.fail(std::make_exception_ptr(Timeout(what)))) enforce(group.get(), "Timeout: " + what);
 }
 
 void Watchdog::run() {

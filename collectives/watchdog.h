@@ -78,9 +78,11 @@ class Watchdog {
 
   // Watches `work` of `group` until it finishes.
   void watch(std::shared_ptr<WorkState> work, std::weak_ptr<ProcessGroup> group);
-  // Called by ProcessGroup when a backend failed an operation itself.
-  void report_failure(const WorkState& work, ProcessGroup* group, ErrorKind kind,
-                      const std::string& what);
+  // For failures a backend detected itself, in this order: dump() (logs, calls the dump hook)
+  // before the Work is failed, so the dump exists when the caller sees the error; then
+  // enforce() (the policy) once the Work holds the error.
+  void dump(const WorkState& work, ErrorKind kind, const std::string& what);
+  void enforce(ProcessGroup* group, const std::string& what);
 
   // Replaces the dump hook (null: none). The hook runs on the watchdog thread or on the thread
   // that saw the failure, must be thread-safe and must not block for long.
@@ -97,7 +99,6 @@ class Watchdog {
   };
   void run();
   void expire(const Entry& entry);
-  void apply_policy(ProcessGroup* group, const WatchdogEvent& event);
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;

@@ -87,6 +87,11 @@ TEST_F(WatchdogTest, FailsHungWorkNamingGroupOpSeqAndMissingRanks) {
       std::vector<int>{0, 1});
   Tensor t = zeros({4});
   Work w = pg->all_reduce(t, {.async = true});
+  // Releases the blocked worker however the test ends.
+  struct Release {
+    ProcessGroup& pg;
+    ~Release() { pg.abort("test finished"); }
+  } release{*pg};
   try {
     w.wait(seconds(20));
     FAIL() << "expected Timeout";
@@ -95,15 +100,15 @@ TEST_F(WatchdogTest, FailsHungWorkNamingGroupOpSeqAndMissingRanks) {
     EXPECT_NE(what.find("all_reduce seq 1 on group 'hang' (id 77)"), std::string::npos) << what;
     EXPECT_NE(what.find("ranks not arrived: [1]"), std::string::npos) << what;
   }
+  EXPECT_FALSE(pg->aborted());  // policy raise
   {
+    // The hook runs before the Work is failed, so it has run by now.
     std::lock_guard lock(mutex);
     ASSERT_EQ(events.size(), 1u);
     EXPECT_EQ(events[0].group_id, 77u);
     EXPECT_EQ(events[0].seq, 1u);
     EXPECT_EQ(events[0].kind, ErrorKind::kTimeout);
   }
-  EXPECT_FALSE(pg->aborted());  // policy raise
-  pg->abort("test finished");   // releases the blocked worker
 }
 
 TEST_F(WatchdogTest, AbortCommunicatorPolicyAbortsTheGroup) {
