@@ -66,5 +66,17 @@ function(tessel_add_test name)
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
     DISCOVERY_TIMEOUT 30
-    PROPERTIES LABELS "${folder_label};${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})
+    PROPERTIES LABELS "${folder_label}" TIMEOUT ${ARG_TIMEOUT})
+  if(ARG_LABELS)
+    # gtest_discover_tests flattens a list-valued property (LABELS a;b would set a property
+    # named b), so extra labels are applied by a script ctest includes after the discovered
+    # tests, to the list it leaves in <name>_TESTS.
+    set(labels_script "${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake")
+    file(WRITE "${labels_script}"
+         "if(${name}_TESTS)\n"
+         "  set_tests_properties(\${${name}_TESTS} PROPERTIES\n"
+         "    LABELS \"${folder_label};${ARG_LABELS}\" TIMEOUT ${ARG_TIMEOUT})\n"
+         "endif()\n")
+    set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${labels_script}")
+  endif()
 endfunction()

@@ -64,9 +64,16 @@ double reduce_values(ReduceOp op, int size, int64_t i, DType dtype) {
 
 // The value as the dtype stores it.
 double as_dtype(DType dtype, double v) {
-  Tensor t = empty({1}, dtype);
-  put(t, 0, v);
-  return get(t, 0);
+  const float f = static_cast<float>(v);
+  switch (dtype) {
+    case DType::kF32: return f;
+    case DType::kBF16: return static_cast<float>(BFloat16(f));
+    case DType::kF16: return static_cast<float>(Half(f));
+    case DType::kI64: return static_cast<double>(static_cast<int64_t>(v));
+    case DType::kI32: return static_cast<int32_t>(v);
+    case DType::kBool: return v != 0;
+  }
+  return v;
 }
 
 Tensor filled(DType dtype, int64_t n, const std::function<double(int64_t)>& f) {
