@@ -144,6 +144,15 @@ void ProcessGroup::check_tensor(const Tensor& tensor, std::string_view what) con
   backend_->check_device(tensor);
 }
 
+void ProcessGroup::check_pair(const Tensor& input, const Tensor& output,
+                              std::string_view op) const {
+  check_tensor(input, fmt::format("{} input", op));
+  check_tensor(output, fmt::format("{} output", op));
+  TESSEL_CHECK(input.dtype() == output.dtype(), InvalidArgument,
+               "{} on group '{}': input dtype {} differs from output dtype {}", op, name(),
+               dtype_name(input.dtype()), dtype_name(output.dtype()));
+}
+
 bool ProcessGroup::aborted() const {
   std::lock_guard lock(mutex_);
   return aborted_;
@@ -264,11 +273,7 @@ Work ProcessGroup::broadcast(Tensor& tensor, const BroadcastOptions& options) {
 
 Work ProcessGroup::all_gather(const Tensor& input, Tensor& output,
                               const AllGatherOptions& options) {
-  check_tensor(input, "all_gather input");
-  check_tensor(output, "all_gather output");
-  TESSEL_CHECK(input.dtype() == output.dtype(), InvalidArgument,
-               "all_gather on group '{}': input dtype {} differs from output dtype {}", name(),
-               dtype_name(input.dtype()), dtype_name(output.dtype()));
+  check_pair(input, output, "all_gather");
   std::vector<int64_t> counts = options.counts;
   if (counts.empty()) counts.assign(static_cast<size_t>(size_), input.numel());
   counts = counts_or_even(counts, 0, size_, "all_gather");
@@ -292,11 +297,7 @@ Work ProcessGroup::all_gather(const Tensor& input, Tensor& output,
 
 Work ProcessGroup::reduce_scatter(const Tensor& input, Tensor& output,
                                   const ReduceScatterOptions& options) {
-  check_tensor(input, "reduce_scatter input");
-  check_tensor(output, "reduce_scatter output");
-  TESSEL_CHECK(input.dtype() == output.dtype(), InvalidArgument,
-               "reduce_scatter on group '{}': input dtype {} differs from output dtype {}",
-               name(), dtype_name(input.dtype()), dtype_name(output.dtype()));
+  check_pair(input, output, "reduce_scatter");
   std::vector<int64_t> counts =
       counts_or_even(options.counts, input.numel(), size_, "reduce_scatter");
   TESSEL_CHECK(input.numel() == sum_of(counts), InvalidArgument,
@@ -321,11 +322,7 @@ Work ProcessGroup::reduce_scatter(const Tensor& input, Tensor& output,
 
 Work ProcessGroup::all_to_all(const Tensor& input, Tensor& output,
                               const AllToAllOptions& options) {
-  check_tensor(input, "all_to_all input");
-  check_tensor(output, "all_to_all output");
-  TESSEL_CHECK(input.dtype() == output.dtype(), InvalidArgument,
-               "all_to_all on group '{}': input dtype {} differs from output dtype {}", name(),
-               dtype_name(input.dtype()), dtype_name(output.dtype()));
+  check_pair(input, output, "all_to_all");
   auto send = counts_or_even(options.send_counts, input.numel(), size_, "all_to_all send");
   auto recv = counts_or_even(options.recv_counts, output.numel(), size_, "all_to_all recv");
   TESSEL_CHECK(sum_of(send) == input.numel() && sum_of(recv) == output.numel(), InvalidArgument,

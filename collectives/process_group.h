@@ -172,6 +172,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   void execute(const std::shared_ptr<WorkState>& state, Call& call);
   Nanoseconds timeout_of(Nanoseconds requested) const;
   void check_tensor(const Tensor& tensor, std::string_view what) const;
+  // Both tensors valid for this backend and of one dtype.
+  void check_pair(const Tensor& input, const Tensor& output, std::string_view op) const;
 
   std::unique_ptr<Backend> backend_;
   const ProcessGroupOptions options_;

@@ -241,6 +241,19 @@ void check_async_batch(ProcessGroup& pg, DType dtype, int64_t count) {
   }
 }
 
+void check_one_million(ProcessGroup& pg) {
+  const int size = pg.size();
+  const int64_t n = 1 << 20;
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kI64}) {
+    check_all_reduce(pg, dtype, n, ReduceOp::kSum);
+    check_broadcast(pg, dtype, n, 0);
+    check_all_gather(pg, dtype, n / size, false);
+    check_reduce_scatter(pg, dtype, n / size, true, ReduceOp::kSum);
+    check_all_to_all(pg, dtype, n / (size * size));
+    if (size > 1) check_send_recv_ring(pg, dtype, n);
+  }
+}
+
 void check_everything(ProcessGroup& pg, const std::vector<int64_t>& counts) {
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kI64}) {
     for (int64_t count : counts) {

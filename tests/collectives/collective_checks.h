@@ -35,6 +35,10 @@ void check_split(ProcessGroup& pg, int colors, bool with_no_color);
 // worker thread in issue order.
 void check_async_batch(ProcessGroup& pg, DType dtype, int64_t count);
 
+// The 1M-element cases (1 << 20) in f32, bf16 and i64: all_reduce, broadcast and the send/recv
+// ring of 1M elements; all_gather, reduce_scatter (uneven) and all_to_all of about 1M in total.
+void check_one_million(ProcessGroup& pg);
+
 // The sweep the acceptance asks for: every collective x dtypes {f32, bf16, i64} x counts.
 void check_everything(ProcessGroup& pg, const std::vector<int64_t>& counts);
 // Counts 0, 1, an odd one and (when `large`) 1M.

@@ -55,19 +55,10 @@ TEST_P(GlooBackendSweepTest, EveryCollectiveMatchesLocalExpectation) {
 
 TEST_P(GlooBackendSweepTest, OneMillionElements) {
   const int size = GetParam();
-  const int64_t n = 1 << 20;
   expect_all_succeeded(testing::run_processes(
       size,
       [&](int rank, const std::string& dir) {
-        auto pg = connect(rank, size, dir);
-        for (DType dtype : {DType::kF32, DType::kBF16, DType::kI64}) {
-          testing::check_all_reduce(*pg, dtype, n, ReduceOp::kSum);
-          testing::check_broadcast(*pg, dtype, n, 0);
-          testing::check_all_gather(*pg, dtype, n / size, false);
-          testing::check_reduce_scatter(*pg, dtype, n / size, true, ReduceOp::kSum);
-          testing::check_all_to_all(*pg, dtype, n / (size * size));
-          if (size > 1) testing::check_send_recv_ring(*pg, dtype, n);
-        }
+        testing::check_one_million(*connect(rank, size, dir));
       },
       seconds(150)));
 }

@@ -25,17 +25,7 @@ TEST_P(ThreadsBackendSweepTest, EveryCollectiveMatchesLocalExpectation) {
 
 TEST_P(ThreadsBackendSweepTest, OneMillionElements) {
   const int size = GetParam();
-  const int64_t n = 1 << 20;
-  threads::run_ranks(size, [&](ProcessGroup& pg) {
-    for (DType dtype : {DType::kF32, DType::kBF16, DType::kI64}) {
-      testing::check_all_reduce(pg, dtype, n, ReduceOp::kSum);
-      testing::check_broadcast(pg, dtype, n, 0);
-      testing::check_all_gather(pg, dtype, n / size, false);
-      testing::check_reduce_scatter(pg, dtype, n / size, true, ReduceOp::kSum);
-      testing::check_all_to_all(pg, dtype, n / (size * size));
-      if (size > 1) testing::check_send_recv_ring(pg, dtype, n);
-    }
-  });
+  threads::run_ranks(size, [&](ProcessGroup& pg) { testing::check_one_million(pg); });
 }
 
 TEST_P(ThreadsBackendSweepTest, SplitsIntoOddColours) {
