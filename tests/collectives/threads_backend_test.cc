@@ -88,6 +88,35 @@ TEST(ThreadsBackendTest, RecordsEveryCallInTheFlightRecorder) {
   EXPECT_TRUE(registered);
 }
 
+TEST(ThreadsBackendTest, RecordsPointToPointWithPeerAndP2pSeq) {
+  threads::run_ranks(2, [](ProcessGroup& pg) {
+    Tensor t = from_vector<int64_t>({1, 2});
+    for (int i = 0; i < 2; ++i) {
+      if (pg.rank() == 0) {
+        pg.send(t, 1, {.tag = 3});
+      } else {
+        pg.recv(t, 0, {.tag = 3});
+      }
+    }
+  }, ProcessGroupOptions{.name = "p2p", .id = 4343});
+  std::vector<uint64_t> send_seqs, recv_seqs;
+  for (const auto& e : fr::FlightRecorder::global().snapshot()) {
+    if (e.group_id != 4343) continue;
+    EXPECT_EQ(e.state, fr::EntryState::kCompleted);
+    EXPECT_EQ(e.seq, 0u);  // point to point does not take a collective sequence number
+    if (e.op == fr::OpType::kSend) {
+      EXPECT_EQ(e.peer, 1);
+      send_seqs.push_back(e.p2p_seq);
+    } else if (e.op == fr::OpType::kRecv) {
+      EXPECT_EQ(e.peer, 0);
+      EXPECT_EQ(e.output.numel, 2);
+      recv_seqs.push_back(e.p2p_seq);
+    }
+  }
+  EXPECT_EQ(send_seqs, (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(recv_seqs, (std::vector<uint64_t>{1, 2}));
+}
+
 TEST(ThreadsBackendTest, MissingRankTimesOutNamingGroupSeqAndRank) {
   auto groups = threads::create_world(3, {.name = "tp", .id = 9});
   std::atomic<int> timeouts{0};
@@ -110,6 +139,14 @@ TEST(ThreadsBackendTest, MissingRankTimesOutNamingGroupSeqAndRank) {
   }
   for (auto& t : ranks) t.join();
   EXPECT_EQ(timeouts.load(), 2);
+  int failed = 0;
+  for (const auto& e : fr::FlightRecorder::global().snapshot()) {
+    if (e.group_id == 9 && e.op == fr::OpType::kAllReduce) {
+      EXPECT_EQ(e.state, fr::EntryState::kFailed);
+      ++failed;
+    }
+  }
+  EXPECT_EQ(failed, 2);
 }
 
 TEST(ThreadsBackendTest, WaitRethrowsTheStoredError) {
