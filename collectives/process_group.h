@@ -103,7 +103,7 @@ struct SplitOptions {
   Nanoseconds timeout{0};
 };
 
-// What a group is made with (backends fill rank/size/ranks).
+// What a group is made with; rank and size come from the backend.
 struct ProcessGroupOptions {
   std::string name = "world";
   uint64_t id = 0;  // flight-recorder group id; the same on every member rank
@@ -116,7 +116,8 @@ Nanoseconds resolve_group_timeout(const ProcessGroupOptions& options);
 
 class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
  public:
-  // Made by the backends' factories (threads::create_world, gloo::create_process_group, ...).
+  // Made by the backends' factories (threads::create_world, gloo_create_process_group,
+  // mpi_create_world, nccl_create_process_group, fake::create_process_group).
   // `global_ranks` lists the world rank of every member in group-rank order.
   ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions options,
                std::vector<int> global_ranks);
