@@ -20,9 +20,14 @@ enum class EnvKnob {
   kLogTimestamps, // TESSEL_LOG_TIMESTAMPS
   kFrEnable,      // TESSEL_FR_ENABLE
   kFrCapacity,    // TESSEL_FR_CAPACITY
+  kPgTimeout,      // TESSEL_PG_TIMEOUT
+  kPgBackend,      // TESSEL_PG_BACKEND
+  kWatchdogPolicy, // TESSEL_WATCHDOG_POLICY
   kStoreAddr,      // TESSEL_STORE_ADDR
   kStoreToken,     // TESSEL_STORE_TOKEN
   kStoreTokenFile, // TESSEL_STORE_TOKEN_FILE
+  kStoreDir,       // TESSEL_STORE_DIR
+  kGlooIface,      // TESSEL_GLOO_IFACE
   kRdzvToken,      // TESSEL_RDZV_TOKEN
   kCount,
 };

@@ -71,6 +71,10 @@ class StoreClient final : public Store {
   std::unique_ptr<Impl> impl_;
 };
 
+// The job's token from TESSEL_STORE_TOKEN, else the file named by TESSEL_STORE_TOKEN_FILE.
+// Throws InvalidArgument naming both variables (and `address`, for context) when neither is set.
+std::string store_token_from_env(const std::string& address);
+
 // Options from the worker environment: TESSEL_STORE_ADDR, and the token from
 // TESSEL_STORE_TOKEN or else the file named by TESSEL_STORE_TOKEN_FILE. Throws
 // InvalidArgument naming the variable that is missing.

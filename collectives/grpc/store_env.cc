@@ -51,21 +51,24 @@ std::string read_store_token_file(const std::string& path) {
   return token;
 }
 
+std::string store_token_from_env(const std::string& address) {
+  std::string token = env_string(EnvKnob::kStoreToken);
+  if (!token.empty()) return token;
+  const std::string file = env_string(EnvKnob::kStoreTokenFile);
+  TESSEL_CHECK(!file.empty(), InvalidArgument,
+               "neither TESSEL_STORE_TOKEN nor TESSEL_STORE_TOKEN_FILE is set; the store at {} "
+               "needs the job's token",
+               address);
+  return read_store_token_file(file);
+}
+
 StoreClientOptions store_client_options_from_env() {
   StoreClientOptions options;
   options.address = env_string(EnvKnob::kStoreAddr);
   TESSEL_CHECK(!options.address.empty(), InvalidArgument,
                "TESSEL_STORE_ADDR is not set; expected host:port of the job's store server "
                "(tessel-run sets it for every worker)");
-  options.token = env_string(EnvKnob::kStoreToken);
-  if (options.token.empty()) {
-    const std::string file = env_string(EnvKnob::kStoreTokenFile);
-    TESSEL_CHECK(!file.empty(), InvalidArgument,
-                 "neither TESSEL_STORE_TOKEN nor TESSEL_STORE_TOKEN_FILE is set; the store at "
-                 "{} needs the job's token",
-                 options.address);
-    options.token = read_store_token_file(file);
-  }
+  options.token = store_token_from_env(options.address);
   return options;
 }
 

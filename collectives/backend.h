@@ -1,0 +1,75 @@
+#pragma once
+// Backend: what a transport implements for ProcessGroup (threads/, gloo/, mpi/, nccl/, fake/).
+// ProcessGroup validates arguments, numbers and records every call, and runs it on one thread at
+// a time; a backend only moves and reduces the bytes, blocking until done or until the call's
+// timeout. Sizes reaching a backend are already checked and every count vector is filled in.
+//
+// Thread-safety: a backend is driven by one thread at a time (its group's executing thread),
+// except missing_ranks() and abort(), which the watchdog may call concurrently.
+// Errors: Timeout (naming the ranks that had not arrived, where known), PeerLost when a peer
+// went away, CommError for other transport failures; ProcessGroup prefixes group/op/seq.
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessel/base/clock.h"
+#include "tessel/collectives/process_group.h"
+#include "tessel/tensor/tensor.h"
+
+namespace tessel {
+
+// Per-call facts a backend may need.
+struct OpContext {
+  uint64_t seq = 0;         // the group's collective sequence number (a tag for the transport)
+  Nanoseconds timeout{0};   // the call's timeout
+};
+
+// A split as every rank of the parent sees it after exchanging (color, key).
+struct SplitRequest {
+  uint64_t split_index = 0;  // how many splits the parent made before this one (same on all)
+  int color = kNoColor;
+  int key = 0;
+  std::vector<int> members;  // parent ranks of this rank's new group in new-rank order
+  int new_rank = -1;         // this rank's place in members (-1 for kNoColor)
+  ProcessGroupOptions options;  // name, id and timeout of the new group
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string_view name() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Throws InvalidArgument when the backend cannot use tensors on this device (default: CPU
+  // only).
+  virtual void check_device(const Tensor& tensor) const;
+
+  // kAvg is the sum divided by size() (CPU backends: internal::divide_by after summing).
+  virtual void all_reduce(Tensor& tensor, ReduceOp op, const OpContext& ctx) = 0;
+  virtual void broadcast(Tensor& tensor, int root, const OpContext& ctx) = 0;
+  virtual void all_gather(const Tensor& input, Tensor& output, std::span<const int64_t> counts,
+                          const OpContext& ctx) = 0;
+  virtual void reduce_scatter(const Tensor& input, Tensor& output,
+                              std::span<const int64_t> counts, ReduceOp op,
+                              const OpContext& ctx) = 0;
+  virtual void all_to_all(const Tensor& input, Tensor& output,
+                          std::span<const int64_t> send_counts,
+                          std::span<const int64_t> recv_counts, const OpContext& ctx) = 0;
+  virtual void send(const Tensor& tensor, int peer, int tag, const OpContext& ctx) = 0;
+  virtual void recv(Tensor& tensor, int peer, int tag, const OpContext& ctx) = 0;
+  virtual void barrier(const OpContext& ctx) = 0;
+  // Called on every parent rank (also those with kNoColor, which get null back).
+  virtual std::unique_ptr<Backend> split(const SplitRequest& request) = 0;
+
+  // Group ranks known not to have reached collective `seq`; empty when unknown.
+  virtual std::vector<int> missing_ranks(uint64_t seq) const;
+  // Makes blocked and future calls fail promptly (CommError); best effort.
+  virtual void abort(const std::string& reason);
+};
+
+}  // namespace tessel

@@ -1,0 +1,287 @@
+#include "tessel/collectives/gloo/gloo_backend.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include <fmt/format.h>
+#include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "tessel/base/env.h"
+#include "tessel/base/error.h"
+#include "tessel/base/logging.h"
+#include "tessel/collectives/backend.h"
+#include "tessel/collectives/internal/reduce.h"
+
+namespace tessel {
+namespace {
+
+using Millis = std::chrono::milliseconds;
+
+Millis to_millis(Nanoseconds d) {
+  return std::max(Millis(1), std::chrono::duration_cast<Millis>(d));
+}
+
+// Gloo's rendezvous store interface over ours.
+class GlooStoreAdapter final : public ::gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(std::shared_ptr<tessel::Store> store, Nanoseconds timeout)
+      : store_(std::move(store)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    const std::string value = store_->get(key, timeout_);
+    return std::vector<char>(value.begin(), value.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { store_->wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const Millis& timeout) override {
+    store_->wait(keys, timeout);
+  }
+
+ private:
+  std::shared_ptr<tessel::Store> store_;
+  Nanoseconds timeout_;
+};
+
+// Runs a Gloo call, turning its exceptions into ours (with Gloo's text).
+template <typename F>
+void gloo_call(std::string_view what, F&& f) {
+  try {
+    f();
+  } catch (const ::gloo::IoException& e) {
+    const std::string text = e.what();
+    if (text.find("Timed out") != std::string::npos || text.find("timed out") != std::string::npos) {
+      throw Timeout(fmt::format("gloo {}: {}", what, text));
+    }
+    if (text.find("closed") != std::string::npos || text.find("reset") != std::string::npos ||
+        text.find("Broken pipe") != std::string::npos || text.find("EOF") != std::string::npos) {
+      throw PeerLost(fmt::format("gloo {}: a peer went away: {}", what, text));
+    }
+    throw CommError(fmt::format("gloo {}: {}", what, text));
+  } catch (const ::gloo::Exception& e) {
+    throw CommError(fmt::format("gloo {}: {}", what, e.what()));
+  } catch (const ::gloo::EnforceNotMet& e) {
+    throw CommError(fmt::format("gloo {}: {}", what, e.what()));
+  }
+}
+
+// Gloo collectives pick buffer element types by template; bytes suffice for data movement and
+// element-typed pointers are given to reductions through the reduce function.
+template <typename F>
+void with_element_type(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kF32: return f(float{});
+    case DType::kI64: return f(int64_t{});
+    case DType::kI32: return f(int32_t{});
+    case DType::kBF16:
+    case DType::kF16: return f(uint16_t{});
+    case DType::kBool: return f(uint8_t{});
+  }
+}
+
+std::shared_ptr<::gloo::transport::Device> make_device(const GlooOptions& options) {
+  ::gloo::transport::tcp::attr attr;
+  std::string iface = options.iface;
+  if (iface.empty() && options.hostname.empty()) iface = env_string(EnvKnob::kGlooIface);
+  if (!iface.empty()) {
+    attr.iface = iface;
+  } else if (!options.hostname.empty()) {
+    attr.hostname = options.hostname;
+  } else {
+    char host[256] = {};
+    if (::gethostname(host, sizeof(host) - 1) != 0) throw_system_error("gethostname", errno);
+    attr.hostname = host;
+  }
+  std::shared_ptr<::gloo::transport::Device> device;
+  gloo_call("create device", [&] { device = ::gloo::transport::tcp::CreateDevice(attr); });
+  return device;
+}
+
+std::shared_ptr<::gloo::Context> connect(std::shared_ptr<tessel::Store> store, int rank, int size,
+                                         Nanoseconds timeout,
+                                         std::shared_ptr<::gloo::transport::Device>& device) {
+  GlooStoreAdapter adapter(std::move(store), timeout);
+  auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+  context->setTimeout(to_millis(timeout));
+  gloo_call("connect", [&] { context->connectFullMesh(adapter, device); });
+  return context;
+}
+
+constexpr uint64_t kP2pSlotPrefix = uint64_t{0x7e} << 56;
+
+class GlooBackend final : public Backend {
+ public:
+  GlooBackend(std::shared_ptr<tessel::Store> store, std::shared_ptr<::gloo::Context> context,
+              std::shared_ptr<::gloo::transport::Device> device)
+      : store_(std::move(store)), context_(std::move(context)), device_(std::move(device)) {}
+
+  std::string_view name() const override { return "gloo"; }
+  int rank() const override { return context_->rank; }
+  int size() const override { return context_->size; }
+
+  void all_reduce(Tensor& tensor, ReduceOp op, const OpContext& ctx) override {
+    all_reduce_raw(tensor.data_ptr(), tensor.numel(), tensor.dtype(), op, ctx);
+  }
+
+  void broadcast(Tensor& tensor, int root, const OpContext& ctx) override {
+    if (tensor.nbytes() == 0) return;
+    ::gloo::BroadcastOptions o(context_);
+    o.setOutput(static_cast<uint8_t*>(tensor.data_ptr()), tensor.nbytes());
+    o.setRoot(root);
+    o.setTag(static_cast<uint32_t>(ctx.seq));
+    o.setTimeout(to_millis(ctx.timeout));
+    gloo_call("broadcast", [&] { ::gloo::broadcast(o); });
+  }
+
+  void all_gather(const Tensor& input, Tensor& output, std::span<const int64_t> counts,
+                  const OpContext& ctx) override {
+    if (output.nbytes() == 0) return;
+    const bool even =
+        std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; });
+    if (even) {
+      ::gloo::AllgatherOptions o(context_);
+      o.setInput(static_cast<uint8_t*>(input.data_ptr()), input.nbytes());
+      o.setOutput(static_cast<uint8_t*>(output.data_ptr()), output.nbytes());
+      o.setTag(static_cast<uint32_t>(ctx.seq));
+      o.setTimeout(to_millis(ctx.timeout));
+      gloo_call("all_gather", [&] { ::gloo::allgather(o); });
+      return;
+    }
+    std::vector<size_t> bytes;
+    for (int64_t c : counts) bytes.push_back(static_cast<size_t>(c) * input.element_size());
+    ::gloo::AllgathervOptions o(context_);
+    // Gloo wants a valid pointer even for a rank contributing nothing.
+    uint8_t dummy = 0;
+    auto* in = input.nbytes() ? static_cast<uint8_t*>(input.data_ptr()) : &dummy;
+    o.setInput(in, input.nbytes());
+    o.setOutput(static_cast<uint8_t*>(output.data_ptr()), bytes);
+    o.setTag(static_cast<uint32_t>(ctx.seq));
+    o.setTimeout(to_millis(ctx.timeout));
+    gloo_call("all_gather", [&] { ::gloo::allgatherv(o); });
+  }
+
+  void reduce_scatter(const Tensor& input, Tensor& output, std::span<const int64_t> counts,
+                      ReduceOp op, const OpContext& ctx) override {
+    // All-reduce a copy of the input, then keep this rank's slice.
+    const size_t es = input.element_size();
+    std::vector<uint8_t> scratch(input.nbytes());
+    if (!scratch.empty()) std::memcpy(scratch.data(), input.data_ptr(), scratch.size());
+    all_reduce_raw(scratch.data(), input.numel(), input.dtype(), op, ctx);
+    const int64_t offset = std::accumulate(counts.begin(), counts.begin() + rank(), int64_t{0});
+    if (output.nbytes() > 0) {
+      std::memcpy(output.data_ptr(), scratch.data() + offset * es, output.nbytes());
+    }
+  }
+
+  void all_to_all(const Tensor& input, Tensor& output, std::span<const int64_t> send_counts,
+                  std::span<const int64_t> recv_counts, const OpContext& ctx) override {
+    const int64_t es = static_cast<int64_t>(input.element_size());
+    std::vector<int64_t> send_bytes, recv_bytes;
+    for (int64_t c : send_counts) send_bytes.push_back(c * es);
+    for (int64_t c : recv_counts) recv_bytes.push_back(c * es);
+    uint8_t dummy_in = 0, dummy_out = 0;
+    ::gloo::AlltoallvOptions o(context_);
+    o.setInput(input.nbytes() ? static_cast<uint8_t*>(input.data_ptr()) : &dummy_in, send_bytes);
+    o.setOutput(output.nbytes() ? static_cast<uint8_t*>(output.data_ptr()) : &dummy_out,
+                recv_bytes);
+    o.setTag(static_cast<uint32_t>(ctx.seq));
+    o.setTimeout(to_millis(ctx.timeout));
+    gloo_call("all_to_all", [&] { ::gloo::alltoallv(o); });
+  }
+
+  void send(const Tensor& tensor, int peer, int tag, const OpContext& ctx) override {
+    uint8_t dummy = 0;
+    void* p = tensor.nbytes() ? tensor.data_ptr() : &dummy;
+    gloo_call("send", [&] {
+      auto buffer = context_->createUnboundBuffer(p, tensor.nbytes());
+      buffer->send(peer, kP2pSlotPrefix | static_cast<uint32_t>(tag));
+      buffer->waitSend(to_millis(ctx.timeout));
+    });
+  }
+
+  void recv(Tensor& tensor, int peer, int tag, const OpContext& ctx) override {
+    uint8_t dummy = 0;
+    void* p = tensor.nbytes() ? tensor.data_ptr() : &dummy;
+    gloo_call("recv", [&] {
+      auto buffer = context_->createUnboundBuffer(p, tensor.nbytes());
+      buffer->recv(peer, kP2pSlotPrefix | static_cast<uint32_t>(tag));
+      buffer->waitRecv(to_millis(ctx.timeout));
+    });
+  }
+
+  void barrier(const OpContext& ctx) override {
+    ::gloo::BarrierOptions o(context_);
+    o.setTag(static_cast<uint32_t>(ctx.seq));
+    o.setTimeout(to_millis(ctx.timeout));
+    gloo_call("barrier", [&] { ::gloo::barrier(o); });
+  }
+
+  std::unique_ptr<Backend> split(const SplitRequest& request) override {
+    if (request.color == kNoColor) return nullptr;
+    auto store = std::make_shared<PrefixStore>(fmt::format("gloo/{}", request.options.id),
+                                               store_);
+    auto context = connect(store, request.new_rank, static_cast<int>(request.members.size()),
+                           request.options.timeout, device_);
+    return std::make_unique<GlooBackend>(std::move(store), std::move(context), device_);
+  }
+
+ private:
+  void all_reduce_raw(void* data, int64_t n, DType dtype, ReduceOp op, const OpContext& ctx) {
+    if (n == 0) return;
+    ::gloo::AllreduceOptions o(context_);
+    with_element_type(dtype, [&](auto element) {
+      using T = decltype(element);
+      o.setOutput(static_cast<T*>(data), static_cast<size_t>(n));
+    });
+    const ReduceOp base = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+    o.setReduceFunction([dtype, base](void* out, const void* a, const void* b, size_t count) {
+      internal::reduce_pair(dtype, base, out, a, b, static_cast<int64_t>(count));
+    });
+    o.setTag(static_cast<uint32_t>(ctx.seq));
+    o.setTimeout(to_millis(ctx.timeout));
+    gloo_call("all_reduce", [&] { ::gloo::allreduce(o); });
+    if (op == ReduceOp::kAvg) internal::divide_by(dtype, data, n, size());
+  }
+
+  std::shared_ptr<tessel::Store> store_;
+  std::shared_ptr<::gloo::Context> context_;
+  std::shared_ptr<::gloo::transport::Device> device_;
+};
+
+}  // namespace
+
+bool gloo_is_available() { return true; }
+
+std::shared_ptr<ProcessGroup> gloo_create_process_group(std::shared_ptr<Store> store, int rank,
+                                                        int size, GlooOptions options) {
+  TESSEL_CHECK(store != nullptr, InvalidArgument, "gloo_create_process_group: store is null");
+  TESSEL_CHECK(size >= 1 && rank >= 0 && rank < size, InvalidArgument,
+               "gloo_create_process_group: rank {} is not in a world of size {}", rank, size);
+  options.group.timeout = resolve_group_timeout(options.group);
+  auto device = make_device(options);
+  auto prefixed =
+      std::make_shared<PrefixStore>(fmt::format("gloo/{}", options.group.id), std::move(store));
+  auto context = connect(prefixed, rank, size, options.group.timeout, device);
+  std::vector<int> ranks(static_cast<size_t>(size));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  log_debug(LogComponent::kCollectives, "gloo group '{}' connected: rank {} of {} on {}",
+            options.group.name, rank, size, device->str());
+  return std::make_shared<ProcessGroup>(
+      std::make_unique<GlooBackend>(std::move(prefixed), std::move(context), std::move(device)),
+      options.group, std::move(ranks));
+}
+
+}  // namespace tessel

@@ -1,0 +1,34 @@
+#pragma once
+// The Gloo backend: CPU tensors over TCP, bootstrapped through the job's Store. bf16/f16
+// reductions use tessel's reduce functions (f32 accumulation per step); reduce_scatter is an
+// all_reduce of the input followed by a copy of this rank's slice (as c10d's Gloo group does).
+// Gloo headers stay inside gloo_backend.cc; a build without Gloo compiles a stub whose
+// gloo_is_available() is false and whose factory throws Unavailable.
+
+#include <memory>
+#include <string>
+
+#include "tessel/collectives/process_group.h"
+#include "tessel/collectives/store.h"
+
+namespace tessel {
+
+struct GlooOptions {
+  // Address to bind and advertise: a host name or IP ("127.0.0.1" for one-host jobs). Empty:
+  // TESSEL_GLOO_IFACE when set, else this host's name.
+  std::string hostname = {};
+  // Network interface to bind instead of a host name ("eth0"); wins over hostname.
+  std::string iface = {};
+  ProcessGroupOptions group = {};  // name, id and default timeout (also the connect timeout)
+};
+
+// True when this build has the Gloo backend.
+bool gloo_is_available();
+
+// Connects `size` ranks (collective: every rank calls it with the same store and options).
+// Keys live under "gloo/<group id>/" in `store`. Throws Unavailable without Gloo, Timeout when
+// peers do not appear within options.group.timeout, CommError when the transport fails.
+std::shared_ptr<ProcessGroup> gloo_create_process_group(std::shared_ptr<Store> store, int rank,
+                                                        int size, GlooOptions options = {});
+
+}  // namespace tessel

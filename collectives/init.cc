@@ -1,0 +1,141 @@
+#include "tessel/collectives/init.h"
+
+#include "tessel/collectives/store_client.h"
+
+#include <charconv>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "tessel/base/env.h"
+#include "tessel/base/error.h"
+#include "tessel/base/logging.h"
+#include "tessel/collectives/fake/fake_backend.h"
+#include "tessel/collectives/file_store.h"
+#include "tessel/collectives/memory_store.h"
+#include "tessel/collectives/mpi/mpi_backend.h"
+#include "tessel/collectives/nccl/nccl_backend.h"
+#include "tessel/collectives/threads/threads_backend.h"
+
+namespace tessel {
+namespace {
+
+// The launcher variables are not tessel's own (torchrun, Open MPI and Slurm define them), so
+// they are read here rather than through the knob registry.
+std::optional<int> int_var(const char* name) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  int value = 0;
+  const char* end = text + std::char_traits<char>::length(text);
+  const auto [ptr, ec] = std::from_chars(text, end, value);
+  TESSEL_CHECK(ec == std::errc() && ptr == end && value >= 0, InvalidArgument,
+               "environment variable {}='{}' is not a non-negative integer", name, text);
+  return value;
+}
+
+std::string str_var(const char* name) {
+  const char* text = std::getenv(name);
+  return text == nullptr ? std::string() : std::string(text);
+}
+
+}  // namespace
+
+LaunchEnv read_launch_env() {
+  LaunchEnv env;
+  if (auto rank = int_var("RANK"), size = int_var("WORLD_SIZE"); rank && size) {
+    env.launcher = "torchrun";
+    env.rank = *rank;
+    env.world_size = *size;
+    env.local_rank = int_var("LOCAL_RANK").value_or(0);
+  } else if (auto r = int_var("OMPI_COMM_WORLD_RANK"), s = int_var("OMPI_COMM_WORLD_SIZE");
+             r && s) {
+    env.launcher = "mpirun";
+    env.rank = *r;
+    env.world_size = *s;
+    env.local_rank = int_var("OMPI_COMM_WORLD_LOCAL_RANK").value_or(0);
+  } else if (auto r2 = int_var("SLURM_PROCID"), s2 = int_var("SLURM_NTASKS"); r2 && s2) {
+    env.launcher = "slurm";
+    env.rank = *r2;
+    env.world_size = *s2;
+    env.local_rank = int_var("SLURM_LOCALID").value_or(0);
+  }
+  env.master_addr = str_var("MASTER_ADDR");
+  env.master_port = int_var("MASTER_PORT").value_or(0);
+  env.store_addr = env_string(EnvKnob::kStoreAddr);
+  TESSEL_CHECK(env.world_size >= 1 && env.rank < env.world_size, InvalidArgument,
+               "launcher '{}' gave rank {} but world size {}", env.launcher, env.rank,
+               env.world_size);
+  return env;
+}
+
+std::shared_ptr<Store> connect_job_store(const LaunchEnv& env, const std::string& store_dir,
+                                         Nanoseconds timeout) {
+  const std::string dir = store_dir.empty() ? env_string(EnvKnob::kStoreDir) : store_dir;
+  if (!dir.empty()) return std::make_shared<FileStore>(dir, timeout);
+  std::string addr = env.store_addr;
+  if (addr.empty() && !env.master_addr.empty() && env.master_port > 0) {
+    addr = fmt::format("{}:{}", env.master_addr, env.master_port);
+  }
+  if (addr.empty()) return nullptr;
+  TESSEL_CHECK(StoreClient::is_available(), Unavailable,
+               "the job's store server is at '{}' but this build has no gRPC store client; set "
+               "TESSEL_STORE_DIR to a directory all ranks share to use a FileStore",
+               addr);
+  // The address may come from MASTER_ADDR/MASTER_PORT; the token always from the environment.
+  StoreClientOptions client;
+  client.address = addr;
+  client.token = store_token_from_env(addr);
+  client.default_timeout = timeout;
+  return std::make_shared<StoreClient>(std::move(client));
+}
+
+std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
+  init_logging();
+  log_env_knobs_once();
+  const LaunchEnv env = read_launch_env();
+  set_log_rank(env.rank);
+  const Nanoseconds timeout = resolve_group_timeout({.timeout = options.timeout});
+  std::string backend = options.backend;
+  if (backend.empty()) backend = env_string(EnvKnob::kPgBackend);
+  if (backend.empty() || backend == "auto") {
+    if (options.device.is_cuda()) {
+      backend = "nccl";
+    } else if (env.launcher == "mpirun" || (env.launcher == "slurm" && mpi_launched())) {
+      backend = "mpi";
+    } else {
+      backend = env.world_size == 1 && !options.store ? "threads" : "gloo";
+    }
+  }
+  ProcessGroupOptions group{.name = "world", .id = 0, .timeout = timeout};
+  log_info(LogComponent::kCollectives, "init_process_group: backend {}, rank {} of {} ({})",
+           backend, env.rank, env.world_size, env.launcher);
+  if (backend == "threads") {
+    TESSEL_CHECK(env.world_size == 1, InvalidArgument,
+                 "backend 'threads' makes a world of one process, but WORLD_SIZE is {}; use "
+                 "threads::create_world for ranks as threads",
+                 env.world_size);
+    return threads::create_world(1, group).front();
+  }
+  if (backend == "fake") return fake::create_process_group(env.rank, env.world_size, nullptr, group);
+  if (backend == "mpi") return mpi_create_world(group);
+  TESSEL_CHECK(backend == "gloo" || backend == "nccl", InvalidArgument,
+               "backend '{}' is not one of auto, gloo, mpi, nccl, threads, fake", backend);
+  std::shared_ptr<Store> store = options.store;
+  if (!store) store = connect_job_store(env, options.store_dir, timeout);
+  if (!store && env.world_size == 1) store = std::make_shared<MemoryStore>(timeout);
+  TESSEL_CHECK(store != nullptr, Unavailable,
+               "rank {} of {}: no store to rendezvous through; set TESSEL_STORE_ADDR (tessel-run "
+               "does), MASTER_ADDR/MASTER_PORT, or TESSEL_STORE_DIR",
+               env.rank, env.world_size);
+  if (backend == "gloo") {
+    GlooOptions gloo = options.gloo;
+    gloo.group = group;
+    return gloo_create_process_group(store, env.rank, env.world_size, gloo);
+  }
+  return nccl_create_process_group(
+      store, env.rank, env.world_size,
+      NcclOptions{.device = options.device.is_cuda() ? options.device.index : -1,
+                  .group = group});
+}
+
+}  // namespace tessel

@@ -1,0 +1,31 @@
+#pragma once
+// The NCCL backend: CUDA tensors, one communicator per group on a dedicated stream. The unique id
+// travels through the job's Store; split() is ncclCommSplit. Communicators are non-blocking
+// (ncclCommInitRankConfig with blocking = 0): every call polls ncclCommGetAsyncError and the
+// stream until done or until its timeout, after which the communicator is aborted
+// (ncclCommAbort) and the call fails with Timeout; a remote failure gives CommError.
+// CUDA and NCCL headers stay in nccl_backend.cc. A build without NCCL compiles a stub:
+// nccl_is_available() is false and the factory throws Unavailable.
+
+#include <memory>
+
+#include "tessel/collectives/process_group.h"
+#include "tessel/collectives/store.h"
+
+namespace tessel {
+
+struct NcclOptions {
+  int device = -1;  // CUDA device of this rank; -1: LOCAL_RANK modulo the device count
+  ProcessGroupOptions group = {};
+};
+
+// True when this build has NCCL and at least one CUDA device is visible.
+bool nccl_is_available();
+
+// Creates the communicator of `size` ranks (collective: every rank calls it with the same
+// store). Rank 0 publishes the unique id under "nccl/<group id>/id". Throws Unavailable,
+// Timeout, CommError (with NCCL's or CUDA's error text).
+std::shared_ptr<ProcessGroup> nccl_create_process_group(std::shared_ptr<Store> store, int rank,
+                                                        int size, NcclOptions options = {});
+
+}  // namespace tessel

@@ -1,0 +1,444 @@
+#include "tessel/collectives/process_group.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "tessel/base/env.h"
+#include "tessel/base/error.h"
+#include "tessel/base/logging.h"
+#include "tessel/collectives/backend.h"
+#include "tessel/collectives/internal/group_worker.h"
+#include "tessel/collectives/watchdog.h"
+#include "tessel/flight_recorder/recorder.h"
+
+namespace tessel {
+namespace {
+
+fr::ReduceOp fr_reduce_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return fr::ReduceOp::kSum;
+    case ReduceOp::kAvg: return fr::ReduceOp::kAvg;
+    case ReduceOp::kMax: return fr::ReduceOp::kMax;
+    case ReduceOp::kMin: return fr::ReduceOp::kMin;
+    case ReduceOp::kProduct: return fr::ReduceOp::kProduct;
+  }
+  return fr::ReduceOp::kNone;
+}
+
+fr::TensorMeta meta_of(const Tensor& t) {
+  const std::string_view name = dtype_name(t.dtype());
+  return fr::TensorMeta::make(name, t.shape().data(), static_cast<int>(t.dim()));
+}
+
+// Counts for a call: the given ones, checked, or an even split of `total`.
+std::vector<int64_t> counts_or_even(const std::vector<int64_t>& given, int64_t total, int size,
+                                    std::string_view what) {
+  if (given.empty()) {
+    TESSEL_CHECK(total % size == 0, InvalidArgument,
+                 "{}: {} elements do not split evenly over {} ranks; pass per-rank counts", what,
+                 total, size);
+    return std::vector<int64_t>(static_cast<size_t>(size), total / size);
+  }
+  TESSEL_CHECK(static_cast<int>(given.size()) == size, InvalidArgument,
+               "{}: {} counts given, expected one per rank ({})", what, given.size(), size);
+  for (int64_t c : given) {
+    TESSEL_CHECK(c >= 0, InvalidArgument, "{}: count {} is negative", what, c);
+  }
+  return given;
+}
+
+int64_t sum_of(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), 0LL); }
+
+uint64_t mix_id(uint64_t parent, uint64_t split_index, int color) {
+  // FNV-1a over the three values: the same on every member, distinct per sub-group.
+  uint64_t h = 1469598103934665603ULL;
+  for (uint64_t v : {parent, split_index, static_cast<uint64_t>(static_cast<int64_t>(color))}) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ULL;
+    }
+  }
+  return h;
+}
+
+std::exception_ptr wrap_error(ErrorKind kind, const std::string& message) {
+  try {
+    throw_error(kind, message);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+}  // namespace
+
+std::string_view reduce_op_name(ReduceOp op) { return fr::reduce_op_name(fr_reduce_op(op)); }
+
+void Backend::check_device(const Tensor& tensor) const {
+  TESSEL_CHECK(tensor.device().is_cpu(), InvalidArgument,
+               "the {} backend takes CPU tensors, got {}", name(), tensor.str());
+}
+std::vector<int> Backend::missing_ranks(uint64_t) const { return {}; }
+void Backend::abort(const std::string&) {}
+
+struct ProcessGroup::Call {
+  fr::RecordArgs record;
+  bool async = false;
+  Nanoseconds timeout{0};
+  std::function<void(const OpContext&)> run;
+};
+
+Nanoseconds resolve_group_timeout(const ProcessGroupOptions& options) {
+  TESSEL_CHECK(options.timeout >= Nanoseconds::zero(), InvalidArgument,
+               "process group '{}': timeout {}ns is negative", options.name,
+               options.timeout.count());
+  if (options.timeout > Nanoseconds::zero()) return options.timeout;
+  const Nanoseconds timeout = env_duration(EnvKnob::kPgTimeout);
+  TESSEL_CHECK(timeout > Nanoseconds::zero(), InvalidArgument,
+               "TESSEL_PG_TIMEOUT must be positive, got {}", format_duration(timeout));
+  return timeout;
+}
+
+namespace {
+ProcessGroupOptions with_resolved_timeout(ProcessGroupOptions options) {
+  options.timeout = resolve_group_timeout(options);
+  return options;
+}
+}  // namespace
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions options,
+                           std::vector<int> global_ranks)
+    : backend_(std::move(backend)),
+      options_(with_resolved_timeout(std::move(options))),
+      global_ranks_(std::move(global_ranks)),
+      rank_(backend_->rank()),
+      size_(backend_->size()),
+      send_seq_(static_cast<size_t>(size_), 0),
+      recv_seq_(static_cast<size_t>(size_), 0),
+      worker_(std::make_unique<internal::GroupWorker>(options_.name)) {
+  TESSEL_CHECK(static_cast<int>(global_ranks_.size()) == size_, InvalidArgument,
+               "process group '{}' has {} ranks but {} global ranks were given", options_.name,
+               size_, global_ranks_.size());
+  fr::FlightRecorder::global().register_group(options_.id, options_.name, global_ranks_);
+}
+
+ProcessGroup::~ProcessGroup() { worker_->stop(); }
+
+std::string_view ProcessGroup::backend_name() const { return backend_->name(); }
+
+uint64_t ProcessGroup::seq() const {
+  std::lock_guard lock(mutex_);
+  return seq_;
+}
+
+Nanoseconds ProcessGroup::timeout_of(Nanoseconds requested) const {
+  TESSEL_CHECK(requested >= Nanoseconds::zero(), InvalidArgument, "timeout {} is negative",
+               requested.count());
+  return requested == Nanoseconds::zero() ? options_.timeout : requested;
+}
+
+void ProcessGroup::check_tensor(const Tensor& tensor, std::string_view what) const {
+  TESSEL_CHECK(tensor.defined(), InvalidArgument, "group '{}': {} tensor is undefined", name(),
+               what);
+  TESSEL_CHECK(tensor.is_contiguous(), InvalidArgument,
+               "group '{}': {} tensor {} must be contiguous", name(), what, tensor.str());
+  backend_->check_device(tensor);
+}
+
+void ProcessGroup::check_pair(const Tensor& input, const Tensor& output,
+                              std::string_view op) const {
+  check_tensor(input, fmt::format("{} input", op));
+  check_tensor(output, fmt::format("{} output", op));
+  TESSEL_CHECK(input.dtype() == output.dtype(), InvalidArgument,
+               "{} on group '{}': input dtype {} differs from output dtype {}", op, name(),
+               dtype_name(input.dtype()), dtype_name(output.dtype()));
+}
+
+bool ProcessGroup::aborted() const {
+  std::lock_guard lock(mutex_);
+  return aborted_;
+}
+
+void ProcessGroup::abort(const std::string& reason) {
+  {
+    std::lock_guard lock(mutex_);
+    if (aborted_) return;
+    aborted_ = true;
+    abort_reason_ = reason;
+  }
+  log_warn(LogComponent::kCollectives, "aborting group '{}' (id {}): {}", name(), id(), reason);
+  backend_->abort(reason);
+}
+
+std::vector<int> ProcessGroup::missing_ranks(uint64_t seq) const {
+  return backend_->missing_ranks(seq);
+}
+
+Work ProcessGroup::issue(Call call) {
+  std::unique_lock lock(mutex_);
+  TESSEL_CHECK(!aborted_, CommError, "group '{}' (id {}) was aborted: {}", name(), id(),
+               abort_reason_);
+  uint64_t seq = 0;
+  auto& record = call.record;
+  record.group_id = options_.id;
+  if (record.op == fr::OpType::kSend) {
+    record.p2p_seq = ++send_seq_[static_cast<size_t>(record.peer)];
+    seq = record.p2p_seq;
+  } else if (record.op == fr::OpType::kRecv) {
+    record.p2p_seq = ++recv_seq_[static_cast<size_t>(record.peer)];
+    seq = record.p2p_seq;
+  } else {
+    seq = ++seq_;
+    record.seq = seq;
+  }
+  const uint64_t record_id = fr::FlightRecorder::global().record(record);
+  auto state = std::make_shared<WorkState>(options_.name, options_.id, record.op, seq, record_id,
+                                           call.timeout);
+  Watchdog::global().watch(state, weak_from_this());
+  const bool async = call.async;
+  if (!async && worker_->try_begin_inline()) {
+    lock.unlock();
+    execute(state, call);
+    worker_->end_inline();
+  } else {
+    worker_->enqueue([this, state, call = std::move(call)]() mutable { execute(state, call); });
+    lock.unlock();
+  }
+  Work work(state);
+  if (!async) work.wait();
+  return work;
+}
+
+void ProcessGroup::execute(const std::shared_ptr<WorkState>& state, Call& call) {
+  auto& recorder = fr::FlightRecorder::global();
+  const uint64_t id = state->record_id();
+  recorder.started(id);
+  state->mark_started();
+  ErrorKind kind = ErrorKind::kCommError;
+  std::string message;
+  try {
+    if (aborted()) {
+      std::lock_guard lock(mutex_);
+      throw CommError(fmt::format("group was aborted: {}", abort_reason_));
+    }
+    call.run(OpContext{.seq = state->seq(), .timeout = call.timeout});
+    if (state->complete()) recorder.completed(id);
+    return;
+  } catch (const Error& e) {
+    kind = e.kind();
+    message = e.message();
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  const std::string what = fmt::format("{} (rank {} of {}): {}", state->describe(), rank_,
+                                       size_, message);
+  // Bad arguments are the caller's to see; transport failures are also dumped (before the
+  // caller wakes) and put through the watchdog's policy.
+  const bool transport = kind != ErrorKind::kInvalidArgument;
+  if (state->finished()) return;  // the watchdog failed it first
+  recorder.failed(id);
+  if (transport) Watchdog::global().dump(*state, kind, what);
+  if (state->fail(wrap_error(kind, what)) && transport) Watchdog::global().enforce(this, what);
+}
+
+Work ProcessGroup::all_reduce(Tensor& tensor, const AllReduceOptions& options) {
+  check_tensor(tensor, "all_reduce");
+  Call call;
+  call.record.op = fr::OpType::kAllReduce;
+  call.record.reduce_op = fr_reduce_op(options.op);
+  call.record.input = call.record.output = meta_of(tensor);
+  call.async = options.async;
+  call.timeout = timeout_of(options.timeout);
+  call.run = [this, tensor, op = options.op](const OpContext& ctx) mutable {
+    backend_->all_reduce(tensor, op, ctx);
+  };
+  return issue(std::move(call));
+}
+
+Work ProcessGroup::broadcast(Tensor& tensor, const BroadcastOptions& options) {
+  check_tensor(tensor, "broadcast");
+  TESSEL_CHECK(options.root >= 0 && options.root < size_, InvalidArgument,
+               "broadcast on group '{}': root {} is not a rank of a group of size {}", name(),
+               options.root, size_);
+  Call call;
+  call.record.op = fr::OpType::kBroadcast;
+  call.record.root = options.root;
+  call.record.input = call.record.output = meta_of(tensor);
+  call.async = options.async;
+  call.timeout = timeout_of(options.timeout);
+  call.run = [this, tensor, root = options.root](const OpContext& ctx) mutable {
+    backend_->broadcast(tensor, root, ctx);
+  };
+  return issue(std::move(call));
+}
+
+Work ProcessGroup::all_gather(const Tensor& input, Tensor& output,
+                              const AllGatherOptions& options) {
+  check_pair(input, output, "all_gather");
+  std::vector<int64_t> counts = options.counts;
+  if (counts.empty()) counts.assign(static_cast<size_t>(size_), input.numel());
+  counts = counts_or_even(counts, 0, size_, "all_gather");
+  TESSEL_CHECK(counts[static_cast<size_t>(rank_)] == input.numel(), InvalidArgument,
+               "all_gather on group '{}': rank {} contributes {} elements but counts[{}] is {}",
+               name(), rank_, input.numel(), rank_, counts[static_cast<size_t>(rank_)]);
+  TESSEL_CHECK(output.numel() == sum_of(counts), InvalidArgument,
+               "all_gather on group '{}': output has {} elements, expected {} (sum of counts)",
+               name(), output.numel(), sum_of(counts));
+  Call call;
+  call.record.op = fr::OpType::kAllGather;
+  call.record.input = meta_of(input);
+  call.record.output = meta_of(output);
+  call.async = options.async;
+  call.timeout = timeout_of(options.timeout);
+  call.run = [this, input, output, counts = std::move(counts)](const OpContext& ctx) mutable {
+    backend_->all_gather(input, output, counts, ctx);
+  };
+  return issue(std::move(call));
+}
+
+Work ProcessGroup::reduce_scatter(const Tensor& input, Tensor& output,
+                                  const ReduceScatterOptions& options) {
+  check_pair(input, output, "reduce_scatter");
+  std::vector<int64_t> counts =
+      counts_or_even(options.counts, input.numel(), size_, "reduce_scatter");
+  TESSEL_CHECK(input.numel() == sum_of(counts), InvalidArgument,
+               "reduce_scatter on group '{}': input has {} elements, expected {} (sum of counts)",
+               name(), input.numel(), sum_of(counts));
+  TESSEL_CHECK(output.numel() == counts[static_cast<size_t>(rank_)], InvalidArgument,
+               "reduce_scatter on group '{}': rank {} output has {} elements, expected {}",
+               name(), rank_, output.numel(), counts[static_cast<size_t>(rank_)]);
+  Call call;
+  call.record.op = fr::OpType::kReduceScatter;
+  call.record.reduce_op = fr_reduce_op(options.op);
+  call.record.input = meta_of(input);
+  call.record.output = meta_of(output);
+  call.async = options.async;
+  call.timeout = timeout_of(options.timeout);
+  call.run = [this, input, output, counts = std::move(counts),
+              op = options.op](const OpContext& ctx) mutable {
+    backend_->reduce_scatter(input, output, counts, op, ctx);
+  };
+  return issue(std::move(call));
+}
+
+Work ProcessGroup::all_to_all(const Tensor& input, Tensor& output,
+                              const AllToAllOptions& options) {
+  check_pair(input, output, "all_to_all");
+  auto send = counts_or_even(options.send_counts, input.numel(), size_, "all_to_all send");
+  auto recv = counts_or_even(options.recv_counts, output.numel(), size_, "all_to_all recv");
+  TESSEL_CHECK(sum_of(send) == input.numel() && sum_of(recv) == output.numel(), InvalidArgument,
+               "all_to_all on group '{}': counts sum to {} sent / {} received but the tensors "
+               "hold {} / {} elements",
+               name(), sum_of(send), sum_of(recv), input.numel(), output.numel());
+  Call call;
+  call.record.op = fr::OpType::kAllToAll;
+  call.record.input = meta_of(input);
+  call.record.output = meta_of(output);
+  call.async = options.async;
+  call.timeout = timeout_of(options.timeout);
+  call.run = [this, input, output, send = std::move(send),
+              recv = std::move(recv)](const OpContext& ctx) mutable {
+    backend_->all_to_all(input, output, send, recv, ctx);
+  };
+  return issue(std::move(call));
+}
+
+Work ProcessGroup::send(const Tensor& tensor, int peer, const SendOptions& options) {
+  check_tensor(tensor, "send");
+  TESSEL_CHECK(peer >= 0 && peer < size_ && peer != rank_, InvalidArgument,
+               "send on group '{}' from rank {}: peer {} must be another rank in [0, {})", name(),
+               rank_, peer, size_);
+  Call call;
+  call.record.op = fr::OpType::kSend;
+  call.record.peer = peer;
+  call.record.input = meta_of(tensor);
+  call.async = options.async;
+  call.timeout = timeout_of(options.timeout);
+  call.run = [this, tensor, peer, tag = options.tag](const OpContext& ctx) {
+    backend_->send(tensor, peer, tag, ctx);
+  };
+  return issue(std::move(call));
+}
+
+Work ProcessGroup::recv(Tensor& tensor, int peer, const RecvOptions& options) {
+  check_tensor(tensor, "recv");
+  TESSEL_CHECK(peer >= 0 && peer < size_ && peer != rank_, InvalidArgument,
+               "recv on group '{}' at rank {}: peer {} must be another rank in [0, {})", name(),
+               rank_, peer, size_);
+  Call call;
+  call.record.op = fr::OpType::kRecv;
+  call.record.peer = peer;
+  call.record.output = meta_of(tensor);
+  call.async = options.async;
+  call.timeout = timeout_of(options.timeout);
+  call.run = [this, tensor, peer, tag = options.tag](const OpContext& ctx) mutable {
+    backend_->recv(tensor, peer, tag, ctx);
+  };
+  return issue(std::move(call));
+}
+
+Work ProcessGroup::barrier(const BarrierOptions& options) {
+  Call call;
+  call.record.op = fr::OpType::kBarrier;
+  call.async = options.async;
+  call.timeout = timeout_of(options.timeout);
+  call.run = [this](const OpContext& ctx) { backend_->barrier(ctx); };
+  return issue(std::move(call));
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key,
+                                                  const SplitOptions& options) {
+  TESSEL_CHECK(color >= 0 || color == kNoColor, InvalidArgument,
+               "split of group '{}': color {} must be >= 0 or kNoColor ({})", name(), color,
+               kNoColor);
+  // Step 1: every rank learns every (color, key) through a recorded all_gather.
+  Tensor mine = from_vector<int64_t>({color, key});
+  Tensor all = empty({2 * static_cast<int64_t>(size_)}, DType::kI64);
+  all_gather(mine, all, {.timeout = options.timeout});
+  const int64_t* pairs = all.data<int64_t>();
+
+  // Step 2: members of my colour ordered by (key, old rank).
+  SplitRequest request;
+  request.color = color;
+  request.key = key;
+  if (color != kNoColor) {
+    std::vector<std::pair<int64_t, int>> order;
+    for (int r = 0; r < size_; ++r) {
+      if (pairs[2 * r] == color) order.emplace_back(pairs[2 * r + 1], r);
+    }
+    std::sort(order.begin(), order.end());
+    for (const auto& [k, r] : order) request.members.push_back(r);
+    request.new_rank = static_cast<int>(
+        std::find(request.members.begin(), request.members.end(), rank_) -
+        request.members.begin());
+  }
+  {
+    std::lock_guard lock(mutex_);
+    request.split_index = split_count_++;
+  }
+  request.options.name =
+      options.name.empty() ? fmt::format("{}/{}", name(), color) : options.name;
+  request.options.id = mix_id(options_.id, request.split_index, color);
+  request.options.timeout = timeout_of(options.timeout);
+
+  // Step 3: the backend builds the sub-communicator (collective over the parent). The all_gather
+  // above was blocking, so nothing of ours is queued; run it in the execution slot.
+  TESSEL_CHECK(worker_->begin_inline_wait(request.options.timeout), Timeout,
+               "split of group '{}': queued operations did not finish within {}", name(),
+               format_duration(request.options.timeout));
+  std::unique_ptr<Backend> sub;
+  try {
+    sub = backend_->split(request);
+  } catch (...) {
+    worker_->end_inline();
+    throw;
+  }
+  worker_->end_inline();
+  if (color == kNoColor) return nullptr;
+  TESSEL_CHECK(sub != nullptr, Internal, "backend {} returned no group for split color {}",
+               backend_name(), color);
+  std::vector<int> globals;
+  for (int r : request.members) globals.push_back(global_ranks_[static_cast<size_t>(r)]);
+  return std::make_shared<ProcessGroup>(std::move(sub), request.options, std::move(globals));
+}
+
+}  // namespace tessel

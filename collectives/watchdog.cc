@@ -1,0 +1,172 @@
+#include "tessel/collectives/watchdog.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "tessel/base/env.h"
+#include "tessel/base/logging.h"
+#include "tessel/collectives/process_group.h"
+#include "tessel/flight_recorder/recorder.h"
+
+namespace tessel {
+
+std::string_view watchdog_policy_name(WatchdogPolicy policy) {
+  switch (policy) {
+    case WatchdogPolicy::kRaise: return "raise";
+    case WatchdogPolicy::kAbortCommunicator: return "abort_communicator";
+    case WatchdogPolicy::kAbortProcess: return "abort_process";
+  }
+  return "unknown";
+}
+
+WatchdogPolicy parse_watchdog_policy(std::string_view text) {
+  for (auto p : {WatchdogPolicy::kRaise, WatchdogPolicy::kAbortCommunicator,
+                 WatchdogPolicy::kAbortProcess}) {
+    if (text == watchdog_policy_name(p)) return p;
+  }
+  throw InvalidArgument(fmt::format(
+      "watchdog policy '{}' is not one of raise, abort_communicator, abort_process", text));
+}
+
+Watchdog::Watchdog(WatchdogOptions options) : options_(options) {}
+
+Watchdog::~Watchdog() { stop(); }
+
+Watchdog& Watchdog::global() {
+  static Watchdog watchdog([] {
+    WatchdogOptions options;
+    options.policy = parse_watchdog_policy(env_string(EnvKnob::kWatchdogPolicy));
+    return options;
+  }());
+  return watchdog;
+}
+
+void Watchdog::start() {
+  std::lock_guard lock(mutex_);
+  if (thread_.joinable()) return;
+  stopping_ = false;
+  thread_ = std::thread([this] { run(); });
+}
+
+void Watchdog::stop() {
+  std::thread thread;
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    thread = std::move(thread_);
+  }
+  cv_.notify_all();
+  if (thread.joinable()) thread.join();
+}
+
+void Watchdog::watch(std::shared_ptr<WorkState> work, std::weak_ptr<ProcessGroup> group) {
+  {
+    std::lock_guard lock(mutex_);
+    entries_.push_back(Entry{std::move(work), std::move(group)});
+    if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { run(); });
+  }
+}
+
+void Watchdog::set_dump_hook(WatchdogDumpHook hook) {
+  std::lock_guard lock(mutex_);
+  dump_hook_ = std::move(hook);
+}
+
+void Watchdog::set_policy(WatchdogPolicy policy) {
+  std::lock_guard lock(mutex_);
+  options_.policy = policy;
+}
+
+WatchdogPolicy Watchdog::policy() const {
+  std::lock_guard lock(mutex_);
+  return options_.policy;
+}
+
+size_t Watchdog::watched() const {
+  std::lock_guard lock(mutex_);
+  return entries_.size();
+}
+
+void Watchdog::dump(const WorkState& work, ErrorKind kind, const std::string& what) {
+  log_error(LogComponent::kCollectives, "{}", what);
+  WatchdogDumpHook hook;
+  {
+    std::lock_guard lock(mutex_);
+    hook = dump_hook_;
+  }
+  if (!hook) return;
+  try {
+    hook(WatchdogEvent{.reason = what,
+                       .kind = kind,
+                       .group_id = work.group_id(),
+                       .group_name = work.group_name(),
+                       .seq = work.seq()});
+  } catch (const std::exception& e) {
+    log_error(LogComponent::kCollectives, "watchdog dump hook failed: {}", e.what());
+  }
+}
+
+void Watchdog::enforce(ProcessGroup* group, const std::string& what) {
+  const WatchdogPolicy policy = this->policy();
+  if (policy == WatchdogPolicy::kRaise) return;
+  if (group != nullptr) group->abort(what);
+  if (policy == WatchdogPolicy::kAbortProcess) {
+    log_error(LogComponent::kCollectives,
+              "watchdog policy abort_process: ending the process after: {}", what);
+    std::abort();  // the documented policy: a launcher restarts the job
+  }
+}
+
+void Watchdog::expire(const Entry& entry) {
+  WorkState& work = *entry.work;
+  if (work.finished()) return;
+  auto group = entry.group.lock();
+  std::string missing;
+  if (group) {
+    const auto ranks = group->missing_ranks(work.seq());
+    if (!ranks.empty()) missing = fmt::format("; ranks not arrived: [{}]", fmt::join(ranks, ", "));
+  }
+  const std::string what = fmt::format(
+      "{} did not complete within its timeout of {} (watchdog){}", work.describe(),
+      format_duration(work.timeout()), missing);
+  // Record, dump, then wake the caller, then apply the policy (an abort may make the blocked
+  // backend call return, which must find the Work already failed with this Timeout).
+  fr::FlightRecorder::global().failed(work.record_id());
+  dump(work, ErrorKind::kTimeout, "Timeout: " + what);
+  if (work.fail(std::make_exception_ptr(Timeout(what)))) enforce(group.get(), "Timeout: " + what);
+}
+
+void Watchdog::run() {
+  pthread_setname_np(pthread_self(), "tessel-watchdog");
+  std::unique_lock lock(mutex_);
+  while (!stopping_) {
+    // Retire finished work; collect what ran past its timeout plus the grace period.
+    const auto now = SteadyClock::now();
+    auto next_wake = now + options_.poll_interval;
+    std::vector<Entry> expired;
+    std::erase_if(entries_, [&](const Entry& e) {
+      if (e.work->finished()) return true;
+      const auto started = e.work->started_at();
+      if (started == SteadyClock::time_point::max()) return false;  // still queued
+      const auto due = started + e.work->timeout() + options_.grace;
+      if (due <= now) {
+        expired.push_back(e);
+        return true;
+      }
+      next_wake = std::min(next_wake, due);
+      return false;
+    });
+    if (!expired.empty()) {
+      lock.unlock();
+      for (const auto& e : expired) expire(e);
+      lock.lock();
+      continue;
+    }
+    cv_.wait_until(lock, next_wake, [&] { return stopping_; });
+  }
+}
+
+}  // namespace tessel

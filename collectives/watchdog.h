@@ -1,0 +1,112 @@
+#pragma once
+// Watchdog: one thread per process that watches every in-flight Work of every group. It retires
+// finished work, fails work that ran past its timeout with a Timeout naming the group, the op, the
+// sequence number and (where the backend knows) the ranks that had not arrived, calls the dump
+// hook (set by the flight-recorder integration), and applies the failure policy:
+//
+//   raise              the error is stored in the Work; wait() (or the blocking call) throws it.
+//                      The group stays usable only if the backend recovers (threads, gloo: no).
+//   abort_communicator as raise, and the group is aborted (ProcessGroup::abort): NCCL's
+//                      ncclCommAbort, gloo/threads wake blocked calls with CommError; every later
+//                      call on the group fails at once.
+//   abort_process      as abort_communicator, then the process ends with std::abort() after the
+//                      dump hook returned, so a launcher restarts the job (what a hung MPI call
+//                      needs: MPI cannot cancel it).
+//
+// The policy comes from WatchdogOptions or TESSEL_WATCHDOG_POLICY. Failures a backend detects
+// itself (its own Timeout, PeerLost, CommError) go through the same hook and policy.
+//
+// Thread-safety: all methods are thread-safe. Ownership: holds shared_ptrs to watched WorkStates
+// and weak_ptrs to their groups; the thread starts on first watch() and is joined by stop() / the
+// destructor.
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "tessel/base/clock.h"
+#include "tessel/base/error.h"
+#include "tessel/collectives/work.h"
+
+namespace tessel {
+
+class ProcessGroup;
+
+enum class WatchdogPolicy : uint8_t { kRaise, kAbortCommunicator, kAbortProcess };
+std::string_view watchdog_policy_name(WatchdogPolicy policy);  // "raise", "abort_communicator"...
+// Parses a name as printed above; throws InvalidArgument listing the valid names.
+WatchdogPolicy parse_watchdog_policy(std::string_view text);
+
+struct WatchdogOptions {
+  WatchdogPolicy policy = WatchdogPolicy::kRaise;
+  // How often finished work is retired when nothing is about to expire.
+  Nanoseconds poll_interval = std::chrono::milliseconds(200);
+  // Extra time given to a backend to report its own (more precise) timeout before the
+  // watchdog fails the work.
+  Nanoseconds grace = std::chrono::milliseconds(250);
+};
+
+// What the dump hook is told.
+struct WatchdogEvent {
+  std::string reason;  // the error's what()
+  ErrorKind kind = ErrorKind::kTimeout;
+  uint64_t group_id = 0;
+  std::string group_name;
+  uint64_t seq = 0;
+};
+using WatchdogDumpHook = std::function<void(const WatchdogEvent&)>;
+
+class Watchdog {
+ public:
+  explicit Watchdog(WatchdogOptions options = {});
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  // The process's watchdog (policy from TESSEL_WATCHDOG_POLICY). Destroyed at exit.
+  static Watchdog& global();
+
+  void start();
+  // Joins the thread; watched work is no longer enforced. Idempotent.
+  void stop();
+
+  // Watches `work` of `group` until it finishes.
+  void watch(std::shared_ptr<WorkState> work, std::weak_ptr<ProcessGroup> group);
+  // For failures a backend detected itself, in this order: dump() (logs, calls the dump hook)
+  // before the Work is failed, so the dump exists when the caller sees the error; then
+  // enforce() (the policy) once the Work holds the error.
+  void dump(const WorkState& work, ErrorKind kind, const std::string& what);
+  void enforce(ProcessGroup* group, const std::string& what);
+
+  // Replaces the dump hook (null: none). The hook runs on the watchdog thread or on the thread
+  // that saw the failure, must be thread-safe and must not block for long.
+  void set_dump_hook(WatchdogDumpHook hook);
+  void set_policy(WatchdogPolicy policy);
+  WatchdogPolicy policy() const;
+  // Work currently watched (not yet retired).
+  size_t watched() const;
+
+ private:
+  struct Entry {
+    std::shared_ptr<WorkState> work;
+    std::weak_ptr<ProcessGroup> group;
+  };
+  void run();
+  void expire(const Entry& entry);
+
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  WatchdogOptions options_;       // guarded by mutex_
+  WatchdogDumpHook dump_hook_;    // guarded by mutex_
+  std::vector<Entry> entries_;    // guarded by mutex_
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace tessel

@@ -1,0 +1,47 @@
+#pragma once
+// Backend-independent checks of every collective, for the threads, gloo (forked processes) and
+// MPI (mpirun) tests. Each check runs one collective on `pg` with values computed from (rank,
+// index), computes the expected result locally, and compares element by element. A mismatch
+// throws CheckFailure naming the collective, dtype, count, index and both values, so it works
+// in rank threads, forked children and MPI ranks alike.
+
+#include <stdexcept>
+#include <vector>
+
+#include "tessel/collectives/process_group.h"
+#include "tessel/tensor/tensor.h"
+
+namespace tessel::testing {
+
+struct CheckFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void check_all_reduce(ProcessGroup& pg, DType dtype, int64_t count, ReduceOp op);
+void check_broadcast(ProcessGroup& pg, DType dtype, int64_t count, int root);
+// uneven: rank r contributes count + r elements (count may be 0).
+void check_all_gather(ProcessGroup& pg, DType dtype, int64_t count, bool uneven);
+// uneven: rank r receives count + r elements of the result.
+void check_reduce_scatter(ProcessGroup& pg, DType dtype, int64_t count, bool uneven, ReduceOp op);
+// Rank r sends (count + j) elements to rank j.
+void check_all_to_all(ProcessGroup& pg, DType dtype, int64_t count);
+// Every rank sends to rank+1 and receives from rank-1 (world size >= 2).
+void check_send_recv_ring(ProcessGroup& pg, DType dtype, int64_t count);
+// Splits into (rank % colors) groups keyed by -rank (reversed order), checks size, rank order
+// and an all_reduce in each sub-group; with_no_color leaves the last rank out.
+void check_split(ProcessGroup& pg, int colors, bool with_no_color);
+
+// Eight async all_reduces in flight at once, then waited in order: they run on the group's
+// worker thread in issue order.
+void check_async_batch(ProcessGroup& pg, DType dtype, int64_t count);
+
+// The 1M-element cases (1 << 20) in f32, bf16 and i64: all_reduce, broadcast and the send/recv
+// ring of 1M elements; all_gather, reduce_scatter (uneven) and all_to_all of about 1M in total.
+void check_one_million(ProcessGroup& pg);
+
+// The sweep the acceptance asks for: every collective x dtypes {f32, bf16, i64} x counts.
+void check_everything(ProcessGroup& pg, const std::vector<int64_t>& counts);
+// Counts 0, 1, an odd one and (when `large`) 1M.
+std::vector<int64_t> acceptance_counts(bool large);
+
+}  // namespace tessel::testing

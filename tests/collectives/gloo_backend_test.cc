@@ -1,0 +1,164 @@
+// The Gloo backend with real processes (fork harness, FileStore rendezvous, loopback TCP): every
+// collective x world sizes 1-4 x dtypes x counts, split, and faults (a rank that never calls, a
+// SIGKILLed rank).
+
+#include "tessel/collectives/gloo/gloo_backend.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <atomic>
+
+#include "collective_checks.h"
+#include "fork_harness.h"
+#include "tessel/base/error.h"
+#include "tessel/collectives/file_store.h"
+#include "tessel/collectives/init.h"
+#include "tessel/collectives/watchdog.h"
+
+namespace tessel {
+namespace {
+
+using std::chrono::seconds;
+
+std::shared_ptr<ProcessGroup> connect(int rank, int size, const std::string& dir,
+                                      Nanoseconds timeout = seconds(30)) {
+  auto store = std::make_shared<FileStore>(dir, seconds(30));
+  return gloo_create_process_group(
+      store, rank, size, GlooOptions{.hostname = "127.0.0.1", .group = {.timeout = timeout}});
+}
+
+void expect_all_succeeded(const std::vector<testing::ProcessOutcome>& outcomes) {
+  for (const auto& o : outcomes) {
+    EXPECT_TRUE(o.exited && o.exit_code == 0) << testing::describe(o);
+  }
+}
+
+class GlooBackendSweepTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  }
+};
+
+TEST_P(GlooBackendSweepTest, EveryCollectiveMatchesLocalExpectation) {
+  const int size = GetParam();
+  expect_all_succeeded(testing::run_processes(
+      size,
+      [&](int rank, const std::string& dir) {
+        auto pg = connect(rank, size, dir);
+        testing::check_everything(*pg, testing::acceptance_counts(/*large=*/false));
+      },
+      seconds(90)));
+}
+
+TEST_P(GlooBackendSweepTest, OneMillionElements) {
+  const int size = GetParam();
+  expect_all_succeeded(testing::run_processes(
+      size,
+      [&](int rank, const std::string& dir) {
+        testing::check_one_million(*connect(rank, size, dir));
+      },
+      seconds(150)));
+}
+
+TEST_P(GlooBackendSweepTest, SplitsIntoOddColours) {
+  const int size = GetParam();
+  expect_all_succeeded(testing::run_processes(
+      size,
+      [&](int rank, const std::string& dir) {
+        auto pg = connect(rank, size, dir);
+        testing::check_split(*pg, 3, /*with_no_color=*/false);
+        testing::check_split(*pg, 2, /*with_no_color=*/size > 1);
+      },
+      seconds(90)));
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooBackendSweepTest, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return "World" + std::to_string(info.param); });
+
+TEST(GlooBackendFaultTest, RankThatNeverCallsMakesOthersTimeOut) {
+  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  const auto timeout = seconds(2);
+  auto outcomes = testing::run_processes(
+      3,
+      [&](int rank, const std::string& dir) {
+        auto pg = connect(rank, 3, dir, timeout);
+        pg->barrier();  // seq 1: everyone is connected
+        auto store = std::make_shared<FileStore>(dir);
+        if (rank == 2) {  // never calls seq 2; leaves once the others have checked their errors
+          store->wait({"checked/0", "checked/1"}, seconds(30));
+          return;
+        }
+        std::atomic<uint64_t> dumped_seq{0};
+        Watchdog::global().set_dump_hook([&](const WatchdogEvent& e) { dumped_seq = e.seq; });
+        Tensor t = from_vector<float>({1, 2, 3});
+        const Stopwatch watch;
+        try {
+          pg->all_reduce(t);
+          throw testing::CheckFailure("all_reduce returned without rank 2");
+        } catch (const Timeout& e) {
+          const std::string what = e.what();
+          if (what.find("seq 2") == std::string::npos ||
+              what.find("'world'") == std::string::npos) {
+            throw testing::CheckFailure("timeout does not name group and seq: " + what);
+          }
+        }
+        // Bounded by the timeout plus a margin: no hang (not a speed assertion).
+        if (watch.elapsed() > timeout + seconds(5)) {
+          throw testing::CheckFailure("timeout took " + format_duration(watch.elapsed()));
+        }
+        if (dumped_seq != 2) {
+          throw testing::CheckFailure("the dump hook saw seq " + std::to_string(dumped_seq));
+        }
+        store->set("checked/" + std::to_string(rank), "1");
+      },
+      seconds(40));
+  expect_all_succeeded(outcomes);
+}
+
+TEST(GlooBackendFaultTest, KilledRankGivesOthersPeerLost) {
+  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  auto outcomes = testing::run_processes(
+      3,
+      [&](int rank, const std::string& dir) {
+        auto pg = connect(rank, 3, dir, seconds(3));
+        pg->barrier();
+        if (rank == 2) ::raise(SIGKILL);
+        try {
+          pg->barrier();
+          throw testing::CheckFailure("barrier returned without rank 2");
+        } catch (const PeerLost&) {
+        } catch (const CommError&) {
+        }
+      },
+      seconds(40));
+  ASSERT_EQ(outcomes.size(), 3u);
+  EXPECT_EQ(outcomes[2].signal, SIGKILL) << testing::describe(outcomes[2]);
+  EXPECT_FALSE(outcomes[2].timed_out);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(outcomes[r].exited && outcomes[r].exit_code == 0)
+        << testing::describe(outcomes[r]);
+  }
+}
+
+TEST(GlooBackendInitTest, InitProcessGroupFromTorchrunEnvironment) {
+  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  expect_all_succeeded(testing::run_processes(
+      3,
+      [](int rank, const std::string& dir) {
+        ::setenv("RANK", std::to_string(rank).c_str(), 1);
+        ::setenv("WORLD_SIZE", "3", 1);
+        ::setenv("TESSEL_STORE_DIR", dir.c_str(), 1);
+        auto pg = init_process_group({.gloo = {.hostname = "127.0.0.1"}});
+        if (pg->backend_name() != "gloo" || pg->rank() != rank || pg->size() != 3) {
+          throw testing::CheckFailure("init_process_group made the wrong group");
+        }
+        testing::check_all_reduce(*pg, DType::kF32, 5, ReduceOp::kSum);
+      },
+      seconds(40)));
+}
+
+}  // namespace
+}  // namespace tessel
