@@ -144,6 +144,10 @@ std::shared_ptr<ProcessGroup> DeviceMesh::group(const std::string& dim) const {
     split_options.timeout = it->second;
   }
   const auto membership = MeshLayout::membership(d, state_->world_rank);
+  // Every rank knows its group from the layout, so the split needs no colour exchange.
+  for (int64_t o : d.offsets()) {
+    split_options.members.push_back(static_cast<int>(membership.color + o));
+  }
   auto g = parent->split(static_cast<int>(membership.color), static_cast<int>(membership.key),
                          split_options);
   TESSEL_CHECK(g != nullptr && g->size() == d.size() && g->rank() == membership.key, Internal,
@@ -221,6 +225,10 @@ DeviceMesh init_device_mesh(std::shared_ptr<ProcessGroup> world, const std::vect
 
 DeviceMesh init_device_mesh(Device device, const std::vector<int64_t>& shape,
                             const std::vector<std::string>& names, DeviceMeshOptions options) {
+  if (device.is_cuda() && !options.keep_world) {
+    options.eager = true;
+    options.release_world = true;
+  }
   InitOptions init;
   init.device = device;
   return DeviceMesh(init_process_group(init), shape, names, std::move(options));

@@ -43,6 +43,10 @@ struct DeviceMeshOptions {
   // Drop the mesh's reference to the world group once eager creation is done (for NCCL this
   // frees a communicator nobody uses). Ignored unless eager.
   bool release_world = false;
+  // init_device_mesh(Device::cuda(...), ...) makes its groups eagerly and drops the world group,
+  // so no NCCL communicator is kept that nothing uses; set keep_world to keep it (and to make
+  // groups lazily).
+  bool keep_world = false;
 };
 
 class DeviceMesh {
@@ -107,7 +111,8 @@ DeviceMesh init_device_mesh(std::shared_ptr<ProcessGroup> world, const std::vect
                             const std::vector<std::string>& names,
                             DeviceMeshOptions options = {});
 // A mesh over the job's world group made by init_process_group() for `device` (CPU: gloo, or
-// mpi under mpirun; CUDA: nccl).
+// mpi under mpirun; CUDA: nccl, with eager groups and the world released unless
+// options.keep_world).
 DeviceMesh init_device_mesh(Device device, const std::vector<int64_t>& shape,
                             const std::vector<std::string>& names,
                             DeviceMeshOptions options = {});
