@@ -376,6 +376,11 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key,
   TESSEL_CHECK(color >= 0 || color == kNoColor, InvalidArgument,
                "split of group '{}': color {} must be >= 0 or kNoColor ({})", name(), color,
                kNoColor);
+  {
+    std::lock_guard lock(mutex_);
+    TESSEL_CHECK(!aborted_, CommError, "split of group '{}' (id {}): the group was aborted: {}",
+                 name(), id(), abort_reason_);
+  }
   SplitRequest request;
   request.color = color;
   request.key = key;

@@ -177,6 +177,27 @@ TEST(DeviceMeshTest, BadMeshesFailEverywhereWithTheSameMessage) {
   EXPECT_NE(messages["unknown"].begin()->find("no dimension 'pp'"), std::string::npos);
 }
 
+// parents["dp"] routes dp's split through another world: aborting that world breaks dp only.
+TEST(DeviceMeshTest, PerDimensionParentIsTheOneSplit) {
+  auto other = threads::create_world(4, {.name = "other"});
+  threads::run_ranks(4, [&](ProcessGroup& pg) {
+    auto mine = other[static_cast<size_t>(pg.rank())];
+    DeviceMeshOptions options;
+    options.parents["dp"] = mine;
+    DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {2, 2}, {"dp", "tp"}, options);
+    mine->abort("the other world is gone");
+    EXPECT_THROW(mesh.group("dp"), CommError);
+    EXPECT_EQ(mesh.group("tp")->size(), 2);
+  });
+  auto small = threads::create_world(2);
+  threads::run_ranks(4, [&](ProcessGroup& pg) {
+    DeviceMeshOptions options;
+    options.parents["dp"] = small[0];
+    EXPECT_THROW(init_device_mesh(pg.shared_from_this(), {2, 2}, {"dp", "tp"}, options),
+                 InvalidArgument);
+  });
+}
+
 TEST(DeviceMeshTest, AbortFailsBlockedCallsAndDestroyIsBounded) {
   threads::run_ranks(4, [](ProcessGroup& pg) {
     DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {2, 2}, {"dp", "tp"});
