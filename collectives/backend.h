@@ -35,6 +35,7 @@ struct SplitRequest {
   int key = 0;
   std::vector<int> members;  // parent ranks of this rank's new group in new-rank order
   int new_rank = -1;         // this rank's place in members (-1 for kNoColor)
+  bool members_given = false;  // members came from SplitOptions::members, not an exchange
   ProcessGroupOptions options;  // name, id and timeout of the new group
 };
 

@@ -390,26 +390,48 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key,
   TESSEL_CHECK(color >= 0 || color == kNoColor, InvalidArgument,
                "split of group '{}': color {} must be >= 0 or kNoColor ({})", name(), color,
                kNoColor);
-  // Step 1: every rank learns every (color, key) through a recorded all_gather.
-  Tensor mine = from_vector<int64_t>({color, key});
-  Tensor all = empty({2 * static_cast<int64_t>(size_)}, DType::kI64);
-  all_gather(mine, all, {.timeout = options.timeout});
-  const int64_t* pairs = all.data<int64_t>();
-
-  // Step 2: members of my colour ordered by (key, old rank).
+  {
+    std::lock_guard lock(mutex_);
+    TESSEL_CHECK(!aborted_, CommError, "split of group '{}' (id {}): the group was aborted: {}",
+                 name(), id(), abort_reason_);
+  }
   SplitRequest request;
   request.color = color;
   request.key = key;
-  if (color != kNoColor) {
-    std::vector<std::pair<int64_t, int>> order;
-    for (int r = 0; r < size_; ++r) {
-      if (pairs[2 * r] == color) order.emplace_back(pairs[2 * r + 1], r);
+  if (!options.members.empty()) {
+    // The caller knows the membership: check it names this rank, then use it as it is.
+    TESSEL_CHECK(color != kNoColor, InvalidArgument,
+                 "split of group '{}': members given for a rank passing kNoColor", name());
+    for (int r : options.members) {
+      TESSEL_CHECK(r >= 0 && r < size_, InvalidArgument,
+                   "split of group '{}': member {} is not a rank of a group of size {}", name(), r,
+                   size_);
     }
-    std::sort(order.begin(), order.end());
-    for (const auto& [k, r] : order) request.members.push_back(r);
-    request.new_rank = static_cast<int>(
-        std::find(request.members.begin(), request.members.end(), rank_) -
-        request.members.begin());
+    request.members = options.members;
+    request.members_given = true;
+    const auto me = std::find(request.members.begin(), request.members.end(), rank_);
+    TESSEL_CHECK(me != request.members.end(), InvalidArgument,
+                 "split of group '{}': rank {} is not among the members it passed", name(), rank_);
+    request.new_rank = static_cast<int>(me - request.members.begin());
+  } else {
+    // Step 1: every rank learns every (color, key) through a recorded all_gather.
+    Tensor mine = from_vector<int64_t>({color, key});
+    Tensor all = empty({2 * static_cast<int64_t>(size_)}, DType::kI64);
+    all_gather(mine, all, {.timeout = options.timeout});
+    const int64_t* pairs = all.data<int64_t>();
+
+    // Step 2: members of my colour ordered by (key, old rank).
+    if (color != kNoColor) {
+      std::vector<std::pair<int64_t, int>> order;
+      for (int r = 0; r < size_; ++r) {
+        if (pairs[2 * r] == color) order.emplace_back(pairs[2 * r + 1], r);
+      }
+      std::sort(order.begin(), order.end());
+      for (const auto& [k, r] : order) request.members.push_back(r);
+      request.new_rank = static_cast<int>(
+          std::find(request.members.begin(), request.members.end(), rank_) -
+          request.members.begin());
+    }
   }
   {
     std::lock_guard lock(mutex_);

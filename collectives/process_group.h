@@ -101,6 +101,11 @@ struct BarrierOptions {
 struct SplitOptions {
   std::string name = {};  // empty: "<parent>/<color>"
   Nanoseconds timeout{0};
+  // The parent ranks of the caller's new group, in new-rank order, when every rank already knows
+  // its group (DeviceMesh computes them from the layout). Skips the exchange of (color, key) —
+  // the only way to split the fake backend, and one all_gather less elsewhere. Every member must
+  // pass the same list; empty: exchange colours and keys.
+  std::vector<int> members = {};
 };
 
 // What a group is made with; rank and size come from the backend.

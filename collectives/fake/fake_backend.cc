@@ -65,10 +65,16 @@ class FakeBackend final : public Backend {
     note(fr::OpType::kRecv, 0, peer, 0);
   }
   void barrier(const OpContext& ctx) override { note(fr::OpType::kBarrier, ctx.seq, -1, 0); }
-  std::unique_ptr<Backend> split(const SplitRequest&) override {
-    throw NotImplemented(
-        "the fake backend cannot split (it cannot know the other ranks' colours); create the "
-        "sub-group with fake::create_process_group(rank, size)");
+  // Only splits whose members were given (SplitOptions::members) reach here with a membership:
+  // the colour exchange, an all_gather, moves no data on this backend.
+  std::unique_ptr<Backend> split(const SplitRequest& request) override {
+    if (request.color == kNoColor) return nullptr;
+    TESSEL_CHECK(request.members_given, NotImplemented,
+                 "the fake backend cannot split by exchanging colours (no data moves); pass "
+                 "SplitOptions::members or create the sub-group with fake::create_process_group");
+    return std::make_unique<FakeBackend>(request.new_rank,
+                                         static_cast<int>(request.members.size()),
+                                         request.options.id, log_);
   }
 
  private:

@@ -1,0 +1,17 @@
+// A 2x2 mesh over Open MPI: ctest runs this binary under `mpirun -np 4`.
+#include <gtest/gtest.h>
+
+#include "tessel/collectives/mpi/mpi_backend.h"
+#include "tests/mesh/mesh_check.h"
+
+namespace tessel {
+namespace {
+
+TEST(DeviceMeshMpiTest, TwoByTwoOverFourRanks) {
+  if (!mpi_is_available()) GTEST_SKIP() << "this build has no MPI backend";
+  if (!mpi_launched()) GTEST_SKIP() << "not started by mpirun";
+  testing::check_two_by_two_mesh(mpi_create_world({.timeout = std::chrono::seconds(60)}));
+}
+
+}  // namespace
+}  // namespace tessel
