@@ -1,0 +1,172 @@
+// flash_cpu backward (FlashAttention-2, Algorithm 2): per key block, loop over the query blocks
+// of every query head in the key/value head's group; recompute P = exp(S - lse), then
+//   dV += P_drop^T dO,  dP = (dO V^T) * keep,  dS = P * (dP - rowsum(dO * O)),
+//   dK += scale dS^T Q,  dQ += scale dS K (into a shared accumulator under a per-block lock).
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "tessel/base/error.h"
+#include "tessel/kernels/attention/attention_dropout.h"
+#include "tessel/kernels/attention/attention_mask.h"
+#include "tessel/kernels/attention/cpu/flash_cpu.h"
+#include "tessel/kernels/attention/cpu/fork_join.h"
+#include "tessel/kernels/attention/cpu/internal/flash_common.h"
+#include "tessel/kernels/attention/internal/view_rows.h"
+
+namespace tessel::attention {
+
+using namespace internal;
+
+namespace {
+
+// One worker's tiles. kt/vt: this key block transposed (dp x bk); k: its rows (bk x dp).
+struct BackwardScratch {
+  std::vector<float> kt, vt, k, q, dout, p, pdrop, ds, dq, dk, dv, keep, row;
+  explicit BackwardScratch(const FlashPlan& plan)
+      : kt(plan.dp * plan.bk), vt(plan.dp * plan.bk), k(plan.bk * plan.dp),
+        q(plan.bq * plan.dp), dout(plan.bq * plan.dp), p(plan.bq * plan.bk),
+        pdrop(plan.bq * plan.bk), ds(plan.bq * plan.bk), dq(plan.bq * plan.dp),
+        dk(plan.bk * plan.dp), dv(plan.bk * plan.dp), keep(plan.bq * plan.bk),
+        row(std::max(plan.bk, plan.bq) * plan.dp) {}
+};
+
+// delta[bh * S_q + i] = sum_d dO[b, h, i, d] * O[b, h, i, d].
+std::vector<float> output_dot(const AttentionView& out,
+                              const AttentionView& dout, const FlashPlan& plan,
+                              const ForkJoin& team) {
+  std::vector<float> delta(plan.batch * plan.q_heads * plan.sq);
+  std::vector<std::vector<float>> rows(team.threads(), std::vector<float>(2 * plan.d));
+  team.run(plan.batch * plan.q_heads, [&](int worker, int64_t bh) {
+    const int64_t b = bh / plan.q_heads, h = bh % plan.q_heads;
+    float* o = rows[worker].data();
+    float* g = o + plan.d;
+    for (int64_t i = 0; i < plan.sq; ++i) {
+      load_row(out, b, h, i, o);
+      load_row(dout, b, h, i, g);
+      float acc = 0;
+      for (int64_t c = 0; c < plan.d; ++c) acc += o[c] * g[c];
+      delta[bh * plan.sq + i] = acc;
+    }
+  });
+  return delta;
+}
+
+}  // namespace
+
+void flash_cpu_backward(const AttentionProblem& p, const AttentionView& out,
+                        const AttentionView& dout, const float* lse, const AttentionView& dq,
+                        const AttentionView& dk, const AttentionView& dv,
+                        const FlashCpuOptions& options) {
+  const FlashPlan plan = make_flash_plan(p, options);
+  validate_attention_output(out, p.q, "out");
+  validate_attention_output(dout, p.q, "dout");
+  validate_attention_output(dq, p.q, "dq");
+  validate_attention_output(dk, p.k, "dk");
+  validate_attention_output(dv, p.v, "dv");
+  TESSEL_CHECK(lse != nullptr || plan.sq * plan.q_heads * plan.batch == 0, InvalidArgument,
+               "flash_cpu_backward: lse is null; pass forward's logsumexp");
+  const ForkJoin team(plan.threads);
+  const MaskEvaluator mask(p);
+  const DropoutMask drop(p.dropout.p, p.dropout.seed, p.dropout.offset);
+  const TileOps& ops = *plan.ops;
+  const int64_t bq = plan.bq, bk = plan.bk, dp = plan.dp;
+  const float s_mul = plan.scale * kLog2e;  // scores to log2 units
+
+  const std::vector<float> delta = output_dot(out, dout, plan, team);
+  std::vector<float> dq_acc(plan.batch * plan.q_heads * plan.q_blocks * bq * dp, 0.0f);
+  const auto dq_locks =
+      std::make_unique<std::mutex[]>(plan.batch * plan.q_heads * plan.q_blocks);
+  std::vector<BackwardScratch> scratch(team.threads(), BackwardScratch(plan));
+  const bool full_mask = mask.is_dense() && p.mask.prefix_lengths.empty();
+
+  team.run(plan.batch * plan.kv_heads * plan.kv_blocks, [&](int worker, int64_t task) {
+    const int64_t kb = task % plan.kv_blocks, bhk = task / plan.kv_blocks;
+    const int64_t b = bhk / plan.kv_heads, hk = bhk % plan.kv_heads;
+    const int64_t j0 = kb * bk, cols = std::min(bk, plan.sk - j0);
+    BackwardScratch& w = scratch[worker];
+    load_rows_transposed(p.k, b, hk, j0, cols, bk, dp, w.kt.data(), w.row.data());
+    load_rows_transposed(p.v, b, hk, j0, cols, bk, dp, w.vt.data(), w.row.data());
+    load_rows(p.k, b, hk, j0, cols, bk, w.k.data(), dp);
+    std::fill(w.dk.begin(), w.dk.end(), 0.0f);
+    std::fill(w.dv.begin(), w.dv.end(), 0.0f);
+
+    for (int64_t h = hk * plan.group; h < (hk + 1) * plan.group; ++h) {
+      const int64_t bh = b * plan.q_heads + h;
+      for (int64_t ib = 0; ib < plan.q_blocks; ++ib) {
+        const int64_t i0 = ib * bq, rows = std::min(bq, plan.sq - i0);
+        const TileClass tile =
+            full_mask ? TileClass::kFull : mask.classify(b, i0, i0 + rows, j0, j0 + cols);
+        if (tile == TileClass::kEmpty) continue;
+        load_rows(p.q, b, h, i0, rows, rows, w.q.data(), dp);
+        load_rows(dout, b, h, i0, rows, rows, w.dout.data(), dp);
+
+        // P = exp(scale * Q K^T - lse), masked; P_drop = P * keep.
+        ops.gemm(rows, bk, dp, w.q.data(), dp, 1, w.kt.data(), bk, w.p.data(), bk, false);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* prow = w.p.data() + r * bk;
+          const float row_lse = lse[bh * plan.sq + i0 + r];
+          if (row_lse == kNegInf) {
+            std::fill(prow, prow + bk, 0.0f);
+            continue;
+          }
+          if (tile == TileClass::kPartial) {
+            for (int64_t c = 0; c < cols; ++c) {
+              if (!mask.visible(b, h, i0 + r, j0 + c)) prow[c] = kNegInf;
+            }
+          }
+          std::fill(prow + cols, prow + bk, kNegInf);
+          ops.exp2_affine(prow, bk, s_mul, row_lse * kLog2e);
+        }
+        const float* pdrop = w.p.data();
+        if (drop.enabled()) {
+          for (int64_t r = 0; r < rows; ++r) {
+            float* keep = w.keep.data() + r * bk;
+            drop.fill(b, h, i0 + r, j0, cols, keep);
+            std::fill(keep + cols, keep + bk, 0.0f);
+            for (int64_t c = 0; c < bk; ++c) w.pdrop[r * bk + c] = w.p[r * bk + c] * keep[c];
+          }
+          pdrop = w.pdrop.data();
+        }
+        // dV += P_drop^T dO (A read transposed in place).
+        ops.gemm(cols, dp, rows, pdrop, 1, bk, w.dout.data(), dp, w.dv.data(), dp, true);
+        // dP = dO V^T, through dropout; dS = P * (dP - delta).
+        ops.gemm(rows, bk, dp, w.dout.data(), dp, 1, w.vt.data(), bk, w.ds.data(), bk, false);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* dsrow = w.ds.data() + r * bk;
+          const float* prow = w.p.data() + r * bk;
+          const float dr = delta[bh * plan.sq + i0 + r];
+          if (drop.enabled()) {
+            const float* keep = w.keep.data() + r * bk;
+            for (int64_t c = 0; c < bk; ++c) dsrow[c] = prow[c] * (dsrow[c] * keep[c] - dr);
+          } else {
+            for (int64_t c = 0; c < bk; ++c) dsrow[c] = prow[c] * (dsrow[c] - dr);
+          }
+        }
+        // dK += dS^T Q; dQ += dS K (scale applied when storing).
+        ops.gemm(cols, dp, rows, w.ds.data(), 1, bk, w.q.data(), dp, w.dk.data(), dp, true);
+        ops.gemm(rows, dp, cols, w.ds.data(), bk, 1, w.k.data(), dp, w.dq.data(), dp, false);
+        const int64_t block = bh * plan.q_blocks + ib;
+        float* acc = dq_acc.data() + block * bq * dp;
+        std::lock_guard<std::mutex> lock(dq_locks[block]);
+        for (int64_t e = 0; e < rows * dp; ++e) acc[e] += w.dq[e];
+      }
+    }
+    for (int64_t c = 0; c < cols; ++c) {
+      store_row(dk, b, hk, j0 + c, w.dk.data() + c * dp, plan.scale);
+      store_row(dv, b, hk, j0 + c, w.dv.data() + c * dp);
+    }
+  });
+
+  team.run(plan.batch * plan.q_heads, [&](int, int64_t bh) {
+    const int64_t b = bh / plan.q_heads, h = bh % plan.q_heads;
+    for (int64_t i = 0; i < plan.sq; ++i) {
+      store_row(dq, b, h, i, dq_acc.data() + (bh * plan.q_blocks * bq + i) * dp, plan.scale);
+    }
+  });
+}
+
+}  // namespace tessel::attention

@@ -1,0 +1,30 @@
+#pragma once
+// Small dense kernels that flash_cpu's tiles are made of, compiled once per instruction set
+// (AVX-512, AVX2+FMA, scalar) in files with their own compiler flags; the driver picks a table
+// at run time from the CPU's features. Private to kernels/attention/cpu.
+
+#include <cstdint>
+
+namespace tessel::attention::internal {
+
+// Every n below must be a multiple of kTileWidth (buffers are padded to it).
+inline constexpr int kTileWidth = 16;
+
+struct TileOps {
+  const char* name;
+  // C[m x n] = (accumulate ? C : 0) + A B, where A(r, p) = a[r * a_row + p * a_col] (so A or
+  // its transpose can be read in place), B is row-major with leading dimension ldb, C with ldc.
+  void (*gemm)(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col,
+               const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate);
+  // x[j] = exp2(x[j] * mul - sub) for j < n, exactly 0 where x[j] is -inf; returns the sum.
+  float (*exp2_affine)(float* x, int64_t n, float mul, float sub);
+  // max_j x[j] for j < n (-inf when all are -inf).
+  float (*row_max)(const float* x, int64_t n);
+};
+
+// Tables per instruction set; each is safe to call only where the CPU supports that set.
+const TileOps& tile_ops_avx512();
+const TileOps& tile_ops_avx2();
+const TileOps& tile_ops_scalar();
+
+}  // namespace tessel::attention::internal

@@ -1,0 +1,101 @@
+#pragma once
+// The tile kernels of tile_ops.h as templates over a vector type V (see tile_ops_avx512.cc for
+// the interface V provides). Included only by the per-ISA .cc files, which compile it with
+// their own target flags; everything here has internal linkage per ISA namespace.
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <utility>
+
+#include "tessel/kernels/attention/cpu/internal/tile_ops.h"
+
+namespace tessel::attention::internal::TESSEL_TILE_ISA {
+
+using MicroFn = void (*)(int64_t k, const float* a, int64_t a_row, int64_t a_col, const float* b,
+                         int64_t ldb, float* c, int64_t ldc, bool accumulate);
+
+// C[MR x NV*W] (+)= A[MR x k] B[k x NV*W]: the register-blocked inner kernel. Each step loads
+// NV vectors of B and broadcasts one A element per row.
+template <class V, int MR, int NV>
+void micro(int64_t k, const float* a, int64_t a_row, int64_t a_col, const float* b,
+           int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  typename V::Reg acc[MR][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      acc[r][v] = accumulate ? V::load(c + r * ldc + v * V::kWidth) : V::zero();
+    }
+  }
+  for (int64_t p = 0; p < k; ++p) {
+    typename V::Reg bv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) bv[v] = V::load(b + p * ldb + v * V::kWidth);
+    const float* ap = a + p * a_col;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const typename V::Reg ar = V::set1(ap[r * a_row]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r][v] = V::fmadd(ar, bv[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) V::store(c + r * ldc + v * V::kWidth, acc[r][v]);
+  }
+}
+
+template <class V, int MR, int NV, int... I>
+constexpr std::array<MicroFn, sizeof...(I)> micro_table(std::integer_sequence<int, I...>) {
+  return {&micro<V, I / NV + 1, I % NV + 1>...};
+}
+
+template <class V, int MR, int NV>
+void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col,
+          const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  static constexpr auto table = micro_table<V, MR, NV>(std::make_integer_sequence<int, MR * NV>());
+  constexpr int64_t panel = int64_t{NV} * V::kWidth;
+  for (int64_t j = 0; j < n; j += panel) {
+    const int64_t nv = std::min<int64_t>(NV, (n - j) / V::kWidth);
+    for (int64_t i = 0; i < m; i += MR) {
+      const int64_t mr = std::min<int64_t>(MR, m - i);
+      table[(mr - 1) * NV + (nv - 1)](k, a + i * a_row, a_row, a_col, b + j, ldb,
+                                      c + i * ldc + j, ldc, accumulate);
+    }
+  }
+}
+
+template <class V>
+float exp2_affine(float* x, int64_t n, float mul, float sub) {
+  const auto vmul = V::set1(mul), vsub = V::set1(sub);
+  auto sum = V::zero();
+  for (int64_t j = 0; j < n; j += V::kWidth) {
+    const auto e = V::exp2(V::fmsub(V::load(x + j), vmul, vsub));
+    V::store(x + j, e);
+    sum = V::add(sum, e);
+  }
+  return V::reduce_add(sum);
+}
+
+template <class V>
+float row_max(const float* x, int64_t n) {
+  auto m = V::set1(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < n; j += V::kWidth) m = V::max(m, V::load(x + j));
+  return V::reduce_max(m);
+}
+
+// 2^f on [-0.5, 0.5]: Taylor coefficients ln2^k / k!, degree 7 (relative error < 1e-8).
+inline constexpr float kExp2Poly[8] = {1.0f,          0.69314718f,   0.24022651f,
+                                       0.05550411f,   0.0096181291f, 0.0013333558f,
+                                       1.5403530e-4f, 1.5252734e-5f};
+
+template <class V, int MR, int NV>
+const TileOps& make_tile_ops(const char* name) {
+  static const TileOps ops{name, &gemm<V, MR, NV>, &exp2_affine<V>, &row_max<V>};
+  return ops;
+}
+
+}  // namespace tessel::attention::internal::TESSEL_TILE_ISA
