@@ -1,6 +1,7 @@
 // flash_cpu against the math backend (f64 accumulation) over a covering sweep of shapes,
 // head layouts and mask kinds: forward output, logsumexp and dq/dk/dv.
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -49,10 +50,8 @@ struct Case {
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
-  return std::string(mask_kind_name(c.mask)) + "_B" + std::to_string(c.b) + "_Hq" +
-         std::to_string(c.hq) + "_Hkv" + std::to_string(c.hkv) + "_Sq" + std::to_string(c.sq) +
-         "_Sk" + std::to_string(c.sk) + "_D" + std::to_string(c.d) + "_" +
-         std::string(cpu_isa_name(c.isa));
+  return fmt::format("{}_B{}_Hq{}_Hkv{}_Sq{}_Sk{}_D{}_{}", mask_kind_name(c.mask), c.b, c.hq,
+                     c.hkv, c.sq, c.sk, c.d, cpu_isa_name(c.isa));
 }
 
 // Document ids: runs of varying length (1, 5, 9, ... tokens), the same for q and kv when the
@@ -126,16 +125,9 @@ class FlashCpuSweepTest : public ::testing::TestWithParam<Case> {};
 TEST_P(FlashCpuSweepTest, MatchesMathForwardAndBackward) {
   const Case& c = GetParam();
   if (!cpu_isa_supported(c.isa)) GTEST_SKIP() << "CPU lacks " << cpu_isa_name(c.isa);
-  Buffer q(DType::kF32, c.b, c.hq, c.sq, c.d), k(DType::kF32, c.b, c.hkv, c.sk, c.d),
-      v(DType::kF32, c.b, c.hkv, c.sk, c.d), dout(DType::kF32, c.b, c.hq, c.sq, c.d);
-  fill_normal(q, 1);
-  fill_normal(k, 2);
-  fill_normal(v, 3);
-  fill_normal(dout, 4);
-  AttentionProblem p;
-  p.q = q.view();
-  p.k = k.view();
-  p.v = v.view();
+  testing::Qkv in(DType::kF32, c.b, c.hq, c.hkv, c.sq, c.sk, c.d, 1);
+  Buffer &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
+  AttentionProblem p = in.problem();
   configure_mask(c, p);
 
   Buffer out_ref = q, dq_ref = q, dk_ref = k, dv_ref = v;

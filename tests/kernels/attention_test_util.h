@@ -49,6 +49,27 @@ inline void fill_normal(Buffer& buf, uint32_t seed, float stddev = 1.0f) {
   for (int64_t i = 0; i < buf.numel(); ++i) buf.set(i, dist(gen));
 }
 
+// Random q (B, H_q, S_q, D), k and v (B, H_kv, S_k, D) and an output gradient like q.
+struct Qkv {
+  Buffer q, k, v, dout;
+  Qkv(DType dt, int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d,
+      uint32_t seed)
+      : q(dt, b, hq, sq, d), k(dt, b, hkv, sk, d), v(dt, b, hkv, sk, d), dout(dt, b, hq, sq, d) {
+    fill_normal(q, seed);
+    fill_normal(k, seed + 1);
+    fill_normal(v, seed + 2);
+    fill_normal(dout, seed + 3);
+  }
+  // An unmasked problem over q, k, v.
+  AttentionProblem problem() {
+    AttentionProblem p;
+    p.q = q.view();
+    p.k = k.view();
+    p.v = v.view();
+    return p;
+  }
+};
+
 // max_i |a_i - b_i|; NaN anywhere counts as infinite error.
 inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0;
