@@ -4,7 +4,8 @@
 //
 //   attention_cpu [--seq 1024,2048] [--dim 64,128] [--batch 1] [--heads 4] [--causal 0,1]
 //                 [--dtype f32,bf16] [--iters 3] [--threads 0] [--torch /path/to/python]
-//                 [--fma-flops-per-cycle 64] [--ghz <from /proc/cpuinfo>]
+//                 [--fma-flops-per-cycle 64] [--ghz <from /proc/cpuinfo>] [--math 1]
+// (--math 0 skips the math backend, e.g. to profile flash_cpu alone.)
 //
 // Convention: forward flops 4 * B * H * S_q * S_k * D, halved when causal; backward 2.5x.
 
@@ -157,7 +158,7 @@ bool run_torch(const std::string& python, Inputs& in, bool causal, const std::st
                           " " + std::to_string(in.sizes[1]) + " " + std::to_string(in.sizes[2]) +
                           " " + std::to_string(in.sizes[3]) + " " + (causal ? "1" : "0") + " " +
                           dtype + " " + std::to_string(iters) + " " + std::to_string(threads) +
-                          " > " + result + " 2>&1";
+                          " > " + result + " 2> " + result + ".err";
   const int rc = std::system(cmd.c_str());
   std::ifstream r(result);
   const bool ok = rc == 0 && static_cast<bool>(r >> fwd >> both);
@@ -172,6 +173,7 @@ int main(int argc, char** argv) {
   std::string torch_python;
   int64_t batch = 1, heads = 4;
   int iters = 3, threads = 0;
+  bool with_math = true;
   double fma_per_cycle = 64, ghz = cpuinfo_ghz();
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
@@ -184,6 +186,7 @@ int main(int argc, char** argv) {
     else if (flag == "--iters") iters = std::stoi(value);
     else if (flag == "--threads") threads = std::stoi(value);
     else if (flag == "--torch") torch_python = value;
+    else if (flag == "--math") with_math = value != "0";
     else if (flag == "--fma-flops-per-cycle") fma_per_cycle = std::stod(value);
     else if (flag == "--ghz") ghz = std::stod(value);
     else {
@@ -231,8 +234,9 @@ int main(int argc, char** argv) {
             math_fwd();
             math_attention_backward(p, in.in(3), in.out(1), in.out(2), in.out(3));
           };
-          const double tf = time_best(iters, flash_fwd), tm = time_best(iters, math_fwd);
-          const double tfb = time_best(iters, flash_both), tmb = time_best(iters, math_both);
+          const double tf = time_best(iters, flash_fwd), tfb = time_best(iters, flash_both);
+          const double tm = with_math ? time_best(iters, math_fwd) : NAN;
+          const double tmb = with_math ? time_best(iters, math_both) : NAN;
           double tt = NAN, ttb = NAN;
           if (!torch_python.empty() &&
               !run_torch(torch_python, in, causal, dtype, iters, threads, tt, ttb)) {

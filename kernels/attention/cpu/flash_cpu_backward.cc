@@ -25,11 +25,11 @@ namespace {
 
 // One worker's tiles. kt/vt: this key block transposed (dp x bk); k: its rows (bk x dp).
 struct BackwardScratch {
-  std::vector<float> kt, vt, k, q, dout, p, pdrop, ds, dq, dk, dv, keep, row;
+  std::vector<float> kt, vt, k, q, dout, p, pdrop, ds, dk, dv, keep, row;
   explicit BackwardScratch(const FlashPlan& plan)
       : kt(plan.dp * plan.bk), vt(plan.dp * plan.bk), k(plan.bk * plan.dp),
         q(plan.bq * plan.dp), dout(plan.bq * plan.dp), p(plan.bq * plan.bk),
-        pdrop(plan.bq * plan.bk), ds(plan.bq * plan.bk), dq(plan.bq * plan.dp),
+        pdrop(plan.bq * plan.bk), ds(plan.bq * plan.bk),
         dk(plan.bk * plan.dp), dv(plan.bk * plan.dp), keep(plan.bq * plan.bk),
         row(std::max(plan.bk, plan.bq) * plan.dp) {}
 };
@@ -96,7 +96,10 @@ void flash_cpu_backward(const AttentionProblem& p, const AttentionView& out,
 
     for (int64_t h = hk * plan.group; h < (hk + 1) * plan.group; ++h) {
       const int64_t bh = b * plan.q_heads + h;
-      for (int64_t ib = 0; ib < plan.q_blocks; ++ib) {
+      // Start at a block that depends on kb so that workers on neighbouring key blocks
+      // rarely contend for the same dq lock.
+      for (int64_t t = 0; t < plan.q_blocks; ++t) {
+        const int64_t ib = (kb + t) % plan.q_blocks;
         const int64_t i0 = ib * bq, rows = std::min(bq, plan.sq - i0);
         const TileClass tile =
             full_mask ? TileClass::kFull : mask.classify(b, i0, i0 + rows, j0, j0 + cols);
@@ -146,13 +149,13 @@ void flash_cpu_backward(const AttentionProblem& p, const AttentionView& out,
             for (int64_t c = 0; c < bk; ++c) dsrow[c] = prow[c] * (dsrow[c] - dr);
           }
         }
-        // dK += dS^T Q; dQ += dS K (scale applied when storing).
+        // dK += dS^T Q; dQ += dS K straight into the shared accumulator (scale applied when
+        // storing).
         ops.gemm(cols, dp, rows, w.ds.data(), 1, bk, w.q.data(), dp, w.dk.data(), dp, true);
-        ops.gemm(rows, dp, cols, w.ds.data(), bk, 1, w.k.data(), dp, w.dq.data(), dp, false);
         const int64_t block = bh * plan.q_blocks + ib;
-        float* acc = dq_acc.data() + block * bq * dp;
         std::lock_guard<std::mutex> lock(dq_locks[block]);
-        for (int64_t e = 0; e < rows * dp; ++e) acc[e] += w.dq[e];
+        ops.gemm(rows, dp, cols, w.ds.data(), bk, 1, w.k.data(), dp,
+                 dq_acc.data() + block * bq * dp, dp, true);
       }
     }
     for (int64_t c = 0; c < cols; ++c) {
