@@ -1,18 +1,11 @@
 #pragma once
-// Counter-based dropout for attention probabilities: Philox4x32-10 keyed by the seed, with the
-// counter built from (offset, b, h, i, j). Any backend (CPU or GPU) regenerates the same mask
+// Counter-based dropout for attention probabilities: tensor/random.h's Philox4x32-10 keyed by the
+// seed, with the counter built from (offset, b, h, i, j). Any backend (CPU or GPU) regenerates the same mask
 // from the same numbers, which is how backward reproduces forward's dropout without storing it.
 
 #include <cstdint>
 
 namespace tessel::attention {
-
-// Philox4x32-10 (Salmon et al., SC'11): four 32-bit outputs for a 128-bit counter and a
-// 64-bit key.
-struct Philox4x32 {
-  uint32_t out[4];
-  Philox4x32(const uint32_t (&counter)[4], uint64_t key);
-};
 
 // Decides element (b, h, i, j) for dropout probability p (scaled threshold, see below).
 // Thread-safe, stateless.

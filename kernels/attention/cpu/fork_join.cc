@@ -2,45 +2,34 @@
 
 #include <algorithm>
 #include <atomic>
-#include <exception>
-#include <mutex>
-#include <thread>
-#include <vector>
+
+#include "tessel/tensor/thread_pool.h"
 
 namespace tessel::attention {
 
-ForkJoin::ForkJoin(int threads)
-    : threads_(threads > 0 ? threads
-                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))) {}
+ForkJoin::ForkJoin(int threads) : threads_(threads > 0 ? threads : num_threads()) {}
 
 void ForkJoin::run(int64_t tasks, const std::function<void(int, int64_t)>& fn) const {
   if (tasks <= 0) return;
-  const int team = static_cast<int>(std::min<int64_t>(threads_, tasks));
+  const int64_t team = std::min<int64_t>(threads_, tasks);
   std::atomic<int64_t> next{0};
   std::atomic<bool> failed{false};
-  std::exception_ptr first_error;
-  std::mutex error_mutex;
-  auto work = [&](int worker) {
-    for (;;) {
-      const int64_t task = next.fetch_add(1, std::memory_order_relaxed);
-      if (task >= tasks || failed.load(std::memory_order_relaxed)) return;
-      try {
-        fn(worker, task);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (!first_error) first_error = std::current_exception();
-        failed = true;
-        return;
+  // One pool chunk per worker index; each worker drains the shared task counter. The pool
+  // rethrows the first exception after every chunk has finished.
+  parallel_for(0, team, 1, [&](int64_t first, int64_t last) {
+    for (int64_t worker = first; worker < last; ++worker) {
+      for (;;) {
+        const int64_t task = next.fetch_add(1, std::memory_order_relaxed);
+        if (task >= tasks || failed.load(std::memory_order_relaxed)) break;
+        try {
+          fn(static_cast<int>(worker), task);
+        } catch (...) {
+          failed = true;
+          throw;
+        }
       }
     }
-  };
-  {
-    std::vector<std::jthread> helpers;
-    helpers.reserve(team - 1);
-    for (int w = 1; w < team; ++w) helpers.emplace_back(work, w);
-    work(0);
-  }  // jthreads join here
-  if (first_error) std::rethrow_exception(first_error);
+  });
 }
 
 }  // namespace tessel::attention
