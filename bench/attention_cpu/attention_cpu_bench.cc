@@ -5,11 +5,14 @@
 //   attention_cpu [--seq 1024,2048] [--dim 64,128] [--batch 1] [--heads 4] [--causal 0,1]
 //                 [--dtype f32,bf16] [--iters 3] [--threads 0] [--torch /path/to/python]
 //                 [--fma-flops-per-cycle 64] [--ghz <from /proc/cpuinfo>] [--math 1]
+//                 [--block-q 64] [--block-kv 64]
 // (--math 0 skips the math backend, e.g. to profile flash_cpu alone.)
 //
 // Convention: forward flops 4 * B * H * S_q * S_k * D, halved when causal; backward 2.5x.
 
 #include <immintrin.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -56,31 +59,54 @@ double cpuinfo_ghz() {
   return 0;
 }
 
-// Measured f32 FMA throughput of one core: 12 independent 512-bit FMA chains.
-__attribute__((target("avx512f"))) double measure_fma_gflops_one_core() {
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// Measured f32 FMA throughput of one core: 12 independent 512-bit FMA chains. Returns GFLOP/s
+// per wall second; *per_cpu_second gets GFLOP per second of this thread's CPU time.
+__attribute__((target("avx512f"))) double measure_fma_gflops_one_core(double* per_cpu_second) {
   __m512 acc[12];
   for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(float(i));
   const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.001f);
   const int64_t iters = 20'000'000;
+  const double c0 = thread_cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t n = 0; n < iters; ++n) {
     for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  *per_cpu_second = iters * 12.0 * 16 * 2 / (thread_cpu_seconds() - c0) / 1e9;
   float sink = 0;
   for (int i = 0; i < 12; ++i) sink += _mm512_reduce_add_ps(acc[i]);
   if (sink == 12345.0f) std::puts("");
   return iters * 12.0 * 16 * 2 / s / 1e9;
 }
 
-// Best-of-iters seconds of fn().
-double time_best(int iters, const std::function<void()>& fn) {
+// Process CPU seconds (all threads): on a shared machine, flops per CPU-second shows the
+// kernel's efficiency while it runs, whatever the other load.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec + u.ru_stime.tv_usec * 1e-6;
+}
+
+struct Timing {
+  double wall = 1e30;  // best of the iterations
+  double cpu = 1e30;   // CPU seconds of that same iteration
+};
+
+Timing time_best(int iters, const std::function<void()>& fn) {
   fn();  // warm-up
-  double best = 1e30;
+  Timing best;
   for (int i = 0; i < iters; ++i) {
+    const double c0 = cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (wall < best.wall) best = {wall, cpu_seconds() - c0};
   }
   return best;
 }
@@ -174,6 +200,7 @@ int main(int argc, char** argv) {
   int64_t batch = 1, heads = 4;
   int iters = 3, threads = 0;
   bool with_math = true;
+  int block_q = FlashCpuOptions{}.block_q, block_kv = FlashCpuOptions{}.block_kv;
   double fma_per_cycle = 64, ghz = cpuinfo_ghz();
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
@@ -187,6 +214,8 @@ int main(int argc, char** argv) {
     else if (flag == "--threads") threads = std::stoi(value);
     else if (flag == "--torch") torch_python = value;
     else if (flag == "--math") with_math = value != "0";
+    else if (flag == "--block-q") block_q = std::stoi(value);
+    else if (flag == "--block-kv") block_kv = std::stoi(value);
     else if (flag == "--fma-flops-per-cycle") fma_per_cycle = std::stod(value);
     else if (flag == "--ghz") ghz = std::stod(value);
     else {
@@ -200,14 +229,17 @@ int main(int argc, char** argv) {
               "flop/cycle = %.1f GFLOP/s\n",
               cores, std::string(cpu_isa_name(detect_cpu_isa())).c_str(), ghz, cores, ghz,
               fma_per_cycle, peak);
+  double fma_per_cpu_second = ghz * fma_per_cycle;  // GFLOP per CPU-second of one core
   if (cpu_isa_supported(CpuIsa::kAvx512)) {
-    const double one = measure_fma_gflops_one_core();
-    std::printf("measured AVX-512 FMA throughput, one core: %.1f GFLOP/s (x %d = %.1f)\n", one,
-                cores, one * cores);
+    const double one = measure_fma_gflops_one_core(&fma_per_cpu_second);
+    std::printf("measured AVX-512 FMA loop, one core: %.1f GFLOP/s wall, %.1f GFLOP per CPU-second "
+                "(= %.2f GHz x %.0f flop/cycle)\n",
+                one, fma_per_cpu_second, fma_per_cpu_second / fma_per_cycle, fma_per_cycle);
   }
   std::printf("torch: %s\n", torch_python.empty() ? "not given (--torch PYTHON)" : torch_python.c_str());
-  std::printf("\n%-5s %6s %4s %6s | %9s %9s %9s %6s %6s | %9s %9s %9s %6s\n", "dtype", "S", "D",
-              "causal", "fwd flash", "fwd math", "fwd torch", "x math", "%peak", "f+b flash",
+  std::printf("\n%-5s %6s %4s %6s | %9s %9s %9s %6s %6s %6s | %9s %9s %9s %6s\n", "dtype", "S",
+              "D", "causal", "fwd flash", "fwd math", "fwd torch", "x math", "%peak", "%busy",
+              "f+b flash",
               "f+b math", "f+b torch", "x math");
   for (const std::string& dtype : parse_words(dtypes)) {
     for (int64_t s : parse_list(seqs)) {
@@ -220,7 +252,7 @@ int main(int argc, char** argv) {
           p.v = in.in(2);
           p.mask.causal = causal != 0;
           std::vector<float> lse(batch * heads * s);
-          const FlashCpuOptions fo{.threads = threads};
+          const FlashCpuOptions fo{.threads = threads, .block_q = block_q, .block_kv = block_kv};
           const double fwd_flops = 4.0 * batch * heads * s * s * d * (causal ? 0.5 : 1.0);
           const double both_flops = fwd_flops * 3.5;
           auto flash_fwd = [&] { flash_cpu_forward(p, in.out(0), lse.data(), fo); };
@@ -234,19 +266,21 @@ int main(int argc, char** argv) {
             math_fwd();
             math_attention_backward(p, in.in(3), in.out(1), in.out(2), in.out(3));
           };
-          const double tf = time_best(iters, flash_fwd), tfb = time_best(iters, flash_both);
-          const double tm = with_math ? time_best(iters, math_fwd) : NAN;
-          const double tmb = with_math ? time_best(iters, math_both) : NAN;
+          const Timing flash_f = time_best(iters, flash_fwd);
+          const double tf = flash_f.wall, tfb = time_best(iters, flash_both).wall;
+          const double tm = with_math ? time_best(iters, math_fwd).wall : NAN;
+          const double tmb = with_math ? time_best(iters, math_both).wall : NAN;
           double tt = NAN, ttb = NAN;
           if (!torch_python.empty() &&
               !run_torch(torch_python, in, causal, dtype, iters, threads, tt, ttb)) {
             tt = ttb = NAN;
           }
           auto tflops = [](double flops, double sec) { return flops / sec / 1e12; };
-          std::printf("%-5s %6lld %4lld %6s | %9.3f %9.3f %9.3f %6.2f %5.1f%% | %9.3f %9.3f %9.3f %6.2f\n",
+          std::printf("%-5s %6lld %4lld %6s | %9.3f %9.3f %9.3f %6.2f %5.1f%% %5.1f%% | %9.3f %9.3f %9.3f %6.2f\n",
                       dtype.c_str(), static_cast<long long>(s), static_cast<long long>(d),
                       causal ? "yes" : "no", tflops(fwd_flops, tf), tflops(fwd_flops, tm),
                       tflops(fwd_flops, tt), tm / tf, 100.0 * fwd_flops / tf / 1e9 / peak,
+                      100.0 * fwd_flops / flash_f.cpu / 1e9 / fma_per_cpu_second,
                       tflops(both_flops, tfb), tflops(both_flops, tmb), tflops(both_flops, ttb),
                       tmb / tfb);
           std::fflush(stdout);
@@ -254,6 +288,9 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf("\nTFLOP/s columns; 'x math' = math time / flash time; %%peak = flash forward / nominal peak.\n");
+  std::printf("\nTFLOP/s columns; 'x math' = math time / flash time; %%peak = flash forward / "
+              "nominal peak (wall clock); %%busy = flash forward flops per CPU-second of the process "
+              "/ the FMA loop's flops per CPU-second (efficiency while running, insensitive to "
+              "other load).\n");
   return 0;
 }

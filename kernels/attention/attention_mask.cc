@@ -41,6 +41,9 @@ MaskEvaluator::MaskEvaluator(const AttentionProblem& problem) : mask_(&problem.m
     }
   }
   dense_ = left_ < 0 && right_ < 0 && !has_docs_ && !m.mask_fn;
+  bool any_prefix = false;
+  for (int64_t len : m.prefix_lengths) any_prefix |= len > 0;
+  rows_are_ranges_ = !any_prefix && !has_docs_ && !m.mask_fn;
 }
 
 TileClass MaskEvaluator::classify_window(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {

@@ -31,6 +31,16 @@ class MaskEvaluator {
   // True when every (i, j) is visible (no causal, window, documents or mask_fn).
   bool is_dense() const { return dense_; }
 
+  // True when the visible keys of every query form one range, window_range() (causal and
+  // windows only: no prefix, documents or mask_fn).
+  bool rows_are_ranges() const { return rows_are_ranges_; }
+  // Keys [lo, hi) that the causal/window part lets query i see (unclamped; may be empty).
+  void window_range(int64_t i, int64_t* lo, int64_t* hi) const {
+    const int64_t p = i + shift_;
+    *lo = left_ < 0 ? INT64_MIN / 2 : p - left_;
+    *hi = right_ < 0 ? INT64_MAX / 2 : p + right_ + 1;
+  }
+
  private:
   bool window_visible(int64_t i, int64_t j) const {
     const int64_t p = i + shift_;
@@ -54,6 +64,7 @@ class MaskEvaluator {
   int64_t right_ = -1;  // causal makes this min(window_right, 0)
   bool has_docs_ = false;
   bool dense_ = true;
+  bool rows_are_ranges_ = true;
   const int64_t* q_docs_ = nullptr;
   const int64_t* kv_docs_ = nullptr;
   int64_t q_doc_batch_stride_ = 0;   // 0 when ids are shared by all batch entries

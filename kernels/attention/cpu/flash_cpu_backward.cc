@@ -117,9 +117,7 @@ void flash_cpu_backward(const AttentionProblem& p, const AttentionView& out,
             continue;
           }
           if (tile == TileClass::kPartial) {
-            for (int64_t c = 0; c < cols; ++c) {
-              if (!mask.visible(b, h, i0 + r, j0 + c)) prow[c] = kNegInf;
-            }
+            mask_tile_row(mask, b, h, i0 + r, j0, cols, prow);
           }
           std::fill(prow + cols, prow + bk, kNegInf);
           ops.exp2_affine(prow, bk, s_mul, row_lse * kLog2e);

@@ -99,9 +99,7 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
       for (int64_t r = 0; r < rows; ++r) {
         float* srow = w.s.data() + r * bk;
         if (tile == TileClass::kPartial) {
-          for (int64_t c = 0; c < cols; ++c) {
-            if (!mask.visible(b, h, i0 + r, j0 + c)) srow[c] = kNegInf;
-          }
+          mask_tile_row(mask, b, h, i0 + r, j0, cols, srow);
         }
         std::fill(srow + cols, srow + bk, kNegInf);
         // Online softmax: new running max, rescale the running sum and output row.

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "tessel/kernels/attention/attention_mask.h"
 #include "tessel/kernels/attention/attention_problem.h"
 #include "tessel/kernels/attention/cpu/flash_cpu.h"
 #include "tessel/kernels/attention/cpu/internal/tile_ops.h"
@@ -42,5 +43,10 @@ void load_rows(const AttentionView& view, int64_t b, int64_t h, int64_t s0, int6
 // dst (dp x bk) = transpose of view rows [s0, s0 + rows) of (b, h), zero padded.
 void load_rows_transposed(const AttentionView& view, int64_t b, int64_t h, int64_t s0,
                           int64_t rows, int64_t bk, int64_t dp, float* dst, float* scratch);
+
+// Sets row[c] = -inf for the keys j0 + c (c < cols) that query i of (b, h) may not see: by
+// range when the mask allows it, else element by element.
+void mask_tile_row(const MaskEvaluator& mask, int64_t b, int64_t h, int64_t i, int64_t j0,
+                   int64_t cols, float* row);
 
 }  // namespace tessel::attention::internal
