@@ -69,6 +69,12 @@ FlashPlan make_flash_plan(const AttentionProblem& p, const FlashCpuOptions& o) {
   plan.q_blocks = ceil_div(plan.sq, plan.bq);
   plan.kv_blocks = ceil_div(plan.sk, plan.bk);
   plan.scale = static_cast<float>(p.softmax_scale());
+  // vdpbf16ps pays for bf16 inputs (measured in bench/attention_cpu); it needs whole bf16 pairs
+  // of keys per block and a positive scale (the softmax step takes the max before scaling).
+  if (o.bf16_dot_products && p.q.dtype == DType::kBF16 && isa == CpuIsa::kAvx512 &&
+      __builtin_cpu_supports("avx512bf16") && plan.bk % 32 == 0 && plan.scale > 0) {
+    plan.bf16 = &tile_ops_avx512_bf16();
+  }
   return plan;
 }
 

@@ -23,6 +23,7 @@ inline int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
 // Resolved sizes and kernels for one call.
 struct FlashPlan {
   const TileOps* ops = nullptr;
+  const Bf16TileOps* bf16 = nullptr;  // bf16 dot-product GEMMs for the forward, when usable
   int threads = 1;
   int64_t batch = 0, q_heads = 0, kv_heads = 0, group = 1;
   int64_t sq = 0, sk = 0, d = 0;

@@ -22,9 +22,22 @@ struct TileOps {
   float (*row_max)(const float* x, int64_t n);
 };
 
+// bf16 dot-product kernels (AVX-512 BF16, vdpbf16ps). A and B hold pairs of bf16 adjacent along
+// the reduction dimension in one uint32_t; each step of k_pairs adds a 2-element dot product.
+struct Bf16TileOps {
+  // C[m x n] (+)= A B as in TileOps::gemm, with A(r, p) = a[r * a_row + p * a_col] and B row p
+  // at b + p * ldb (all in pairs); n a multiple of kTileWidth.
+  void (*gemm)(int64_t m, int64_t n, int64_t k_pairs, const uint32_t* a, int64_t a_row,
+               int64_t a_col, const uint32_t* b, int64_t ldb, float* c, int64_t ldc,
+               bool accumulate);
+  // dst[0..n) = src rounded to bf16 (nearest even); n a multiple of 32.
+  void (*to_bf16)(const float* src, uint16_t* dst, int64_t n);
+};
+
 // Tables per instruction set; each is safe to call only where the CPU supports that set.
 const TileOps& tile_ops_avx512();
 const TileOps& tile_ops_avx2();
 const TileOps& tile_ops_scalar();
+const Bf16TileOps& tile_ops_avx512_bf16();
 
 }  // namespace tessel::attention::internal

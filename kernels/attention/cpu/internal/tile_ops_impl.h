@@ -13,14 +13,16 @@
 
 namespace tessel::attention::internal::TESSEL_TILE_ISA {
 
-using MicroFn = void (*)(int64_t k, const float* a, int64_t a_row, int64_t a_col, const float* b,
+template <class E>
+using MicroFn = void (*)(int64_t k, const E* a, int64_t a_row, int64_t a_col, const E* b,
                          int64_t ldb, float* c, int64_t ldc, bool accumulate);
 
 // C[MR x NV*W] (+)= A[MR x k] B[k x NV*W]: the register-blocked inner kernel. Each step loads
-// NV vectors of B and broadcasts one A element per row.
+// NV vectors of B and broadcasts one A element per row. V::Elem is float (one product per
+// lane and step) or a pair of bf16 in a uint32_t (V::madd is then a 2-element dot product).
 template <class V, int MR, int NV>
-void micro(int64_t k, const float* a, int64_t a_row, int64_t a_col, const float* b,
-           int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+void micro(int64_t k, const typename V::Elem* a, int64_t a_row, int64_t a_col,
+           const typename V::Elem* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   typename V::Reg acc[MR][NV];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
@@ -32,13 +34,13 @@ void micro(int64_t k, const float* a, int64_t a_row, int64_t a_col, const float*
   for (int64_t p = 0; p < k; ++p) {
     typename V::Reg bv[NV];
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) bv[v] = V::load(b + p * ldb + v * V::kWidth);
-    const float* ap = a + p * a_col;
+    for (int v = 0; v < NV; ++v) bv[v] = V::load_b(b + p * ldb + v * V::kWidth);
+    const typename V::Elem* ap = a + p * a_col;
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-      const typename V::Reg ar = V::set1(ap[r * a_row]);
+      const typename V::Reg ar = V::broadcast_a(ap + r * a_row);
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) acc[r][v] = V::fmadd(ar, bv[v], acc[r][v]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = V::madd(ar, bv[v], acc[r][v]);
     }
   }
 #pragma GCC unroll 8
@@ -49,13 +51,16 @@ void micro(int64_t k, const float* a, int64_t a_row, int64_t a_col, const float*
 }
 
 template <class V, int MR, int NV, int... I>
-constexpr std::array<MicroFn, sizeof...(I)> micro_table(std::integer_sequence<int, I...>) {
+constexpr std::array<MicroFn<typename V::Elem>, sizeof...(I)> micro_table(
+    std::integer_sequence<int, I...>) {
   return {&micro<V, I / NV + 1, I % NV + 1>...};
 }
 
+// C[m x n] (+)= A B over micro-kernel calls; n a multiple of V::kWidth.
 template <class V, int MR, int NV>
-void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col,
-          const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+void gemm(int64_t m, int64_t n, int64_t k, const typename V::Elem* a, int64_t a_row,
+          int64_t a_col, const typename V::Elem* b, int64_t ldb, float* c, int64_t ldc,
+          bool accumulate) {
   static constexpr auto table = micro_table<V, MR, NV>(std::make_integer_sequence<int, MR * NV>());
   constexpr int64_t panel = int64_t{NV} * V::kWidth;
   for (int64_t j = 0; j < n; j += panel) {
@@ -92,9 +97,21 @@ inline constexpr float kExp2Poly[8] = {1.0f,          0.69314718f,   0.24022651f
                                        0.05550411f,   0.0096181291f, 0.0013333558f,
                                        1.5403530e-4f, 1.5252734e-5f};
 
+// Vector types for f32 products provide these from their basic operations.
+template <class Base>
+struct F32Products : Base {
+  using Elem = float;
+  static typename Base::Reg load_b(const float* p) { return Base::load(p); }
+  static typename Base::Reg broadcast_a(const float* p) { return Base::set1(*p); }
+  static typename Base::Reg madd(typename Base::Reg a, typename Base::Reg b,
+                                 typename Base::Reg acc) {
+    return Base::fmadd(a, b, acc);
+  }
+};
+
 template <class V, int MR, int NV>
 const TileOps& make_tile_ops(const char* name) {
-  static const TileOps ops{name, &gemm<V, MR, NV>, &exp2_affine<V>, &row_max<V>};
+  static const TileOps ops{name, &gemm<F32Products<V>, MR, NV>, &exp2_affine<V>, &row_max<V>};
   return ops;
 }
 

@@ -1,0 +1,46 @@
+// AVX-512 BF16 tile kernels: vdpbf16ps GEMMs over bf16 pairs with f32 accumulation (compiled with
+// -mavx512f -mavx512bf16 ...; used only where the CPU reports avx512bf16).
+#include <immintrin.h>
+
+#define TESSEL_TILE_ISA avx512bf16
+#include "tessel/kernels/attention/cpu/internal/tile_ops_impl.h"
+
+namespace tessel::attention::internal {
+namespace avx512bf16 {
+namespace {
+
+struct PairVec {
+  using Reg = __m512;
+  using Elem = uint32_t;  // two bf16
+  static constexpr int kWidth = 16;
+  static Reg zero() { return _mm512_setzero_ps(); }
+  static Reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, Reg x) { _mm512_storeu_ps(p, x); }
+  static Reg load_b(const uint32_t* p) { return _mm512_castsi512_ps(_mm512_loadu_si512(p)); }
+  static Reg broadcast_a(const uint32_t* p) {
+    return _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(*p)));
+  }
+  // acc + a.x * b.x + a.y * b.y per lane.
+  static Reg madd(Reg a, Reg b, Reg acc) {
+    return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));
+  }
+};
+
+void to_bf16(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; i += 32) {
+    const __m512bh packed = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16),
+                                                _mm512_loadu_ps(src + i));
+    _mm512_storeu_si512(dst + i, reinterpret_cast<__m512i>(packed));
+  }
+}
+
+}  // namespace
+}  // namespace avx512bf16
+
+const Bf16TileOps& tile_ops_avx512_bf16() {
+  static const Bf16TileOps ops{&avx512bf16::gemm<avx512bf16::PairVec, 6, 4>,
+                               &avx512bf16::to_bf16};
+  return ops;
+}
+
+}  // namespace tessel::attention::internal
