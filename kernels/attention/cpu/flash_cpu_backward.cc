@@ -34,6 +34,19 @@ struct BackwardScratch {
         row(std::max(plan.bk, plan.bq) * plan.dp) {}
 };
 
+// Rows [s0, s0 + rows) of (b, h) as an f32 operand with leading dimension *ld: the view's own
+// memory when it already is f32 with unit stride and D == dp, else a padded copy in buf.
+const float* tile_rows(const AttentionView& view, int64_t b, int64_t h, int64_t s0, int64_t rows,
+                       int64_t dp, float* buf, int64_t* ld) {
+  if (view.dtype == DType::kF32 && view.strides[3] == 1 && view.head_dim() == dp) {
+    *ld = view.strides[2];
+    return static_cast<const float*>(view.data) + view.offset(b, h, s0, 0);
+  }
+  load_rows(view, b, h, s0, rows, rows, buf, dp);
+  *ld = dp;
+  return buf;
+}
+
 // delta[bh * S_q + i] = sum_d dO[b, h, i, d] * O[b, h, i, d].
 std::vector<float> output_dot(const AttentionView& out,
                               const AttentionView& dout, const FlashPlan& plan,
@@ -104,11 +117,12 @@ void flash_cpu_backward(const AttentionProblem& p, const AttentionView& out,
         const TileClass tile =
             full_mask ? TileClass::kFull : mask.classify(b, i0, i0 + rows, j0, j0 + cols);
         if (tile == TileClass::kEmpty) continue;
-        load_rows(p.q, b, h, i0, rows, rows, w.q.data(), dp);
-        load_rows(dout, b, h, i0, rows, rows, w.dout.data(), dp);
+        int64_t ldq, ldo;
+        const float* q = tile_rows(p.q, b, h, i0, rows, dp, w.q.data(), &ldq);
+        const float* g = tile_rows(dout, b, h, i0, rows, dp, w.dout.data(), &ldo);
 
         // P = exp(scale * Q K^T - lse), masked; P_drop = P * keep.
-        ops.gemm(rows, bk, dp, w.q.data(), dp, 1, w.kt.data(), bk, w.p.data(), bk, false);
+        ops.gemm(rows, bk, dp, q, ldq, 1, w.kt.data(), bk, w.p.data(), bk, false);
         for (int64_t r = 0; r < rows; ++r) {
           float* prow = w.p.data() + r * bk;
           const float row_lse = lse[bh * plan.sq + i0 + r];
@@ -133,9 +147,9 @@ void flash_cpu_backward(const AttentionProblem& p, const AttentionView& out,
           pdrop = w.pdrop.data();
         }
         // dV += P_drop^T dO (A read transposed in place).
-        ops.gemm(cols, dp, rows, pdrop, 1, bk, w.dout.data(), dp, w.dv.data(), dp, true);
+        ops.gemm(cols, dp, rows, pdrop, 1, bk, g, ldo, w.dv.data(), dp, true);
         // dP = dO V^T, through dropout; dS = P * (dP - delta).
-        ops.gemm(rows, bk, dp, w.dout.data(), dp, 1, w.vt.data(), bk, w.ds.data(), bk, false);
+        ops.gemm(rows, bk, dp, g, ldo, 1, w.vt.data(), bk, w.ds.data(), bk, false);
         for (int64_t r = 0; r < rows; ++r) {
           float* dsrow = w.ds.data() + r * bk;
           const float* prow = w.p.data() + r * bk;
@@ -149,7 +163,7 @@ void flash_cpu_backward(const AttentionProblem& p, const AttentionView& out,
         }
         // dK += dS^T Q; dQ += dS K straight into the shared accumulator (scale applied when
         // storing).
-        ops.gemm(cols, dp, rows, w.ds.data(), 1, bk, w.q.data(), dp, w.dk.data(), dp, true);
+        ops.gemm(cols, dp, rows, w.ds.data(), 1, bk, q, ldq, w.dk.data(), dp, true);
         const int64_t block = bh * plan.q_blocks + ib;
         std::lock_guard<std::mutex> lock(dq_locks[block]);
         ops.gemm(rows, dp, cols, w.ds.data(), bk, 1, w.k.data(), dp,
