@@ -3,7 +3,6 @@
 // the interface V provides). Included only by the per-ISA .cc files, which compile it with
 // their own target flags; everything here has internal linkage per ISA namespace.
 
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -50,23 +49,28 @@ void micro(int64_t k, const typename V::Elem* a, int64_t a_row, int64_t a_col,
   }
 }
 
-template <class V, int MR, int NV, int... I>
-constexpr std::array<MicroFn<typename V::Elem>, sizeof...(I)> micro_table(
-    std::integer_sequence<int, I...>) {
-  return {&micro<V, I / NV + 1, I % NV + 1>...};
-}
+// The micro-kernels for every (rows, vectors) shape up to (MR, NV), indexed (r-1) * NV + (v-1).
+// A plain array rather than std::array: no std:: code is instantiated under this file's ISA.
+template <class V, int NV, class Seq>
+struct MicroTable;
+template <class V, int NV, int... I>
+struct MicroTable<V, NV, std::integer_sequence<int, I...>> {
+  static constexpr MicroFn<typename V::Elem> fns[] = {&micro<V, I / NV + 1, I % NV + 1>...};
+};
 
 // C[m x n] (+)= A B over micro-kernel calls; n a multiple of V::kWidth.
 template <class V, int MR, int NV>
 void gemm(int64_t m, int64_t n, int64_t k, const typename V::Elem* a, int64_t a_row,
           int64_t a_col, const typename V::Elem* b, int64_t ldb, float* c, int64_t ldc,
           bool accumulate) {
-  static constexpr auto table = micro_table<V, MR, NV>(std::make_integer_sequence<int, MR * NV>());
+  const auto& table = MicroTable<V, NV, std::make_integer_sequence<int, MR * NV>>::fns;
   constexpr int64_t panel = int64_t{NV} * V::kWidth;
   for (int64_t j = 0; j < n; j += panel) {
-    const int64_t nv = std::min<int64_t>(NV, (n - j) / V::kWidth);
+    // Plain ternaries, not std::min: a std:: template instantiated in this TU (with its ISA
+    // flags) could be the copy the linker keeps for the baseline code too.
+    const int64_t nv = (n - j) / V::kWidth < NV ? (n - j) / V::kWidth : NV;
     for (int64_t i = 0; i < m; i += MR) {
-      const int64_t mr = std::min<int64_t>(MR, m - i);
+      const int64_t mr = m - i < MR ? m - i : MR;
       table[(mr - 1) * NV + (nv - 1)](k, a + i * a_row, a_row, a_col, b + j, ldb,
                                       c + i * ldc + j, ldc, accumulate);
     }
