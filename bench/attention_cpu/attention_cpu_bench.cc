@@ -4,9 +4,9 @@
 //
 //   attention_cpu [--seq 1024,2048] [--dim 64,128] [--batch 1] [--heads 4] [--causal 0,1]
 //                 [--dtype f32,bf16] [--iters 3] [--threads 0] [--torch /path/to/python]
-//                 [--fma-flops-per-cycle 64] [--ghz <from /proc/cpuinfo>] [--math 1]
+//                 [--fma-flops-per-cycle 64] [--ghz <from /proc/cpuinfo>] [--math 1] [--backward 1]
 //                 [--block-q 64] [--block-kv 64]
-// (--math 0 skips the math backend, e.g. to profile flash_cpu alone.)
+// (--math 0 skips the math backend, --backward 0 the backward passes, e.g. to profile.)
 //
 // Convention: forward flops 4 * B * H * S_q * S_k * D, halved when causal; backward 2.5x.
 
@@ -199,7 +199,7 @@ int main(int argc, char** argv) {
   std::string torch_python;
   int64_t batch = 1, heads = 4;
   int iters = 3, threads = 0;
-  bool with_math = true;
+  bool with_math = true, with_backward = true;
   int block_q = FlashCpuOptions{}.block_q, block_kv = FlashCpuOptions{}.block_kv;
   double fma_per_cycle = 64, ghz = cpuinfo_ghz();
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -214,6 +214,7 @@ int main(int argc, char** argv) {
     else if (flag == "--threads") threads = std::stoi(value);
     else if (flag == "--torch") torch_python = value;
     else if (flag == "--math") with_math = value != "0";
+    else if (flag == "--backward") with_backward = value != "0";
     else if (flag == "--block-q") block_q = std::stoi(value);
     else if (flag == "--block-kv") block_kv = std::stoi(value);
     else if (flag == "--fma-flops-per-cycle") fma_per_cycle = std::stod(value);
@@ -267,9 +268,10 @@ int main(int argc, char** argv) {
             math_attention_backward(p, in.in(3), in.out(1), in.out(2), in.out(3));
           };
           const Timing flash_f = time_best(iters, flash_fwd);
-          const double tf = flash_f.wall, tfb = time_best(iters, flash_both).wall;
+          const double tf = flash_f.wall;
+          const double tfb = with_backward ? time_best(iters, flash_both).wall : NAN;
           const double tm = with_math ? time_best(iters, math_fwd).wall : NAN;
-          const double tmb = with_math ? time_best(iters, math_both).wall : NAN;
+          const double tmb = with_math && with_backward ? time_best(iters, math_both).wall : NAN;
           double tt = NAN, ttb = NAN;
           if (!torch_python.empty() &&
               !run_torch(torch_python, in, causal, dtype, iters, threads, tt, ttb)) {

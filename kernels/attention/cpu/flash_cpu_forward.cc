@@ -92,11 +92,12 @@ PackedKv pack_kv(const AttentionProblem& p, const FlashPlan& plan, bool pairs,
 
 // One worker's tiles.
 struct ForwardScratch {
-  std::vector<float> q, s, o, m, l, keep;
+  std::vector<float> q, s, o, m, l, m_new, alpha, keep;
   std::vector<uint16_t> q_bits, p_bits;  // bf16 path: Q rows and P rows as bf16
   explicit ForwardScratch(const FlashPlan& plan)
       : q(plan.bq * plan.dp), s(plan.bq * plan.bk), o(plan.bq * plan.dp), m(plan.bq),
-        l(plan.bq), keep(plan.bk), q_bits(plan.bq * plan.dp), p_bits(plan.bq * plan.bk) {}
+        l(plan.bq), m_new(plan.bq), alpha(round_up(plan.bq, kTileWidth)), keep(plan.bk),
+        q_bits(plan.bq * plan.dp), p_bits(plan.bq * plan.bk) {}
 };
 
 // Turns the tile's scores (rows x bk, `cols` valid; log2 units after multiplying by `mul`)
@@ -105,19 +106,25 @@ struct ForwardScratch {
 void online_softmax(const TileOps& ops, const MaskEvaluator& mask, const DropoutMask& drop,
                     TileClass tile, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
                     int64_t cols, int64_t bk, int64_t dp, float mul, ForwardScratch& w) {
+  // New running maxima, and the factors 2^(m_old - m_new) by one vector exp2 over the rows.
   for (int64_t r = 0; r < rows; ++r) {
     float* srow = w.s.data() + r * bk;
     if (tile == TileClass::kPartial) mask_tile_row(mask, b, h, i0 + r, j0, cols, srow);
     std::fill(srow + cols, srow + bk, kNegInf);
-    const float m_new = std::max(w.m[r], ops.row_max(srow, bk) * mul);  // mul > 0
-    if (m_new == kNegInf) {
+    w.m_new[r] = std::max(w.m[r], ops.row_max(srow, bk) * mul);  // mul > 0
+    w.alpha[r] = w.m_new[r] == kNegInf ? 0.0f : w.m[r] - w.m_new[r];
+  }
+  std::fill(w.alpha.begin() + rows, w.alpha.end(), 0.0f);
+  ops.exp2_affine(w.alpha.data(), static_cast<int64_t>(w.alpha.size()), 1.0f, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* srow = w.s.data() + r * bk;
+    if (w.m_new[r] == kNegInf) {  // nothing visible yet
       std::fill(srow, srow + bk, 0.0f);
       continue;
     }
-    const float alpha = std::exp2(w.m[r] - m_new);
-    const float sum = ops.exp2_affine(srow, bk, mul, m_new);
-    w.l[r] = w.l[r] * alpha + sum;
-    w.m[r] = m_new;
+    const float alpha = w.alpha[r];
+    w.l[r] = w.l[r] * alpha + ops.exp2_affine(srow, bk, mul, w.m_new[r]);
+    w.m[r] = w.m_new[r];
     if (alpha != 1.0f) {
       float* orow = w.o.data() + r * dp;
       for (int64_t c = 0; c < dp; ++c) orow[c] *= alpha;

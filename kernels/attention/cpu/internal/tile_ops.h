@@ -16,7 +16,8 @@ struct TileOps {
   // its transpose can be read in place), B is row-major with leading dimension ldb, C with ldc.
   void (*gemm)(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col,
                const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate);
-  // x[j] = exp2(x[j] * mul - sub) for j < n, exactly 0 where x[j] is -inf; returns the sum.
+  // x[j] = exp2(x[j] * mul - sub) for j < n, for arguments <= 0 (exactly 0 where x[j] is -inf
+  // or the result is below 2^-126); returns the sum.
   float (*exp2_affine)(float* x, int64_t n, float mul, float sub);
   // max_j x[j] for j < n (-inf when all are -inf).
   float (*row_max)(const float* x, int64_t n);
