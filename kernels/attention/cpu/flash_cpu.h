@@ -35,9 +35,9 @@ struct FlashCpuOptions {
   int threads = 0;             // 0: hardware concurrency
   int block_q = 64;            // query rows per tile (>= 1)
   int block_kv = 64;           // keys per tile (a multiple of 16)
-  // bf16 inputs on CPUs with AVX512-BF16: forward GEMMs on bf16 pairs (vdpbf16ps) with f32
-  // accumulation; the probabilities are rounded to bf16 before P V, as FlashAttention does on
-  // GPUs. false: convert to f32 and use f32 FMAs. Backward always uses f32 FMAs.
+  // bf16 inputs on CPUs with AVX512-BF16: all GEMMs on bf16 pairs (vdpbf16ps) with f32
+  // accumulation; P and dS are rounded to bf16 before the GEMMs that consume them, as
+  // FlashAttention does on GPUs. false: convert to f32 and use f32 FMAs.
   bool bf16_dot_products = true;
 };
 

@@ -26,11 +26,21 @@ struct PairVec {
   }
 };
 
+__m256i bf16_bits(const float* src) {
+  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(src)));
+}
+
 void to_bf16(const float* src, uint16_t* dst, int64_t n) {
-  for (int64_t i = 0; i < n; i += 32) {
-    const __m512bh packed = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16),
-                                                _mm512_loadu_ps(src + i));
-    _mm512_storeu_si512(dst + i, reinterpret_cast<__m512i>(packed));
+  for (int64_t i = 0; i < n; i += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), bf16_bits(src + i));
+  }
+}
+
+void to_bf16_pairs(const float* lo, const float* hi, uint32_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    __m512i pairs = _mm512_cvtepu16_epi32(bf16_bits(lo + i));
+    if (hi) pairs = _mm512_or_si512(pairs, _mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16_bits(hi + i)), 16));
+    _mm512_storeu_si512(dst + i, pairs);
   }
 }
 
@@ -39,7 +49,7 @@ void to_bf16(const float* src, uint16_t* dst, int64_t n) {
 
 const Bf16TileOps& tile_ops_avx512_bf16() {
   static const Bf16TileOps ops{&avx512bf16::gemm<avx512bf16::PairVec, 6, 4>,
-                               &avx512bf16::to_bf16};
+                               &avx512bf16::to_bf16, &avx512bf16::to_bf16_pairs};
   return ops;
 }
 

@@ -31,8 +31,11 @@ struct Bf16TileOps {
   void (*gemm)(int64_t m, int64_t n, int64_t k_pairs, const uint32_t* a, int64_t a_row,
                int64_t a_col, const uint32_t* b, int64_t ldb, float* c, int64_t ldc,
                bool accumulate);
-  // dst[0..n) = src rounded to bf16 (nearest even); n a multiple of 32.
+  // dst[0..n) = src rounded to bf16 (nearest even); n a multiple of 16.
   void (*to_bf16)(const float* src, uint16_t* dst, int64_t n);
+  // dst[j] = (bf16(lo[j]), bf16(hi[j])) as one pair (hi null: 0) for j < n, n a multiple of 16:
+  // interleaves two rows so that pairs run along the row index.
+  void (*to_bf16_pairs)(const float* lo, const float* hi, uint32_t* dst, int64_t n);
 };
 
 // Tables per instruction set; each is safe to call only where the CPU supports that set.
