@@ -2,7 +2,7 @@
 // matrix materialized) and, when a Python with torch is given, PyTorch's CPU
 // scaled_dot_product_attention, all on the same inputs in the same run.
 //
-//   attention_cpu [--seq 1024,2048] [--dim 64,128] [--batch 1] [--heads 4] [--causal 0,1]
+//   attention_cpu [--seq 1024] [--dim 64,128] [--batch 1] [--heads 4] [--causal 0,1]
 //                 [--dtype f32,bf16] [--iters 3] [--threads 0] [--torch /path/to/python]
 //                 [--fma-flops-per-cycle 64] [--ghz <from /proc/cpuinfo>] [--math 1] [--backward 1]
 //                 [--block-q 64] [--block-kv 64]
@@ -195,7 +195,7 @@ bool run_torch(const std::string& python, Inputs& in, bool causal, const std::st
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string seqs = "1024,2048", dims = "64,128", causals = "0,1", dtypes = "f32,bf16";
+  std::string seqs = "1024", dims = "64,128", causals = "0,1", dtypes = "f32,bf16";
   std::string torch_python;
   int64_t batch = 1, heads = 4;
   int iters = 3, threads = 0;

@@ -23,6 +23,7 @@ struct Bf16Case {
   bool causal;
   double dropout;
   CpuIsa isa;
+  bool bf16_dot_products = true;  // false: bf16 converted to f32, f32 FMAs
 };
 
 class FlashCpuBf16Test : public ::testing::TestWithParam<Bf16Case> {};
@@ -50,7 +51,7 @@ TEST_P(FlashCpuBf16Test, ErrorAtMostTwiceMathBf16Error) {
   // flash_cpu in bf16.
   Buffer f_out = q, f_dq = q, f_dk = k, f_dv = v;
   std::vector<float> lse(c.b * c.hq * c.sq);
-  const FlashCpuOptions opts{.isa = c.isa};
+  const FlashCpuOptions opts{.isa = c.isa, .bf16_dot_products = c.bf16_dot_products};
   flash_cpu_forward(p, f_out.view(), lse.data(), opts);
   flash_cpu_backward(p, f_out.view(), dout.view(), lse.data(), f_dq.view(), f_dk.view(),
                      f_dv.view(), opts);
@@ -71,7 +72,7 @@ std::string bf16_name(const ::testing::TestParamInfo<Bf16Case>& info) {
   const Bf16Case& c = info.param;
   return fmt::format("B{}_Hq{}_Hkv{}_Sq{}_Sk{}_D{}{}{}_{}", c.b, c.hq, c.hkv, c.sq, c.sk, c.d,
                      c.causal ? "_causal" : "", c.dropout > 0 ? "_dropout" : "",
-                     cpu_isa_name(c.isa));
+                     cpu_isa_name(c.isa)) + (c.bf16_dot_products ? "" : "_f32fma");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -83,6 +84,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Bf16Case{1, 3, 3, 128, 1, 64, false, 0, CpuIsa::kAuto},
                       Bf16Case{2, 2, 1, 64, 127, 64, true, 0.1, CpuIsa::kAuto},
                       Bf16Case{1, 2, 2, 127, 64, 80, true, 0, CpuIsa::kAvx2},
+                      Bf16Case{2, 4, 2, 127, 200, 64, true, 0.1, CpuIsa::kAuto, false},
                       Bf16Case{1, 2, 2, 64, 64, 32, false, 0, CpuIsa::kScalar}),
     bf16_name);
 
