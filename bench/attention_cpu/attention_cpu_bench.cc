@@ -238,10 +238,10 @@ int main(int argc, char** argv) {
                 one, fma_per_cpu_second, fma_per_cpu_second / fma_per_cycle, fma_per_cycle);
   }
   std::printf("torch: %s\n", torch_python.empty() ? "not given (--torch PYTHON)" : torch_python.c_str());
-  std::printf("\n%-5s %6s %4s %6s | %9s %9s %9s %6s %6s %6s %6s | %9s %9s %9s %6s %6s\n", "dtype",
+  std::printf("\n%-5s %6s %4s %6s | %9s %9s %9s %6s %6s %6s %6s | %9s %9s %9s %6s %6s %6s\n", "dtype",
               "S", "D", "causal", "fwd flash", "fwd math", "fwd torch", "x math", "x torch",
               "%peak", "%busy", "f+b flash",
-              "f+b math", "f+b torch", "x math", "x torch");
+              "f+b math", "f+b torch", "x math", "x torch", "%busy");
   for (const std::string& dtype : parse_words(dtypes)) {
     for (int64_t s : parse_list(seqs)) {
       for (int64_t d : parse_list(dims)) {
@@ -269,7 +269,8 @@ int main(int argc, char** argv) {
           };
           const Timing flash_f = time_best(iters, flash_fwd);
           const double tf = flash_f.wall;
-          const double tfb = with_backward ? time_best(iters, flash_both).wall : NAN;
+          const Timing flash_fb = with_backward ? time_best(iters, flash_both) : Timing{NAN, NAN};
+          const double tfb = flash_fb.wall;
           const double tm = with_math ? time_best(iters, math_fwd).wall : NAN;
           const double tmb = with_math && with_backward ? time_best(iters, math_both).wall : NAN;
           double tt = NAN, ttb = NAN;
@@ -279,20 +280,20 @@ int main(int argc, char** argv) {
           }
           auto tflops = [](double flops, double sec) { return flops / sec / 1e12; };
           std::printf("%-5s %6lld %4lld %6s | %9.3f %9.3f %9.3f %6.2f %7.2f %5.1f%% %5.1f%% | "
-                      "%9.3f %9.3f %9.3f %6.2f %6.2f\n",
+                      "%9.3f %9.3f %9.3f %6.2f %6.2f %5.1f%%\n",
                       dtype.c_str(), static_cast<long long>(s), static_cast<long long>(d),
                       causal ? "yes" : "no", tflops(fwd_flops, tf), tflops(fwd_flops, tm),
                       tflops(fwd_flops, tt), tm / tf, tt / tf, 100.0 * fwd_flops / tf / 1e9 / peak,
                       100.0 * fwd_flops / flash_f.cpu / 1e9 / fma_per_cpu_second,
                       tflops(both_flops, tfb), tflops(both_flops, tmb), tflops(both_flops, ttb),
-                      tmb / tfb, ttb / tfb);
+                      tmb / tfb, ttb / tfb, 100.0 * both_flops / flash_fb.cpu / 1e9 / fma_per_cpu_second);
           std::fflush(stdout);
         }
       }
     }
   }
   std::printf("\nTFLOP/s columns; 'x math' / 'x torch' = that backend's time / flash time; %%peak = flash forward / "
-              "nominal peak (wall clock); %%busy = flash forward flops per CPU-second of the process "
+              "nominal peak (wall clock); %%busy = flash forward (or forward+backward) flops per CPU-second of the process "
               "/ the FMA loop's flops per CPU-second (efficiency while running, insensitive to "
               "other load).\n");
   return 0;
