@@ -79,8 +79,11 @@ __attribute__((target("avx512f"))) double measure_fma_gflops_one_core(double* pe
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   *per_cpu_second = iters * 12.0 * 16 * 2 / (thread_cpu_seconds() - c0) / 1e9;
-  float sink = 0;
-  for (int i = 0; i < 12; ++i) sink += _mm512_reduce_add_ps(acc[i]);
+  float sink = 0, lanes[16];
+  for (int i = 0; i < 12; ++i) {
+    _mm512_storeu_ps(lanes, acc[i]);
+    sink += lanes[0];
+  }
   if (sink == 12345.0f) std::puts("");
   return iters * 12.0 * 16 * 2 / s / 1e9;
 }

@@ -97,8 +97,12 @@ TEST(AttentionMaskTest, TileClassesAgreeWithElements) {
           for (int64_t i = i0; i < i1; ++i) {
             for (int64_t j = j0; j < j1; ++j) seen += eval.visible(b, 0, i, j);
           }
-          if (c == TileClass::kEmpty) ASSERT_EQ(seen, 0) << "trial " << trial;
-          if (c == TileClass::kFull) ASSERT_EQ(seen, (i1 - i0) * (j1 - j0)) << "trial " << trial;
+          if (c == TileClass::kEmpty) {
+            ASSERT_EQ(seen, 0) << "trial " << trial;
+          }
+          if (c == TileClass::kFull) {
+            ASSERT_EQ(seen, (i1 - i0) * (j1 - j0)) << "trial " << trial;
+          }
         }
       }
     }
