@@ -33,7 +33,7 @@
 namespace {
 
 using namespace tessel;
-using namespace tessel::attention;
+using namespace tessel::kernels::attention;
 
 std::vector<int64_t> parse_list(const std::string& text) {
   std::vector<int64_t> out;

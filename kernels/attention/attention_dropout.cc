@@ -5,7 +5,7 @@
 
 #include "tessel/tensor/random.h"
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 DropoutMask::DropoutMask(double p, uint64_t seed, uint64_t offset) : seed_(seed), offset_(offset) {
   if (p > 0) {
     threshold_ = static_cast<uint32_t>(std::min(std::ldexp(p, 32), 4294967295.0));
@@ -37,4 +37,4 @@ void DropoutMask::fill(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, f
   }
 }
 
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

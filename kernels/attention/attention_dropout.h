@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 
 // Decides element (b, h, i, j) for dropout probability p (scaled threshold, see below).
 // Thread-safe, stateless.
@@ -36,4 +36,4 @@ class DropoutMask {
   uint64_t offset_ = 0;
 };
 
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

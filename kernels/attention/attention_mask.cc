@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 namespace {
 
 // AND and OR of tile classes.
@@ -86,4 +86,4 @@ TileClass MaskEvaluator::classify(int64_t b, int64_t i0, int64_t i1, int64_t j0,
   return c;
 }
 
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

@@ -6,7 +6,7 @@
 
 #include "tessel/kernels/attention/attention_problem.h"
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 
 enum class TileClass : uint8_t { kEmpty, kPartial, kFull };
 
@@ -71,4 +71,4 @@ class MaskEvaluator {
   int64_t kv_doc_batch_stride_ = 0;
 };
 
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

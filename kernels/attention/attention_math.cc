@@ -11,7 +11,7 @@
 #include "tessel/kernels/attention/attention_mask.h"
 #include "tessel/kernels/attention/internal/view_rows.h"
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 namespace {
 
 using internal::load_row;
@@ -198,4 +198,4 @@ void math_attention_backward(const AttentionProblem& problem, const AttentionVie
   }
 }
 
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

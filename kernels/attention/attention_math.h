@@ -7,7 +7,7 @@
 
 #include "tessel/kernels/attention/attention_problem.h"
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 
 struct MathOptions {
   // Accumulate (GEMMs, softmax, reductions) in f64 instead of f32.
@@ -31,4 +31,4 @@ void math_attention_backward(const AttentionProblem& problem, const AttentionVie
                              const AttentionView& dq, const AttentionView& dk,
                              const AttentionView& dv, const MathOptions& options = {});
 
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

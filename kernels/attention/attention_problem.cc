@@ -4,7 +4,7 @@
 
 #include "tessel/base/error.h"
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 namespace {
 
 std::string sizes_str(const AttentionView& v) {
@@ -130,4 +130,4 @@ void validate_attention_output(const AttentionView& view, const AttentionView& l
                like.device.str());
 }
 
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

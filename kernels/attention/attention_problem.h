@@ -18,7 +18,7 @@
 #include "tessel/tensor/dtype.h"
 #include "tessel/tensor/device.h"
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 
 // Where query row i sits among the keys when S_q != S_k. Top-left: query i is at key position i
 // (PyTorch's is_causal). Bottom-right: the last query aligns with the last key, query i is at
@@ -112,4 +112,4 @@ void validate_attention_problem(const AttentionProblem& problem);
 void validate_attention_output(const AttentionView& view, const AttentionView& like,
                                const char* what);
 
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

@@ -6,7 +6,7 @@
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 
-namespace tessel {
+namespace tessel::kernels {
 namespace {
 
 using attention::AttentionProblem;
@@ -107,4 +107,4 @@ SdpaOutput scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   return SdpaOutput{outs[0], outs[1], state->kernel->backend()};
 }
 
-}  // namespace tessel
+}  // namespace tessel::kernels

@@ -4,7 +4,7 @@
 // masks (causal in either alignment, sliding window, prefix-LM, documents, a predicate),
 // dropout, and a dispatcher over backends (see sdpa_backend.h).
 //
-//   SdpaOptions opts;
+//   kernels::SdpaOptions opts;                                  // namespace tessel::kernels
 //   opts.causal = true;
 //   Tensor out = scaled_dot_product_attention(q, k, v, opts);   // differentiable in q, k, v
 //   SdpaOutput r = scaled_dot_product_attention(q, k, v, opts); // r.output, r.logsumexp
@@ -19,7 +19,7 @@
 #include "tessel/tensor/random.h"
 #include "tessel/tensor/tensor.h"
 
-namespace tessel {
+namespace tessel::kernels {
 
 struct SdpaOptions {
   bool causal = false;
@@ -69,4 +69,4 @@ SdpaOutput scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
 // A raw view of a 4-D tensor (its data, dtype, device, sizes and strides).
 attention::AttentionView attention_view_of(const Tensor& t, const char* name);
 
-}  // namespace tessel
+}  // namespace tessel::kernels

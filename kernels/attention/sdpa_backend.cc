@@ -7,7 +7,7 @@
 #include "tessel/kernels/attention/attention_math.h"
 #include "tessel/kernels/attention/cpu/flash_cpu.h"
 
-namespace tessel {
+namespace tessel::kernels {
 namespace {
 
 using attention::AttentionProblem;
@@ -134,4 +134,4 @@ const SdpaKernel& select_sdpa_backend(const AttentionProblem& problem, const Sdp
                                 reasons));
 }
 
-}  // namespace tessel
+}  // namespace tessel::kernels

@@ -13,7 +13,7 @@
 
 #include "tessel/kernels/attention/attention_problem.h"
 
-namespace tessel {
+namespace tessel::kernels {
 
 enum class SdpaBackend : uint8_t { kMath, kFlashCpu, kFlashCuda, kCudnn };
 inline constexpr int kSdpaBackendCount = 4;
@@ -68,4 +68,4 @@ class SdpaBackendScope {
 const SdpaKernel& select_sdpa_backend(const attention::AttentionProblem& problem,
                                       const SdpaBackend* forced = nullptr);
 
-}  // namespace tessel
+}  // namespace tessel::kernels

@@ -12,7 +12,7 @@
 #include "tessel/kernels/attention/attention_math.h"
 #include "tessel/kernels/attention/cpu/flash_cpu.h"
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 namespace {
 
 using testing::Buffer;
@@ -89,4 +89,4 @@ INSTANTIATE_TEST_SUITE_P(
     bf16_name);
 
 }  // namespace
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

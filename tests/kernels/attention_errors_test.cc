@@ -9,7 +9,7 @@
 #include "tessel/kernels/attention/attention_math.h"
 #include "tessel/kernels/attention/cpu/flash_cpu.h"
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 namespace {
 
 using testing::Buffer;
@@ -100,4 +100,4 @@ TEST_F(AttentionErrorsTest, FlashOptions) {
 }
 
 }  // namespace
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

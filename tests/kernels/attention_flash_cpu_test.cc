@@ -12,7 +12,7 @@
 #include "tessel/kernels/attention/attention_math.h"
 #include "tessel/kernels/attention/cpu/flash_cpu.h"
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 namespace {
 
 using testing::Buffer;
@@ -249,4 +249,4 @@ TEST(FlashCpuTest, EmptyKeysGiveZeroOutput) {
 }
 
 }  // namespace
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

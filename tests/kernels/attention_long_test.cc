@@ -11,7 +11,7 @@
 #include "attention_test_util.h"
 #include "tessel/kernels/attention/cpu/flash_cpu.h"
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 namespace {
 
 using testing::Buffer;
@@ -112,4 +112,4 @@ TEST(FlashCpuLongTest, Seq32kForwardBackwardStaysLinearInMemory) {
 }
 
 }  // namespace
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

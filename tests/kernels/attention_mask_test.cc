@@ -8,7 +8,7 @@
 
 #include "tessel/kernels/attention/attention_mask.h"
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 namespace {
 
 AttentionProblem shape_only(int64_t b, int64_t sq, int64_t sk) {
@@ -119,4 +119,4 @@ TEST(AttentionMaskTest, CausalTilesAreSkippedAndDiagonalIsPartial) {
 }
 
 }  // namespace
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

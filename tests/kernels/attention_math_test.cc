@@ -10,7 +10,7 @@
 #include "tessel/kernels/attention/attention_dropout.h"
 #include "tessel/kernels/attention/attention_math.h"
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 namespace {
 
 using testing::Buffer;
@@ -101,4 +101,4 @@ TEST(AttentionDropoutTest, KeepsOneMinusPAndIsReproducible) {
 }
 
 }  // namespace
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

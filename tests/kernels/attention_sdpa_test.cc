@@ -13,7 +13,7 @@
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 
-namespace tessel {
+namespace tessel::kernels {
 namespace {
 
 // Composed reference: softmax(q k^T * scale + mask) v, k/v repeated over GQA groups.
@@ -185,4 +185,4 @@ TEST(SdpaTest, BadInputsNameTheProblem) {
 }
 
 }  // namespace
-}  // namespace tessel
+}  // namespace tessel::kernels

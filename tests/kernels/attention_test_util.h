@@ -11,7 +11,7 @@
 #include "tessel/kernels/attention/attention_problem.h"
 #include "tessel/tensor/dtype.h"
 
-namespace tessel::attention::testing {
+namespace tessel::kernels::attention::testing {
 
 // A contiguous (B, H, S, D) buffer in f32 or bf16 (bf16 kept as raw bits).
 struct Buffer {
@@ -86,4 +86,4 @@ inline double max_abs(const std::vector<float>& a) {
   return m;
 }
 
-}  // namespace tessel::attention::testing
+}  // namespace tessel::kernels::attention::testing

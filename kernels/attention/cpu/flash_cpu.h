@@ -21,7 +21,7 @@
 
 #include "tessel/kernels/attention/attention_problem.h"
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 
 enum class CpuIsa : uint8_t { kAuto, kScalar, kAvx2, kAvx512 };
 
@@ -54,4 +54,4 @@ void flash_cpu_backward(const AttentionProblem& problem, const AttentionView& ou
                         const AttentionView& dk, const AttentionView& dv,
                         const FlashCpuOptions& options = {});
 
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

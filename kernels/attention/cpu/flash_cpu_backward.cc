@@ -17,7 +17,7 @@
 #include "tessel/kernels/attention/cpu/internal/flash_common.h"
 #include "tessel/kernels/attention/internal/view_rows.h"
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 
 using namespace internal;
 
@@ -244,4 +244,4 @@ void flash_cpu_backward(const AttentionProblem& p, const AttentionView& out,
   });
 }
 
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

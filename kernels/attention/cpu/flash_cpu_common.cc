@@ -6,7 +6,7 @@
 #include "tessel/kernels/attention/cpu/internal/flash_common.h"
 #include "tessel/kernels/attention/internal/view_rows.h"
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 
 std::string_view cpu_isa_name(CpuIsa isa) {
   switch (isa) {
@@ -117,4 +117,4 @@ void mask_tile_row(const MaskEvaluator& mask, int64_t b, int64_t h, int64_t i, i
 }
 
 }  // namespace internal
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

@@ -16,7 +16,7 @@
 #include "tessel/kernels/attention/cpu/internal/flash_common.h"
 #include "tessel/kernels/attention/internal/view_rows.h"
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 
 using namespace internal;
 
@@ -208,4 +208,4 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
   });
 }
 
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

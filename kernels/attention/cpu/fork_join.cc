@@ -5,7 +5,7 @@
 
 #include "tessel/tensor/thread_pool.h"
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 
 ForkJoin::ForkJoin(int threads) : threads_(threads > 0 ? threads : num_threads()) {}
 
@@ -32,4 +32,4 @@ void ForkJoin::run(int64_t tasks, const std::function<void(int, int64_t)>& fn) c
   });
 }
 
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

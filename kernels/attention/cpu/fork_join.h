@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <functional>
 
-namespace tessel::attention {
+namespace tessel::kernels::attention {
 
 // Thread-safety: run() may be called from several threads (the pool serialises jobs; a call
 // made while the pool is busy runs inline on the caller). Owns no threads.
@@ -26,4 +26,4 @@ class ForkJoin {
   int threads_;
 };
 
-}  // namespace tessel::attention
+}  // namespace tessel::kernels::attention

@@ -4,7 +4,7 @@
 #define TESSEL_TILE_ISA avx2
 #include "tessel/kernels/attention/cpu/internal/tile_ops_impl.h"
 
-namespace tessel::attention::internal {
+namespace tessel::kernels::attention::internal {
 namespace avx2 {
 namespace {
 
@@ -50,4 +50,4 @@ struct Vec {
 // 6 rows x 2 vectors: 12 accumulators + 2 B vectors + 1 broadcast of 16 registers.
 const TileOps& tile_ops_avx2() { return avx2::make_tile_ops<avx2::Vec, 6, 2>("avx2"); }
 
-}  // namespace tessel::attention::internal
+}  // namespace tessel::kernels::attention::internal

@@ -4,7 +4,7 @@
 #define TESSEL_TILE_ISA avx512
 #include "tessel/kernels/attention/cpu/internal/tile_ops_impl.h"
 
-namespace tessel::attention::internal {
+namespace tessel::kernels::attention::internal {
 namespace avx512 {
 namespace {
 
@@ -42,4 +42,4 @@ struct Vec {
 // 6 rows x 4 vectors: 24 accumulators + 4 B vectors + 1 broadcast of 32 registers.
 const TileOps& tile_ops_avx512() { return avx512::make_tile_ops<avx512::Vec, 6, 4>("avx512"); }
 
-}  // namespace tessel::attention::internal
+}  // namespace tessel::kernels::attention::internal

@@ -5,7 +5,7 @@
 #define TESSEL_TILE_ISA avx512bf16
 #include "tessel/kernels/attention/cpu/internal/tile_ops_impl.h"
 
-namespace tessel::attention::internal {
+namespace tessel::kernels::attention::internal {
 namespace avx512bf16 {
 namespace {
 
@@ -53,4 +53,4 @@ const Bf16TileOps& tile_ops_avx512_bf16() {
   return ops;
 }
 
-}  // namespace tessel::attention::internal
+}  // namespace tessel::kernels::attention::internal

@@ -6,7 +6,7 @@
 #define TESSEL_TILE_ISA scalar
 #include "tessel/kernels/attention/cpu/internal/tile_ops_impl.h"
 
-namespace tessel::attention::internal {
+namespace tessel::kernels::attention::internal {
 namespace scalar {
 namespace {
 
@@ -32,4 +32,4 @@ struct Vec {
 // 4 rows x 4 columns of scalar accumulators.
 const TileOps& tile_ops_scalar() { return scalar::make_tile_ops<scalar::Vec, 4, 4>("scalar"); }
 
-}  // namespace tessel::attention::internal
+}  // namespace tessel::kernels::attention::internal

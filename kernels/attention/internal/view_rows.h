@@ -8,7 +8,7 @@
 #include "tessel/kernels/attention/attention_problem.h"
 #include "tessel/tensor/dtype.h"
 
-namespace tessel::attention::internal {
+namespace tessel::kernels::attention::internal {
 
 // dst[0..D) = view[b, h, s, :] (as Acc).
 template <typename Acc>
@@ -53,4 +53,4 @@ inline void store_row(const AttentionView& v, int64_t b, int64_t h, int64_t s, c
 // Rounds x to bf16 and back (emulates a bf16 intermediate).
 inline float round_bf16(float x) { return static_cast<float>(BFloat16(x)); }
 
-}  // namespace tessel::attention::internal
+}  // namespace tessel::kernels::attention::internal

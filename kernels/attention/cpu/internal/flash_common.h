@@ -11,7 +11,7 @@
 #include "tessel/kernels/attention/cpu/flash_cpu.h"
 #include "tessel/kernels/attention/cpu/internal/tile_ops.h"
 
-namespace tessel::attention::internal {
+namespace tessel::kernels::attention::internal {
 
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 inline constexpr float kLog2e = 1.4426950408889634f;
@@ -50,4 +50,4 @@ void load_rows_transposed(const AttentionView& view, int64_t b, int64_t h, int64
 void mask_tile_row(const MaskEvaluator& mask, int64_t b, int64_t h, int64_t i, int64_t j0,
                    int64_t cols, float* row);
 
-}  // namespace tessel::attention::internal
+}  // namespace tessel::kernels::attention::internal

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-namespace tessel::attention::internal {
+namespace tessel::kernels::attention::internal {
 
 // Every n below must be a multiple of kTileWidth (buffers are padded to it).
 inline constexpr int kTileWidth = 16;
@@ -44,4 +44,4 @@ const TileOps& tile_ops_avx2();
 const TileOps& tile_ops_scalar();
 const Bf16TileOps& tile_ops_avx512_bf16();
 
-}  // namespace tessel::attention::internal
+}  // namespace tessel::kernels::attention::internal

@@ -10,7 +10,7 @@
 
 #include "tessel/kernels/attention/cpu/internal/tile_ops.h"
 
-namespace tessel::attention::internal::TESSEL_TILE_ISA {
+namespace tessel::kernels::attention::internal::TESSEL_TILE_ISA {
 
 template <class E>
 using MicroFn = void (*)(int64_t k, const E* a, int64_t a_row, int64_t a_col, const E* b,
@@ -119,4 +119,4 @@ const TileOps& make_tile_ops(const char* name) {
   return ops;
 }
 
-}  // namespace tessel::attention::internal::TESSEL_TILE_ISA
+}  // namespace tessel::kernels::attention::internal::TESSEL_TILE_ISA
