@@ -6,6 +6,7 @@
 
 #include "tessel/tensor/cpu/cpu_backend.h"
 #include "tessel/tensor/cpu/cpu_loop.h"
+#include "tessel/tensor/cpu/cpu_math.h"
 
 namespace tessel::cpu {
 namespace {
@@ -46,13 +47,13 @@ void CpuBackend::softmax(const Tensor& x, const Tensor& out, bool log) {
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, convert<float>(xr[c]));
       float sum = 0.0f;
-      for (int64_t c = 0; c < cols; ++c) sum += std::exp(convert<float>(xr[c]) - mx);
+      for (int64_t c = 0; c < cols; ++c) sum += fast_exp(convert<float>(xr[c]) - mx);
       if (log) {
         const float shift = mx + std::log(sum);
         for (int64_t c = 0; c < cols; ++c) o[c] = convert<T>(convert<float>(xr[c]) - shift);
       } else {
         const float inv = 1.0f / sum;
-        for (int64_t c = 0; c < cols; ++c) o[c] = convert<T>(std::exp(convert<float>(xr[c]) - mx) * inv);
+        for (int64_t c = 0; c < cols; ++c) o[c] = convert<T>(fast_exp(convert<float>(xr[c]) - mx) * inv);
       }
     });
   });
@@ -75,7 +76,7 @@ void CpuBackend::softmax_backward(const Tensor& grad_y, const Tensor& y, const T
       if (log) {
         for (int64_t c = 0; c < cols; ++c) dot += convert<float>(g[c]);
         for (int64_t c = 0; c < cols; ++c) {
-          o[c] = convert<T>(convert<float>(g[c]) - std::exp(convert<float>(yr[c])) * dot);
+          o[c] = convert<T>(convert<float>(g[c]) - fast_exp(convert<float>(yr[c])) * dot);
         }
       } else {
         for (int64_t c = 0; c < cols; ++c) dot += convert<float>(g[c]) * convert<float>(yr[c]);
@@ -284,7 +285,7 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, int64
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t c = 0; c < classes; ++c) mx = std::max(mx, convert<float>(xr[c]));
       float sum = 0.0f;
-      for (int64_t c = 0; c < classes; ++c) sum += std::exp(convert<float>(xr[c]) - mx);
+      for (int64_t c = 0; c < classes; ++c) sum += fast_exp(convert<float>(xr[c]) - mx);
       ps[r] = mx + std::log(sum);
       pl[r] = pt[r] == ignore_index ? 0.0f : ps[r] - convert<float>(xr[pt[r]]);
     });
@@ -310,7 +311,7 @@ void CpuBackend::cross_entropy_backward(const Tensor& grad_loss, const Tensor& l
       }
       const T* xr = px + r * classes;
       for (int64_t c = 0; c < classes; ++c) {
-        const float p = std::exp(convert<float>(xr[c]) - ps[r]);
+        const float p = fast_exp(convert<float>(xr[c]) - ps[r]);
         o[c] = convert<T>(pg[r] * (p - (c == pt[r] ? 1.0f : 0.0f)));
       }
     });

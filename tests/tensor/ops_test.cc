@@ -200,7 +200,9 @@ TEST(OpsTest, SoftmaxLayerNormCrossEntropyMatchLoops) {
     for (int c = 0; c < 5; ++c) {
       EXPECT_NEAR(ln[r * 5 + c], (v[r * 5 + c] - mean) / std::sqrt(var + 1e-5), 1e-5);
     }
-    if (r == 0) EXPECT_NEAR(ce, mx + std::log(z) - v[3], 1e-5);  // row 1 is ignored
+    if (r == 0) {
+      EXPECT_NEAR(ce, mx + std::log(z) - v[3], 1e-5);  // row 1 is ignored
+    }
   }
   EXPECT_TRUE(std::isnan(item(cross_entropy(x, full({2}, -100, DType::kI64)))));
 }
