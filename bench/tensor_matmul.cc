@@ -80,9 +80,10 @@ int main(int argc, char** argv) {
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       const Tensor a = to(a32, dtype), bstore = to(b32, dtype);
       const Tensor b = s.transpose_b ? transpose(bstore, 0, 1) : bstore;
-      Tensor c = empty({s.m, s.n}, dtype);
+      Tensor c;  // tessel's result (reassigned each call)
+      const Tensor raw_c = empty({s.m, s.n}, dtype);
       RawDnnl raw(s, dtype == DType::kF32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16,
-                  a.data_ptr(), bstore.data_ptr(), c.data_ptr());
+                  a.data_ptr(), bstore.data_ptr(), raw_c.data_ptr());
       const double t_tessel = bench::median_seconds([&] { c = matmul(a, b); });
       const double t_raw = bench::median_seconds([&] { raw.run(); });
       std::vector<float> c32(static_cast<size_t>(s.m * s.n));

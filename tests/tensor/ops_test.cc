@@ -118,6 +118,34 @@ TEST(OpsTest, ViewsShareStorage) {
   EXPECT_EQ(values(cat({parts[2], parts[0]})), std::vector<float>({6, 0, 1, 2}));
 }
 
+// Element counts 0, 1, odd and large (many parallel chunks), on contiguous and strided inputs.
+TEST(OpsTest, CountsSweep_ZeroOneOddLarge) {
+  for (int64_t n : {0, 1, 7, 100003}) {
+    const Tensor a = rnd({n}, 20), b = rnd({n}, 21);
+    const auto va = values(a), vb = values(b);
+    const auto c = values(add(a, b));
+    const auto g = values(gelu(to(a, DType::kBF16)));
+    ASSERT_EQ(c.size(), static_cast<size_t>(n));
+    double total = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_EQ(c[i], va[i] + vb[i]);
+      const float ar = float(BFloat16(va[i]));
+      EXPECT_NEAR(g[i], 0.5 * ar * (1 + std::erf(ar / std::sqrt(2.0))), 1e-2 * (1 + std::fabs(ar)));
+      total += va[i];
+    }
+    EXPECT_NEAR(item(sum(a)), total, 1e-3 * (1 + std::sqrt(static_cast<double>(n))));
+    // Strided: every other element of a [n, 2] tensor.
+    const Tensor wide = rnd({n, 2}, 22);
+    const auto vw = values(wide), col = values(mul(select(wide, 1, 1), 2.0));
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(col[i], 2 * vw[i * 2 + 1]);
+  }
+  EXPECT_EQ(softmax(zeros({0, 5})).numel(), 0);
+  EXPECT_EQ(layer_norm(zeros({0, 5}), Tensor(), Tensor()).numel(), 0);
+  EXPECT_EQ(matmul(zeros({0, 3}), zeros({3, 4})).shape(), Shape({0, 4}));
+  EXPECT_EQ(values(matmul(zeros({2, 0}), zeros({0, 2}))), std::vector<float>(4, 0.0f));
+  EXPECT_EQ(item(sum(zeros({0}))), 0.0);
+}
+
 TEST(OpsTest, CopyFillAndConversion) {
   const Tensor a = zeros({2, 3});
   copy_(a, from_vector<float>({1, 2, 3}));
