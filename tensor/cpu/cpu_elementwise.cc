@@ -74,7 +74,12 @@ void map2(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
             for (int64_t t = 0; t < n; t += kTile) {
               const int64_t m = std::min(kTile, n - t);
               for (int64_t i = 0; i < m; ++i) abuf[i] = convert<float>(ai[t + i]);
-              for (int64_t i = 0; i < m; ++i) bbuf[i] = convert<float>(bi[(t + i) * bstep]);
+              if (bstep == 0) {
+                const float bv = convert<float>(bi[0]);
+                for (int64_t i = 0; i < m; ++i) bbuf[i] = bv;
+              } else {
+                for (int64_t i = 0; i < m; ++i) bbuf[i] = convert<float>(bi[t + i]);
+              }
               for (int64_t i = 0; i < m; ++i) abuf[i] = f(abuf[i], bbuf[i]);
               for (int64_t i = 0; i < m; ++i) o[t + i] = convert<Out>(abuf[i]);
             }
