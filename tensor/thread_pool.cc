@@ -73,7 +73,10 @@ void ThreadPool::worker_loop() {
     std::shared_ptr<Job> job;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+      // Idle until there is work; the timeout only bounds each wait (no deadline applies).
+      while (!work_cv_.wait_for(lock, std::chrono::seconds(1),
+                                [&] { return stopping_ || generation_ != seen; })) {
+      }
       if (stopping_) return;
       seen = generation_;
       job = job_;
