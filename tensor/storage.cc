@@ -21,8 +21,6 @@ constexpr size_t kCacheLimitBytes = size_t{1} << 30;
 
 class CpuAllocator final : public Allocator {
  public:
-  ~CpuAllocator() override { release_cache(); }
-
   void* allocate(size_t bytes) override {
     // aligned_alloc needs a size that is a multiple of the alignment, and 0 gives no pointer.
     const size_t rounded = round_up(bytes);
@@ -78,9 +76,10 @@ class CpuAllocator final : public Allocator {
   size_t cached_bytes_ = 0;             // guarded by mu_
 };
 
+// Never destroyed: tensors in other static objects may free memory during exit.
 CpuAllocator& cpu_allocator_impl() {
-  static CpuAllocator allocator;
-  return allocator;
+  static CpuAllocator* allocator = new CpuAllocator;
+  return *allocator;
 }
 
 std::array<std::atomic<Allocator*>, 2> g_allocators = {&cpu_allocator(), nullptr};
