@@ -170,7 +170,15 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
                             if (s[0] == sizeof(In) && s[1] == sizeof(Out)) {
                               const In* x = reinterpret_cast<const In*>(p[0]);
                               Out* o = reinterpret_cast<Out*>(p[1]);
-                              for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(x[i]);
+                              if constexpr (std::is_same_v<Out, float> &&
+                                            (std::is_same_v<In, BFloat16> || std::is_same_v<In, Half>)) {
+                                widen(x, o, n);
+                              } else if constexpr (std::is_same_v<In, float> &&
+                                                   (std::is_same_v<Out, BFloat16> || std::is_same_v<Out, Half>)) {
+                                narrow(x, o, n);
+                              } else {
+                                for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(x[i]);
+                              }
                             } else {
                               for (int64_t i = 0; i < n; ++i) {
                                 *reinterpret_cast<Out*>(p[1] + i * s[1]) =
