@@ -3,6 +3,7 @@
 #include "tessel/tensor/cpu/cpu_vector.h"
 
 #include <cmath>
+#include <limits>
 
 #include "tessel/tensor/cpu/cpu_math.h"
 
@@ -111,6 +112,48 @@ TESSEL_ISA_CLONES void narrow(const float* x, BFloat16* out, int64_t n) {
 }
 TESSEL_ISA_CLONES void narrow(const float* x, Half* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = Half(x[i]);
+}
+
+namespace {
+constexpr int kLanes = 16;
+// Sums term(i) over [0, n) in kLanes lanes, then the lanes and the tail in a fixed order.
+template <typename F>
+[[gnu::always_inline]] inline float lane_sum(int64_t n, F term) {
+  float lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) lanes[j] += term(i + j);
+  }
+  float total = 0.0f;
+  for (; i < n; ++i) total += term(i);
+  for (int j = 0; j < kLanes; ++j) total += lanes[j];
+  return total;
+}
+}  // namespace
+
+TESSEL_ISA_CLONES float max_f32(const float* x, int64_t n) {
+  float lanes[kLanes];
+  for (float& l : lanes) l = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) lanes[j] = x[i + j] > lanes[j] ? x[i + j] : lanes[j];
+  }
+  float mx = -std::numeric_limits<float>::infinity();
+  for (; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
+  for (int j = 0; j < kLanes; ++j) mx = lanes[j] > mx ? lanes[j] : mx;
+  return mx;
+}
+
+TESSEL_ISA_CLONES float sum_f32(const float* x, int64_t n) {
+  return lane_sum(n, [x](int64_t i) { return x[i]; });
+}
+
+TESSEL_ISA_CLONES float dot_f32(const float* x, const float* y, int64_t n) {
+  return lane_sum(n, [x, y](int64_t i) { return x[i] * y[i]; });
+}
+
+TESSEL_ISA_CLONES float sum_exp_f32(const float* x, float shift, int64_t n) {
+  return lane_sum(n, [x, shift](int64_t i) { return fast_exp(x[i] - shift); });
 }
 
 bool binary_f32_supported(BinaryOp op) {

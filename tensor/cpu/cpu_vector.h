@@ -22,6 +22,13 @@ void widen(const BFloat16* x, float* out, int64_t n);
 void widen(const Half* x, float* out, int64_t n);
 void narrow(const float* x, BFloat16* out, int64_t n);
 void narrow(const float* x, Half* out, int64_t n);
+// Row reductions on contiguous f32 with 16 lanes combined in a fixed order (the same result
+// from every clone and thread count).
+float max_f32(const float* x, int64_t n);
+float sum_f32(const float* x, int64_t n);
+float dot_f32(const float* x, const float* y, int64_t n);
+// sum_i exp(x[i] - shift).
+float sum_exp_f32(const float* x, float shift, int64_t n);
 // Whether binary_f32 implements op (arithmetic and backward ops; not comparisons).
 bool binary_f32_supported(BinaryOp op);
 
