@@ -71,24 +71,6 @@ void for_each_column_range(int64_t cols, F f) {
   parallel_for(0, cols, 64, f);
 }
 
-// Row reductions with 16 independent lanes so the compiler vectorises them (a single running
-// sum is a serial dependency it may not reorder). Lane order is fixed: results are
-// deterministic.
-constexpr int kLanes = 16;
-
-template <typename F>
-float lane_sum(int64_t n, F term) {
-  float lanes[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) lanes[j] += term(i + j);
-  }
-  float total = 0.0f;
-  for (; i < n; ++i) total += term(i);
-  for (float l : lanes) total += l;
-  return total;
-}
-
 template <typename T>
 const T* cptr(const Tensor& t) { return static_cast<const T*>(t.data_ptr()); }
 template <typename T>
@@ -240,17 +222,18 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, double eps, con
     const int64_t cols = x.size(-1);
     const int64_t rows = x.numel() / std::max<int64_t>(cols, 1);
     const T* px = cptr<T>(x);
-    const T* pw = weight.defined() ? cptr<T>(weight) : nullptr;
+    const std::vector<float> wf = param_f32<T>(weight);
     T* po = mptr<T>(out);
     float* ps = mptr<float>(rstd);
-    for_each_row(rows, cols, [&](int64_t r) {
-      const T* xr = px + r * cols;
-      const float ss = lane_sum(cols, [&](int64_t c) { return convert<float>(xr[c]) * convert<float>(xr[c]); });
+    for_each_row_scratch(rows, cols, 2, [&](int64_t r, float* tmp) {
+      const float* xr = row_f32(px + r * cols, cols, tmp);
+      float* o = out_f32(po + r * cols, tmp + cols);
+      const float ss = dot_f32(xr, xr, cols);
       const float s = 1.0f / std::sqrt(ss / static_cast<float>(cols) + static_cast<float>(eps));
       ps[r] = s;
-      for (int64_t c = 0; c < cols; ++c) {
-        po[r * cols + c] = convert<T>(convert<float>(xr[c]) * s * (pw ? convert<float>(pw[c]) : 1.0f));
-      }
+      binary_f32(BinaryOp::kMul, xr, &s, 0, o, cols);
+      if (!wf.empty()) binary_f32(BinaryOp::kMul, o, wf.data(), 1, o, cols);
+      store_row(o, po + r * cols, cols);
     });
   });
 }
