@@ -65,6 +65,29 @@ std::vector<float> param_f32(const Tensor& p) {
   return out;
 }
 
+// Per-row backward setup shared by layer_norm and rms_norm (5 scratch rows): the gradient and
+// input as f32, wg = gradient * weight (the gradient itself without a weight), a buffer for
+// xhat and the row to write grad_x into.
+struct NormGradRow {
+  const float* g;
+  const float* x;
+  float* xhat;
+  float* wg;
+  float* out;
+};
+template <typename T>
+NormGradRow norm_grad_row(const T* g, const T* x, T* out, const std::vector<float>& wf,
+                          int64_t cols, float* tmp) {
+  NormGradRow row{row_f32(g, cols, tmp), row_f32(x, cols, tmp + cols), tmp + 2 * cols,
+                  tmp + 3 * cols, out_f32(out, tmp + 4 * cols)};
+  if (wf.empty()) {
+    std::copy(row.g, row.g + cols, row.wg);
+  } else {
+    binary_f32(BinaryOp::kMul, row.g, wf.data(), 1, row.wg, cols);
+  }
+  return row;
+}
+
 // Calls f(column_begin, column_end) on column ranges in parallel.
 template <typename F>
 void for_each_column_range(int64_t cols, F f) {
@@ -173,26 +196,27 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_y, const Tensor& x, cons
     const int64_t rows = x.numel() / std::max<int64_t>(cols, 1);
     const T* pg = cptr<T>(grad_y);
     const T* px = cptr<T>(x);
-    const T* pw = weight.defined() ? cptr<T>(weight) : nullptr;
     const float* pm = cptr<float>(mean);
     const float* ps = cptr<float>(rstd);
     if (grad_x.defined()) {
       T* po = mptr<T>(grad_x);
-      for_each_row(rows, cols, [&](int64_t r) {
-        const T* g = pg + r * cols;
-        const T* xr = px + r * cols;
-        float sum_wg = 0.0f, sum_wg_xhat = 0.0f;
-        for (int64_t c = 0; c < cols; ++c) {
-          const float wg = convert<float>(g[c]) * (pw ? convert<float>(pw[c]) : 1.0f);
-          sum_wg += wg;
-          sum_wg_xhat += wg * (convert<float>(xr[c]) - pm[r]) * ps[r];
-        }
-        const float inv_n = 1.0f / static_cast<float>(cols);
-        for (int64_t c = 0; c < cols; ++c) {
-          const float wg = convert<float>(g[c]) * (pw ? convert<float>(pw[c]) : 1.0f);
-          const float xhat = (convert<float>(xr[c]) - pm[r]) * ps[r];
-          po[r * cols + c] = convert<T>(ps[r] * (wg - sum_wg * inv_n - xhat * sum_wg_xhat * inv_n));
-        }
+      const std::vector<float> wf = param_f32<T>(weight);
+      const float inv_n = 1.0f / static_cast<float>(cols);
+      for_each_row_scratch(rows, cols, 5, [&](int64_t r, float* tmp) {
+        // grad_x = rstd * (wg - mean(wg) - xhat * mean(wg * xhat)), wg = grad * weight.
+        const NormGradRow row = norm_grad_row(pg + r * cols, px + r * cols, po + r * cols, wf, cols, tmp);
+        float* xhat = row.xhat;
+        const float* wg = row.wg;
+        float* o = row.out;
+        binary_f32(BinaryOp::kSub, row.x, &pm[r], 0, xhat, cols);
+        binary_f32(BinaryOp::kMul, xhat, &ps[r], 0, xhat, cols);
+        const float mean_wg = sum_f32(wg, cols) * inv_n;
+        const float mean_wg_xhat = dot_f32(wg, xhat, cols) * inv_n;
+        binary_f32(BinaryOp::kMul, xhat, &mean_wg_xhat, 0, xhat, cols);
+        binary_f32(BinaryOp::kSub, wg, xhat, 1, o, cols);
+        binary_f32(BinaryOp::kSub, o, &mean_wg, 0, o, cols);
+        binary_f32(BinaryOp::kMul, o, &ps[r], 0, o, cols);
+        store_row(o, po + r * cols, cols);
       });
     }
     if (grad_weight.defined() || grad_bias.defined()) {
@@ -247,22 +271,22 @@ void CpuBackend::rms_norm_backward(const Tensor& grad_y, const Tensor& x, const 
     const int64_t rows = x.numel() / std::max<int64_t>(cols, 1);
     const T* pg = cptr<T>(grad_y);
     const T* px = cptr<T>(x);
-    const T* pw = weight.defined() ? cptr<T>(weight) : nullptr;
     const float* ps = cptr<float>(rstd);
     if (grad_x.defined()) {
       T* po = mptr<T>(grad_x);
-      for_each_row(rows, cols, [&](int64_t r) {
-        float dot = 0.0f;
-        for (int64_t c = 0; c < cols; ++c) {
-          const float wg = convert<float>(pg[r * cols + c]) * (pw ? convert<float>(pw[c]) : 1.0f);
-          dot += wg * convert<float>(px[r * cols + c]) * ps[r];
-        }
-        dot /= static_cast<float>(cols);
-        for (int64_t c = 0; c < cols; ++c) {
-          const float wg = convert<float>(pg[r * cols + c]) * (pw ? convert<float>(pw[c]) : 1.0f);
-          const float xhat = convert<float>(px[r * cols + c]) * ps[r];
-          po[r * cols + c] = convert<T>(ps[r] * (wg - xhat * dot));
-        }
+      const std::vector<float> wf = param_f32<T>(weight);
+      for_each_row_scratch(rows, cols, 5, [&](int64_t r, float* tmp) {
+        // grad_x = rstd * (wg - xhat * mean(wg * xhat)), xhat = x * rstd, wg = grad * weight.
+        const NormGradRow row = norm_grad_row(pg + r * cols, px + r * cols, po + r * cols, wf, cols, tmp);
+        float* xhat = row.xhat;
+        const float* wg = row.wg;
+        float* o = row.out;
+        binary_f32(BinaryOp::kMul, row.x, &ps[r], 0, xhat, cols);
+        const float dot = dot_f32(wg, xhat, cols) / static_cast<float>(cols);
+        binary_f32(BinaryOp::kMul, xhat, &dot, 0, xhat, cols);
+        binary_f32(BinaryOp::kSub, wg, xhat, 1, o, cols);
+        binary_f32(BinaryOp::kMul, o, &ps[r], 0, o, cols);
+        store_row(o, po + r * cols, cols);
       });
     }
     if (grad_weight.defined()) {
