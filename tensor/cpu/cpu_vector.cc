@@ -7,7 +7,11 @@
 
 #include "tessel/tensor/cpu/cpu_math.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Clones are resolved through IFUNC at load time, before a sanitizer runtime is ready (the
+// instrumented resolver crashes), so sanitizer builds get the baseline code only.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define TESSEL_ISA_CLONES
+#elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define TESSEL_ISA_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
