@@ -118,6 +118,34 @@ TEST(OpsTest, ViewsShareStorage) {
   EXPECT_EQ(values(cat({parts[2], parts[0]})), std::vector<float>({6, 0, 1, 2}));
 }
 
+// Element counts 0, 1, odd and large (many parallel chunks), on contiguous and strided inputs.
+TEST(OpsTest, CountsSweep_ZeroOneOddLarge) {
+  for (int64_t n : {0, 1, 7, 100003}) {
+    const Tensor a = rnd({n}, 20), b = rnd({n}, 21);
+    const auto va = values(a), vb = values(b);
+    const auto c = values(add(a, b));
+    const auto g = values(gelu(to(a, DType::kBF16)));
+    ASSERT_EQ(c.size(), static_cast<size_t>(n));
+    double total = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_EQ(c[i], va[i] + vb[i]);
+      const float ar = float(BFloat16(va[i]));
+      EXPECT_NEAR(g[i], 0.5 * ar * (1 + std::erf(ar / std::sqrt(2.0))), 1e-2 * (1 + std::fabs(ar)));
+      total += va[i];
+    }
+    EXPECT_NEAR(item(sum(a)), total, 1e-3 * (1 + std::sqrt(static_cast<double>(n))));
+    // Strided: every other element of a [n, 2] tensor.
+    const Tensor wide = rnd({n, 2}, 22);
+    const auto vw = values(wide), col = values(mul(select(wide, 1, 1), 2.0));
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(col[i], 2 * vw[i * 2 + 1]);
+  }
+  EXPECT_EQ(softmax(zeros({0, 5})).numel(), 0);
+  EXPECT_EQ(layer_norm(zeros({0, 5}), Tensor(), Tensor()).numel(), 0);
+  EXPECT_EQ(matmul(zeros({0, 3}), zeros({3, 4})).shape(), Shape({0, 4}));
+  EXPECT_EQ(values(matmul(zeros({2, 0}), zeros({0, 2}))), std::vector<float>(4, 0.0f));
+  EXPECT_EQ(item(sum(zeros({0}))), 0.0);
+}
+
 TEST(OpsTest, CopyFillAndConversion) {
   const Tensor a = zeros({2, 3});
   copy_(a, from_vector<float>({1, 2, 3}));
@@ -185,6 +213,33 @@ TEST(OpsTest, MatmulMatchesLoopsIncludingBroadcastAndTransposes) {
   for (size_t i = 0; i < lin.size(); ++i) EXPECT_NEAR(lin[i], vc[i], 1e-5);
 }
 
+// Shapes large enough that the CPU matmul splits rows or batches across threads.
+TEST(OpsTest, MatmulSplitAcrossThreadsMatchesLoops) {
+  const int before = num_threads();
+  set_num_threads(3);
+  for (const auto& [sa, sb] : std::vector<std::pair<Shape, Shape>>{
+           {{257, 33}, {33, 65}}, {{3, 97, 20}, {20, 7}}, {{1, 200, 16}, {4, 16, 9}}}) {
+    const Tensor a = rnd(sa, 30), b = rnd(sb, 31);
+    const Tensor c = matmul(a, b);
+    const int64_t k = sa.back(), n = sb.back(), m = sa[sa.size() - 2];
+    const int64_t batch = c.numel() / (m * n);
+    Shape batch_a(c.shape().begin(), c.shape().end() - 2), batch_b = batch_a;
+    batch_a.insert(batch_a.end(), {m, k});
+    batch_b.insert(batch_b.end(), {k, n});
+    const auto va = values(contiguous(expand(a, batch_a)));
+    const auto vb = values(contiguous(expand(b, batch_b)));
+    const auto vc = values(c);
+    for (int64_t t = 0; t < batch; ++t)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double acc = 0;
+          for (int64_t q = 0; q < k; ++q) acc += va[(t * m + i) * k + q] * vb[(t * k + q) * n + j];
+          ASSERT_NEAR(vc[(t * m + i) * n + j], acc, 1e-4) << shape_str(sa) << " x " << shape_str(sb);
+        }
+  }
+  set_num_threads(before);
+}
+
 TEST(OpsTest, SoftmaxLayerNormCrossEntropyMatchLoops) {
   const Tensor x = rnd({2, 5}, 11);
   const auto v = values(x), sm = values(softmax(x)), ln = values(layer_norm(x, Tensor(), Tensor()));
@@ -200,7 +255,9 @@ TEST(OpsTest, SoftmaxLayerNormCrossEntropyMatchLoops) {
     for (int c = 0; c < 5; ++c) {
       EXPECT_NEAR(ln[r * 5 + c], (v[r * 5 + c] - mean) / std::sqrt(var + 1e-5), 1e-5);
     }
-    if (r == 0) EXPECT_NEAR(ce, mx + std::log(z) - v[3], 1e-5);  // row 1 is ignored
+    if (r == 0) {
+      EXPECT_NEAR(ce, mx + std::log(z) - v[3], 1e-5);  // row 1 is ignored
+    }
   }
   EXPECT_TRUE(std::isnan(item(cross_entropy(x, full({2}, -100, DType::kI64)))));
 }
