@@ -1,0 +1,303 @@
+// bench/attention_cpu: TFLOP/s of flash_cpu beside the math backend (BLAS GEMMs with the score
+// matrix materialized) and, when a Python with torch is given, PyTorch's CPU
+// scaled_dot_product_attention, all on the same inputs in the same run.
+//
+//   attention_cpu [--seq 1024] [--dim 64,128] [--batch 1] [--heads 4] [--causal 0,1]
+//                 [--dtype f32,bf16] [--iters 3] [--threads 0] [--torch /path/to/python]
+//                 [--fma-flops-per-cycle 64] [--ghz <from /proc/cpuinfo>] [--math 1] [--backward 1]
+//                 [--block-q 64] [--block-kv 64]
+// (--math 0 skips the math backend, --backward 0 the backward passes, e.g. to profile.)
+//
+// Convention: forward flops 4 * B * H * S_q * S_k * D, halved when causal; backward 2.5x.
+
+#include <immintrin.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tessel/kernels/attention/attention_math.h"
+#include "tessel/kernels/attention/cpu/flash_cpu.h"
+
+namespace {
+
+using namespace tessel;
+using namespace tessel::kernels::attention;
+
+std::vector<int64_t> parse_list(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(std::stoll(item));
+  return out;
+}
+std::vector<std::string> parse_words(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(item);
+  return out;
+}
+
+double cpuinfo_ghz() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("cpu MHz", 0) == 0) return std::stod(line.substr(line.find(':') + 1)) / 1000;
+  }
+  return 0;
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// Measured f32 FMA throughput of one core: 12 independent 512-bit FMA chains. Returns GFLOP/s
+// per wall second; *per_cpu_second gets GFLOP per second of this thread's CPU time.
+__attribute__((target("avx512f"))) double measure_fma_gflops_one_core(double* per_cpu_second) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(float(i));
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.001f);
+  const int64_t iters = 20'000'000;
+  const double c0 = thread_cpu_seconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t n = 0; n < iters; ++n) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  *per_cpu_second = iters * 12.0 * 16 * 2 / (thread_cpu_seconds() - c0) / 1e9;
+  float sink = 0, lanes[16];
+  for (int i = 0; i < 12; ++i) {
+    _mm512_storeu_ps(lanes, acc[i]);
+    sink += lanes[0];
+  }
+  if (sink == 12345.0f) std::puts("");
+  return iters * 12.0 * 16 * 2 / s / 1e9;
+}
+
+// Process CPU seconds (all threads): on a shared machine, flops per CPU-second shows the
+// kernel's efficiency while it runs, whatever the other load.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec + u.ru_stime.tv_usec * 1e-6;
+}
+
+struct Timing {
+  double wall = 1e30;  // best of the iterations
+  double cpu = 1e30;   // CPU seconds of that same iteration
+};
+
+Timing time_best(int iters, const std::function<void()>& fn) {
+  fn();  // warm-up
+  Timing best;
+  for (int i = 0; i < iters; ++i) {
+    const double c0 = cpu_seconds();
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (wall < best.wall) best = {wall, cpu_seconds() - c0};
+  }
+  return best;
+}
+
+struct Inputs {
+  DType dtype;
+  int64_t sizes[4];
+  std::vector<float> f32[4];      // q, k, v, dout
+  std::vector<uint16_t> bf16[4];
+  std::vector<float> out32[4];    // out, dq, dk, dv
+  std::vector<uint16_t> out16[4];
+
+  Inputs(DType dt, int64_t b, int64_t h, int64_t s, int64_t d) : dtype(dt), sizes{b, h, s, d} {
+    const auto n = static_cast<size_t>(b * h * s * d);
+    std::mt19937 gen(42);
+    std::normal_distribution<float> dist;
+    for (int t = 0; t < 4; ++t) {
+      f32[t].resize(n);
+      for (auto& x : f32[t]) x = dist(gen);
+      bf16[t].resize(n);
+      for (size_t i = 0; i < n; ++i) bf16[t][i] = BFloat16::from_float(f32[t][i]);
+      out32[t].assign(n, 0.0f);
+      out16[t].assign(n, 0);
+    }
+  }
+  AttentionView in(int t) {
+    return dtype == DType::kF32 ? attention_view(f32[t].data(), dtype, sizes)
+                                : attention_view(bf16[t].data(), dtype, sizes);
+  }
+  AttentionView out(int t) {
+    return dtype == DType::kF32 ? attention_view(out32[t].data(), dtype, sizes)
+                                : attention_view(out16[t].data(), dtype, sizes);
+  }
+  void dump_f32(const std::string& path) const {
+    std::ofstream f(path, std::ios::binary);
+    for (int t = 0; t < 4; ++t) {
+      f.write(reinterpret_cast<const char*>(f32[t].data()), f32[t].size() * sizeof(float));
+    }
+  }
+};
+
+const char* kTorchScript = R"PY(
+import sys, time, torch
+import torch.nn.functional as F
+path, b, h, s, d, causal, dtype, iters, threads = sys.argv[1:10]
+b, h, s, d, iters, threads = int(b), int(h), int(s), int(d), int(iters), int(threads)
+if threads > 0: torch.set_num_threads(threads)
+n = b * h * s * d
+data = torch.from_file(path, size=4 * n, dtype=torch.float32)
+dt = torch.float32 if dtype == "f32" else torch.bfloat16
+q, k, v, do = [data[i * n:(i + 1) * n].view(b, h, s, d).to(dt).clone() for i in range(4)]
+causal = causal == "1"
+def best(fn):
+    fn(); t = 1e30
+    for _ in range(iters):
+        t0 = time.perf_counter(); fn(); t = min(t, time.perf_counter() - t0)
+    return t
+with torch.no_grad():
+    fwd = best(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+qg, kg, vg = [x.clone().requires_grad_() for x in (q, k, v)]
+def fb():
+    o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal); o.backward(do)
+both = best(fb)
+print(f"{fwd} {both}")
+)PY";
+
+bool run_torch(const std::string& python, Inputs& in, bool causal, const std::string& dtype,
+               int iters, int threads, double& fwd, double& both) {
+  const std::string dir = "/tmp/tessel_attention_bench_" + std::to_string(getpid());
+  std::system(("mkdir -p " + dir).c_str());
+  const std::string data = dir + "/inputs.bin", script = dir + "/sdpa.py", result = dir + "/out";
+  in.dump_f32(data);
+  std::ofstream(script) << kTorchScript;
+  const std::string cmd = python + " " + script + " " + data + " " + std::to_string(in.sizes[0]) +
+                          " " + std::to_string(in.sizes[1]) + " " + std::to_string(in.sizes[2]) +
+                          " " + std::to_string(in.sizes[3]) + " " + (causal ? "1" : "0") + " " +
+                          dtype + " " + std::to_string(iters) + " " + std::to_string(threads) +
+                          " > " + result + " 2> " + result + ".err";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream r(result);
+  const bool ok = rc == 0 && static_cast<bool>(r >> fwd >> both);
+  std::system(("rm -rf " + dir).c_str());
+  return ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string seqs = "1024", dims = "64,128", causals = "0,1", dtypes = "f32,bf16";
+  std::string torch_python;
+  int64_t batch = 1, heads = 4;
+  int iters = 3, threads = 0;
+  bool with_math = true, with_backward = true;
+  int block_q = FlashCpuOptions{}.block_q, block_kv = FlashCpuOptions{}.block_kv;
+  double fma_per_cycle = 64, ghz = cpuinfo_ghz();
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--seq") seqs = value;
+    else if (flag == "--dim") dims = value;
+    else if (flag == "--causal") causals = value;
+    else if (flag == "--dtype") dtypes = value;
+    else if (flag == "--batch") batch = std::stoll(value);
+    else if (flag == "--heads") heads = std::stoll(value);
+    else if (flag == "--iters") iters = std::stoi(value);
+    else if (flag == "--threads") threads = std::stoi(value);
+    else if (flag == "--torch") torch_python = value;
+    else if (flag == "--math") with_math = value != "0";
+    else if (flag == "--backward") with_backward = value != "0";
+    else if (flag == "--block-q") block_q = std::stoi(value);
+    else if (flag == "--block-kv") block_kv = std::stoi(value);
+    else if (flag == "--fma-flops-per-cycle") fma_per_cycle = std::stod(value);
+    else if (flag == "--ghz") ghz = std::stod(value);
+    else {
+      std::fprintf(stderr, "unknown flag %s (see the comment at the top of the source)\n", flag.c_str());
+      return 2;
+    }
+  }
+  const int cores = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+  const double peak = cores * ghz * fma_per_cycle;  // GFLOP/s
+  std::printf("CPU: %d threads, isa %s, %.2f GHz (cpuinfo), nominal f32 FMA peak = %d x %.2f GHz x %.0f "
+              "flop/cycle = %.1f GFLOP/s\n",
+              cores, std::string(cpu_isa_name(detect_cpu_isa())).c_str(), ghz, cores, ghz,
+              fma_per_cycle, peak);
+  double fma_per_cpu_second = ghz * fma_per_cycle;  // GFLOP per CPU-second of one core
+  if (cpu_isa_supported(CpuIsa::kAvx512)) {
+    const double one = measure_fma_gflops_one_core(&fma_per_cpu_second);
+    std::printf("measured AVX-512 FMA loop, one core: %.1f GFLOP/s wall, %.1f GFLOP per CPU-second "
+                "(= %.2f GHz x %.0f flop/cycle)\n",
+                one, fma_per_cpu_second, fma_per_cpu_second / fma_per_cycle, fma_per_cycle);
+  }
+  std::printf("torch: %s\n", torch_python.empty() ? "not given (--torch PYTHON)" : torch_python.c_str());
+  std::printf("\n%-5s %6s %4s %6s | %9s %9s %9s %6s %6s %6s %6s | %9s %9s %9s %6s %6s %6s\n", "dtype",
+              "S", "D", "causal", "fwd flash", "fwd math", "fwd torch", "x math", "x torch",
+              "%peak", "%busy", "f+b flash",
+              "f+b math", "f+b torch", "x math", "x torch", "%busy");
+  for (const std::string& dtype : parse_words(dtypes)) {
+    for (int64_t s : parse_list(seqs)) {
+      for (int64_t d : parse_list(dims)) {
+        for (int64_t causal : parse_list(causals)) {
+          Inputs in(dtype == "bf16" ? DType::kBF16 : DType::kF32, batch, heads, s, d);
+          AttentionProblem p;
+          p.q = in.in(0);
+          p.k = in.in(1);
+          p.v = in.in(2);
+          p.mask.causal = causal != 0;
+          std::vector<float> lse(batch * heads * s);
+          const FlashCpuOptions fo{.threads = threads, .block_q = block_q, .block_kv = block_kv};
+          const double fwd_flops = 4.0 * batch * heads * s * s * d * (causal ? 0.5 : 1.0);
+          const double both_flops = fwd_flops * 3.5;
+          auto flash_fwd = [&] { flash_cpu_forward(p, in.out(0), lse.data(), fo); };
+          auto flash_both = [&] {
+            flash_fwd();
+            flash_cpu_backward(p, in.out(0), in.in(3), lse.data(), in.out(1), in.out(2),
+                               in.out(3), fo);
+          };
+          auto math_fwd = [&] { math_attention_forward(p, in.out(0), lse.data()); };
+          auto math_both = [&] {
+            math_fwd();
+            math_attention_backward(p, in.in(3), in.out(1), in.out(2), in.out(3));
+          };
+          const Timing flash_f = time_best(iters, flash_fwd);
+          const double tf = flash_f.wall;
+          const Timing flash_fb = with_backward ? time_best(iters, flash_both) : Timing{NAN, NAN};
+          const double tfb = flash_fb.wall;
+          const double tm = with_math ? time_best(iters, math_fwd).wall : NAN;
+          const double tmb = with_math && with_backward ? time_best(iters, math_both).wall : NAN;
+          double tt = NAN, ttb = NAN;
+          if (!torch_python.empty() &&
+              !run_torch(torch_python, in, causal, dtype, iters, threads, tt, ttb)) {
+            tt = ttb = NAN;
+          }
+          auto tflops = [](double flops, double sec) { return flops / sec / 1e12; };
+          std::printf("%-5s %6lld %4lld %6s | %9.3f %9.3f %9.3f %6.2f %7.2f %5.1f%% %5.1f%% | "
+                      "%9.3f %9.3f %9.3f %6.2f %6.2f %5.1f%%\n",
+                      dtype.c_str(), static_cast<long long>(s), static_cast<long long>(d),
+                      causal ? "yes" : "no", tflops(fwd_flops, tf), tflops(fwd_flops, tm),
+                      tflops(fwd_flops, tt), tm / tf, tt / tf, 100.0 * fwd_flops / tf / 1e9 / peak,
+                      100.0 * fwd_flops / flash_f.cpu / 1e9 / fma_per_cpu_second,
+                      tflops(both_flops, tfb), tflops(both_flops, tmb), tflops(both_flops, ttb),
+                      tmb / tfb, ttb / tfb, 100.0 * both_flops / flash_fb.cpu / 1e9 / fma_per_cpu_second);
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+  std::printf("\nTFLOP/s columns; 'x math' / 'x torch' = that backend's time / flash time; %%peak = flash forward / "
+              "nominal peak (wall clock); %%busy = flash forward (or forward+backward) flops per CPU-second of the process "
+              "/ the FMA loop's flops per CPU-second (efficiency while running, insensitive to "
+              "other load).\n");
+  return 0;
+}

@@ -1,0 +1,47 @@
+#pragma once
+// Small dense kernels that flash_cpu's tiles are made of, compiled once per instruction set
+// (AVX-512, AVX2+FMA, scalar) in files with their own compiler flags; the driver picks a table
+// at run time from the CPU's features. Private to kernels/attention/cpu.
+
+#include <cstdint>
+
+namespace tessel::kernels::attention::internal {
+
+// Every n below must be a multiple of kTileWidth (buffers are padded to it).
+inline constexpr int kTileWidth = 16;
+
+struct TileOps {
+  const char* name;
+  // C[m x n] = (accumulate ? C : 0) + A B, where A(r, p) = a[r * a_row + p * a_col] (so A or
+  // its transpose can be read in place), B is row-major with leading dimension ldb, C with ldc.
+  void (*gemm)(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col,
+               const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate);
+  // x[j] = exp2(x[j] * mul - sub) for j < n, for arguments <= 0 (exactly 0 where x[j] is -inf
+  // or the result is below 2^-126); returns the sum.
+  float (*exp2_affine)(float* x, int64_t n, float mul, float sub);
+  // max_j x[j] for j < n (-inf when all are -inf).
+  float (*row_max)(const float* x, int64_t n);
+};
+
+// bf16 dot-product kernels (AVX-512 BF16, vdpbf16ps). A and B hold pairs of bf16 adjacent along
+// the reduction dimension in one uint32_t; each step of k_pairs adds a 2-element dot product.
+struct Bf16TileOps {
+  // C[m x n] (+)= A B as in TileOps::gemm, with A(r, p) = a[r * a_row + p * a_col] and B row p
+  // at b + p * ldb (all in pairs); n a multiple of kTileWidth.
+  void (*gemm)(int64_t m, int64_t n, int64_t k_pairs, const uint32_t* a, int64_t a_row,
+               int64_t a_col, const uint32_t* b, int64_t ldb, float* c, int64_t ldc,
+               bool accumulate);
+  // dst[0..n) = src rounded to bf16 (nearest even); n a multiple of 16.
+  void (*to_bf16)(const float* src, uint16_t* dst, int64_t n);
+  // dst[j] = (bf16(lo[j]), bf16(hi[j])) as one pair (hi null: 0) for j < n, n a multiple of 16:
+  // interleaves two rows so that pairs run along the row index.
+  void (*to_bf16_pairs)(const float* lo, const float* hi, uint32_t* dst, int64_t n);
+};
+
+// Tables per instruction set; each is safe to call only where the CPU supports that set.
+const TileOps& tile_ops_avx512();
+const TileOps& tile_ops_avx2();
+const TileOps& tile_ops_scalar();
+const Bf16TileOps& tile_ops_avx512_bf16();
+
+}  // namespace tessel::kernels::attention::internal

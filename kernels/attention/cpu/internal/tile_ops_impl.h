@@ -1,0 +1,122 @@
+#pragma once
+// The tile kernels of tile_ops.h as templates over a vector type V (see tile_ops_avx512.cc for
+// the interface V provides). Included only by the per-ISA .cc files, which compile it with
+// their own target flags; everything here has internal linkage per ISA namespace.
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <utility>
+
+#include "tessel/kernels/attention/cpu/internal/tile_ops.h"
+
+namespace tessel::kernels::attention::internal::TESSEL_TILE_ISA {
+
+template <class E>
+using MicroFn = void (*)(int64_t k, const E* a, int64_t a_row, int64_t a_col, const E* b,
+                         int64_t ldb, float* c, int64_t ldc, bool accumulate);
+
+// C[MR x NV*W] (+)= A[MR x k] B[k x NV*W]: the register-blocked inner kernel. Each step loads
+// NV vectors of B and broadcasts one A element per row. V::Elem is float (one product per
+// lane and step) or a pair of bf16 in a uint32_t (V::madd is then a 2-element dot product).
+template <class V, int MR, int NV>
+void micro(int64_t k, const typename V::Elem* a, int64_t a_row, int64_t a_col,
+           const typename V::Elem* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  typename V::Reg acc[MR][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      acc[r][v] = accumulate ? V::load(c + r * ldc + v * V::kWidth) : V::zero();
+    }
+  }
+  for (int64_t p = 0; p < k; ++p) {
+    typename V::Reg bv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) bv[v] = V::load_b(b + p * ldb + v * V::kWidth);
+    const typename V::Elem* ap = a + p * a_col;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const typename V::Reg ar = V::broadcast_a(ap + r * a_row);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r][v] = V::madd(ar, bv[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) V::store(c + r * ldc + v * V::kWidth, acc[r][v]);
+  }
+}
+
+// The micro-kernels for every (rows, vectors) shape up to (MR, NV), indexed (r-1) * NV + (v-1).
+// A plain array rather than std::array: no std:: code is instantiated under this file's ISA.
+template <class V, int NV, class Seq>
+struct MicroTable;
+template <class V, int NV, int... I>
+struct MicroTable<V, NV, std::integer_sequence<int, I...>> {
+  static constexpr MicroFn<typename V::Elem> fns[] = {&micro<V, I / NV + 1, I % NV + 1>...};
+};
+
+// C[m x n] (+)= A B over micro-kernel calls; n a multiple of V::kWidth.
+template <class V, int MR, int NV>
+void gemm(int64_t m, int64_t n, int64_t k, const typename V::Elem* a, int64_t a_row,
+          int64_t a_col, const typename V::Elem* b, int64_t ldb, float* c, int64_t ldc,
+          bool accumulate) {
+  const auto& table = MicroTable<V, NV, std::make_integer_sequence<int, MR * NV>>::fns;
+  constexpr int64_t panel = int64_t{NV} * V::kWidth;
+  for (int64_t j = 0; j < n; j += panel) {
+    // Plain ternaries, not std::min: a std:: template instantiated in this TU (with its ISA
+    // flags) could be the copy the linker keeps for the baseline code too.
+    const int64_t nv = (n - j) / V::kWidth < NV ? (n - j) / V::kWidth : NV;
+    for (int64_t i = 0; i < m; i += MR) {
+      const int64_t mr = m - i < MR ? m - i : MR;
+      table[(mr - 1) * NV + (nv - 1)](k, a + i * a_row, a_row, a_col, b + j, ldb,
+                                      c + i * ldc + j, ldc, accumulate);
+    }
+  }
+}
+
+template <class V>
+float exp2_affine(float* x, int64_t n, float mul, float sub) {
+  const auto vmul = V::set1(mul), vsub = V::set1(sub);
+  auto sum = V::zero();
+  for (int64_t j = 0; j < n; j += V::kWidth) {
+    const auto e = V::exp2(V::fmsub(V::load(x + j), vmul, vsub));
+    V::store(x + j, e);
+    sum = V::add(sum, e);
+  }
+  return V::reduce_add(sum);
+}
+
+template <class V>
+float row_max(const float* x, int64_t n) {
+  auto m = V::set1(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < n; j += V::kWidth) m = V::max(m, V::load(x + j));
+  return V::reduce_max(m);
+}
+
+// 2^f on [-0.5, 0.5]: Taylor coefficients ln2^k / k!, degree 7 (relative error < 1e-8).
+inline constexpr float kExp2Poly[8] = {1.0f,          0.69314718f,   0.24022651f,
+                                       0.05550411f,   0.0096181291f, 0.0013333558f,
+                                       1.5403530e-4f, 1.5252734e-5f};
+
+// Vector types for f32 products provide these from their basic operations.
+template <class Base>
+struct F32Products : Base {
+  using Elem = float;
+  static typename Base::Reg load_b(const float* p) { return Base::load(p); }
+  static typename Base::Reg broadcast_a(const float* p) { return Base::set1(*p); }
+  static typename Base::Reg madd(typename Base::Reg a, typename Base::Reg b,
+                                 typename Base::Reg acc) {
+    return Base::fmadd(a, b, acc);
+  }
+};
+
+template <class V, int MR, int NV>
+const TileOps& make_tile_ops(const char* name) {
+  static const TileOps ops{name, &gemm<F32Products<V>, MR, NV>, &exp2_affine<V>, &row_max<V>};
+  return ops;
+}
+
+}  // namespace tessel::kernels::attention::internal::TESSEL_TILE_ISA

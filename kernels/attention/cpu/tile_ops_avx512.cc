@@ -1,0 +1,45 @@
+// AVX-512F tile kernels (compiled with -mavx512f -mavx512dq -mavx512bw -mavx512vl -mfma).
+#include <immintrin.h>
+
+#define TESSEL_TILE_ISA avx512
+#include "tessel/kernels/attention/cpu/internal/tile_ops_impl.h"
+
+namespace tessel::kernels::attention::internal {
+namespace avx512 {
+namespace {
+
+struct Vec {
+  using Reg = __m512;
+  static constexpr int kWidth = 16;
+  static Reg zero() { return _mm512_setzero_ps(); }
+  static Reg set1(float x) { return _mm512_set1_ps(x); }
+  static Reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, Reg x) { _mm512_storeu_ps(p, x); }
+  static Reg add(Reg a, Reg b) { return _mm512_add_ps(a, b); }
+  static Reg max(Reg a, Reg b) { return _mm512_max_ps(a, b); }
+  static Reg fmadd(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static Reg fmsub(Reg a, Reg b, Reg c) { return _mm512_fmsub_ps(a, b, c); }
+  static float reduce_add(Reg a) { return _mm512_reduce_add_ps(a); }
+  static float reduce_max(Reg a) { return _mm512_reduce_max_ps(a); }
+  // 2^x for x <= 0 (the softmax only exponentiates differences from the row max): split
+  // x = n + f with |f| <= 0.5, 2^f by polynomial, 2^n into the exponent bits. Clamping at -127
+  // makes the exponent field 0, so -inf and anything below 2^-126 give exactly 0.
+  static Reg exp2(Reg x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
+    const Reg n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const Reg f = _mm512_sub_ps(x, n);
+    Reg p = _mm512_set1_ps(kExp2Poly[7]);
+    for (int i = 6; i >= 0; --i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[i]));
+    const __m512i e = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+  }
+};
+
+}  // namespace
+}  // namespace avx512
+
+// 6 rows x 4 vectors: 24 accumulators + 4 B vectors + 1 broadcast of 32 registers.
+const TileOps& tile_ops_avx512() { return avx512::make_tile_ops<avx512::Vec, 6, 4>("avx512"); }
+
+}  // namespace tessel::kernels::attention::internal

@@ -1,0 +1,110 @@
+#include "tessel/kernels/attention/sdpa.h"
+
+#include <memory>
+
+#include "tessel/base/error.h"
+#include "tessel/tensor/autograd.h"
+#include "tessel/tensor/ops.h"
+
+namespace tessel::kernels {
+namespace {
+
+using attention::AttentionProblem;
+
+std::vector<int64_t> document_id_values(const Tensor& ids, const char* name) {
+  if (!ids.defined()) return {};
+  TESSEL_CHECK(ids.dtype() == DType::kI64 || ids.dtype() == DType::kI32, InvalidArgument,
+               "scaled_dot_product_attention: {} has dtype {}; expected i64 or i32", name,
+               dtype_name(ids.dtype()));
+  TESSEL_CHECK(ids.dim() == 1 || ids.dim() == 2, InvalidArgument,
+               "scaled_dot_product_attention: {} has shape {}; expected (S) or (B, S)", name,
+               shape_str(ids.shape()));
+  return to_vector<int64_t>(to(to(ids, Device::cpu()), DType::kI64));
+}
+
+// What forward hands to backward: the problem (views are re-pointed at the saved tensors).
+struct SdpaState {
+  AttentionProblem problem;
+  const SdpaKernel* kernel = nullptr;
+};
+
+}  // namespace
+
+attention::AttentionView attention_view_of(const Tensor& t, const char* name) {
+  TESSEL_CHECK(t.defined(), InvalidArgument, "scaled_dot_product_attention: {} is undefined",
+               name);
+  TESSEL_CHECK(t.dim() == 4, InvalidArgument,
+               "scaled_dot_product_attention: {} has shape {}; expected 4 dims (B, H, S, D)",
+               name, shape_str(t.shape()));
+  attention::AttentionView v;
+  v.data = t.data_ptr();
+  v.dtype = t.dtype();
+  v.device = t.device();
+  for (int d = 0; d < 4; ++d) {
+    v.sizes[d] = t.size(d);
+    v.strides[d] = t.stride(d);
+  }
+  return v;
+}
+
+SdpaOutput scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const SdpaOptions& options) {
+  auto state = std::make_shared<SdpaState>();
+  AttentionProblem& p = state->problem;
+  p.q = attention_view_of(q, "q");
+  p.k = attention_view_of(k, "k");
+  p.v = attention_view_of(v, "v");
+  p.scale = options.scale;
+  p.mask.causal = options.causal;
+  p.mask.alignment = options.alignment;
+  p.mask.window_left = options.window_left;
+  p.mask.window_right = options.window_right;
+  p.mask.prefix_lengths = options.prefix_lengths;
+  p.mask.q_document_ids = document_id_values(options.document_ids, "document_ids");
+  p.mask.kv_document_ids = document_id_values(options.kv_document_ids, "kv_document_ids");
+  TESSEL_CHECK(p.mask.kv_document_ids.empty() || !p.mask.q_document_ids.empty(),
+               InvalidArgument,
+               "scaled_dot_product_attention: kv_document_ids given without document_ids");
+  p.mask.mask_fn = options.mask_fn;
+  attention::validate_attention_problem(p);
+  if (options.dropout_p > 0) {
+    Generator& gen = options.generator ? *options.generator : default_generator();
+    p.dropout = {options.dropout_p, gen.seed(),
+                 gen.reserve(static_cast<uint64_t>(p.batch() * p.q_heads() * p.q_len() *
+                                                   p.kv_len()))};
+  }
+  const SdpaBackend* forced = options.backend ? &*options.backend : nullptr;
+  state->kernel = &select_sdpa_backend(p, forced);
+
+  auto forward = [state](FunctionContext& ctx, const std::vector<Tensor>& in) {
+    AttentionProblem& prob = state->problem;
+    Tensor out = empty(in[0].shape(), in[0].dtype(), in[0].device());
+    Tensor lse = empty({prob.batch(), prob.q_heads(), prob.q_len()}, DType::kF32,
+                       in[0].device());
+    state->kernel->forward(prob, attention_view_of(out, "out"), lse.data<float>());
+    ctx.save_for_backward({in[0], in[1], in[2], out, lse});
+    return std::vector<Tensor>{out, lse};
+  };
+  auto backward = [state](FunctionContext& ctx, const std::vector<Tensor>& grads) {
+    const std::vector<Tensor>& saved = ctx.saved_tensors();
+    AttentionProblem prob = state->problem;
+    prob.q = attention_view_of(saved[0], "q");
+    prob.k = attention_view_of(saved[1], "k");
+    prob.v = attention_view_of(saved[2], "v");
+    Tensor dq = empty(saved[0].shape(), saved[0].dtype(), saved[0].device());
+    Tensor dk = empty(saved[1].shape(), saved[1].dtype(), saved[1].device());
+    Tensor dv = empty(saved[2].shape(), saved[2].dtype(), saved[2].device());
+    // The output gradient may come in another dtype (e.g. f32 into a bf16 graph).
+    Tensor dout = grads[0].dtype() == saved[3].dtype() ? grads[0] : to(grads[0], saved[3].dtype());
+    state->kernel->backward(prob, attention_view_of(saved[3], "out"),
+                            attention_view_of(dout, "grad of out"), saved[4].data<float>(),
+                            attention_view_of(dq, "dq"), attention_view_of(dk, "dk"),
+                            attention_view_of(dv, "dv"));
+    return std::vector<Tensor>{dq, dk, dv};
+  };
+  std::vector<Tensor> outs =
+      apply_function("scaled_dot_product_attention", {q, k, v}, forward, backward);
+  return SdpaOutput{outs[0], outs[1], state->kernel->backend()};
+}
+
+}  // namespace tessel::kernels

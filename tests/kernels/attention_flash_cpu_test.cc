@@ -1,0 +1,252 @@
+// flash_cpu against the math backend (f64 accumulation) over a covering sweep of shapes,
+// head layouts and mask kinds: forward output, logsumexp and dq/dk/dv.
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "attention_test_util.h"
+#include "tessel/kernels/attention/attention_math.h"
+#include "tessel/kernels/attention/cpu/flash_cpu.h"
+
+namespace tessel::kernels::attention {
+namespace {
+
+using testing::Buffer;
+using testing::fill_normal;
+using testing::max_abs;
+using testing::max_abs_diff;
+
+enum class MaskKind {
+  kNone, kCausalTopLeft, kCausalBottomRight, kWindow, kWindowBottomRight, kPrefixLm,
+  kDocuments, kMaskFn, kFullyMaskedRows, kDropout, kCount
+};
+
+const char* mask_kind_name(MaskKind k) {
+  switch (k) {
+    case MaskKind::kNone: return "None";
+    case MaskKind::kCausalTopLeft: return "CausalTopLeft";
+    case MaskKind::kCausalBottomRight: return "CausalBottomRight";
+    case MaskKind::kWindow: return "Window";
+    case MaskKind::kWindowBottomRight: return "WindowBottomRight";
+    case MaskKind::kPrefixLm: return "PrefixLm";
+    case MaskKind::kDocuments: return "Documents";
+    case MaskKind::kMaskFn: return "MaskFn";
+    case MaskKind::kFullyMaskedRows: return "FullyMaskedRows";
+    case MaskKind::kDropout: return "Dropout";
+    case MaskKind::kCount: break;
+  }
+  return "?";
+}
+
+struct Case {
+  int64_t b, hq, hkv, sq, sk, d;
+  MaskKind mask;
+  CpuIsa isa = CpuIsa::kAuto;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  return fmt::format("{}_B{}_Hq{}_Hkv{}_Sq{}_Sk{}_D{}_{}", mask_kind_name(c.mask), c.b, c.hq,
+                     c.hkv, c.sq, c.sk, c.d, cpu_isa_name(c.isa));
+}
+
+// Document ids: runs of varying length (1, 5, 9, ... tokens), the same for q and kv when the
+// lengths match; with S_q != S_k the query ids are the last S_q key ids (bottom-right).
+std::vector<int64_t> document_ids(int64_t n) {
+  std::vector<int64_t> ids(n);
+  int64_t doc = 0, left = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    ids[i] = doc;
+    if (--left == 0) left = 1 + 4 * ++doc;
+  }
+  return ids;
+}
+
+void configure_mask(const Case& c, AttentionProblem& p) {
+  AttentionMask& m = p.mask;
+  switch (c.mask) {
+    case MaskKind::kNone: break;
+    case MaskKind::kCausalTopLeft: m.causal = true; break;
+    case MaskKind::kCausalBottomRight:
+      m.causal = true;
+      m.alignment = MaskAlignment::kBottomRight;
+      break;
+    case MaskKind::kWindow:
+      m.window_left = 9;
+      m.window_right = 3;
+      break;
+    case MaskKind::kWindowBottomRight:
+      m.causal = true;
+      m.window_left = 70;
+      m.alignment = MaskAlignment::kBottomRight;
+      break;
+    case MaskKind::kPrefixLm:
+      m.causal = true;
+      m.prefix_lengths.resize(c.b);
+      for (int64_t b = 0; b < c.b; ++b) m.prefix_lengths[b] = (c.sk * (b + 1)) / 4;
+      break;
+    case MaskKind::kDocuments: {
+      m.causal = true;
+      m.alignment = MaskAlignment::kBottomRight;
+      const std::vector<int64_t> kv = document_ids(c.sk);
+      m.kv_document_ids = kv;
+      for (int64_t i = 0; i < c.sq; ++i) {
+        // Query i sits at key position i + S_k - S_q; positions before 0 get their own id.
+        const int64_t pos = i + c.sk - c.sq;
+        m.q_document_ids.push_back(pos >= 0 ? kv[pos] : -1 - i);
+      }
+      break;
+    }
+    case MaskKind::kMaskFn:
+      // A head-dependent dilated pattern: key j visible when (i + j + h) % 3 != 0.
+      m.mask_fn = [](int64_t, int64_t h, int64_t i, int64_t j) { return (i + j + h) % 3 != 0; };
+      break;
+    case MaskKind::kFullyMaskedRows:
+      // Even query rows of even batch entries see nothing; with S_q > S_k the bottom-right
+      // rows before the first key see nothing either.
+      m.causal = true;
+      m.alignment = MaskAlignment::kBottomRight;
+      m.mask_fn = [](int64_t b, int64_t, int64_t i, int64_t) { return b % 2 == 1 || i % 2 == 1; };
+      break;
+    case MaskKind::kDropout:
+      m.causal = true;
+      p.dropout = {0.2, 1234, 77};
+      break;
+    case MaskKind::kCount: break;
+  }
+}
+
+class FlashCpuSweepTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FlashCpuSweepTest, MatchesMathForwardAndBackward) {
+  const Case& c = GetParam();
+  if (!cpu_isa_supported(c.isa)) GTEST_SKIP() << "CPU lacks " << cpu_isa_name(c.isa);
+  testing::Qkv in(DType::kF32, c.b, c.hq, c.hkv, c.sq, c.sk, c.d, 1);
+  Buffer &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
+  AttentionProblem p = in.problem();
+  configure_mask(c, p);
+
+  Buffer out_ref = q, dq_ref = q, dk_ref = k, dv_ref = v;
+  std::vector<float> lse_ref(c.b * c.hq * c.sq);
+  const MathOptions f64{.f64_accumulate = true};
+  math_attention_forward(p, out_ref.view(), lse_ref.data(), f64);
+  math_attention_backward(p, dout.view(), dq_ref.view(), dk_ref.view(), dv_ref.view(), f64);
+
+  Buffer out = q, dq = q, dk = k, dv = v;
+  std::vector<float> lse(lse_ref.size());
+  const FlashCpuOptions opts{.isa = c.isa};
+  flash_cpu_forward(p, out.view(), lse.data(), opts);
+  flash_cpu_backward(p, out.view(), dout.view(), lse.data(), dq.view(), dk.view(), dv.view(),
+                     opts);
+
+  // f32 with f32 accumulation against f64: errors scale with the magnitudes and sqrt(S).
+  const double tol = 2e-5 * std::sqrt(double(std::max<int64_t>(c.sk, 1)));
+  EXPECT_LE(max_abs_diff(out.values(), out_ref.values()), tol * (1 + max_abs(out_ref.values())));
+  for (size_t i = 0; i < lse.size(); ++i) {
+    if (std::isinf(lse_ref[i])) {
+      ASSERT_EQ(lse[i], lse_ref[i]) << "row " << i << " should see no key";
+    } else {
+      ASSERT_NEAR(lse[i], lse_ref[i], 1e-4 * (1 + std::fabs(lse_ref[i]))) << "row " << i;
+    }
+  }
+  EXPECT_LE(max_abs_diff(dq.values(), dq_ref.values()), tol * (1 + max_abs(dq_ref.values())));
+  EXPECT_LE(max_abs_diff(dk.values(), dk_ref.values()), tol * (1 + max_abs(dk_ref.values())));
+  EXPECT_LE(max_abs_diff(dv.values(), dv_ref.values()), tol * (1 + max_abs(dv_ref.values())));
+
+  if (c.mask == MaskKind::kFullyMaskedRows) {
+    // Row 0 of batch entry 0 sees no key: output exactly 0 and gradient exactly 0.
+    for (int64_t d = 0; d < c.d; ++d) {
+      ASSERT_EQ(out.at(d), 0.0f);
+      ASSERT_EQ(dq.at(d), 0.0f);
+    }
+    EXPECT_EQ(lse[0], -INFINITY);
+  }
+}
+
+// Each S value meets each mask kind and each D value; B cycles 1..3; GQA alternates with
+// plain multi-head attention. One pass per instruction set, the non-native ones on a subset.
+std::vector<Case> sweep_cases() {
+  const int64_t seqs[] = {1, 7, 64, 127, 128, 1000};
+  const int64_t dims[] = {32, 64, 80, 128};
+  std::vector<Case> cases;
+  const int kinds = static_cast<int>(MaskKind::kCount);
+  for (int m = 0; m < kinds; ++m) {
+    for (int t = 0; t < 6; ++t) {
+      const int64_t sq = seqs[t];
+      const int64_t sk = seqs[(t + m) % 6];
+      const int64_t d = dims[(t + m) % 4];
+      const int64_t b = 1 + (t + m) % 3;
+      const bool gqa = (t + m) % 2 == 0;
+      // Keep the largest problems small in batch and heads.
+      const bool big = sq * sk >= 1000 * 127;
+      const int64_t hkv = big ? 1 : 2, hq = gqa ? hkv * (big ? 2 : 3) : hkv;
+      cases.push_back({big ? 1 : b, hq, hkv, sq, sk, d, static_cast<MaskKind>(m)});
+    }
+  }
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kScalar}) {
+    for (int m = 0; m < kinds; m += 2) {
+      cases.push_back({2, 4, 2, 127, 64 + 16 * (m % 3), 80, static_cast<MaskKind>(m), isa});
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, FlashCpuSweepTest, ::testing::ValuesIn(sweep_cases()),
+                         case_name);
+
+TEST(FlashCpuTest, ArbitraryStridesAndBlockSizes) {
+  // q laid out as (B, S, H, D) and read through (B, H, S, D) strides; v with D strided by 2.
+  const int64_t B = 2, H = 3, S = 45, D = 24;
+  Buffer q_bshd(DType::kF32, B, S, H, D), k(DType::kF32, B, H, S, D),
+      v_wide(DType::kF32, B, H, S, 2 * D), dout(DType::kF32, B, H, S, D);
+  fill_normal(q_bshd, 5);
+  fill_normal(k, 6);
+  fill_normal(v_wide, 7);
+  fill_normal(dout, 8);
+  AttentionProblem p;
+  p.q = q_bshd.view();
+  p.q.sizes[1] = H, p.q.sizes[2] = S;
+  p.q.strides[1] = D, p.q.strides[2] = H * D;
+  p.k = k.view();
+  p.v = v_wide.view();
+  p.v.sizes[3] = D;
+  p.v.strides[3] = 2;
+  p.mask.causal = true;
+  p.scale = 0.3;
+  Buffer out_ref(DType::kF32, B, H, S, D), out = out_ref;
+  Buffer dq_ref = out_ref, dq = out_ref, dk_ref = k, dk = k, dv_ref = k, dv = k;
+  const MathOptions f64{.f64_accumulate = true};
+  math_attention_forward(p, out_ref.view(), nullptr, f64);
+  math_attention_backward(p, dout.view(), dq_ref.view(), dk_ref.view(), dv_ref.view(), f64);
+  std::vector<float> lse(B * H * S);
+  const FlashCpuOptions opts{.threads = 3, .block_q = 5, .block_kv = 16};
+  flash_cpu_forward(p, out.view(), lse.data(), opts);
+  flash_cpu_backward(p, out.view(), dout.view(), lse.data(), dq.view(), dk.view(), dv.view(),
+                     opts);
+  EXPECT_LE(max_abs_diff(out.values(), out_ref.values()), 1e-5);
+  EXPECT_LE(max_abs_diff(dq.values(), dq_ref.values()), 1e-4);
+  EXPECT_LE(max_abs_diff(dk.values(), dk_ref.values()), 1e-4);
+  EXPECT_LE(max_abs_diff(dv.values(), dv_ref.values()), 1e-4);
+}
+
+TEST(FlashCpuTest, EmptyKeysGiveZeroOutput) {
+  Buffer q(DType::kF32, 1, 2, 5, 16), k(DType::kF32, 1, 1, 0, 16), v = k;
+  fill_normal(q, 9);
+  AttentionProblem p;
+  p.q = q.view();
+  p.k = k.view();
+  p.v = v.view();
+  Buffer out = q;
+  fill_normal(out, 10);
+  std::vector<float> lse(10, 0.0f);
+  flash_cpu_forward(p, out.view(), lse.data());
+  EXPECT_EQ(max_abs(out.values()), 0.0);
+  for (float x : lse) EXPECT_EQ(x, -INFINITY);
+}
+
+}  // namespace
+}  // namespace tessel::kernels::attention
