@@ -12,7 +12,9 @@
 //                            (recording DIR/int_<rank>); DIR/ready_<rank> once handlers are set
 //   first-attempt-fails R   on attempt 0 rank R exits 1 (R = -1: nobody) and the others sleep;
 //                            on later attempts print "attempt A world W rank R" and exit 0
-//   all_reduce               placeholder for the Gloo all_reduce across nodes (see below)
+//   all_reduce               join the job's Gloo world through the job's store (the launcher's
+//                            TESSEL_STORE_ADDR + token), all_reduce rank+1 and print
+//                            "all_reduce rank R of W sum S"; exit 1 when S is not W(W+1)/2
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -21,6 +23,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+
+#include "tessel/base/error.h"
+#include "tessel/collectives/init.h"
 
 extern char** environ;
 
@@ -147,10 +152,19 @@ int main(int argc, char** argv) {
     sleep_forever();
   }
   if (mode == "all_reduce") {
-    // Placeholder until ProcessGroup (h-pg) lands: the lead replaces this with a Gloo
-    // all_reduce over TESSEL_STORE_ADDR and checks the sum. Exits 0 so topology tests pass.
-    std::printf("all_reduce placeholder rank %d of %d\n", rank, env_int("WORLD_SIZE"));
-    return 0;
+    try {
+      auto world = tessel::init_process_group({.backend = "gloo"});
+      tessel::Tensor t = tessel::from_vector<int64_t>({rank + 1});
+      world->all_reduce(t);
+      const int64_t w = world->size();
+      const int64_t sum = t.data<int64_t>()[0];
+      std::printf("all_reduce rank %d of %lld sum %lld\n", rank, static_cast<long long>(w),
+                  static_cast<long long>(sum));
+      return sum == w * (w + 1) / 2 ? 0 : 1;
+    } catch (const tessel::Error& e) {
+      std::fprintf(stderr, "all_reduce rank %d: %s\n", rank, e.what());
+      return 1;
+    }
   }
   std::fprintf(stderr, "launcher_test_worker: unknown mode '%s'\n", mode.c_str());
   return 2;

@@ -122,10 +122,11 @@ class NetnsTest : public ::testing::Test {
 };
 
 TEST_F(NetnsTest, ThreeNodesOfTwoWorkersFormAndExitZero) {
-  // `all_reduce` is the placeholder the Gloo all_reduce worker replaces (see the worker).
-  for (int i = 0; i < 3; ++i) start_node(i, {}, {"all_reduce"});
+  // Every worker joins one Gloo world through the job's store and all_reduces across nodes;
+  // Gloo binds each namespace's own interface.
+  for (int i = 0; i < 3; ++i) start_node(i, {}, {"all_reduce"}, {"TESSEL_GLOO_IFACE=eth0"});
   std::set<int> ranks;
-  const std::regex re(R"(^\[(\d):(\d)\] all_reduce placeholder rank (\d) of 6$)");
+  const std::regex re(R"(^\[(\d):(\d)\] all_reduce rank (\d) of 6 sum 21$)");
   for (int i = 0; i < 3; ++i) {
     ASSERT_EQ(nodes_[static_cast<size_t>(i)]->wait(60s), 0) << nodes_[static_cast<size_t>(i)]->err();
     std::istringstream in(nodes_[static_cast<size_t>(i)]->out());

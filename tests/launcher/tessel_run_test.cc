@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -118,6 +119,18 @@ TEST(TesselRunTest, TwoStandaloneJobsDoNotCollide) {
   EXPECT_NE(ea[0]["TESSEL_STORE_ADDR"], eb[0]["TESSEL_STORE_ADDR"]);
   EXPECT_NE(ea[0]["MASTER_PORT"], eb[0]["MASTER_PORT"]);
   EXPECT_NE(ea[0]["TESSEL_STORE_TOKEN"], eb[0]["TESSEL_STORE_TOKEN"]);
+}
+
+// Three workers on one node form a Gloo world through the store tessel-run hosts.
+TEST(TesselRunTest, WorkersAllReduceOverGlooThroughTheJobStore) {
+  const std::string dir = testing::make_temp_dir("allreduce");
+  ChildProcess run(run_args({"--standalone", "--nproc-per-node", "3", "--log-dir", dir},
+                            {"all_reduce"}), {}, dir + "/run");
+  ASSERT_EQ(run.wait(60s), 0) << run.err();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(run.out().find(fmt::format("all_reduce rank {} of 3 sum 6", r)), std::string::npos)
+        << run.out() << run.err();
+  }
 }
 
 TEST(TesselRunTest, KillNineOfTheAgentLeavesNoDescendant) {
