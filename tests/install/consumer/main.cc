@@ -1,10 +1,14 @@
-// Uses the installed headers and libraries the way a training program would.
+// Uses the installed headers and libraries the way a training program would: a 2x2 mesh over
+// four rank-threads, an all_reduce along each dimension, and a differentiable attention call.
 #include <cstdio>
 
 #include <tessel/base/build_info.h>
-#include <tessel/base/clock.h>
 #include <tessel/base/error.h>
-#include <tessel/base/logging.h>
+#include <tessel/collectives/threads/threads_backend.h>
+#include <tessel/kernels/attention/sdpa.h>
+#include <tessel/mesh/device_mesh.h>
+#include <tessel/tensor/autograd.h>
+#include <tessel/tensor/ops.h>
 
 int main() {
   using namespace tessel;
@@ -16,8 +20,22 @@ int main() {
   } catch (const InvalidArgument& e) {
     std::printf("caught %s\n", e.what());
   }
-  configure_logging("base=info");
-  log_info(LogComponent::kBase, "logging from an installed tessel");
+
+  threads::run_ranks(4, [](ProcessGroup& pg) {
+    DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {2, 2}, {"dp", "tp"});
+    Tensor t = from_vector<float>({1.0f});
+    mesh.group("tp")->all_reduce(t);
+    mesh.group("dp")->all_reduce(t);
+    TESSEL_CHECK(item(t) == 4.0, Internal, "rank {}: mesh all_reduce gave {}", pg.rank(), item(t));
+  });
+
+  Generator gen(1);
+  Tensor q = randn({1, 2, 16, 32}, gen).set_requires_grad(true);
+  Tensor k = randn({1, 2, 16, 32}, gen);
+  Tensor v = randn({1, 2, 16, 32}, gen);
+  Tensor out = kernels::scaled_dot_product_attention(q, k, v, {.causal = true});
+  backward(sum(out));
+  TESSEL_CHECK(q.grad().defined(), Internal, "attention gave q no gradient");
   std::printf("consumer: ok\n");
   return 0;
 }
