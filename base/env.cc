@@ -23,6 +23,14 @@ constexpr std::array<EnvKnobInfo, static_cast<size_t>(EnvKnob::kCount)> kKnobs =
      "record collectives in the flight recorder (0 turns recording off)"},
     {EnvKnob::kFrCapacity, "TESSEL_FR_CAPACITY", "4096",
      "entries the flight recorder keeps per process; older ones are overwritten"},
+    {EnvKnob::kFrDumpDir, "TESSEL_FR_DUMP_DIR", "/tmp/tessel_fr",
+     "directory where flight-recorder dumps are written (tessel_fr_rank<R>.json)"},
+    {EnvKnob::kFrDumpSignal, "TESSEL_FR_DUMP_SIGNAL", "SIGUSR1",
+     "signal that makes a process dump its flight recorder (name or number; 'none' disables)"},
+    {EnvKnob::kFrDumpOnFatal, "TESSEL_FR_DUMP_ON_FATAL", "1",
+     "dump the flight recorder on SIGSEGV, SIGABRT, SIGBUS and SIGFPE before dying"},
+    {EnvKnob::kFrStack, "TESSEL_FR_STACK", "0",
+     "capture a call stack with every flight-recorder entry (costs a few microseconds each)"},
 }};
 
 // The table must list every enum value, in order; checked once at compile time.

@@ -20,6 +20,10 @@ enum class EnvKnob {
   kLogTimestamps, // TESSEL_LOG_TIMESTAMPS
   kFrEnable,      // TESSEL_FR_ENABLE
   kFrCapacity,    // TESSEL_FR_CAPACITY
+  kFrDumpDir,     // TESSEL_FR_DUMP_DIR
+  kFrDumpSignal,  // TESSEL_FR_DUMP_SIGNAL
+  kFrDumpOnFatal, // TESSEL_FR_DUMP_ON_FATAL
+  kFrStack,       // TESSEL_FR_STACK
   kCount,
 };
 

@@ -1,5 +1,6 @@
 #include "tessel/flight_recorder/recorder.h"
 
+#include <execinfo.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -98,40 +99,110 @@ struct FlightRecorder::Slot {
 };
 
 FlightRecorder::FlightRecorder(RecorderOptions options)
-    : capacity_(options.capacity), slots_(new Slot[options.capacity == 0 ? 1 : options.capacity]) {
+    : capacity_(options.capacity),
+      capture_stack_(options.capture_stack),
+      clock_(options.clock),
+      wall_clock_(options.wall_clock),
+      slots_(new Slot[options.capacity == 0 ? 1 : options.capacity]),
+      drops_(new DropCounter[kMaxTrackedGroups]) {
   TESSEL_CHECK(options.capacity > 0, InvalidArgument,
                "flight recorder capacity must be at least 1 entry, got 0");
+  process_info_.pid = static_cast<int>(::getpid());
 }
 
-FlightRecorder::~FlightRecorder() = default;
+FlightRecorder::~FlightRecorder() {
+  const GroupNode* n = groups_head_.load(std::memory_order_acquire);
+  while (n != nullptr) {
+    const GroupNode* next = n->next;
+    delete n;
+    n = next;
+  }
+}
+
+int64_t FlightRecorder::monotonic_ns_() noexcept { return monotonic_ns(); }
+
+int64_t FlightRecorder::wall_now_us() const noexcept {
+  return wall_clock_ != nullptr ? wall_clock_() : wall_time_us();
+}
 
 FlightRecorder& FlightRecorder::global() {
   static FlightRecorder* recorder = [] {
     const int64_t capacity = env_int(EnvKnob::kFrCapacity);
     TESSEL_CHECK(capacity > 0, InvalidArgument, "TESSEL_FR_CAPACITY={} must be positive",
                  capacity);
-    auto* r = new FlightRecorder(RecorderOptions{static_cast<size_t>(capacity)});
+    RecorderOptions options;
+    options.capacity = static_cast<size_t>(capacity);
+    options.capture_stack = env_bool(EnvKnob::kFrStack);
+    auto* r = new FlightRecorder(options);
     r->set_enabled(env_bool(EnvKnob::kFrEnable));
     return r;
   }();
   return *recorder;
 }
 
+void FlightRecorder::set_process_info(int rank, int world_size) {
+  TESSEL_CHECK(rank >= 0 && world_size > 0 && rank < world_size, InvalidArgument,
+               "flight recorder process info: rank {} is not in a world of size {}", rank,
+               world_size);
+  process_info_.rank = rank;
+  process_info_.world_size = world_size;
+  process_info_.pid = static_cast<int>(::getpid());
+  char host[sizeof(process_info_.hostname)] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "unknown");
+  std::memcpy(process_info_.hostname, host, sizeof(host));
+}
+
 void FlightRecorder::register_group(uint64_t id, std::string name, std::vector<int> ranks) {
   std::lock_guard lock(groups_mutex_);
-  for (auto& g : groups_) {
-    if (g.id == id) {
-      g.name = std::move(name);
-      g.ranks = std::move(ranks);
-      return;
-    }
-  }
-  groups_.push_back(GroupInfo{id, std::move(name), std::move(ranks)});
+  auto* node = new GroupNode{GroupInfo{id, std::move(name), std::move(ranks)},
+                             groups_head_.load(std::memory_order_relaxed)};
+  groups_head_.store(node, std::memory_order_release);
 }
 
 std::vector<GroupInfo> FlightRecorder::groups() const {
-  std::lock_guard lock(groups_mutex_);
-  return groups_;
+  std::vector<GroupInfo> out;
+  for_each_group([&](const GroupInfo& g) { out.push_back(g); });
+  std::reverse(out.begin(), out.end());  // registration order
+  return out;
+}
+
+void FlightRecorder::note_dropped(const Entry& old) noexcept {
+  // Open addressing over a fixed table; a full table loses the count (documented limit).
+  const size_t start = static_cast<size_t>(old.group_id * 0x9E3779B97F4A7C15ull >> 54);
+  for (size_t probe = 0; probe < kMaxTrackedGroups; ++probe) {
+    DropCounter& c = drops_[(start + probe) % kMaxTrackedGroups];
+    uint8_t state = c.state.load(std::memory_order_acquire);
+    if (state == 0) {
+      uint8_t expected = 0;
+      if (c.state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+        c.group_id = old.group_id;
+        c.state.store(2, std::memory_order_release);
+        state = 2;
+      } else {
+        state = expected;
+      }
+    }
+    while (state == 1) state = c.state.load(std::memory_order_acquire);
+    if (c.group_id != old.group_id) continue;
+    c.dropped.fetch_add(1, std::memory_order_relaxed);
+    const bool collective = old.op != OpType::kSend && old.op != OpType::kRecv &&
+                            old.op != OpType::kUserEvent;
+    if (collective) {
+      uint64_t cur = c.last_dropped_seq.load(std::memory_order_relaxed);
+      while (old.seq > cur &&
+             !c.last_dropped_seq.compare_exchange_weak(cur, old.seq, std::memory_order_relaxed)) {
+      }
+    }
+    return;
+  }
+}
+
+std::vector<GroupDrops> FlightRecorder::dropped() const {
+  std::vector<GroupDrops> out;
+  for_each_dropped([&](const GroupDrops& d) { out.push_back(d); });
+  std::sort(out.begin(), out.end(),
+            [](const GroupDrops& a, const GroupDrops& b) { return a.group_id < b.group_id; });
+  return out;
 }
 
 uint64_t FlightRecorder::record(const RecordArgs& args) noexcept {
@@ -140,6 +211,7 @@ uint64_t FlightRecorder::record(const RecordArgs& args) noexcept {
   Slot& slot = slots_[(id - 1) % capacity_];
   const uint64_t v = slot.lock();
   Entry& e = slot.entry;
+  if (e.record_id != 0) note_dropped(e);
   e.record_id = id;
   e.group_id = args.group_id;
   e.seq = args.seq;
@@ -155,13 +227,22 @@ uint64_t FlightRecorder::record(const RecordArgs& args) noexcept {
   e.step = step();
   e.input = args.input;
   e.output = args.output;
-  e.enqueued_ns = monotonic_ns();
+  e.enqueued_ns = now_ns();
   e.started_ns = 0;
   e.completed_ns = 0;
   e.thread_id = this_thread_id();
   const size_t n = std::min(args.text.size(), sizeof(e.text) - 1);
   std::memcpy(e.text, args.text.data(), n);
   e.text[n] = '\0';
+  if (capture_stack_) {
+    void* frames[kMaxStackFrames + 1];
+    const int depth = ::backtrace(frames, kMaxStackFrames + 1);
+    // Frame 0 is record() itself.
+    e.stack_depth = static_cast<uint8_t>(depth > 1 ? depth - 1 : 0);
+    for (int i = 1; i < depth; ++i) e.stack[i - 1] = reinterpret_cast<uintptr_t>(frames[i]);
+  } else {
+    e.stack_depth = 0;
+  }
   slot.unlock(v);
   return id;
 }
@@ -193,13 +274,28 @@ void FlightRecorder::set_state(uint64_t record_id, EntryState state, int64_t now
 }
 
 void FlightRecorder::started(uint64_t record_id) noexcept {
-  set_state(record_id, EntryState::kStarted, monotonic_ns());
+  set_state(record_id, EntryState::kStarted, now_ns());
 }
 void FlightRecorder::completed(uint64_t record_id) noexcept {
-  set_state(record_id, EntryState::kCompleted, monotonic_ns());
+  set_state(record_id, EntryState::kCompleted, now_ns());
 }
 void FlightRecorder::failed(uint64_t record_id) noexcept {
-  set_state(record_id, EntryState::kFailed, monotonic_ns());
+  set_state(record_id, EntryState::kFailed, now_ns());
+}
+
+bool FlightRecorder::read_entry(uint64_t record_id, Entry& out) const noexcept {
+  if (record_id == 0) return false;
+  const Slot& slot = slots_[(record_id - 1) % capacity_];
+  // A writer holds a slot for a few stores; give up on it after a bounded number of tries.
+  for (int attempt = 0; attempt < 10000; ++attempt) {
+    const uint64_t v1 = slot.version.load(std::memory_order_acquire);
+    if (v1 & 1) continue;
+    std::memcpy(static_cast<void*>(&out), &slot.entry, sizeof(Entry));
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (slot.version.load(std::memory_order_relaxed) != v1) continue;
+    return out.record_id == record_id;
+  }
+  return false;
 }
 
 std::vector<Entry> FlightRecorder::snapshot() const {
@@ -207,18 +303,9 @@ std::vector<Entry> FlightRecorder::snapshot() const {
   const uint64_t oldest = newest >= capacity_ ? newest - capacity_ + 1 : 1;
   std::vector<Entry> out;
   out.reserve(newest - oldest + 1);
+  Entry copy;
   for (uint64_t id = oldest; id <= newest; ++id) {
-    const Slot& slot = slots_[(id - 1) % capacity_];
-    // A writer holds a slot for a few stores; give up on it after a bounded number of tries.
-    for (int attempt = 0; attempt < 10000; ++attempt) {
-      const uint64_t v1 = slot.version.load(std::memory_order_acquire);
-      if (v1 & 1) continue;
-      Entry copy = slot.entry;
-      std::atomic_thread_fence(std::memory_order_acquire);
-      if (slot.version.load(std::memory_order_relaxed) != v1) continue;
-      if (copy.record_id == id) out.push_back(copy);
-      break;
-    }
+    if (read_entry(id, copy)) out.push_back(copy);
   }
   return out;
 }
