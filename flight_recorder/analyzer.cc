@@ -70,6 +70,11 @@ std::string ranks_phrase(const std::vector<int>& ranks) {
   return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", format_rank_list(ranks));
 }
 
+// "rank 3 waits" / "ranks 0-2 wait".
+std::string ranks_verb(const std::vector<int>& ranks, std::string_view verb) {
+  return fmt::format("{} {}{}", ranks_phrase(ranks), verb, ranks.size() == 1 ? "s" : "");
+}
+
 // Signature fields that every member of a collective must agree on.
 struct Signature {
   OpType op;
@@ -179,8 +184,8 @@ class Analysis {
           }
           f.culprits = sorted(minority);
           f.waiting = best->second;
-          f.summary = fmt::format("argument mismatch in {}: {} disagree with the other {}", where,
-                                  ranks_phrase(f.culprits), best->second.size());
+          f.summary = fmt::format("argument mismatch in {}: {} with the other {}", where,
+                                  ranks_verb(f.culprits, "disagree"), best->second.size());
           mismatched_.insert({group, seq});
           add_finding(std::move(f));
         }
@@ -259,23 +264,25 @@ class Analysis {
     if (!others && compute_only.size() == w.missing.size() && issued.size() <= w.missing.size()) {
       if (issued.size() == w.missing.size()) {
         v_.inconclusive.push_back(fmt::format(
-            "{} wait in {} while {} never issued it and are in compute: as many issued it as "
-            "did not, so a skipped collective cannot be told from an extra one",
-            ranks_phrase(issued), where, ranks_phrase(w.missing)));
+            "{} in {} while {} never issued it and {} in compute: as many issued it as did "
+            "not, so a skipped collective cannot be told from an extra one",
+            ranks_verb(issued, "wait"), where, ranks_phrase(w.missing),
+            w.missing.size() == 1 ? "is" : "are"));
         return;
       }
       f.kind = FindingKind::kExtraCollective;
       f.culprits = issued;
       f.summary = fmt::format("{} issued {}, which the other {} members never issued",
                               ranks_phrase(issued), where, w.missing.size());
-      f.details.push_back(fmt::format("{} are in compute: {}", ranks_phrase(w.missing),
+      f.details.push_back(fmt::format("{} {} in compute: {}", ranks_phrase(w.missing),
+                                      w.missing.size() == 1 ? "is" : "are",
                                       v_.positions[w.missing.front()].summary));
     } else {
       f.kind = FindingKind::kNotJoined;
       f.culprits = sinks;
       f.waiting = waiting;
-      f.summary = fmt::format("{} did not join {}; {} wait in it", ranks_phrase(sinks), where,
-                              ranks_phrase(waiting));
+      f.summary = fmt::format("{} did not join {}; {} in it", ranks_phrase(sinks), where,
+                              ranks_verb(waiting, "wait"));
       for (int s : sinks) f.details.push_back(culprit_detail(s));
     }
     add_finding(std::move(f));
@@ -346,8 +353,8 @@ class Analysis {
       if (missing.size() <= issued.size()) blamed.insert(missing.begin(), missing.end());
       if (issued.size() <= missing.size()) blamed.insert(issued.begin(), issued.end());
       f.details.push_back(fmt::format(
-          "{} wait in {}, which {} never issued",
-          ranks_phrase(m_.waiting_in(w.op)), m_.describe_collective(w.op.group, w.op.seq, *w.entry),
+          "{} in {}, which {} never issued",
+          ranks_verb(m_.waiting_in(w.op), "wait"), m_.describe_collective(w.op.group, w.op.seq, *w.entry),
           ranks_phrase(missing)));
       if (f.group_id == 0) {
         f.group_id = w.op.group;
@@ -360,7 +367,8 @@ class Analysis {
       if (!blamed.count(r)) f.waiting.push_back(r);
     }
     f.summary = fmt::format("deadlock across groups: {} wait on each other in a cycle; blamed: "
-                            "{} (the minority of each collective on the cycle)",
+                            "{} (the minority side of each collective on the cycle, both "
+                            "sides on a tie)",
                             ranks_phrase(comp), ranks_phrase(f.culprits));
     add_finding(std::move(f));
   }

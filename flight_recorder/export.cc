@@ -57,7 +57,8 @@ std::string format_dump_table(const RankDump& d) {
         e.completed_ns > 0 ? fmt::format("{:.3f}ms", (e.completed_ns - e.enqueued_ns) / 1e6) : "-";
     out += fmt::format(
         "{:>8} {:>10} {:>6} {:<14} {:>5} {:<10} {:<7} {:<16} {:>5} {:>11.3f}s {:>12}  {}\n",
-        e.record_id, group_label(d, e.group_id), e.is_p2p() ? e.p2p_seq : e.seq, op_name(e.op),
+        e.record_id, e.is_user_event() ? "-" : group_label(d, e.group_id),
+        e.is_p2p() ? e.p2p_seq : e.seq, op_name(e.op),
         e.peer, state_name(e.state), reduce_op_name(e.reduce_op), tensor_text(e.input), e.step,
         age / 1e9, duration, e.text);
   }

@@ -222,6 +222,8 @@ RankDump parse_dump(std::string_view text, const std::string& name) {
     }
     d.groups.push_back(std::move(info));
   }
+  std::sort(d.groups.begin(), d.groups.end(),
+            [](const GroupInfo& a, const GroupInfo& b) { return a.id < b.id; });
   const Json& dropped = f.array("dropped");
   for (size_t i = 0; i < dropped.size(); ++i) {
     const Fields g(dropped[i], name, fmt::format("dropped[{}]", i));

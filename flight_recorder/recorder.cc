@@ -184,7 +184,9 @@ void FlightRecorder::note_dropped(const Entry& old) noexcept {
     }
     while (state == 1) state = c.state.load(std::memory_order_acquire);
     if (c.group_id != old.group_id) continue;
-    c.dropped.fetch_add(1, std::memory_order_relaxed);
+    // The count is informational (racing overwriters may lose an increment); a plain
+    // load/store keeps a locked instruction off the recording path.
+    c.dropped.store(c.dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     const bool collective = old.op != OpType::kSend && old.op != OpType::kRecv &&
                             old.op != OpType::kUserEvent;
     if (collective) {

@@ -93,7 +93,7 @@ struct Entry {
 struct GroupDrops {
   uint64_t group_id = 0;
   uint64_t last_dropped_seq = 0;  // highest collective seq overwritten (0: none)
-  uint64_t dropped = 0;           // entries of this group overwritten, collectives and p2p
+  uint64_t dropped = 0;           // entries of this group overwritten (approximate under races)
 };
 
 // Who this process is, for dumps. Fixed-size so a fatal-signal dump can read it.

@@ -57,6 +57,7 @@ struct SimOp {
   int peer = -1;  // global rank, send/recv
   int64_t duration_ns = 0;
   std::string text;
+  int64_t step = -1;  // events: the training step they begin
 };
 
 struct SimRank {
@@ -156,6 +157,7 @@ class Simulation {
       g_sim_now = s.now;
       switch (op.kind) {
         case SimOp::kEvent:
+          if (op.step >= 0) s.fr->set_step(op.step);
           s.fr->record_event(op.text);
           break;
         case SimOp::kCompute:
@@ -192,7 +194,6 @@ class Simulation {
     const int64_t out = op.op == OpType::kAllGather ? op.numel * members.size() : op.numel;
     a.input = TensorMeta::make(op.dtype, {op.numel});
     a.output = TensorMeta::make(op.dtype, {out});
-    s.fr->set_step(step_of(s));
     const uint64_t id = s.fr->record(a);
     s.fr->started(id);
     s.blocked = true;
@@ -222,7 +223,6 @@ class Simulation {
     a.p2p_seq = ++s.p2p_seq[{op.group, op.peer, send}];
     a.input = TensorMeta::make(op.dtype, {op.numel});
     a.output = a.input;
-    s.fr->set_step(step_of(s));
     const uint64_t id = s.fr->record(a);
     s.fr->started(id);
     s.blocked = true;
@@ -240,14 +240,6 @@ class Simulation {
     ranks_[rank].fr->completed(record_id);
     ranks_[rank].now = when;
     ranks_[rank].blocked = false;
-  }
-
-  static int64_t step_of(const SimRank& s) {
-    int64_t step = -1;
-    for (size_t i = 0; i < s.pc && i < s.program.size(); ++i) {
-      if (s.program[i].kind == SimOp::kEvent && s.program[i].text.rfind("step ", 0) == 0) ++step;
-    }
-    return step;
   }
 
   const SynthOptions o_;
@@ -273,9 +265,10 @@ SimOp p2p(SimOp::Kind kind, int peer) {
   s.numel = 256;
   return s;
 }
-SimOp event(std::string text) {
+SimOp event(std::string text, int64_t step = -1) {
   SimOp s(SimOp::kEvent);
   s.text = std::move(text);
+  s.step = step;
   return s;
 }
 SimOp compute(int64_t ns) {
@@ -330,7 +323,7 @@ void synth_write(std::string_view scenario, const SynthOptions& o,
     const bool culprit = r == o.culprit;
     for (int step = 0; step < o.steps; ++step) {
       const bool last = step == o.steps - 1;
-      p.push_back(event(fmt::format("step {} begins", step)));
+      p.push_back(event(fmt::format("step {} begins", step), step));
       if (culprit && step == middle && scenario == "killed") p.push_back(SimOp(SimOp::kDie));
       if (culprit && step == middle && scenario == "stopped") p.push_back(SimOp(SimOp::kStop));
       int64_t work = 10 * kMs + std::uniform_int_distribution<int64_t>(0, kMs / 2)(rng);
