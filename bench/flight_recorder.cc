@@ -148,8 +148,9 @@ void print_row(const char* what, const Percentiles& ours, const Percentiles* pee
 // Hook for the collectives integration: time N all_reduce calls of 1 KiB on a ProcessGroup with
 // FlightRecorder::global().set_enabled(true) and (false), and print both and the ratio here.
 void bench_collectives_loop_hook() {
-  std::printf("\ncollectives loop, recorder on vs off (1 KiB all_reduce): not measured here; "
-              "needs ProcessGroup (collectives integration fills bench_collectives_loop_hook)\n");
+  std::printf(
+      "\ncollectives loop, recorder on vs off (1 KiB all_reduce): not measured here; "
+      "needs ProcessGroup (collectives integration fills bench_collectives_loop_hook)\n");
 }
 
 }  // namespace
@@ -157,9 +158,12 @@ void bench_collectives_loop_hook() {
 int main(int argc, char** argv) {
   int iterations = 200'000, ranks = 1024, steps = 12;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--iterations")) iterations = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--ranks")) ranks = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--iterations"))
+      iterations = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--ranks"))
+      ranks = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--steps"))
+      steps = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "usage: %s [--iterations N] [--ranks N] [--steps N]\n", argv[0]);
       return 2;
@@ -173,8 +177,10 @@ int main(int argc, char** argv) {
   }
   const double overhead = percentiles(empty, scale, 0).p50;
 
-  std::printf("flight recorder: cost per call in ns (%d calls each; timer overhead %.1f ns "
-              "subtracted)\n\n", iterations, overhead);
+  std::printf(
+      "flight recorder: cost per call in ns (%d calls each; timer overhead %.1f ns "
+      "subtracted)\n\n",
+      iterations, overhead);
   std::printf("%-44s %9s %9s %9s   %9s %9s   %6s\n", "", "p50", "p99", "p99.9", "peer p50",
               "peer p99", "ratio");
   std::printf("%-44s %9s %9s %9s   %9s %9s   %6s\n", "", "", "", "", "(mutex", "ring)", "");
@@ -186,10 +192,10 @@ int main(int argc, char** argv) {
   FlightRecorder with_stack(with_stack_options);
   LockedRing peer_ring(4096);
 
-  const Percentiles peer = time_each(iterations, scale, overhead,
-                                     [&](int i) { peer_ring.record(sample_args(i)); });
-  const Percentiles record = time_each(iterations, scale, overhead,
-                                       [&](int i) { plain.record(sample_args(i)); });
+  const Percentiles peer =
+      time_each(iterations, scale, overhead, [&](int i) { peer_ring.record(sample_args(i)); });
+  const Percentiles record =
+      time_each(iterations, scale, overhead, [&](int i) { plain.record(sample_args(i)); });
   print_row("record() (target p50 <= 150, p99 <= 1000)", record, &peer);
   const Percentiles lifecycle = time_each(iterations, scale, overhead, [&](int i) {
     const uint64_t id = plain.record(sample_args(i));
@@ -197,16 +203,16 @@ int main(int argc, char** argv) {
     plain.completed(id);
   });
   print_row("record + started + completed", lifecycle, nullptr);
-  const Percentiles event = time_each(iterations, scale, overhead,
-                                      [&](int) { plain.record_event("step 1200 begins"); });
+  const Percentiles event =
+      time_each(iterations, scale, overhead, [&](int) { plain.record_event("step 1200 begins"); });
   print_row("record_event(\"step 1200 begins\")", event, nullptr);
-  const Percentiles stacked = time_each(iterations / 4, scale, overhead,
-                                        [&](int i) { with_stack.record(sample_args(i)); });
+  const Percentiles stacked =
+      time_each(iterations / 4, scale, overhead, [&](int i) { with_stack.record(sample_args(i)); });
   print_row("record() with stack capture", stacked, &peer);
 
   // Analyzer at scale.
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("tessel_fr_bench_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("tessel_fr_bench_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   SynthOptions o;
   o.ranks = ranks;
@@ -223,13 +229,15 @@ int main(int argc, char** argv) {
   Stopwatch analyze_clock;
   const Verdict v = analyze(set);
   const double analyze_s = analyze_clock.elapsed_seconds();
-  std::printf("\nanalyzer on %d synthetic rank dumps (%d steps, %.1f MiB of JSON; generated in "
-              "%.2f s)\n", ranks, steps, bytes / 1048576.0, gen_s);
-  std::printf("  read + parse   %7.3f s\n  analyze        %7.3f s\n  total          %7.3f s   "
-              "(target <= 10 s)\n  verdict: %s, culprits %s (expected %d)\n",
-              read_s, analyze_s, read_s + analyze_s,
-              std::string(verdict_status_name(v.status)).c_str(),
-              format_rank_list(v.culprits).c_str(), o.culprit);
+  std::printf(
+      "\nanalyzer on %d synthetic rank dumps (%d steps, %.1f MiB of JSON; generated in "
+      "%.2f s)\n",
+      ranks, steps, bytes / 1048576.0, gen_s);
+  std::printf(
+      "  read + parse   %7.3f s\n  analyze        %7.3f s\n  total          %7.3f s   "
+      "(target <= 10 s)\n  verdict: %s, culprits %s (expected %d)\n",
+      read_s, analyze_s, read_s + analyze_s, std::string(verdict_status_name(v.status)).c_str(),
+      format_rank_list(v.culprits).c_str(), o.culprit);
   std::filesystem::remove_all(dir);
 
   bench_collectives_loop_hook();

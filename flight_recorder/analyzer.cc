@@ -1,8 +1,8 @@
 #include "tessel/flight_recorder/analyzer.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
+
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <set>
@@ -16,32 +16,46 @@ namespace tessel::fr {
 
 std::string_view verdict_status_name(VerdictStatus status) {
   switch (status) {
-    case VerdictStatus::kHealthy: return "healthy";
-    case VerdictStatus::kCulpritFound: return "culprit_found";
-    case VerdictStatus::kInconclusive: return "inconclusive";
+    case VerdictStatus::kHealthy:
+      return "healthy";
+    case VerdictStatus::kCulpritFound:
+      return "culprit_found";
+    case VerdictStatus::kInconclusive:
+      return "inconclusive";
   }
   return "unknown";
 }
 
 std::string_view finding_kind_name(FindingKind kind) {
   switch (kind) {
-    case FindingKind::kNotJoined: return "not_joined";
-    case FindingKind::kExtraCollective: return "extra_collective";
-    case FindingKind::kMismatch: return "mismatch";
-    case FindingKind::kUnmatchedSend: return "unmatched_send";
-    case FindingKind::kUnmatchedRecv: return "unmatched_recv";
-    case FindingKind::kDeadlock: return "deadlock";
-    case FindingKind::kStraggler: return "straggler";
+    case FindingKind::kNotJoined:
+      return "not_joined";
+    case FindingKind::kExtraCollective:
+      return "extra_collective";
+    case FindingKind::kMismatch:
+      return "mismatch";
+    case FindingKind::kUnmatchedSend:
+      return "unmatched_send";
+    case FindingKind::kUnmatchedRecv:
+      return "unmatched_recv";
+    case FindingKind::kDeadlock:
+      return "deadlock";
+    case FindingKind::kStraggler:
+      return "straggler";
   }
   return "unknown";
 }
 
 std::string_view where_name(RankPosition::Where where) {
   switch (where) {
-    case RankPosition::Where::kInOperation: return "in_operation";
-    case RankPosition::Where::kInCompute: return "in_compute";
-    case RankPosition::Where::kNoDump: return "no_dump";
-    case RankPosition::Where::kStale: return "stale";
+    case RankPosition::Where::kInOperation:
+      return "in_operation";
+    case RankPosition::Where::kInCompute:
+      return "in_compute";
+    case RankPosition::Where::kNoDump:
+      return "no_dump";
+    case RankPosition::Where::kStale:
+      return "stale";
   }
   return "unknown";
 }
@@ -103,7 +117,8 @@ Signature signature_of(const TraceEntry& e) {
 
 std::string describe_difference(const Signature& mine, const Signature& theirs) {
   if (mine.op != theirs.op) {
-    return fmt::format("called {} where the others called {}", op_name(mine.op), op_name(theirs.op));
+    return fmt::format("called {} where the others called {}", op_name(mine.op),
+                       op_name(theirs.op));
   }
   if (mine.reduce_op != theirs.reduce_op) {
     return fmt::format("reduced with {} where the others used {}", reduce_op_name(mine.reduce_op),
@@ -135,7 +150,7 @@ class Analysis {
     std::set<int> all;
     for (const auto& f : v_.findings) all.insert(f.culprits.begin(), f.culprits.end());
     v_.culprits = sorted(all);
-    v_.status = !v_.culprits.empty()      ? VerdictStatus::kCulpritFound
+    v_.status = !v_.culprits.empty()       ? VerdictStatus::kCulpritFound
                 : !v_.inconclusive.empty() ? VerdictStatus::kInconclusive
                                            : VerdictStatus::kHealthy;
     return std::move(v_);
@@ -145,7 +160,8 @@ class Analysis {
   // Argument mismatches: at each (group, seq) the ranks that disagree with a strict plurality.
   void find_mismatches() {
     for (const auto& [group, by_seq] : m_.aligned()) {
-      for (const auto& [seq, members] : by_seq) {
+      for (const auto& [key, members] : by_seq) {
+        const uint64_t seq = key.first;
         if (members.size() < 2) continue;
         std::map<Signature, std::vector<int>> classes;
         for (const auto& [rank, e] : members) classes[signature_of(*e)].push_back(rank);
@@ -167,8 +183,8 @@ class Analysis {
             split += fmt::format("; {} {}", ranks_phrase(ranks),
                                  describe_difference(sig, classes.begin()->first));
           }
-          v_.inconclusive.push_back(fmt::format(
-              "arguments of {} differ with no majority to blame{}", where, split));
+          v_.inconclusive.push_back(
+              fmt::format("arguments of {} differ with no majority to blame{}", where, split));
         } else {
           Finding f;
           f.kind = FindingKind::kMismatch;
@@ -179,8 +195,8 @@ class Analysis {
           for (const auto& [sig, ranks] : classes) {
             if (sig == best->first) continue;
             minority.insert(ranks.begin(), ranks.end());
-            f.details.push_back(fmt::format("{} {}", ranks_phrase(ranks),
-                                            describe_difference(sig, best->first)));
+            f.details.push_back(
+                fmt::format("{} {}", ranks_phrase(ranks), describe_difference(sig, best->first)));
           }
           f.culprits = sorted(minority);
           f.waiting = best->second;
@@ -224,11 +240,21 @@ class Analysis {
     for (int r : m_.set().missing_ranks) {
       if (!blamed_.count(r) && !m_.waited_on(r)) unexplained.push_back(r);
     }
-    if (!unexplained.empty()) {
+    std::vector<int> stale;
+    for (const auto& p : v_.positions) {
+      if (p.where == RankPosition::Where::kStale && !blamed_.count(p.rank)) stale.push_back(p.rank);
+    }
+    if (!stale.empty()) {
       v_.inconclusive.push_back(fmt::format(
-          "no dump from {} and no live rank waits on them: were they dumped to another "
-          "directory, or did they exit?",
-          ranks_phrase(unexplained)));
+          "{} only left stale dumps (older than the others by more than --stale-after), so "
+          "where they are now is unknown",
+          ranks_phrase(stale)));
+    }
+    if (!unexplained.empty()) {
+      v_.inconclusive.push_back(
+          fmt::format("no dump from {} and no live rank waits on them: were they dumped to another "
+                      "directory, or did they exit?",
+                      ranks_phrase(unexplained)));
     }
   }
 
@@ -293,7 +319,8 @@ class Analysis {
     if (w.missing.empty()) {
       v_.inconclusive.push_back(fmt::format(
           "{} and its matching {} were both posted and did not complete: look below the "
-          "recorder", m_.describe_p2p(op), op.src == rank ? "recv" : "send"));
+          "recorder",
+          m_.describe_p2p(op), op.src == rank ? "recv" : "send"));
       return;
     }
     if (w.unknown) {
@@ -310,8 +337,8 @@ class Analysis {
     f.seq = op.seq;
     f.culprits = w.missing;
     f.waiting = {rank};
-    f.summary = fmt::format("{} has no matching {}: rank {} never posted it",
-                            m_.describe_p2p(op), is_send ? "recv" : "send", w.missing.front());
+    f.summary = fmt::format("{} has no matching {}: rank {} never posted it", m_.describe_p2p(op),
+                            is_send ? "recv" : "send", w.missing.front());
     f.details.push_back(culprit_detail(w.missing.front()));
     add_finding(std::move(f));
   }
@@ -353,9 +380,8 @@ class Analysis {
       if (missing.size() <= issued.size()) blamed.insert(missing.begin(), missing.end());
       if (issued.size() <= missing.size()) blamed.insert(issued.begin(), issued.end());
       f.details.push_back(fmt::format(
-          "{} in {}, which {} never issued",
-          ranks_verb(m_.waiting_in(w.op), "wait"), m_.describe_collective(w.op.group, w.op.seq, *w.entry),
-          ranks_phrase(missing)));
+          "{} in {}, which {} never issued", ranks_verb(m_.waiting_in(w.op), "wait"),
+          m_.describe_collective(w.op.group, w.op.seq, *w.entry), ranks_phrase(missing)));
       if (f.group_id == 0) {
         f.group_id = w.op.group;
         f.group_name = m_.group_name(w.op.group);
@@ -366,10 +392,11 @@ class Analysis {
     for (int r : comp) {
       if (!blamed.count(r)) f.waiting.push_back(r);
     }
-    f.summary = fmt::format("deadlock across groups: {} wait on each other in a cycle; blamed: "
-                            "{} (the minority side of each collective on the cycle, both "
-                            "sides on a tie)",
-                            ranks_phrase(comp), ranks_phrase(f.culprits));
+    f.summary = fmt::format(
+        "deadlock across groups: {} wait on each other in a cycle; blamed: "
+        "{} (the minority side of each collective on the cycle, both "
+        "sides on a tie)",
+        ranks_phrase(comp), ranks_phrase(f.culprits));
     add_finding(std::move(f));
   }
 

@@ -48,7 +48,12 @@ enum class VerdictStatus { kHealthy, kCulpritFound, kInconclusive };
 std::string_view verdict_status_name(VerdictStatus status);  // "healthy", "culprit_found", ...
 
 enum class FindingKind {
-  kNotJoined, kExtraCollective, kMismatch, kUnmatchedSend, kUnmatchedRecv, kDeadlock,
+  kNotJoined,
+  kExtraCollective,
+  kMismatch,
+  kUnmatchedSend,
+  kUnmatchedRecv,
+  kDeadlock,
   kStraggler,
 };
 std::string_view finding_kind_name(FindingKind kind);  // "not_joined", "deadlock", ...
@@ -67,12 +72,12 @@ std::string_view where_name(RankPosition::Where where);  // "in_operation", "in_
 
 struct Finding {
   FindingKind kind = FindingKind::kNotJoined;
-  std::vector<int> culprits;    // sorted global ranks this finding blames
-  std::vector<int> waiting;     // ranks stuck because of it (not blamed)
-  uint64_t group_id = 0;        // the collective or channel concerned (0 for stragglers)
+  std::vector<int> culprits;  // sorted global ranks this finding blames
+  std::vector<int> waiting;   // ranks stuck because of it (not blamed)
+  uint64_t group_id = 0;      // the collective or channel concerned (0 for stragglers)
   std::string group_name;
-  uint64_t seq = 0;             // collective seq, or p2p seq for send/recv
-  std::string summary;          // one line
+  uint64_t seq = 0;                  // collective seq, or p2p seq for send/recv
+  std::string summary;               // one line
   std::vector<std::string> details;  // where each culprit is, what differed, ...
 };
 

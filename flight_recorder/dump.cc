@@ -17,12 +17,18 @@ namespace tessel::fr {
 
 std::string_view trigger_name(DumpTrigger trigger) {
   switch (trigger) {
-    case DumpTrigger::kApi: return "api";
-    case DumpTrigger::kTimeout: return "timeout";
-    case DumpTrigger::kStoreRequest: return "store_request";
-    case DumpTrigger::kSignal: return "signal";
-    case DumpTrigger::kError: return "error";
-    case DumpTrigger::kFatalSignal: return "fatal_signal";
+    case DumpTrigger::kApi:
+      return "api";
+    case DumpTrigger::kTimeout:
+      return "timeout";
+    case DumpTrigger::kStoreRequest:
+      return "store_request";
+    case DumpTrigger::kSignal:
+      return "signal";
+    case DumpTrigger::kError:
+      return "error";
+    case DumpTrigger::kFatalSignal:
+      return "fatal_signal";
   }
   return "unknown";
 }
@@ -125,8 +131,8 @@ void format_dump(const FlightRecorder& recorder, DumpTrigger trigger, int initia
 }
 
 int write_dump_file(const FlightRecorder& recorder, DumpTrigger trigger, int initiator,
-                    const char* reason, const char* tmp_path, const char* final_path,
-                    char* buffer, size_t size) noexcept {
+                    const char* reason, const char* tmp_path, const char* final_path, char* buffer,
+                    size_t size) noexcept {
   const int fd = ::open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return errno;
   bool ok;
@@ -161,8 +167,8 @@ std::filesystem::path write_dump(const FlightRecorder& recorder, const DumpReque
                                  const std::filesystem::path& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  TESSEL_CHECK(!ec, IoError, "cannot create flight-recorder dump directory '{}': {}",
-               dir.string(), ec.message());
+  TESSEL_CHECK(!ec, IoError, "cannot create flight-recorder dump directory '{}': {}", dir.string(),
+               ec.message());
   const ProcessInfo& p = recorder.process_info();
   const auto final_path = dir / dump_file_name(p.rank, p.pid);
   // Unique per writer so concurrent dumps of one process never share a temporary file.

@@ -126,8 +126,7 @@ DumpRequest decode_store_dump_request(std::string_view value) {
   r.trigger = DumpTrigger::kStoreRequest;
   const size_t space = value.find(' ');
   const std::string_view number = value.substr(0, space);
-  const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(),
-                                         r.initiator);
+  const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), r.initiator);
   TESSEL_CHECK(!number.empty() && ec == std::errc() && end == number.data() + number.size() &&
                    r.initiator >= -1,
                InvalidArgument,
@@ -195,8 +194,8 @@ void Dumper::install_signal_handlers() {
     // Paths are formatted now: the handler may not allocate.
     const ProcessInfo& p = recorder_.process_info();
     const auto final_path = options_.dir / dump_file_name(p.rank, p.pid);
-    const auto tmp_path = options_.dir / fmt::format(".{}.tmp.fatal.{}",
-                                                     final_path.filename().string(), p.pid);
+    const auto tmp_path =
+        options_.dir / fmt::format(".{}.tmp.fatal.{}", final_path.filename().string(), p.pid);
     std::error_code ec;
     std::filesystem::create_directories(options_.dir, ec);
     if (ec || !copy_path(g_fatal_final_path, sizeof(g_fatal_final_path), final_path.string()) ||

@@ -37,8 +37,8 @@ namespace tessel::fr {
 
 struct DumperOptions {
   std::filesystem::path dir = "/tmp/tessel_fr";  // where tessel_fr_rank<R>.json goes
-  int dump_signal = 0;         // signal number that triggers a dump; 0 = none
-  bool dump_on_fatal = false;  // install the fatal-signal handlers
+  int dump_signal = 0;                           // signal number that triggers a dump; 0 = none
+  bool dump_on_fatal = false;                    // install the fatal-signal handlers
 
   // dir from TESSEL_FR_DUMP_DIR, dump_signal from TESSEL_FR_DUMP_SIGNAL ("SIGUSR1", "USR2",
   // "12", "none"), dump_on_fatal from TESSEL_FR_DUMP_ON_FATAL. Throws InvalidArgument naming
@@ -64,7 +64,9 @@ class Dumper {
   Dumper(const Dumper&) = delete;
   Dumper& operator=(const Dumper&) = delete;
 
-  // Starts the dumper thread and installs the configured signal handlers. Throws
+  // Starts the dumper thread and installs the configured signal handlers. Call it after
+  // recorder.set_process_info(): the fatal-signal handler's file name (with the rank) is fixed
+  // here, since the handler may not allocate. Throws
   // InvalidArgument when another Dumper in the process is started, IoError when the wake pipe
   // cannot be made. Idempotent.
   void start();

@@ -5,10 +5,9 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "tessel/base/error.h"
 
@@ -74,13 +73,13 @@ class Fields {
     return where_.empty() ? std::string(key) : fmt::format("{}.{}", where_, key);
   }
   [[noreturn]] void fail(std::string_view key, std::string_view expected, const Json& v) const {
-    throw InvalidArgument(fmt::format("{}: {}: expected {}, found {}", file_, label(key), expected,
-                                      v.type_name()));
+    throw InvalidArgument(
+        fmt::format("{}: {}: expected {}, found {}", file_, label(key), expected, v.type_name()));
   }
   [[noreturn]] void bad_value(std::string_view key, std::string_view expected,
                               std::string_view found) const {
-    throw InvalidArgument(fmt::format("{}: {}: expected {}, found '{}'", file_, label(key),
-                                      expected, found));
+    throw InvalidArgument(
+        fmt::format("{}: {}: expected {}, found '{}'", file_, label(key), expected, found));
   }
 
  private:
@@ -99,9 +98,9 @@ Enum parse_enum(const Fields& f, const char* key, std::string_view (*name)(Enum)
   f.bad_value(key, expected, text);
 }
 
-constexpr OpType kOps[] = {OpType::kAllReduce, OpType::kBroadcast,    OpType::kAllGather,
-                           OpType::kReduceScatter, OpType::kAllToAll, OpType::kSend,
-                           OpType::kRecv,      OpType::kBarrier,      OpType::kUserEvent};
+constexpr OpType kOps[] = {OpType::kAllReduce,     OpType::kBroadcast, OpType::kAllGather,
+                           OpType::kReduceScatter, OpType::kAllToAll,  OpType::kSend,
+                           OpType::kRecv,          OpType::kBarrier,   OpType::kUserEvent};
 constexpr ReduceOp kReduceOps[] = {ReduceOp::kNone, ReduceOp::kSum, ReduceOp::kAvg,
                                    ReduceOp::kMax,  ReduceOp::kMin, ReduceOp::kProduct};
 constexpr EntryState kStates[] = {EntryState::kScheduled, EntryState::kStarted,
@@ -171,15 +170,16 @@ RankDump parse_dump(std::string_view text, const std::string& name) {
   try {
     j = Json::parse(text.begin(), text.end());
   } catch (const Json::parse_error& e) {
-    throw InvalidArgument(fmt::format(
-        "{}: not valid JSON (truncated or corrupt dump?) at byte {} of {}: {}", name, e.byte,
-        text.size(), e.what()));
+    throw InvalidArgument(
+        fmt::format("{}: not valid JSON (truncated or corrupt dump?) at byte {} of {}: {}", name,
+                    e.byte, text.size(), e.what()));
   }
   const Fields f(j, name, "");
   RankDump d;
   d.path = name;
   const std::string format = f.str("format");
-  if (format != kDumpFormatName) f.bad_value("format", fmt::format("'{}'", kDumpFormatName), format);
+  if (format != kDumpFormatName)
+    f.bad_value("format", fmt::format("'{}'", kDumpFormatName), format);
   d.version = static_cast<int>(f.i64("version"));
   TESSEL_CHECK(d.version == kDumpFormatVersion, InvalidArgument,
                "{}: dump format version {} is not supported; this reader understands version {}",
@@ -215,8 +215,7 @@ RankDump parse_dump(std::string_view text, const std::string& name) {
       const int64_t r = ranks[k].get<int64_t>();
       if (r < 0 || r >= d.world_size) {
         g.bad_value(fmt::format("ranks[{}]", k),
-                    fmt::format("a rank below the world size {}", d.world_size),
-                    std::to_string(r));
+                    fmt::format("a rank below the world size {}", d.world_size), std::to_string(r));
       }
       info.ranks.push_back(static_cast<int>(r));
     }
@@ -237,8 +236,7 @@ RankDump parse_dump(std::string_view text, const std::string& name) {
 
 RankDump read_dump(const std::filesystem::path& file) {
   std::ifstream in(file, std::ios::binary);
-  TESSEL_CHECK(in.good(), IoError, "{}: cannot open dump: {}", file.string(),
-               std::strerror(errno));
+  TESSEL_CHECK(in.good(), IoError, "{}: cannot open dump: {}", file.string(), std::strerror(errno));
   std::ostringstream text;
   text << in.rdbuf();
   TESSEL_CHECK(!in.bad(), IoError, "{}: error while reading the dump", file.string());

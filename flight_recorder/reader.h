@@ -43,9 +43,7 @@ struct TraceEntry {
   bool is_p2p() const { return op == OpType::kSend || op == OpType::kRecv; }
   bool is_user_event() const { return op == OpType::kUserEvent; }
   bool is_collective() const { return !is_p2p() && !is_user_event(); }
-  bool finished() const {
-    return state == EntryState::kCompleted || state == EntryState::kFailed;
-  }
+  bool finished() const { return state == EntryState::kCompleted || state == EntryState::kFailed; }
 };
 
 // One rank's dump.
@@ -89,8 +87,8 @@ struct DumpProblem {
 struct DumpSet {
   std::vector<RankDump> dumps;
   std::vector<DumpProblem> problems;
-  int world_size = -1;            // agreed by the dumps (-1 when none says)
-  std::vector<int> missing_ranks; // ranks of the world with no usable dump
+  int world_size = -1;             // agreed by the dumps (-1 when none says)
+  std::vector<int> missing_ranks;  // ranks of the world with no usable dump
 };
 
 // Loads every `tessel_fr_*.json` of `dir` (in parallel). Files that fail to parse, that carry a

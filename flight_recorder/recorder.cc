@@ -15,37 +15,56 @@ namespace tessel::fr {
 
 std::string_view op_name(OpType op) {
   switch (op) {
-    case OpType::kAllReduce: return "all_reduce";
-    case OpType::kBroadcast: return "broadcast";
-    case OpType::kAllGather: return "all_gather";
-    case OpType::kReduceScatter: return "reduce_scatter";
-    case OpType::kAllToAll: return "all_to_all";
-    case OpType::kSend: return "send";
-    case OpType::kRecv: return "recv";
-    case OpType::kBarrier: return "barrier";
-    case OpType::kUserEvent: return "user_event";
+    case OpType::kAllReduce:
+      return "all_reduce";
+    case OpType::kBroadcast:
+      return "broadcast";
+    case OpType::kAllGather:
+      return "all_gather";
+    case OpType::kReduceScatter:
+      return "reduce_scatter";
+    case OpType::kAllToAll:
+      return "all_to_all";
+    case OpType::kSend:
+      return "send";
+    case OpType::kRecv:
+      return "recv";
+    case OpType::kBarrier:
+      return "barrier";
+    case OpType::kUserEvent:
+      return "user_event";
   }
   return "unknown";
 }
 
 std::string_view reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kNone: return "none";
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kProduct: return "product";
+    case ReduceOp::kNone:
+      return "none";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kProduct:
+      return "product";
   }
   return "unknown";
 }
 
 std::string_view state_name(EntryState state) {
   switch (state) {
-    case EntryState::kScheduled: return "scheduled";
-    case EntryState::kStarted: return "started";
-    case EntryState::kCompleted: return "completed";
-    case EntryState::kFailed: return "failed";
+    case EntryState::kScheduled:
+      return "scheduled";
+    case EntryState::kStarted:
+      return "started";
+    case EntryState::kCompleted:
+      return "completed";
+    case EntryState::kFailed:
+      return "failed";
   }
   return "unknown";
 }
@@ -86,9 +105,8 @@ struct FlightRecorder::Slot {
   uint64_t lock() noexcept {
     uint64_t v = version.load(std::memory_order_relaxed);
     for (;;) {
-      if ((v & 1) == 0 &&
-          version.compare_exchange_weak(v, v + 1, std::memory_order_acquire,
-                                        std::memory_order_relaxed)) {
+      if ((v & 1) == 0 && version.compare_exchange_weak(v, v + 1, std::memory_order_acquire,
+                                                        std::memory_order_relaxed)) {
         std::atomic_thread_fence(std::memory_order_release);
         return v;
       }
@@ -128,8 +146,7 @@ int64_t FlightRecorder::wall_now_us() const noexcept {
 FlightRecorder& FlightRecorder::global() {
   static FlightRecorder* recorder = [] {
     const int64_t capacity = env_int(EnvKnob::kFrCapacity);
-    TESSEL_CHECK(capacity > 0, InvalidArgument, "TESSEL_FR_CAPACITY={} must be positive",
-                 capacity);
+    TESSEL_CHECK(capacity > 0, InvalidArgument, "TESSEL_FR_CAPACITY={} must be positive", capacity);
     RecorderOptions options;
     options.capacity = static_cast<size_t>(capacity);
     options.capture_stack = env_bool(EnvKnob::kFrStack);
@@ -187,8 +204,8 @@ void FlightRecorder::note_dropped(const Entry& old) noexcept {
     // The count is informational (racing overwriters may lose an increment); a plain
     // load/store keeps a locked instruction off the recording path.
     c.dropped.store(c.dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    const bool collective = old.op != OpType::kSend && old.op != OpType::kRecv &&
-                            old.op != OpType::kUserEvent;
+    const bool collective =
+        old.op != OpType::kSend && old.op != OpType::kRecv && old.op != OpType::kUserEvent;
     if (collective) {
       uint64_t cur = c.last_dropped_seq.load(std::memory_order_relaxed);
       while (old.seq > cur &&

@@ -25,18 +25,25 @@
 namespace tessel::fr {
 
 enum class OpType : uint8_t {
-  kAllReduce, kBroadcast, kAllGather, kReduceScatter, kAllToAll, kSend, kRecv, kBarrier,
+  kAllReduce,
+  kBroadcast,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kSend,
+  kRecv,
+  kBarrier,
   kUserEvent,
 };
 enum class ReduceOp : uint8_t { kNone, kSum, kAvg, kMax, kMin, kProduct };
 enum class EntryState : uint8_t { kScheduled, kStarted, kCompleted, kFailed };
 
-std::string_view op_name(OpType op);          // "all_reduce", "send", "user_event"
-std::string_view reduce_op_name(ReduceOp op);  // "none", "sum", ...
-std::string_view state_name(EntryState state); // "scheduled", "started", "completed", "failed"
+std::string_view op_name(OpType op);            // "all_reduce", "send", "user_event"
+std::string_view reduce_op_name(ReduceOp op);   // "none", "sum", ...
+std::string_view state_name(EntryState state);  // "scheduled", "started", "completed", "failed"
 
 inline constexpr int kMaxDims = 6;
-inline constexpr int kMaxStackFrames = 16;    // frames kept per entry when stacks are captured
+inline constexpr int kMaxStackFrames = 16;         // frames kept per entry when stacks are captured
 inline constexpr size_t kMaxTrackedGroups = 1024;  // groups whose dropped entries are tracked
 
 // Shape and dtype of one tensor argument, inline (no heap).
@@ -53,17 +60,17 @@ struct TensorMeta {
 // What a caller knows when it issues an operation.
 struct RecordArgs {
   uint64_t group_id = 0;
-  uint64_t seq = 0;        // per-group collective sequence number (0 for send/recv)
-  int32_t peer = -1;       // send/recv: the peer's rank in the group
-  uint64_t p2p_seq = 0;    // send/recv: per-(group, peer, direction) sequence number
+  uint64_t seq = 0;      // per-group collective sequence number (0 for send/recv)
+  int32_t peer = -1;     // send/recv: the peer's rank in the group
+  uint64_t p2p_seq = 0;  // send/recv: per-(group, peer, direction) sequence number
   OpType op = OpType::kAllReduce;
   ReduceOp reduce_op = ReduceOp::kNone;
-  int32_t root = -1;       // broadcast root
-  uint32_t coalesced_id = 0;     // non-zero when issued as part of a coalesced batch
+  int32_t root = -1;          // broadcast root
+  uint32_t coalesced_id = 0;  // non-zero when issued as part of a coalesced batch
   uint32_t coalesced_index = 0;
-  uint32_t callsite_id = 0;      // caller-chosen id of the call site (e.g. a hash of file:line)
+  uint32_t callsite_id = 0;  // caller-chosen id of the call site (e.g. a hash of file:line)
   TensorMeta input, output;
-  std::string_view text;         // user events: the marker text (truncated to fit)
+  std::string_view text;  // user events: the marker text (truncated to fit)
 };
 
 // One ring slot, as a snapshot sees it. Times are monotonic nanoseconds (0 = not yet).
@@ -80,12 +87,12 @@ struct Entry {
   uint32_t coalesced_id = 0;
   uint32_t coalesced_index = 0;
   uint32_t callsite_id = 0;
-  int64_t step = -1;       // training step current when recorded (set_step), -1 if never set
+  int64_t step = -1;  // training step current when recorded (set_step), -1 if never set
   TensorMeta input, output;
   int64_t enqueued_ns = 0, started_ns = 0, completed_ns = 0;
-  uint32_t thread_id = 0;  // kernel thread id of the recording thread
-  char text[48] = {};      // user event text
-  uint8_t stack_depth = 0; // frames in `stack` (0 unless RecorderOptions::capture_stack)
+  uint32_t thread_id = 0;   // kernel thread id of the recording thread
+  char text[48] = {};       // user event text
+  uint8_t stack_depth = 0;  // frames in `stack` (0 unless RecorderOptions::capture_stack)
   uintptr_t stack[kMaxStackFrames] = {};  // return addresses, innermost first
 };
 
@@ -98,7 +105,7 @@ struct GroupDrops {
 
 // Who this process is, for dumps. Fixed-size so a fatal-signal dump can read it.
 struct ProcessInfo {
-  int rank = -1;        // global rank, -1 until set_process_info
+  int rank = -1;  // global rank, -1 until set_process_info
   int world_size = -1;
   int pid = 0;
   char hostname[64] = {};

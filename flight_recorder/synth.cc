@@ -66,7 +66,7 @@ struct SimRank {
   int64_t now = kSimStartNs;
   bool blocked = false, dead = false, stopped = false;
   int64_t stopped_at = 0;
-  std::map<uint64_t, uint64_t> seq;                  // group -> last seq issued
+  std::map<uint64_t, uint64_t> seq;                             // group -> last seq issued
   std::map<std::tuple<uint64_t, int, bool>, uint64_t> p2p_seq;  // (group, peer, send) -> last
   std::unique_ptr<FlightRecorder> fr;
 };
@@ -133,8 +133,7 @@ class Simulation {
       DumpRequest req{DumpTrigger::kApi, -1, "synthetic scenario"};
       if (initiator >= 0) {
         req = r == initiator ? DumpRequest{DumpTrigger::kTimeout, r, "collective timed out"}
-                             : DumpRequest{DumpTrigger::kStoreRequest, initiator,
-                                           "rank timed out"};
+                             : DumpRequest{DumpTrigger::kStoreRequest, initiator, "rank timed out"};
       }
       write_dump(*s.fr, req, dir);
     }
@@ -218,8 +217,8 @@ class Simulation {
     RecordArgs a;
     a.group_id = op.group;
     a.op = send ? OpType::kSend : OpType::kRecv;
-    a.peer = static_cast<int32_t>(std::find(members.begin(), members.end(), op.peer) -
-                                  members.begin());
+    a.peer =
+        static_cast<int32_t>(std::find(members.begin(), members.end(), op.peer) - members.begin());
     a.p2p_seq = ++s.p2p_seq[{op.group, op.peer, send}];
     a.input = TensorMeta::make(op.dtype, {op.numel});
     a.output = a.input;
@@ -247,9 +246,7 @@ class Simulation {
   std::map<uint64_t, std::pair<std::string, std::vector<int>>> groups_;
   std::vector<SimRank> ranks_;
   std::map<std::pair<uint64_t, uint64_t>, std::vector<Pending>> collectives_;
-  std::map<std::tuple<uint64_t, int, int, uint64_t>,
-           std::pair<Pending, Pending>>
-      p2p_;
+  std::map<std::tuple<uint64_t, int, int, uint64_t>, std::pair<Pending, Pending>> p2p_;
 };
 
 SimOp collective(uint64_t group, OpType op = OpType::kAllReduce) {
@@ -301,8 +298,8 @@ void synth_write(std::string_view scenario, const SynthOptions& o,
                "unknown synthetic scenario '{}'; expected one of: {}", scenario,
                fmt::join(synth_scenarios(), ", "));
   TESSEL_CHECK(o.ranks >= 1 && o.steps >= 2, InvalidArgument,
-               "synthetic job needs ranks >= 1 and steps >= 2, got ranks {} and steps {}",
-               o.ranks, o.steps);
+               "synthetic job needs ranks >= 1 and steps >= 2, got ranks {} and steps {}", o.ranks,
+               o.steps);
   TESSEL_CHECK(o.culprit >= 0 && o.culprit < o.ranks, InvalidArgument,
                "culprit rank {} is not a rank of a {}-rank job", o.culprit, o.ranks);
   const bool two_ranks = scenario == "deadlock" || scenario == "send_without_recv";

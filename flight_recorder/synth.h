@@ -29,8 +29,8 @@ namespace tessel::fr {
 struct SynthOptions {
   int ranks = 8;
   int steps = 12;
-  int culprit = 1;   // the rank that misbehaves
-  int partner = 2;   // the second rank of two-rank faults (deadlock, send_without_recv)
+  int culprit = 1;         // the rank that misbehaves
+  int partner = 2;         // the second rank of two-rank faults (deadlock, send_without_recv)
   size_t capacity = 4096;  // ring entries per rank ("wrapped" uses a small one regardless)
   uint64_t seed = 1;
 };

@@ -1,7 +1,7 @@
 // Verdict output: the human-readable report and the JSON form.
-#include <map>
-
 #include <fmt/format.h>
+
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "tessel/flight_recorder/analyzer.h"
@@ -12,11 +12,15 @@ std::string format_verdict(const Verdict& v) {
   std::string out;
   switch (v.status) {
     case VerdictStatus::kCulpritFound:
-      out += fmt::format("verdict: CULPRIT FOUND: {} {}\n", v.culprits.size() == 1 ? "rank" : "ranks",
-                         format_rank_list(v.culprits));
+      out += fmt::format("verdict: CULPRIT FOUND: {} {}\n",
+                         v.culprits.size() == 1 ? "rank" : "ranks", format_rank_list(v.culprits));
       break;
-    case VerdictStatus::kHealthy: out += "verdict: HEALTHY: no rank hangs, nothing mismatched\n"; break;
-    case VerdictStatus::kInconclusive: out += "verdict: INCONCLUSIVE\n"; break;
+    case VerdictStatus::kHealthy:
+      out += "verdict: HEALTHY: no rank hangs, nothing mismatched\n";
+      break;
+    case VerdictStatus::kInconclusive:
+      out += "verdict: INCONCLUSIVE\n";
+      break;
   }
   out += fmt::format("  {} dumps for a world of {} ranks\n", v.dumps, v.world_size);
   for (size_t i = 0; i < v.findings.size(); ++i) {
@@ -36,7 +40,8 @@ std::string format_verdict(const Verdict& v) {
   std::vector<std::pair<std::string, std::vector<int>>> places;
   std::map<std::string, size_t> index;
   for (const auto& p : v.positions) {
-    const std::string key = p.place + (p.last_event.empty() ? "" : "; last marked '" + p.last_event + "'");
+    const std::string key =
+        p.place + (p.last_event.empty() ? "" : "; last marked '" + p.last_event + "'");
     auto [it, fresh] = index.emplace(key, places.size());
     if (fresh) places.push_back({key, {}});
     places[it->second].second.push_back(p.rank);

@@ -8,8 +8,7 @@
 
 namespace tessel::fr::internal {
 
-Model::Model(const DumpSet& set, const AnalyzerOptions& options)
-    : set_(set), options_(options) {
+Model::Model(const DumpSet& set, const AnalyzerOptions& options) : set_(set), options_(options) {
   world_size_ = std::max(set.world_size, 0);
   for (const auto& d : set.dumps) world_size_ = std::max(world_size_, d.rank + 1);
   by_rank_.assign(world_size_, nullptr);
@@ -32,6 +31,12 @@ Model::Model(const DumpSet& set, const AnalyzerOptions& options)
   for (const auto& d : set.dumps) {
     if (!stale_[d.rank]) find_wait(d);
   }
+  for (const auto& [key, ranks] : failed_) {
+    const auto& [group, seq, op] = key;
+    notes_.push_back(fmt::format("{} #{} of group '{}' failed on {} {} (see their logs)", op, seq,
+                                 group_name(group), ranks.size() == 1 ? "rank" : "ranks",
+                                 format_rank_list(ranks)));
+  }
 }
 
 void Model::index_dump(const RankDump& d) {
@@ -42,10 +47,14 @@ void Model::index_dump(const RankDump& d) {
     r = std::max(r, drop.last_dropped_seq);
   }
   for (const auto& e : d.entries) {
+    if (e.state == EntryState::kFailed) {
+      failed_[{e.group_id, e.is_p2p() ? e.p2p_seq : e.seq, std::string(op_name(e.op))}].push_back(
+          d.rank);
+    }
     if (e.is_collective()) {
       auto& r = reached_[d.rank][e.group_id];
       r = std::max(r, e.seq);
-      aligned_[e.group_id][e.seq].emplace_back(d.rank, &e);
+      aligned_[e.group_id][{e.seq, e.coalesced_index}].emplace_back(d.rank, &e);
     } else if (e.is_p2p()) {
       const auto it = groups_.find(e.group_id);
       if (it == groups_.end() || e.peer < 0 ||
@@ -76,10 +85,10 @@ void Model::find_wait(const RankDump& d) {
   if (blocking == nullptr) return;
   const auto git = groups_.find(blocking->group_id);
   if (git == groups_.end()) {
-    notes_.push_back(fmt::format("rank {} waits in {} #{} of group {}, which no dump registers; "
-                                 "its members are unknown",
-                                 d.rank, op_name(blocking->op), blocking->seq,
-                                 blocking->group_id));
+    notes_.push_back(
+        fmt::format("rank {} waits in {} #{} of group {}, which no dump registers; "
+                    "its members are unknown",
+                    d.rank, op_name(blocking->op), blocking->seq, blocking->group_id));
     return;
   }
   const GroupInfo& g = *git->second;
@@ -95,8 +104,8 @@ void Model::find_wait(const RankDump& d) {
   } else {
     if (blocking->peer < 0 || static_cast<size_t>(blocking->peer) >= g.ranks.size()) {
       notes_.push_back(fmt::format("rank {}: {} #{} names peer {} outside group '{}' of {} ranks",
-                                   d.rank, op_name(blocking->op), blocking->p2p_seq,
-                                   blocking->peer, g.name, g.ranks.size()));
+                                   d.rank, op_name(blocking->op), blocking->p2p_seq, blocking->peer,
+                                   g.name, g.ranks.size()));
       return;
     }
     const int peer = g.ranks[blocking->peer];
@@ -111,8 +120,8 @@ void Model::find_wait(const RankDump& d) {
       if (p != nullptr) {
         const auto dit = dropped_[peer].find(g.id);
         const bool lost = dit != dropped_[peer].end() && dit->second > 0;
-        const int64_t oldest = p->entries.empty() ? INT64_MAX
-                                                  : p->to_wall_ns(p->entries.front().enqueued_ns);
+        const int64_t oldest =
+            p->entries.empty() ? INT64_MAX : p->to_wall_ns(p->entries.front().enqueued_ns);
         w.unknown = lost && oldest > d.to_wall_ns(blocking->enqueued_ns);
       }
     }
@@ -140,22 +149,21 @@ RankPosition Model::position(int rank) const {
   const auto it = waits_.find(rank);
   if (it != waits_.end()) {
     const Wait& w = it->second;
-    const std::string op = w.op.p2p ? describe_p2p(w.op)
-                                    : describe_collective(w.op.group, w.op.seq, *w.entry);
+    const std::string op =
+        w.op.p2p ? describe_p2p(w.op) : describe_collective(w.op.group, w.op.seq, *w.entry);
     place = fmt::format("waiting in {}", op);
     where = fmt::format("{} for {}", place,
                         format_duration(Nanoseconds(d->monotonic_ns - w.entry->enqueued_ns)));
     p.where = RankPosition::Where::kInOperation;
   } else if (last_done != nullptr) {
     const std::string op =
-        last_done->is_p2p()
-            ? fmt::format("{} #{} (group '{}')", op_name(last_done->op), last_done->p2p_seq,
-                          group_name(last_done->group_id))
-            : describe_collective(last_done->group_id, last_done->seq, *last_done);
+        last_done->is_p2p() ? fmt::format("{} #{} (group '{}')", op_name(last_done->op),
+                                          last_done->p2p_seq, group_name(last_done->group_id))
+                            : describe_collective(last_done->group_id, last_done->seq, *last_done);
     place = fmt::format("in compute since {} {}", op, state_name(last_done->state));
     where = fmt::format("in compute for {} since {} {}",
-                        format_duration(Nanoseconds(d->monotonic_ns - last_done->completed_ns)),
-                        op, state_name(last_done->state));
+                        format_duration(Nanoseconds(d->monotonic_ns - last_done->completed_ns)), op,
+                        state_name(last_done->state));
     p.where = RankPosition::Where::kInCompute;
   } else {
     where = place = "in compute; no finished operation in its dump";
@@ -250,7 +258,7 @@ std::vector<StragglerStats> Model::stragglers() const {
   for (const auto& [group, by_seq] : aligned_) {
     const auto git = groups_.find(group);
     if (git == groups_.end() || git->second->ranks.size() < 2) continue;
-    for (const auto& [seq, members] : by_seq) {
+    for (const auto& [key, members] : by_seq) {
       if (members.size() != git->second->ranks.size()) continue;
       arrivals.clear();
       for (const auto& [rank, e] : members) {

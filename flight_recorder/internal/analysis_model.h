@@ -47,14 +47,17 @@ struct StragglerStats {
 
 class Model {
  public:
+  // group -> (seq, coalesced_index) -> (rank, entry): ops of one coalesced batch share a seq
+  // on some backends, so the index inside the batch is part of the key.
+  using SeqKey = std::pair<uint64_t, uint32_t>;
   using Aligned =
-      std::map<uint64_t, std::map<uint64_t, std::vector<std::pair<int, const TraceEntry*>>>>;
+      std::map<uint64_t, std::map<SeqKey, std::vector<std::pair<int, const TraceEntry*>>>>;
 
   Model(const DumpSet& set, const AnalyzerOptions& options);
 
   const DumpSet& set() const { return set_; }
   int world_size() const { return world_size_; }
-  const Aligned& aligned() const { return aligned_; }  // group -> seq -> (rank, entry)
+  const Aligned& aligned() const { return aligned_; }
   const std::map<int, Wait>& waits() const { return waits_; }
   const std::vector<std::string>& notes() const { return notes_; }
 
@@ -93,6 +96,7 @@ class Model {
   // (group, src, dst, p2p seq, is_send) of every send/recv any rank recorded.
   std::set<std::tuple<uint64_t, int, int, uint64_t, bool>> posted_;
   std::map<int, Wait> waits_;
+  std::map<std::tuple<uint64_t, uint64_t, std::string>, std::vector<int>> failed_;
   std::vector<std::string> notes_;
 };
 

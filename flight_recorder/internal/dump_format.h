@@ -18,7 +18,7 @@ void format_dump(const FlightRecorder& recorder, DumpTrigger trigger, int initia
 // failing call. Async-signal-safe: open/write/close/rename/unlink only; `buffer` (>= 256 bytes)
 // is the caller's.
 int write_dump_file(const FlightRecorder& recorder, DumpTrigger trigger, int initiator,
-                    const char* reason, const char* tmp_path, const char* final_path,
-                    char* buffer, size_t size) noexcept;
+                    const char* reason, const char* tmp_path, const char* final_path, char* buffer,
+                    size_t size) noexcept;
 
 }  // namespace tessel::fr::internal

@@ -8,11 +8,10 @@
 // Exit status (analyze): 0 healthy, 1 culprit found, 2 inconclusive, 3 bad input or usage.
 // The other commands exit 0 on success and 3 on bad input or usage.
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-
-#include <CLI/CLI.hpp>
 
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
@@ -53,9 +52,12 @@ int run_analyze(const std::string& dir, bool json, bool skip_bad, const Analyzer
   const Verdict v = analyze(set, options);
   std::cout << (json ? verdict_to_json(v) : format_verdict(v));
   switch (v.status) {
-    case VerdictStatus::kHealthy: return kExitHealthy;
-    case VerdictStatus::kCulpritFound: return kExitCulprit;
-    case VerdictStatus::kInconclusive: return kExitInconclusive;
+    case VerdictStatus::kHealthy:
+      return kExitHealthy;
+    case VerdictStatus::kCulpritFound:
+      return kExitCulprit;
+    case VerdictStatus::kInconclusive:
+      return kExitInconclusive;
   }
   return kExitBadInput;
 }
@@ -87,8 +89,9 @@ int run_export(const std::string& dir, const std::string& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"tessel-trace: names the ranks that hang a job, from flight-recorder dumps.\n"
-               "analyze exits 0 healthy, 1 culprit found, 2 inconclusive, 3 bad input."};
+  CLI::App app{
+      "tessel-trace: names the ranks that hang a job, from flight-recorder dumps.\n"
+      "analyze exits 0 healthy, 1 culprit found, 2 inconclusive, 3 bad input."};
   app.require_subcommand(1);
 
   std::string dir, file, out;
@@ -99,11 +102,14 @@ int main(int argc, char** argv) {
   analyze_cmd->add_flag("--json", json, "print the verdict as JSON");
   analyze_cmd->add_flag("--skip-bad", skip_bad,
                         "analyze despite unusable dump files (their ranks count as no dump)");
-  analyze_cmd->add_option("--min-wait", min_wait,
-                          "pending ops younger than this are in flight, not hung (unless a dump "
-                          "says timeout)")->capture_default_str();
-  analyze_cmd->add_option("--stale-after", stale_after,
-                          "a dump this much older than the newest is stale")->capture_default_str();
+  analyze_cmd
+      ->add_option("--min-wait", min_wait,
+                   "pending ops younger than this are in flight, not hung (unless a dump "
+                   "says timeout)")
+      ->capture_default_str();
+  analyze_cmd
+      ->add_option("--stale-after", stale_after, "a dump this much older than the newest is stale")
+      ->capture_default_str();
 
   auto* show_cmd = app.add_subcommand("show", "one rank's entries as a table");
   show_cmd->add_option("FILE", file, "a tessel_fr_rank<R>.json file")->required();
@@ -123,7 +129,8 @@ int main(int argc, char** argv) {
   synth_cmd->add_option("--culprit", synth.culprit, "the misbehaving rank")->capture_default_str();
   synth_cmd->add_option("--partner", synth.partner, "second rank of two-rank faults")
       ->capture_default_str();
-  synth_cmd->add_option("--capacity", synth.capacity, "ring entries per rank")->capture_default_str();
+  synth_cmd->add_option("--capacity", synth.capacity, "ring entries per rank")
+      ->capture_default_str();
   synth_cmd->add_option("--seed", synth.seed, "random seed")->capture_default_str();
   synth_cmd->add_option("--out", out, "output directory");
 
@@ -158,8 +165,8 @@ int main(int argc, char** argv) {
         return kExitBadInput;
       }
       synth_write(scenario, synth, out);
-      std::cout << "wrote synthetic '" << scenario << "' dumps for " << synth.ranks
-                << " ranks to " << out << "\n";
+      std::cout << "wrote synthetic '" << scenario << "' dumps for " << synth.ranks << " ranks to "
+                << out << "\n";
       return 0;
     }
   } catch (const tessel::Error& e) {

@@ -1,8 +1,8 @@
 #include "tessel/flight_recorder/analyzer.h"
 
-#include <map>
-
 #include <gtest/gtest.h>
+
+#include <map>
 
 #include "tessel/base/error.h"
 #include "tessel/flight_recorder/dump.h"
@@ -28,14 +28,20 @@ Expectation expected(std::string_view scenario, const SynthOptions& o) {
   if (scenario == "healthy") return {{}, VerdictStatus::kHealthy, K::kNotJoined};
   if (scenario == "deadlock") {
     return {{std::min(o.culprit, o.partner), std::max(o.culprit, o.partner)},
-            VerdictStatus::kCulpritFound, K::kDeadlock};
+            VerdictStatus::kCulpritFound,
+            K::kDeadlock};
   }
   static const std::map<std::string_view, K> kinds = {
-      {"skip_collective", K::kNotJoined},  {"extra_collective", K::kExtraCollective},
-      {"size_mismatch", K::kMismatch},     {"dtype_mismatch", K::kMismatch},
-      {"reduce_op_mismatch", K::kMismatch}, {"root_mismatch", K::kMismatch},
-      {"send_without_recv", K::kUnmatchedSend}, {"killed", K::kNotJoined},
-      {"stopped", K::kNotJoined},          {"straggler", K::kStraggler},
+      {"skip_collective", K::kNotJoined},
+      {"extra_collective", K::kExtraCollective},
+      {"size_mismatch", K::kMismatch},
+      {"dtype_mismatch", K::kMismatch},
+      {"reduce_op_mismatch", K::kMismatch},
+      {"root_mismatch", K::kMismatch},
+      {"send_without_recv", K::kUnmatchedSend},
+      {"killed", K::kNotJoined},
+      {"stopped", K::kNotJoined},
+      {"straggler", K::kStraggler},
       {"wrapped", K::kNotJoined},
   };
   return {one, VerdictStatus::kCulpritFound, kinds.at(scenario)};
@@ -81,8 +87,8 @@ const Case kCases[] = {{3, 1, 2}, {3, 2, 0}, {5, 4, 1}, {8, 1, 2}, {8, 7, 6}};
 
 std::string case_name(const ::testing::TestParamInfo<ScenarioTest::ParamType>& info) {
   const Case c = std::get<1>(info.param);
-  return std::string(std::get<0>(info.param)) + "_ranks" + std::to_string(c.ranks) +
-         "_culprit" + std::to_string(c.culprit);
+  return std::string(std::get<0>(info.param)) + "_ranks" + std::to_string(c.ranks) + "_culprit" +
+         std::to_string(c.culprit);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllScenarios, ScenarioTest,
@@ -200,6 +206,48 @@ TEST(AnalyzerTest, MissingDumpNobodyWaitsOnIsInconclusive) {
   EXPECT_EQ(v.status, VerdictStatus::kInconclusive) << format_verdict(v);
   EXPECT_TRUE(v.culprits.empty());
   EXPECT_EQ(v.positions[2].where, RankPosition::Where::kNoDump);
+}
+
+TEST(AnalyzerTest, FailedCollectivesAreNotedOncePerCall) {
+  TempDir dir;
+  for (int r = 0; r < 3; ++r) {
+    FlightRecorder fr(RecorderOptions{8});
+    fr.set_process_info(r, 3);
+    fr.register_group(1, "world", {0, 1, 2});
+    RecordArgs a;
+    a.group_id = 1;
+    a.seq = 1;
+    a.input = TensorMeta::make("f32", {8});
+    fr.failed(fr.record(a));
+    write_dump(fr, {DumpTrigger::kError, r, "gloo error"}, dir.path());
+  }
+  const Verdict v = analyze(read_dump_dir(dir.path()));
+  EXPECT_TRUE(v.culprits.empty());
+  ASSERT_EQ(v.notes.size(), 1u) << format_verdict(v);
+  EXPECT_NE(v.notes[0].find("all_reduce #1 of group 'world' failed on ranks 0-2"),
+            std::string::npos)
+      << v.notes[0];
+}
+
+TEST(AnalyzerTest, CoalescedOpsAlignByIndexWithinTheirSeq) {
+  TempDir dir;
+  for (int r = 0; r < 3; ++r) {
+    FlightRecorder fr(RecorderOptions{8});
+    fr.set_process_info(r, 3);
+    fr.register_group(1, "world", {0, 1, 2});
+    for (uint32_t i = 0; i < 2; ++i) {  // one batch, two ops of different sizes, one seq
+      RecordArgs a;
+      a.group_id = 1;
+      a.seq = 1;
+      a.coalesced_id = 1;
+      a.coalesced_index = i;
+      a.input = TensorMeta::make("f32", {i == 0 ? 8 : 16});
+      fr.completed(fr.record(a));
+    }
+    write_dump(fr, {}, dir.path());
+  }
+  const Verdict v = analyze(read_dump_dir(dir.path()));
+  EXPECT_EQ(v.status, VerdictStatus::kHealthy) << format_verdict(v);
 }
 
 TEST(AnalyzerTest, FormatsRankLists) {

@@ -1,12 +1,12 @@
 #include "tessel/flight_recorder/dump.h"
 
+#include <gtest/gtest.h>
+
 #include <climits>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "tessel/base/error.h"
 #include "tessel/flight_recorder/internal/json_sink.h"

@@ -1,10 +1,10 @@
 #include "tessel/flight_recorder/dumper.h"
 
+#include <gtest/gtest.h>
+
 #include <csignal>
 #include <cstring>
 #include <fstream>
-
-#include <gtest/gtest.h>
 
 #include "tessel/base/error.h"
 #include "tessel/flight_recorder/reader.h"

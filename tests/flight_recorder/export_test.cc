@@ -1,8 +1,8 @@
 #include "tessel/flight_recorder/export.h"
 
-#include <map>
-
 #include <gtest/gtest.h>
+
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "tessel/flight_recorder/synth.h"

@@ -1,11 +1,11 @@
 #include "tessel/flight_recorder/reader.h"
 
+#include <gtest/gtest.h>
+
+#include <cstdio>
 #include <fstream>
 #include <map>
-#include <cstdio>
 #include <random>
-
-#include <gtest/gtest.h>
 
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
@@ -83,11 +83,11 @@ TEST(ReaderTest, ReadsADirectoryAndReportsEveryProblem) {
   const auto d = dir.path();
   write_file(d / "tessel_fr_rank0.json", valid_dump_text(0, 5));
   write_file(d / "tessel_fr_rank1.json", valid_dump_text(1, 5));
-  write_file(d / "tessel_fr_rank2.json", "{\"format\":");                      // truncated
+  write_file(d / "tessel_fr_rank2.json", "{\"format\":");  // truncated
   write_file(d / "tessel_fr_rank3.json",
              replaced(valid_dump_text(3, 5), "\"version\":1", "\"version\":2"));  // mixed version
-  write_file(d / "tessel_fr_rank4_copy.json", valid_dump_text(1, 5));          // duplicate rank
-  write_file(d / "tessel_fr_rank9.json", valid_dump_text(2, 6));               // other world
+  write_file(d / "tessel_fr_rank4_copy.json", valid_dump_text(1, 5));             // duplicate rank
+  write_file(d / "tessel_fr_rank9.json", valid_dump_text(2, 6));                  // other world
   write_file(d / "notes.txt", "ignored");
   const DumpSet set = read_dump_dir(d);
   ASSERT_EQ(set.dumps.size(), 2u);
@@ -103,8 +103,7 @@ TEST(ReaderTest, ReadsADirectoryAndReportsEveryProblem) {
   }
   EXPECT_NE(by_file["tessel_fr_rank2.json"].find("not valid JSON"), std::string::npos);
   EXPECT_NE(by_file["tessel_fr_rank3.json"].find("version 2"), std::string::npos);
-  EXPECT_NE(by_file["tessel_fr_rank4_copy.json"].find("rank 1 is also dumped"),
-            std::string::npos);
+  EXPECT_NE(by_file["tessel_fr_rank4_copy.json"].find("rank 1 is also dumped"), std::string::npos);
   EXPECT_NE(by_file["tessel_fr_rank9.json"].find("world size 6 disagrees"), std::string::npos);
 }
 
@@ -144,12 +143,22 @@ TEST(ReaderFuzzTest, MutatedDumpsOnlyEverThrowTesselErrors) {
     for (int k = 0; k < edits && !t.empty(); ++k) {
       const size_t at = pick(t.size());
       switch (pick(8)) {
-        case 0: t[at] = alphabet[pick(alphabet.size())]; break;               // flip a byte
-        case 1: t.erase(at, 1 + pick(40)); break;                               // delete
-        case 2: t.insert(at, 1, alphabet[pick(alphabet.size())]); break;       // insert
-        case 3: t.resize(at); break;                                            // truncate
-        case 4: t.insert(at, t.substr(pick(t.size()), 1 + pick(60))); break;   // duplicate
-        case 5: {                                                               // big number
+        case 0:
+          t[at] = alphabet[pick(alphabet.size())];
+          break;  // flip a byte
+        case 1:
+          t.erase(at, 1 + pick(40));
+          break;  // delete
+        case 2:
+          t.insert(at, 1, alphabet[pick(alphabet.size())]);
+          break;  // insert
+        case 3:
+          t.resize(at);
+          break;  // truncate
+        case 4:
+          t.insert(at, t.substr(pick(t.size()), 1 + pick(60)));
+          break;   // duplicate
+        case 5: {  // big number
           const size_t digit = t.find_first_of("0123456789", at);
           if (digit != std::string::npos) t.insert(digit, "99999999999999999999");
           break;

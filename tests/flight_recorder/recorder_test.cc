@@ -1,10 +1,9 @@
 #include "tessel/flight_recorder/recorder.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "tessel/base/error.h"
 

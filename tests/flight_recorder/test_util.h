@@ -1,12 +1,11 @@
 #pragma once
 // Helpers shared by the flight-recorder tests: a fresh temporary directory per test.
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <string>
-
-#include <gtest/gtest.h>
 
 namespace tessel::fr::testing {
 

@@ -1,11 +1,10 @@
 // Runs the installed-tool binary tessel-trace as a user would and checks its exit codes.
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "test_util.h"
 
