@@ -110,7 +110,7 @@ class LockedRing {
     e.started_ns = e.completed_ns = 0;
     e.thread_id = tid;
     const size_t n = std::min(a.text.size(), sizeof(e.text) - 1);
-    std::memcpy(e.text, a.text.data(), n);
+    if (n > 0) std::memcpy(e.text, a.text.data(), n);
     e.text[n] = '\0';
     e.stack_depth = 0;
     return e.record_id;

@@ -16,6 +16,9 @@ namespace {
 
 using Json = nlohmann::json;
 
+// Timestamps past this (year 2096 on the wall clock; 126 years of uptime) are corrupt.
+constexpr int64_t kMaxNanoseconds = 4'000'000'000'000'000'000;
+
 // Typed access to a JSON object; every failure names the file and the field path.
 class Fields {
  public:
@@ -66,6 +69,15 @@ class Fields {
   const Json& array(const char* key) const {
     const Json& v = at(key);
     if (!v.is_array()) fail(key, "an array", v);
+    return v;
+  }
+  // A timestamp: non-negative and at most `max`, so every difference and clock conversion the
+  // analyzer computes stays far inside int64.
+  int64_t time(const char* key, int64_t max) const {
+    const int64_t v = i64(key);
+    if (v < 0 || v > max) {
+      bad_value(key, fmt::format("a timestamp between 0 and {}", max), std::to_string(v));
+    }
     return v;
   }
   std::string label(std::string_view key) const {
@@ -145,9 +157,9 @@ TraceEntry parse_entry(const Json& j, const std::string& file, size_t index) {
   e.step = f.i64("step");
   e.input = parse_tensor(f.at("input"), file, where + ".input");
   e.output = parse_tensor(f.at("output"), file, where + ".output");
-  e.enqueued_ns = f.i64("enqueued_ns");
-  e.started_ns = f.i64("started_ns");
-  e.completed_ns = f.i64("completed_ns");
+  e.enqueued_ns = f.time("enqueued_ns", kMaxNanoseconds);
+  e.started_ns = f.time("started_ns", kMaxNanoseconds);
+  e.completed_ns = f.time("completed_ns", kMaxNanoseconds);
   e.thread_id = f.u32("thread_id");
   e.text = f.str("text");
   const Json& stack = f.array("stack");
@@ -197,8 +209,8 @@ RankDump parse_dump(std::string_view text, const std::string& name) {
   d.trigger = *t;
   d.initiator = f.i32("initiator");
   d.reason = f.str("reason");
-  d.wall_time_us = f.i64("wall_time_us");
-  d.monotonic_ns = f.i64("monotonic_ns");
+  d.wall_time_us = f.time("wall_time_us", kMaxNanoseconds / 1000);
+  d.monotonic_ns = f.time("monotonic_ns", kMaxNanoseconds);
   d.capacity = f.u64("capacity");
   d.recorded = f.u64("recorded");
   d.step = f.i64("step");

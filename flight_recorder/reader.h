@@ -65,7 +65,8 @@ struct RankDump {
   std::vector<GroupDrops> dropped;
   std::vector<TraceEntry> entries;  // oldest first
 
-  // A monotonic timestamp of this rank on the wall clock, in ns (0 stays 0).
+  // A monotonic timestamp of this rank on the wall clock, in ns (0 stays 0). The reader bounds
+  // every timestamp so this cannot overflow.
   int64_t to_wall_ns(int64_t monotonic) const {
     return monotonic == 0 ? 0 : monotonic + (wall_time_us * 1000 - monotonic_ns);
   }

@@ -76,7 +76,7 @@ TensorMeta TensorMeta::make(std::string_view dtype, std::initializer_list<int64_
 TensorMeta TensorMeta::make(std::string_view dtype, const int64_t* shape, int ndim) {
   TensorMeta m;
   const size_t n = std::min(dtype.size(), sizeof(m.dtype) - 1);
-  std::memcpy(m.dtype, dtype.data(), n);
+  if (n > 0) std::memcpy(m.dtype, dtype.data(), n);
   m.numel = 1;
   for (int i = 0; i < ndim; ++i) m.numel *= shape[i];
   // Keep the leading dims; fold any beyond kMaxDims into the last kept one.
@@ -251,7 +251,7 @@ uint64_t FlightRecorder::record(const RecordArgs& args) noexcept {
   e.completed_ns = 0;
   e.thread_id = this_thread_id();
   const size_t n = std::min(args.text.size(), sizeof(e.text) - 1);
-  std::memcpy(e.text, args.text.data(), n);
+  if (n > 0) std::memcpy(e.text, args.text.data(), n);
   e.text[n] = '\0';
   if (capture_stack_) {
     void* frames[kMaxStackFrames + 1];

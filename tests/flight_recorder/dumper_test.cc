@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -141,6 +142,9 @@ TEST(DumperTest, FailedDumpIsReportedNotThrownFromTheThread) {
 }
 
 void crash_with(int sig, const std::filesystem::path& dir) {
+  // The handler chains to whatever was installed before it; make that the default action (a
+  // sanitizer's handler would report and exit instead of dying of the signal).
+  std::signal(sig, SIG_DFL);
   FlightRecorder fr(RecorderOptions{16});
   fr.set_process_info(5, 8);
   fr.register_group(1, "world", {0, 1, 2, 3, 4, 5, 6, 7});
@@ -179,6 +183,30 @@ TEST_P(FatalSignalTest, DumpsThenDiesOfTheSameSignal) {
 INSTANTIATE_TEST_SUITE_P(Signals, FatalSignalTest,
                          ::testing::Values(SIGSEGV, SIGABRT, SIGBUS, SIGFPE),
                          [](const auto& info) { return std::string(sigabbrev_np(info.param)); });
+
+TEST(DumperTest, OptionsComeFromTheKnobs) {
+  ::setenv("TESSEL_FR_DUMP_DIR", "/var/tmp/fr_dumps", 1);
+  ::setenv("TESSEL_FR_DUMP_SIGNAL", "usr2", 1);
+  ::setenv("TESSEL_FR_DUMP_ON_FATAL", "0", 1);
+  DumperOptions o = DumperOptions::from_env();
+  EXPECT_EQ(o.dir, "/var/tmp/fr_dumps");
+  EXPECT_EQ(o.dump_signal, SIGUSR2);
+  EXPECT_FALSE(o.dump_on_fatal);
+  ::setenv("TESSEL_FR_DUMP_SIGNAL", "SIGBOGUS", 1);
+  try {
+    DumperOptions::from_env();
+    FAIL() << "accepted SIGBOGUS";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(e.message().find("TESSEL_FR_DUMP_SIGNAL"), std::string::npos) << e.message();
+  }
+  ::unsetenv("TESSEL_FR_DUMP_DIR");
+  ::unsetenv("TESSEL_FR_DUMP_SIGNAL");
+  ::unsetenv("TESSEL_FR_DUMP_ON_FATAL");
+  o = DumperOptions::from_env();
+  EXPECT_EQ(o.dir, "/tmp/tessel_fr");
+  EXPECT_EQ(o.dump_signal, SIGUSR1);
+  EXPECT_TRUE(o.dump_on_fatal);
+}
 
 TEST(DumperTest, ParsesSignalNames) {
   EXPECT_EQ(parse_signal("SIGUSR1"), SIGUSR1);
