@@ -31,6 +31,8 @@ constexpr std::array<EnvKnobInfo, static_cast<size_t>(EnvKnob::kCount)> kKnobs =
      "dump the flight recorder on SIGSEGV, SIGABRT, SIGBUS and SIGFPE before dying"},
     {EnvKnob::kFrStack, "TESSEL_FR_STACK", "0",
      "capture a call stack with every flight-recorder entry (costs a few microseconds each)"},
+    {EnvKnob::kFrRingDir, "TESSEL_FR_RING_DIR", "",
+     "keep the flight-recorder ring in a memory-mapped file here so it survives SIGKILL"},
 }};
 
 // The table must list every enum value, in order; checked once at compile time.

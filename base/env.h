@@ -24,6 +24,7 @@ enum class EnvKnob {
   kFrDumpSignal,  // TESSEL_FR_DUMP_SIGNAL
   kFrDumpOnFatal, // TESSEL_FR_DUMP_ON_FATAL
   kFrStack,       // TESSEL_FR_STACK
+  kFrRingDir,     // TESSEL_FR_RING_DIR
   kCount,
 };
 

@@ -206,6 +206,18 @@ int main(int argc, char** argv) {
   const Percentiles event =
       time_each(iterations, scale, overhead, [&](int) { plain.record_event("step 1200 begins"); });
   print_row("record_event(\"step 1200 begins\")", event, nullptr);
+  RecorderOptions file_options;
+  file_options.capacity = 4096;
+  file_options.ring_file = (std::filesystem::temp_directory_path() /
+                            ("tessel_fr_bench_" + std::to_string(::getpid()) + ".ring"))
+                               .string();
+  {
+    FlightRecorder file_backed(file_options);
+    const Percentiles mapped =
+        time_each(iterations, scale, overhead, [&](int i) { file_backed.record(sample_args(i)); });
+    print_row("record() into a ring file (mmap)", mapped, &peer);
+  }
+  std::filesystem::remove(file_options.ring_file);
   const Percentiles stacked =
       time_each(iterations / 4, scale, overhead, [&](int i) { with_stack.record(sample_args(i)); });
   print_row("record() with stack capture", stacked, &peer);

@@ -29,13 +29,16 @@ std::string_view trigger_name(DumpTrigger trigger) {
       return "error";
     case DumpTrigger::kFatalSignal:
       return "fatal_signal";
+    case DumpTrigger::kRecovered:
+      return "recovered";
   }
   return "unknown";
 }
 
 std::optional<DumpTrigger> parse_trigger(std::string_view name) {
-  for (auto t : {DumpTrigger::kApi, DumpTrigger::kTimeout, DumpTrigger::kStoreRequest,
-                 DumpTrigger::kSignal, DumpTrigger::kError, DumpTrigger::kFatalSignal}) {
+  for (auto t :
+       {DumpTrigger::kApi, DumpTrigger::kTimeout, DumpTrigger::kStoreRequest, DumpTrigger::kSignal,
+        DumpTrigger::kError, DumpTrigger::kFatalSignal, DumpTrigger::kRecovered}) {
     if (trigger_name(t) == name) return t;
   }
   return std::nullopt;

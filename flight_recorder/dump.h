@@ -26,6 +26,7 @@ enum class DumpTrigger : uint8_t {
   kSignal,        // the dump signal (TESSEL_FR_DUMP_SIGNAL, default SIGUSR1)
   kError,         // a collective failed
   kFatalSignal,   // SIGSEGV, SIGABRT, SIGBUS or SIGFPE; the process dies right after
+  kRecovered,     // written after the fact from a ring file (tessel-trace recover)
 };
 std::string_view trigger_name(DumpTrigger trigger);  // "api", "timeout", "store_request", ...
 std::optional<DumpTrigger> parse_trigger(std::string_view name);

@@ -1,15 +1,23 @@
 #include "tessel/flight_recorder/recorder.h"
 
 #include <execinfo.h>
+#include <fcntl.h>
+#include <fmt/ranges.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <new>
+#include <sstream>
 
 #include "tessel/base/clock.h"
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
+#include "tessel/base/logging.h"
 
 namespace tessel::fr {
 
@@ -116,16 +124,168 @@ struct FlightRecorder::Slot {
   void unlock(uint64_t v) noexcept { version.store(v + 2, std::memory_order_release); }
 };
 
+// Fixed layout, shared by heap rings and ring files:
+//   [Header][Slot x capacity][DropCounter x kMaxTrackedGroups][group text, ring files only]
+// The group text is one line per registration: "<id>\t<name>\t<rank>,<rank>,...\n".
+struct FlightRecorder::Header {
+  static constexpr char kMagic[8] = {'T', 'S', 'L', 'F', 'R', 'R', 'N', 'G'};
+  static constexpr uint32_t kVersion = 1;
+  char magic[8];
+  uint32_t version;
+  uint32_t slot_size;
+  uint64_t capacity;
+  uint64_t group_bytes;  // size of the group text area
+  uint8_t capture_stack;
+  std::atomic<uint64_t> next_id{1};
+  std::atomic<int64_t> step{-1};
+  std::atomic<uint64_t> group_used{0};
+  ProcessInfo process;
+};
+
+namespace {
+
+constexpr size_t kRingFileGroupBytes = 1 << 20;
+
+constexpr size_t round_up(size_t n) { return (n + 63) / 64 * 64; }
+
+}  // namespace
+
+struct FlightRecorder::Storage {
+  std::byte* base = nullptr;
+  size_t size = 0;
+  bool mapped = false;
+  size_t slots_offset = 0, drops_offset = 0, groups_offset = 0;
+
+  Storage(size_t capacity, size_t group_bytes) {
+    slots_offset = round_up(sizeof(Header));
+    drops_offset = round_up(slots_offset + capacity * sizeof(Slot));
+    groups_offset = round_up(drops_offset + kMaxTrackedGroups * sizeof(DropCounter));
+    size = groups_offset + group_bytes;
+  }
+  ~Storage() {
+    if (base == nullptr) return;
+    if (mapped) {
+      ::munmap(base, size);
+    } else {
+      ::operator delete (base, std::align_val_t{64});
+    }
+  }
+  Header* header() const { return reinterpret_cast<Header*>(base); }
+  Slot* slots() const { return reinterpret_cast<Slot*>(base + slots_offset); }
+  DropCounter* drops() const { return reinterpret_cast<DropCounter*>(base + drops_offset); }
+  char* group_text() const { return reinterpret_cast<char*>(base + groups_offset); }
+};
+
 FlightRecorder::FlightRecorder(RecorderOptions options)
     : capacity_(options.capacity),
       capture_stack_(options.capture_stack),
       clock_(options.clock),
-      wall_clock_(options.wall_clock),
-      slots_(new Slot[options.capacity == 0 ? 1 : options.capacity]),
-      drops_(new DropCounter[kMaxTrackedGroups]) {
+      wall_clock_(options.wall_clock) {
   TESSEL_CHECK(options.capacity > 0, InvalidArgument,
                "flight recorder capacity must be at least 1 entry, got 0");
-  process_info_.pid = static_cast<int>(::getpid());
+  const bool file = !options.ring_file.empty();
+  storage_ = std::make_unique<Storage>(capacity_, file ? kRingFileGroupBytes : 0);
+  if (file) {
+    const int fd = ::open(options.ring_file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      throw_system_error(fmt::format("flight recorder ring file '{}'", options.ring_file), errno);
+    }
+    void* base = MAP_FAILED;
+    int err = 0;
+    if (::ftruncate(fd, static_cast<off_t>(storage_->size)) != 0) {
+      err = errno;
+    } else {
+      base = ::mmap(nullptr, storage_->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (base == MAP_FAILED) err = errno;
+    }
+    ::close(fd);
+    if (err != 0) {
+      throw_system_error(fmt::format("flight recorder ring file '{}'", options.ring_file), err);
+    }
+    storage_->base = static_cast<std::byte*>(base);
+    storage_->mapped = true;
+  } else {
+    storage_->base = static_cast<std::byte*>(::operator new (storage_->size, std::align_val_t{64}));
+  }
+  header_ = new (storage_->base) Header();
+  std::memcpy(header_->magic, Header::kMagic, sizeof(Header::kMagic));
+  header_->version = Header::kVersion;
+  header_->slot_size = sizeof(Slot);
+  header_->capacity = capacity_;
+  header_->group_bytes = file ? kRingFileGroupBytes : 0;
+  header_->capture_stack = capture_stack_ ? 1 : 0;
+  header_->process.pid = static_cast<int>(::getpid());
+  slots_ = storage_->slots();
+  for (size_t i = 0; i < capacity_; ++i) new (&slots_[i]) Slot();
+  drops_ = storage_->drops();
+  for (size_t i = 0; i < kMaxTrackedGroups; ++i) new (&drops_[i]) DropCounter();
+}
+
+FlightRecorder::FlightRecorder(std::unique_ptr<Storage> storage, bool capture_stack)
+    : capacity_(storage->header()->capacity),
+      capture_stack_(capture_stack),
+      clock_(nullptr),
+      wall_clock_(nullptr),
+      storage_(std::move(storage)),
+      header_(storage_->header()),
+      slots_(storage_->slots()),
+      drops_(storage_->drops()),
+      enabled_(false) {}
+
+std::unique_ptr<FlightRecorder> FlightRecorder::recover(const std::string& ring_file) {
+  const int fd = ::open(ring_file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_system_error(fmt::format("cannot open ring file '{}'", ring_file), errno);
+  struct stat st = {};
+  const bool stat_ok = ::fstat(fd, &st) == 0;
+  const size_t file_size = stat_ok ? static_cast<size_t>(st.st_size) : 0;
+  alignas(Header) unsigned char raw[sizeof(Header)] = {};
+  const Header& probe = *reinterpret_cast<const Header*>(raw);
+  const bool header_ok = file_size >= sizeof(Header) &&
+                         ::pread(fd, raw, sizeof(Header), 0) == sizeof(Header) &&
+                         std::memcmp(probe.magic, Header::kMagic, sizeof(probe.magic)) == 0;
+  if (!header_ok) {
+    ::close(fd);
+    throw InvalidArgument(fmt::format(
+        "'{}' is not a flight-recorder ring file (too short or wrong magic)", ring_file));
+  }
+  auto storage = std::make_unique<Storage>(probe.capacity, probe.group_bytes);
+  const bool layout_ok = probe.version == Header::kVersion && probe.slot_size == sizeof(Slot) &&
+                         probe.capacity > 0 && probe.capacity < (1ull << 32) &&
+                         probe.group_bytes <= (1ull << 30) && storage->size == file_size;
+  if (!layout_ok) {
+    ::close(fd);
+    throw InvalidArgument(fmt::format(
+        "ring file '{}': version {}, slot size {}, capacity {}, {} bytes; this build reads "
+        "version {} with {}-byte slots and a file size matching the capacity",
+        ring_file, probe.version, probe.slot_size, probe.capacity, file_size, Header::kVersion,
+        sizeof(Slot)));
+  }
+  // A private copy-on-write mapping: reading never changes the file.
+  void* base = ::mmap(nullptr, file_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (base == MAP_FAILED) throw_system_error(fmt::format("cannot map '{}'", ring_file), err);
+  storage->base = static_cast<std::byte*>(base);
+  storage->mapped = true;
+  const Header* h = storage->header();
+  const std::string text(storage->group_text(),
+                         std::min<uint64_t>(h->group_used.load(), h->group_bytes));
+  std::unique_ptr<FlightRecorder> r(new FlightRecorder(std::move(storage), probe.capture_stack));
+  // Re-register the groups from their text lines (malformed lines are skipped).
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t tab1 = line.find('\t'), tab2 = line.find('\t', tab1 + 1);
+    if (tab1 == std::string::npos || tab2 == std::string::npos) continue;
+    GroupInfo g;
+    g.id = std::strtoull(line.substr(0, tab1).c_str(), nullptr, 10);
+    g.name = line.substr(tab1 + 1, tab2 - tab1 - 1);
+    std::istringstream ranks(line.substr(tab2 + 1));
+    for (std::string rank; std::getline(ranks, rank, ',');) {
+      if (!rank.empty()) g.ranks.push_back(std::atoi(rank.c_str()));
+    }
+    r->register_group(g.id, std::move(g.name), std::move(g.ranks));
+  }
+  return r;
 }
 
 FlightRecorder::~FlightRecorder() {
@@ -150,6 +310,14 @@ FlightRecorder& FlightRecorder::global() {
     RecorderOptions options;
     options.capacity = static_cast<size_t>(capacity);
     options.capture_stack = env_bool(EnvKnob::kFrStack);
+    const std::string ring_dir = env_string(EnvKnob::kFrRingDir);
+    if (!ring_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(ring_dir, ec);
+      TESSEL_CHECK(!ec, IoError, "TESSEL_FR_RING_DIR='{}': cannot create it: {}", ring_dir,
+                   ec.message());
+      options.ring_file = fmt::format("{}/tessel_fr_{}.ring", ring_dir, ::getpid());
+    }
     auto* r = new FlightRecorder(options);
     r->set_enabled(env_bool(EnvKnob::kFrEnable));
     return r;
@@ -161,18 +329,51 @@ void FlightRecorder::set_process_info(int rank, int world_size) {
   TESSEL_CHECK(rank >= 0 && world_size > 0 && rank < world_size, InvalidArgument,
                "flight recorder process info: rank {} is not in a world of size {}", rank,
                world_size);
-  process_info_.rank = rank;
-  process_info_.world_size = world_size;
-  process_info_.pid = static_cast<int>(::getpid());
-  char host[sizeof(process_info_.hostname)] = {};
+  ProcessInfo& p = header_->process;
+  p.rank = rank;
+  p.world_size = world_size;
+  p.pid = static_cast<int>(::getpid());
+  char host[sizeof(p.hostname)] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "unknown");
-  std::memcpy(process_info_.hostname, host, sizeof(host));
+  std::memcpy(p.hostname, host, sizeof(host));
+}
+
+const ProcessInfo& FlightRecorder::process_info() const noexcept { return header_->process; }
+
+void FlightRecorder::set_step(int64_t step) noexcept {
+  header_->step.store(step, std::memory_order_relaxed);
+}
+
+int64_t FlightRecorder::step() const noexcept {
+  return header_->step.load(std::memory_order_relaxed);
+}
+
+uint64_t FlightRecorder::recorded() const {
+  return header_->next_id.load(std::memory_order_acquire) - 1;
+}
+
+void FlightRecorder::append_group_to_file(const GroupInfo& group) {
+  if (header_->group_bytes == 0) return;
+  std::string name = group.name;
+  std::replace_if(
+      name.begin(), name.end(), [](char c) { return c == '\t' || c == '\n'; }, ' ');
+  std::string line = fmt::format("{}\t{}\t{}\n", group.id, name, fmt::join(group.ranks, ","));
+  const uint64_t used = header_->group_used.load(std::memory_order_relaxed);
+  if (used + line.size() > header_->group_bytes) {
+    log_warn(LogComponent::kFlightRecorder,
+             "ring file group area full: group {} '{}' will be missing from recovered dumps",
+             group.id, group.name);
+    return;
+  }
+  std::memcpy(storage_->group_text() + used, line.data(), line.size());
+  header_->group_used.store(used + line.size(), std::memory_order_release);
 }
 
 void FlightRecorder::register_group(uint64_t id, std::string name, std::vector<int> ranks) {
   std::lock_guard lock(groups_mutex_);
   auto* node = new GroupNode{GroupInfo{id, std::move(name), std::move(ranks)},
                              groups_head_.load(std::memory_order_relaxed)};
+  append_group_to_file(node->info);
   groups_head_.store(node, std::memory_order_release);
 }
 
@@ -226,7 +427,7 @@ std::vector<GroupDrops> FlightRecorder::dropped() const {
 
 uint64_t FlightRecorder::record(const RecordArgs& args) noexcept {
   if (!enabled()) return 0;
-  const uint64_t id = next_id_.fetch_add(1, std::memory_order_acq_rel);
+  const uint64_t id = header_->next_id.fetch_add(1, std::memory_order_acq_rel);
   Slot& slot = slots_[(id - 1) % capacity_];
   const uint64_t v = slot.lock();
   Entry& e = slot.entry;
@@ -318,7 +519,7 @@ bool FlightRecorder::read_entry(uint64_t record_id, Entry& out) const noexcept {
 }
 
 std::vector<Entry> FlightRecorder::snapshot() const {
-  const uint64_t newest = next_id_.load(std::memory_order_acquire) - 1;
+  const uint64_t newest = recorded();
   const uint64_t oldest = newest >= capacity_ ? newest - capacity_ + 1 : 1;
   std::vector<Entry> out;
   out.reserve(newest - oldest + 1);

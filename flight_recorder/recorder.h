@@ -128,6 +128,10 @@ struct RecorderOptions {
   int64_t (*clock)() noexcept = nullptr;
   // Wall-clock microseconds since the Unix epoch, written in dumps; nullptr = wall_time_us().
   int64_t (*wall_clock)() noexcept = nullptr;
+  // When set, the ring lives in this file (created or truncated, then memory-mapped shared), so
+  // its entries survive even SIGKILL; FlightRecorder::recover() reads them back. Costs nothing
+  // per record. Throws IoError at construction when the file cannot be made.
+  std::string ring_file = {};
 };
 
 class FlightRecorder {
@@ -137,9 +141,16 @@ class FlightRecorder {
   FlightRecorder(const FlightRecorder&) = delete;
   FlightRecorder& operator=(const FlightRecorder&) = delete;
 
-  // The process's recorder (capacity from TESSEL_FR_CAPACITY, stacks from TESSEL_FR_STACK, at
-  // first use). Never destroyed.
+  // The process's recorder (capacity from TESSEL_FR_CAPACITY, stacks from TESSEL_FR_STACK, a
+  // ring file <TESSEL_FR_RING_DIR>/tessel_fr_<pid>.ring when that is set; at first use). Never
+  // destroyed.
   static FlightRecorder& global();
+
+  // A read-only recorder over a ring file left by a process (RecorderOptions::ring_file), e.g.
+  // one that was SIGKILLed: its entries, groups and process info, ready for write_dump with
+  // DumpTrigger::kRecovered. Recording into it does nothing. Throws IoError when the file
+  // cannot be read, InvalidArgument naming the file when it is not a ring file of this build.
+  static std::unique_ptr<FlightRecorder> recover(const std::string& ring_file);
 
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
   void set_enabled(bool on) { enabled_.store(on, std::memory_order_relaxed); }
@@ -154,7 +165,7 @@ class FlightRecorder {
   // Call once the process knows its rank (init of the world group). Not for the hot path.
   void set_process_info(int rank, int world_size);
   // Async-signal-safe read (plain fields written before publication).
-  const ProcessInfo& process_info() const noexcept { return process_info_; }
+  const ProcessInfo& process_info() const noexcept;
 
   // Groups are registered once, outside the hot path (may allocate, takes a lock).
   void register_group(uint64_t id, std::string name, std::vector<int> ranks);
@@ -175,13 +186,13 @@ class FlightRecorder {
   void failed(uint64_t record_id) noexcept;
 
   // The training step stamped on later entries.
-  void set_step(int64_t step) noexcept { step_.store(step, std::memory_order_relaxed); }
-  int64_t step() const noexcept { return step_.load(std::memory_order_relaxed); }
+  void set_step(int64_t step) noexcept;
+  int64_t step() const noexcept;
 
   // Consistent copies of the live entries, oldest first. May allocate; never blocks recorders.
   std::vector<Entry> snapshot() const;
   // Number of entries ever recorded (so dropped = recorded() - capacity when larger).
-  uint64_t recorded() const { return next_id_.load(std::memory_order_acquire) - 1; }
+  uint64_t recorded() const;
   // Copies the entry with this record id into `out`; false when it was overwritten, never
   // recorded, or stayed locked by a writer for a bounded number of tries. Async-signal-safe.
   bool read_entry(uint64_t record_id, Entry& out) const noexcept;
@@ -194,6 +205,8 @@ class FlightRecorder {
 
  private:
   struct Slot;
+  struct Header;   // counters and process info; at the start of the ring file when there is one
+  struct Storage;  // owns the header, slots and drop counters: heap memory or a file mapping
   struct GroupNode {
     GroupInfo info;
     const GroupNode* next = nullptr;
@@ -204,7 +217,9 @@ class FlightRecorder {
     std::atomic<uint64_t> last_dropped_seq{0};
     std::atomic<uint64_t> dropped{0};
   };
+  FlightRecorder(std::unique_ptr<Storage> storage, bool capture_stack);
   static int64_t monotonic_ns_() noexcept;
+  void append_group_to_file(const GroupInfo& group);
   void set_state(uint64_t record_id, EntryState state, int64_t now_ns) noexcept;
   void note_dropped(const Entry& old) noexcept;
 
@@ -212,12 +227,11 @@ class FlightRecorder {
   const bool capture_stack_;
   int64_t (*const clock_)() noexcept;
   int64_t (*const wall_clock_)() noexcept;
-  std::unique_ptr<Slot[]> slots_;
-  std::unique_ptr<DropCounter[]> drops_;
-  std::atomic<uint64_t> next_id_{1};
-  std::atomic<int64_t> step_{-1};
+  std::unique_ptr<Storage> storage_;
+  Header* header_;
+  Slot* slots_;
+  DropCounter* drops_;
   std::atomic<bool> enabled_{true};
-  ProcessInfo process_info_;
   // Groups form an append-only list (nodes live as long as the recorder) so a signal handler
   // can walk it; the mutex only orders writers.
   mutable std::mutex groups_mutex_;

@@ -4,6 +4,7 @@
 //   tessel-trace show FILE                   one rank's entries as a table
 //   tessel-trace export DIR --perfetto OUT   Chrome trace event JSON for Perfetto
 //   tessel-trace synth SCENARIO --ranks N --out DIR   synthetic dumps for a fault scenario
+//   tessel-trace recover RING... --out DIR   dumps from ring files of dead processes
 //
 // Exit status (analyze): 0 healthy, 1 culprit found, 2 inconclusive, 3 bad input or usage.
 // The other commands exit 0 on success and 3 on bad input or usage.
@@ -16,6 +17,7 @@
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
 #include "tessel/flight_recorder/analyzer.h"
+#include "tessel/flight_recorder/dump.h"
 #include "tessel/flight_recorder/export.h"
 #include "tessel/flight_recorder/reader.h"
 #include "tessel/flight_recorder/synth.h"
@@ -134,6 +136,13 @@ int main(int argc, char** argv) {
   synth_cmd->add_option("--seed", synth.seed, "random seed")->capture_default_str();
   synth_cmd->add_option("--out", out, "output directory");
 
+  std::vector<std::string> rings;
+  std::string recover_out;
+  auto* recover_cmd = app.add_subcommand(
+      "recover", "write dumps from ring files (TESSEL_FR_RING_DIR) of processes that died");
+  recover_cmd->add_option("RING", rings, "tessel_fr_<pid>.ring files")->required();
+  recover_cmd->add_option("--out", recover_out, "dump directory")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -153,6 +162,15 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*export_cmd) return run_export(dir, out);
+    if (*recover_cmd) {
+      for (const auto& ring : rings) {
+        const auto recorder = FlightRecorder::recover(ring);
+        const auto path = write_dump(
+            *recorder, {DumpTrigger::kRecovered, -1, "recovered from " + ring}, recover_out);
+        std::cout << ring << " -> " << path.string() << "\n";
+      }
+      return 0;
+    }
     if (*synth_cmd) {
       if (list) {
         for (auto name : synth_scenarios()) {

@@ -169,8 +169,9 @@ TEST(DumpTest, UnwritableDirectoryIsAnIoErrorNamingIt) {
 }
 
 TEST(DumpTest, TriggerNamesRoundTrip) {
-  for (auto t : {DumpTrigger::kApi, DumpTrigger::kTimeout, DumpTrigger::kStoreRequest,
-                 DumpTrigger::kSignal, DumpTrigger::kError, DumpTrigger::kFatalSignal}) {
+  for (auto t :
+       {DumpTrigger::kApi, DumpTrigger::kTimeout, DumpTrigger::kStoreRequest, DumpTrigger::kSignal,
+        DumpTrigger::kError, DumpTrigger::kFatalSignal, DumpTrigger::kRecovered}) {
     EXPECT_EQ(parse_trigger(trigger_name(t)), t);
   }
   EXPECT_FALSE(parse_trigger("bogus").has_value());

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <string>
 
+#include "tessel/flight_recorder/reader.h"
+#include "tessel/flight_recorder/recorder.h"
 #include "test_util.h"
 
 namespace tessel::fr {
@@ -44,6 +46,25 @@ TEST(TraceCliTest, ExitStatusSaysHealthyCulpritInconclusiveOrBadInput) {
   EXPECT_EQ(run("show " + d + "/skip/tessel_fr_rank3.json"), 3);
   EXPECT_EQ(run("export " + d + "/healthy --perfetto " + d + "/trace.json"), 0);
   EXPECT_TRUE(std::filesystem::file_size(dir.path() / "trace.json") > 0);
+}
+
+TEST(TraceCliTest, RecoverTurnsARingFileIntoADump) {
+  TempDir dir;
+  const std::string ring = (dir.path() / "tessel_fr_123.ring").string();
+  {
+    RecorderOptions o;
+    o.capacity = 4;
+    o.ring_file = ring;
+    FlightRecorder fr(o);
+    fr.set_process_info(1, 2);
+    fr.record_event("last words");
+  }  // the file stays, as after a SIGKILL
+  ASSERT_EQ(run("recover " + ring + " --out " + (dir.path() / "dumps").string()), 0);
+  const RankDump d = read_dump(dir.path() / "dumps" / "tessel_fr_rank1.json");
+  EXPECT_EQ(d.trigger, DumpTrigger::kRecovered);
+  ASSERT_EQ(d.entries.size(), 1u);
+  EXPECT_EQ(d.entries[0].text, "last words");
+  EXPECT_EQ(run("recover " + (dir.path() / "nope.ring").string() + " --out /tmp"), 3);
 }
 
 }  // namespace
