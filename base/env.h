@@ -20,6 +20,11 @@ enum class EnvKnob {
   kLogTimestamps, // TESSEL_LOG_TIMESTAMPS
   kFrEnable,      // TESSEL_FR_ENABLE
   kFrCapacity,    // TESSEL_FR_CAPACITY
+  kFrDumpDir,     // TESSEL_FR_DUMP_DIR
+  kFrDumpSignal,  // TESSEL_FR_DUMP_SIGNAL
+  kFrDumpOnFatal, // TESSEL_FR_DUMP_ON_FATAL
+  kFrStack,       // TESSEL_FR_STACK
+  kFrRingDir,     // TESSEL_FR_RING_DIR
   kNumThreads,    // TESSEL_NUM_THREADS
   kPgTimeout,      // TESSEL_PG_TIMEOUT
   kPgBackend,      // TESSEL_PG_BACKEND

@@ -1,50 +1,78 @@
 #include "tessel/flight_recorder/recorder.h"
 
+#include <execinfo.h>
+#include <fcntl.h>
+#include <fmt/ranges.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <new>
+#include <sstream>
 
 #include "tessel/base/clock.h"
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
+#include "tessel/base/logging.h"
 
 namespace tessel::fr {
 
 std::string_view op_name(OpType op) {
   switch (op) {
-    case OpType::kAllReduce: return "all_reduce";
-    case OpType::kBroadcast: return "broadcast";
-    case OpType::kAllGather: return "all_gather";
-    case OpType::kReduceScatter: return "reduce_scatter";
-    case OpType::kAllToAll: return "all_to_all";
-    case OpType::kSend: return "send";
-    case OpType::kRecv: return "recv";
-    case OpType::kBarrier: return "barrier";
-    case OpType::kUserEvent: return "user_event";
+    case OpType::kAllReduce:
+      return "all_reduce";
+    case OpType::kBroadcast:
+      return "broadcast";
+    case OpType::kAllGather:
+      return "all_gather";
+    case OpType::kReduceScatter:
+      return "reduce_scatter";
+    case OpType::kAllToAll:
+      return "all_to_all";
+    case OpType::kSend:
+      return "send";
+    case OpType::kRecv:
+      return "recv";
+    case OpType::kBarrier:
+      return "barrier";
+    case OpType::kUserEvent:
+      return "user_event";
   }
   return "unknown";
 }
 
 std::string_view reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kNone: return "none";
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kProduct: return "product";
+    case ReduceOp::kNone:
+      return "none";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kProduct:
+      return "product";
   }
   return "unknown";
 }
 
 std::string_view state_name(EntryState state) {
   switch (state) {
-    case EntryState::kScheduled: return "scheduled";
-    case EntryState::kStarted: return "started";
-    case EntryState::kCompleted: return "completed";
-    case EntryState::kFailed: return "failed";
+    case EntryState::kScheduled:
+      return "scheduled";
+    case EntryState::kStarted:
+      return "started";
+    case EntryState::kCompleted:
+      return "completed";
+    case EntryState::kFailed:
+      return "failed";
   }
   return "unknown";
 }
@@ -56,7 +84,7 @@ TensorMeta TensorMeta::make(std::string_view dtype, std::initializer_list<int64_
 TensorMeta TensorMeta::make(std::string_view dtype, const int64_t* shape, int ndim) {
   TensorMeta m;
   const size_t n = std::min(dtype.size(), sizeof(m.dtype) - 1);
-  std::memcpy(m.dtype, dtype.data(), n);
+  if (n > 0) std::memcpy(m.dtype, dtype.data(), n);
   m.numel = 1;
   for (int i = 0; i < ndim; ++i) m.numel *= shape[i];
   // Keep the leading dims; fold any beyond kMaxDims into the last kept one.
@@ -85,9 +113,8 @@ struct FlightRecorder::Slot {
   uint64_t lock() noexcept {
     uint64_t v = version.load(std::memory_order_relaxed);
     for (;;) {
-      if ((v & 1) == 0 &&
-          version.compare_exchange_weak(v, v + 1, std::memory_order_acquire,
-                                        std::memory_order_relaxed)) {
+      if ((v & 1) == 0 && version.compare_exchange_weak(v, v + 1, std::memory_order_acquire,
+                                                        std::memory_order_relaxed)) {
         std::atomic_thread_fence(std::memory_order_release);
         return v;
       }
@@ -97,49 +124,314 @@ struct FlightRecorder::Slot {
   void unlock(uint64_t v) noexcept { version.store(v + 2, std::memory_order_release); }
 };
 
+// Fixed layout, shared by heap rings and ring files:
+//   [Header][Slot x capacity][DropCounter x kMaxTrackedGroups][group text, ring files only]
+// The group text is one line per registration: "<id>\t<name>\t<rank>,<rank>,...\n".
+struct FlightRecorder::Header {
+  static constexpr char kMagic[8] = {'T', 'S', 'L', 'F', 'R', 'R', 'N', 'G'};
+  static constexpr uint32_t kVersion = 1;
+  char magic[8];
+  uint32_t version;
+  uint32_t slot_size;
+  uint64_t capacity;
+  uint64_t group_bytes;  // size of the group text area
+  uint8_t capture_stack;
+  std::atomic<uint64_t> next_id{1};
+  std::atomic<int64_t> step{-1};
+  std::atomic<uint64_t> group_used{0};
+  ProcessInfo process;
+};
+
+namespace {
+
+constexpr size_t kRingFileGroupBytes = 1 << 20;
+
+constexpr size_t round_up(size_t n) { return (n + 63) / 64 * 64; }
+
+}  // namespace
+
+struct FlightRecorder::Storage {
+  std::byte* base = nullptr;
+  size_t size = 0;
+  bool mapped = false;
+  size_t slots_offset = 0, drops_offset = 0, groups_offset = 0;
+
+  Storage(size_t capacity, size_t group_bytes) {
+    slots_offset = round_up(sizeof(Header));
+    drops_offset = round_up(slots_offset + capacity * sizeof(Slot));
+    groups_offset = round_up(drops_offset + kMaxTrackedGroups * sizeof(DropCounter));
+    size = groups_offset + group_bytes;
+  }
+  ~Storage() {
+    if (base == nullptr) return;
+    if (mapped) {
+      ::munmap(base, size);
+    } else {
+      ::operator delete (base, std::align_val_t{64});
+    }
+  }
+  Header* header() const { return reinterpret_cast<Header*>(base); }
+  Slot* slots() const { return reinterpret_cast<Slot*>(base + slots_offset); }
+  DropCounter* drops() const { return reinterpret_cast<DropCounter*>(base + drops_offset); }
+  char* group_text() const { return reinterpret_cast<char*>(base + groups_offset); }
+};
+
 FlightRecorder::FlightRecorder(RecorderOptions options)
-    : capacity_(options.capacity), slots_(new Slot[options.capacity == 0 ? 1 : options.capacity]) {
+    : capacity_(options.capacity),
+      capture_stack_(options.capture_stack),
+      clock_(options.clock),
+      wall_clock_(options.wall_clock) {
   TESSEL_CHECK(options.capacity > 0, InvalidArgument,
                "flight recorder capacity must be at least 1 entry, got 0");
+  const bool file = !options.ring_file.empty();
+  storage_ = std::make_unique<Storage>(capacity_, file ? kRingFileGroupBytes : 0);
+  if (file) {
+    const int fd = ::open(options.ring_file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      throw_system_error(fmt::format("flight recorder ring file '{}'", options.ring_file), errno);
+    }
+    void* base = MAP_FAILED;
+    int err = 0;
+    if (::ftruncate(fd, static_cast<off_t>(storage_->size)) != 0) {
+      err = errno;
+    } else {
+      base = ::mmap(nullptr, storage_->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (base == MAP_FAILED) err = errno;
+    }
+    ::close(fd);
+    if (err != 0) {
+      throw_system_error(fmt::format("flight recorder ring file '{}'", options.ring_file), err);
+    }
+    storage_->base = static_cast<std::byte*>(base);
+    storage_->mapped = true;
+  } else {
+    storage_->base = static_cast<std::byte*>(::operator new (storage_->size, std::align_val_t{64}));
+  }
+  header_ = new (storage_->base) Header();
+  std::memcpy(header_->magic, Header::kMagic, sizeof(Header::kMagic));
+  header_->version = Header::kVersion;
+  header_->slot_size = sizeof(Slot);
+  header_->capacity = capacity_;
+  header_->group_bytes = file ? kRingFileGroupBytes : 0;
+  header_->capture_stack = capture_stack_ ? 1 : 0;
+  header_->process.pid = static_cast<int>(::getpid());
+  slots_ = storage_->slots();
+  for (size_t i = 0; i < capacity_; ++i) new (&slots_[i]) Slot();
+  drops_ = storage_->drops();
+  for (size_t i = 0; i < kMaxTrackedGroups; ++i) new (&drops_[i]) DropCounter();
 }
 
-FlightRecorder::~FlightRecorder() = default;
+FlightRecorder::FlightRecorder(std::unique_ptr<Storage> storage, bool capture_stack)
+    : capacity_(storage->header()->capacity),
+      capture_stack_(capture_stack),
+      clock_(nullptr),
+      wall_clock_(nullptr),
+      storage_(std::move(storage)),
+      header_(storage_->header()),
+      slots_(storage_->slots()),
+      drops_(storage_->drops()),
+      enabled_(false) {}
+
+std::unique_ptr<FlightRecorder> FlightRecorder::recover(const std::string& ring_file) {
+  const int fd = ::open(ring_file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_system_error(fmt::format("cannot open ring file '{}'", ring_file), errno);
+  struct stat st = {};
+  const bool stat_ok = ::fstat(fd, &st) == 0;
+  const size_t file_size = stat_ok ? static_cast<size_t>(st.st_size) : 0;
+  alignas(Header) unsigned char raw[sizeof(Header)] = {};
+  const Header& probe = *reinterpret_cast<const Header*>(raw);
+  const bool header_ok = file_size >= sizeof(Header) &&
+                         ::pread(fd, raw, sizeof(Header), 0) == sizeof(Header) &&
+                         std::memcmp(probe.magic, Header::kMagic, sizeof(probe.magic)) == 0;
+  if (!header_ok) {
+    ::close(fd);
+    throw InvalidArgument(fmt::format(
+        "'{}' is not a flight-recorder ring file (too short or wrong magic)", ring_file));
+  }
+  auto storage = std::make_unique<Storage>(probe.capacity, probe.group_bytes);
+  const bool layout_ok = probe.version == Header::kVersion && probe.slot_size == sizeof(Slot) &&
+                         probe.capacity > 0 && probe.capacity < (1ull << 32) &&
+                         probe.group_bytes <= (1ull << 30) && storage->size == file_size;
+  if (!layout_ok) {
+    ::close(fd);
+    throw InvalidArgument(fmt::format(
+        "ring file '{}': version {}, slot size {}, capacity {}, {} bytes; this build reads "
+        "version {} with {}-byte slots and a file size matching the capacity",
+        ring_file, probe.version, probe.slot_size, probe.capacity, file_size, Header::kVersion,
+        sizeof(Slot)));
+  }
+  // A private copy-on-write mapping: reading never changes the file.
+  void* base = ::mmap(nullptr, file_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (base == MAP_FAILED) throw_system_error(fmt::format("cannot map '{}'", ring_file), err);
+  storage->base = static_cast<std::byte*>(base);
+  storage->mapped = true;
+  const Header* h = storage->header();
+  const std::string text(storage->group_text(),
+                         std::min<uint64_t>(h->group_used.load(), h->group_bytes));
+  std::unique_ptr<FlightRecorder> r(new FlightRecorder(std::move(storage), probe.capture_stack));
+  // Re-register the groups from their text lines (malformed lines are skipped).
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t tab1 = line.find('\t'), tab2 = line.find('\t', tab1 + 1);
+    if (tab1 == std::string::npos || tab2 == std::string::npos) continue;
+    GroupInfo g;
+    g.id = std::strtoull(line.substr(0, tab1).c_str(), nullptr, 10);
+    g.name = line.substr(tab1 + 1, tab2 - tab1 - 1);
+    std::istringstream ranks(line.substr(tab2 + 1));
+    for (std::string rank; std::getline(ranks, rank, ',');) {
+      if (!rank.empty()) g.ranks.push_back(std::atoi(rank.c_str()));
+    }
+    r->register_group(g.id, std::move(g.name), std::move(g.ranks));
+  }
+  return r;
+}
+
+FlightRecorder::~FlightRecorder() {
+  const GroupNode* n = groups_head_.load(std::memory_order_acquire);
+  while (n != nullptr) {
+    const GroupNode* next = n->next;
+    delete n;
+    n = next;
+  }
+}
+
+int64_t FlightRecorder::monotonic_ns_() noexcept { return monotonic_ns(); }
+
+int64_t FlightRecorder::wall_now_us() const noexcept {
+  return wall_clock_ != nullptr ? wall_clock_() : wall_time_us();
+}
 
 FlightRecorder& FlightRecorder::global() {
   static FlightRecorder* recorder = [] {
     const int64_t capacity = env_int(EnvKnob::kFrCapacity);
-    TESSEL_CHECK(capacity > 0, InvalidArgument, "TESSEL_FR_CAPACITY={} must be positive",
-                 capacity);
-    auto* r = new FlightRecorder(RecorderOptions{static_cast<size_t>(capacity)});
+    TESSEL_CHECK(capacity > 0, InvalidArgument, "TESSEL_FR_CAPACITY={} must be positive", capacity);
+    RecorderOptions options;
+    options.capacity = static_cast<size_t>(capacity);
+    options.capture_stack = env_bool(EnvKnob::kFrStack);
+    const std::string ring_dir = env_string(EnvKnob::kFrRingDir);
+    if (!ring_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(ring_dir, ec);
+      TESSEL_CHECK(!ec, IoError, "TESSEL_FR_RING_DIR='{}': cannot create it: {}", ring_dir,
+                   ec.message());
+      options.ring_file = fmt::format("{}/tessel_fr_{}.ring", ring_dir, ::getpid());
+    }
+    auto* r = new FlightRecorder(options);
     r->set_enabled(env_bool(EnvKnob::kFrEnable));
     return r;
   }();
   return *recorder;
 }
 
+void FlightRecorder::set_process_info(int rank, int world_size) {
+  TESSEL_CHECK(rank >= 0 && world_size > 0 && rank < world_size, InvalidArgument,
+               "flight recorder process info: rank {} is not in a world of size {}", rank,
+               world_size);
+  ProcessInfo& p = header_->process;
+  p.rank = rank;
+  p.world_size = world_size;
+  p.pid = static_cast<int>(::getpid());
+  char host[sizeof(p.hostname)] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "unknown");
+  std::memcpy(p.hostname, host, sizeof(host));
+}
+
+const ProcessInfo& FlightRecorder::process_info() const noexcept { return header_->process; }
+
+void FlightRecorder::set_step(int64_t step) noexcept {
+  header_->step.store(step, std::memory_order_relaxed);
+}
+
+int64_t FlightRecorder::step() const noexcept {
+  return header_->step.load(std::memory_order_relaxed);
+}
+
+uint64_t FlightRecorder::recorded() const {
+  return header_->next_id.load(std::memory_order_acquire) - 1;
+}
+
+void FlightRecorder::append_group_to_file(const GroupInfo& group) {
+  if (header_->group_bytes == 0) return;
+  std::string name = group.name;
+  std::replace_if(
+      name.begin(), name.end(), [](char c) { return c == '\t' || c == '\n'; }, ' ');
+  std::string line = fmt::format("{}\t{}\t{}\n", group.id, name, fmt::join(group.ranks, ","));
+  const uint64_t used = header_->group_used.load(std::memory_order_relaxed);
+  if (used + line.size() > header_->group_bytes) {
+    log_warn(LogComponent::kFlightRecorder,
+             "ring file group area full: group {} '{}' will be missing from recovered dumps",
+             group.id, group.name);
+    return;
+  }
+  std::memcpy(storage_->group_text() + used, line.data(), line.size());
+  header_->group_used.store(used + line.size(), std::memory_order_release);
+}
+
 void FlightRecorder::register_group(uint64_t id, std::string name, std::vector<int> ranks) {
   std::lock_guard lock(groups_mutex_);
-  for (auto& g : groups_) {
-    if (g.id == id) {
-      g.name = std::move(name);
-      g.ranks = std::move(ranks);
-      return;
-    }
-  }
-  groups_.push_back(GroupInfo{id, std::move(name), std::move(ranks)});
+  auto* node = new GroupNode{GroupInfo{id, std::move(name), std::move(ranks)},
+                             groups_head_.load(std::memory_order_relaxed)};
+  append_group_to_file(node->info);
+  groups_head_.store(node, std::memory_order_release);
 }
 
 std::vector<GroupInfo> FlightRecorder::groups() const {
-  std::lock_guard lock(groups_mutex_);
-  return groups_;
+  std::vector<GroupInfo> out;
+  for_each_group([&](const GroupInfo& g) { out.push_back(g); });
+  std::reverse(out.begin(), out.end());  // registration order
+  return out;
+}
+
+void FlightRecorder::note_dropped(const Entry& old) noexcept {
+  // Open addressing over a fixed table; a full table loses the count (documented limit).
+  const size_t start = static_cast<size_t>(old.group_id * 0x9E3779B97F4A7C15ull >> 54);
+  for (size_t probe = 0; probe < kMaxTrackedGroups; ++probe) {
+    DropCounter& c = drops_[(start + probe) % kMaxTrackedGroups];
+    uint8_t state = c.state.load(std::memory_order_acquire);
+    if (state == 0) {
+      uint8_t expected = 0;
+      if (c.state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+        c.group_id = old.group_id;
+        c.state.store(2, std::memory_order_release);
+        state = 2;
+      } else {
+        state = expected;
+      }
+    }
+    while (state == 1) state = c.state.load(std::memory_order_acquire);
+    if (c.group_id != old.group_id) continue;
+    // The count is informational (racing overwriters may lose an increment); a plain
+    // load/store keeps a locked instruction off the recording path.
+    c.dropped.store(c.dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    const bool collective =
+        old.op != OpType::kSend && old.op != OpType::kRecv && old.op != OpType::kUserEvent;
+    if (collective) {
+      uint64_t cur = c.last_dropped_seq.load(std::memory_order_relaxed);
+      while (old.seq > cur &&
+             !c.last_dropped_seq.compare_exchange_weak(cur, old.seq, std::memory_order_relaxed)) {
+      }
+    }
+    return;
+  }
+}
+
+std::vector<GroupDrops> FlightRecorder::dropped() const {
+  std::vector<GroupDrops> out;
+  for_each_dropped([&](const GroupDrops& d) { out.push_back(d); });
+  std::sort(out.begin(), out.end(),
+            [](const GroupDrops& a, const GroupDrops& b) { return a.group_id < b.group_id; });
+  return out;
 }
 
 uint64_t FlightRecorder::record(const RecordArgs& args) noexcept {
   if (!enabled()) return 0;
-  const uint64_t id = next_id_.fetch_add(1, std::memory_order_acq_rel);
+  const uint64_t id = header_->next_id.fetch_add(1, std::memory_order_acq_rel);
   Slot& slot = slots_[(id - 1) % capacity_];
   const uint64_t v = slot.lock();
   Entry& e = slot.entry;
+  if (e.record_id != 0) note_dropped(e);
   e.record_id = id;
   e.group_id = args.group_id;
   e.seq = args.seq;
@@ -155,13 +447,22 @@ uint64_t FlightRecorder::record(const RecordArgs& args) noexcept {
   e.step = step();
   e.input = args.input;
   e.output = args.output;
-  e.enqueued_ns = monotonic_ns();
+  e.enqueued_ns = now_ns();
   e.started_ns = 0;
   e.completed_ns = 0;
   e.thread_id = this_thread_id();
   const size_t n = std::min(args.text.size(), sizeof(e.text) - 1);
-  std::memcpy(e.text, args.text.data(), n);
+  if (n > 0) std::memcpy(e.text, args.text.data(), n);
   e.text[n] = '\0';
+  if (capture_stack_) {
+    void* frames[kMaxStackFrames + 1];
+    const int depth = ::backtrace(frames, kMaxStackFrames + 1);
+    // Frame 0 is record() itself.
+    e.stack_depth = static_cast<uint8_t>(depth > 1 ? depth - 1 : 0);
+    for (int i = 1; i < depth; ++i) e.stack[i - 1] = reinterpret_cast<uintptr_t>(frames[i]);
+  } else {
+    e.stack_depth = 0;
+  }
   slot.unlock(v);
   return id;
 }
@@ -193,32 +494,38 @@ void FlightRecorder::set_state(uint64_t record_id, EntryState state, int64_t now
 }
 
 void FlightRecorder::started(uint64_t record_id) noexcept {
-  set_state(record_id, EntryState::kStarted, monotonic_ns());
+  set_state(record_id, EntryState::kStarted, now_ns());
 }
 void FlightRecorder::completed(uint64_t record_id) noexcept {
-  set_state(record_id, EntryState::kCompleted, monotonic_ns());
+  set_state(record_id, EntryState::kCompleted, now_ns());
 }
 void FlightRecorder::failed(uint64_t record_id) noexcept {
-  set_state(record_id, EntryState::kFailed, monotonic_ns());
+  set_state(record_id, EntryState::kFailed, now_ns());
+}
+
+bool FlightRecorder::read_entry(uint64_t record_id, Entry& out) const noexcept {
+  if (record_id == 0) return false;
+  const Slot& slot = slots_[(record_id - 1) % capacity_];
+  // A writer holds a slot for a few stores; give up on it after a bounded number of tries.
+  for (int attempt = 0; attempt < 10000; ++attempt) {
+    const uint64_t v1 = slot.version.load(std::memory_order_acquire);
+    if (v1 & 1) continue;
+    std::memcpy(static_cast<void*>(&out), &slot.entry, sizeof(Entry));
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (slot.version.load(std::memory_order_relaxed) != v1) continue;
+    return out.record_id == record_id;
+  }
+  return false;
 }
 
 std::vector<Entry> FlightRecorder::snapshot() const {
-  const uint64_t newest = next_id_.load(std::memory_order_acquire) - 1;
+  const uint64_t newest = recorded();
   const uint64_t oldest = newest >= capacity_ ? newest - capacity_ + 1 : 1;
   std::vector<Entry> out;
   out.reserve(newest - oldest + 1);
+  Entry copy;
   for (uint64_t id = oldest; id <= newest; ++id) {
-    const Slot& slot = slots_[(id - 1) % capacity_];
-    // A writer holds a slot for a few stores; give up on it after a bounded number of tries.
-    for (int attempt = 0; attempt < 10000; ++attempt) {
-      const uint64_t v1 = slot.version.load(std::memory_order_acquire);
-      if (v1 & 1) continue;
-      Entry copy = slot.entry;
-      std::atomic_thread_fence(std::memory_order_acquire);
-      if (slot.version.load(std::memory_order_relaxed) != v1) continue;
-      if (copy.record_id == id) out.push_back(copy);
-      break;
-    }
+    if (read_entry(id, copy)) out.push_back(copy);
   }
   return out;
 }

@@ -25,17 +25,26 @@
 namespace tessel::fr {
 
 enum class OpType : uint8_t {
-  kAllReduce, kBroadcast, kAllGather, kReduceScatter, kAllToAll, kSend, kRecv, kBarrier,
+  kAllReduce,
+  kBroadcast,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kSend,
+  kRecv,
+  kBarrier,
   kUserEvent,
 };
 enum class ReduceOp : uint8_t { kNone, kSum, kAvg, kMax, kMin, kProduct };
 enum class EntryState : uint8_t { kScheduled, kStarted, kCompleted, kFailed };
 
-std::string_view op_name(OpType op);          // "all_reduce", "send", "user_event"
-std::string_view reduce_op_name(ReduceOp op);  // "none", "sum", ...
-std::string_view state_name(EntryState state); // "scheduled", "started", "completed", "failed"
+std::string_view op_name(OpType op);            // "all_reduce", "send", "user_event"
+std::string_view reduce_op_name(ReduceOp op);   // "none", "sum", ...
+std::string_view state_name(EntryState state);  // "scheduled", "started", "completed", "failed"
 
 inline constexpr int kMaxDims = 6;
+inline constexpr int kMaxStackFrames = 16;         // frames kept per entry when stacks are captured
+inline constexpr size_t kMaxTrackedGroups = 1024;  // groups whose dropped entries are tracked
 
 // Shape and dtype of one tensor argument, inline (no heap).
 struct TensorMeta {
@@ -51,17 +60,17 @@ struct TensorMeta {
 // What a caller knows when it issues an operation.
 struct RecordArgs {
   uint64_t group_id = 0;
-  uint64_t seq = 0;        // per-group collective sequence number (0 for send/recv)
-  int32_t peer = -1;       // send/recv: the peer's rank in the group
-  uint64_t p2p_seq = 0;    // send/recv: per-(group, peer, direction) sequence number
+  uint64_t seq = 0;      // per-group collective sequence number (0 for send/recv)
+  int32_t peer = -1;     // send/recv: the peer's rank in the group
+  uint64_t p2p_seq = 0;  // send/recv: per-(group, peer, direction) sequence number
   OpType op = OpType::kAllReduce;
   ReduceOp reduce_op = ReduceOp::kNone;
-  int32_t root = -1;       // broadcast root
-  uint32_t coalesced_id = 0;     // non-zero when issued as part of a coalesced batch
+  int32_t root = -1;          // broadcast root
+  uint32_t coalesced_id = 0;  // non-zero when issued as part of a coalesced batch
   uint32_t coalesced_index = 0;
-  uint32_t callsite_id = 0;      // caller-chosen id of the call site (e.g. a hash of file:line)
+  uint32_t callsite_id = 0;  // caller-chosen id of the call site (e.g. a hash of file:line)
   TensorMeta input, output;
-  std::string_view text;         // user events: the marker text (truncated to fit)
+  std::string_view text;  // user events: the marker text (truncated to fit)
 };
 
 // One ring slot, as a snapshot sees it. Times are monotonic nanoseconds (0 = not yet).
@@ -78,11 +87,28 @@ struct Entry {
   uint32_t coalesced_id = 0;
   uint32_t coalesced_index = 0;
   uint32_t callsite_id = 0;
-  int64_t step = -1;       // training step current when recorded (set_step), -1 if never set
+  int64_t step = -1;  // training step current when recorded (set_step), -1 if never set
   TensorMeta input, output;
   int64_t enqueued_ns = 0, started_ns = 0, completed_ns = 0;
-  uint32_t thread_id = 0;  // kernel thread id of the recording thread
-  char text[48] = {};      // user event text
+  uint32_t thread_id = 0;   // kernel thread id of the recording thread
+  char text[48] = {};       // user event text
+  uint8_t stack_depth = 0;  // frames in `stack` (0 unless RecorderOptions::capture_stack)
+  uintptr_t stack[kMaxStackFrames] = {};  // return addresses, innermost first
+};
+
+// What the ring has overwritten for one group (entries lost to wrapping).
+struct GroupDrops {
+  uint64_t group_id = 0;
+  uint64_t last_dropped_seq = 0;  // highest collective seq overwritten (0: none)
+  uint64_t dropped = 0;           // entries of this group overwritten (approximate under races)
+};
+
+// Who this process is, for dumps. Fixed-size so a fatal-signal dump can read it.
+struct ProcessInfo {
+  int rank = -1;  // global rank, -1 until set_process_info
+  int world_size = -1;
+  int pid = 0;
+  char hostname[64] = {};
 };
 
 // A group as registered: id, name and member ranks (global ranks).
@@ -94,6 +120,18 @@ struct GroupInfo {
 
 struct RecorderOptions {
   size_t capacity = 4096;  // entries kept; older ones are overwritten
+  // Capture a call stack (backtrace(), into the entry; no heap) with every record. Costs a few
+  // microseconds per record; off by default (TESSEL_FR_STACK for the global recorder).
+  bool capture_stack = false;
+  // Monotonic nanosecond clock for timestamps; nullptr = monotonic_ns(). Simulations and tests
+  // substitute their own (the synthetic dump generator drives simulated time).
+  int64_t (*clock)() noexcept = nullptr;
+  // Wall-clock microseconds since the Unix epoch, written in dumps; nullptr = wall_time_us().
+  int64_t (*wall_clock)() noexcept = nullptr;
+  // When set, the ring lives in this file (created or truncated, then memory-mapped shared), so
+  // its entries survive even SIGKILL; FlightRecorder::recover() reads them back. Costs nothing
+  // per record. Throws IoError at construction when the file cannot be made.
+  std::string ring_file = {};
 };
 
 class FlightRecorder {
@@ -103,16 +141,39 @@ class FlightRecorder {
   FlightRecorder(const FlightRecorder&) = delete;
   FlightRecorder& operator=(const FlightRecorder&) = delete;
 
-  // The process's recorder (capacity from TESSEL_FR_CAPACITY at first use). Never destroyed.
+  // The process's recorder (capacity from TESSEL_FR_CAPACITY, stacks from TESSEL_FR_STACK, a
+  // ring file <TESSEL_FR_RING_DIR>/tessel_fr_<pid>.ring when that is set; at first use). Never
+  // destroyed.
   static FlightRecorder& global();
+
+  // A read-only recorder over a ring file left by a process (RecorderOptions::ring_file), e.g.
+  // one that was SIGKILLed: its entries, groups and process info, ready for write_dump with
+  // DumpTrigger::kRecovered. Recording into it does nothing. Throws IoError when the file
+  // cannot be read, InvalidArgument naming the file when it is not a ring file of this build.
+  static std::unique_ptr<FlightRecorder> recover(const std::string& ring_file);
 
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
   void set_enabled(bool on) { enabled_.store(on, std::memory_order_relaxed); }
   size_t capacity() const { return capacity_; }
+  bool captures_stack() const { return capture_stack_; }
+  // The recorder's clock (RecorderOptions::clock), monotonic nanoseconds.
+  int64_t now_ns() const noexcept { return clock_ != nullptr ? clock_() : monotonic_ns_(); }
+  // The recorder's wall clock (RecorderOptions::wall_clock), microseconds since the epoch.
+  int64_t wall_now_us() const noexcept;
+
+  // Sets the rank and world size written in dumps; hostname and pid are filled in here.
+  // Call once the process knows its rank (init of the world group). Not for the hot path.
+  void set_process_info(int rank, int world_size);
+  // Async-signal-safe read (plain fields written before publication).
+  const ProcessInfo& process_info() const noexcept;
 
   // Groups are registered once, outside the hot path (may allocate, takes a lock).
   void register_group(uint64_t id, std::string name, std::vector<int> ranks);
   std::vector<GroupInfo> groups() const;
+  // Calls fn(const GroupInfo&) for every registered group (newest registration of an id wins),
+  // without locks or allocation: usable from a signal handler.
+  template <typename Fn>
+  void for_each_group(Fn&& fn) const noexcept;
 
   // Records an operation as scheduled; returns its record id (0 when disabled). Lock-free,
   // no allocation.
@@ -125,25 +186,79 @@ class FlightRecorder {
   void failed(uint64_t record_id) noexcept;
 
   // The training step stamped on later entries.
-  void set_step(int64_t step) noexcept { step_.store(step, std::memory_order_relaxed); }
-  int64_t step() const noexcept { return step_.load(std::memory_order_relaxed); }
+  void set_step(int64_t step) noexcept;
+  int64_t step() const noexcept;
 
   // Consistent copies of the live entries, oldest first. May allocate; never blocks recorders.
   std::vector<Entry> snapshot() const;
   // Number of entries ever recorded (so dropped = recorded() - capacity when larger).
-  uint64_t recorded() const { return next_id_.load(std::memory_order_acquire) - 1; }
+  uint64_t recorded() const;
+  // Copies the entry with this record id into `out`; false when it was overwritten, never
+  // recorded, or stayed locked by a writer for a bounded number of tries. Async-signal-safe.
+  bool read_entry(uint64_t record_id, Entry& out) const noexcept;
+
+  // Per group, what the ring overwrote (groups with no dropped entries are absent).
+  std::vector<GroupDrops> dropped() const;
+  // As dropped(), without allocation: calls fn(const GroupDrops&). Async-signal-safe.
+  template <typename Fn>
+  void for_each_dropped(Fn&& fn) const noexcept;
 
  private:
   struct Slot;
+  struct Header;   // counters and process info; at the start of the ring file when there is one
+  struct Storage;  // owns the header, slots and drop counters: heap memory or a file mapping
+  struct GroupNode {
+    GroupInfo info;
+    const GroupNode* next = nullptr;
+  };
+  struct DropCounter {
+    std::atomic<uint8_t> state{0};  // 0 empty, 1 being claimed, 2 holds group_id
+    uint64_t group_id = 0;
+    std::atomic<uint64_t> last_dropped_seq{0};
+    std::atomic<uint64_t> dropped{0};
+  };
+  FlightRecorder(std::unique_ptr<Storage> storage, bool capture_stack);
+  static int64_t monotonic_ns_() noexcept;
+  void append_group_to_file(const GroupInfo& group);
   void set_state(uint64_t record_id, EntryState state, int64_t now_ns) noexcept;
+  void note_dropped(const Entry& old) noexcept;
 
   const size_t capacity_;
-  std::unique_ptr<Slot[]> slots_;
-  std::atomic<uint64_t> next_id_{1};
-  std::atomic<int64_t> step_{-1};
+  const bool capture_stack_;
+  int64_t (*const clock_)() noexcept;
+  int64_t (*const wall_clock_)() noexcept;
+  std::unique_ptr<Storage> storage_;
+  Header* header_;
+  Slot* slots_;
+  DropCounter* drops_;
   std::atomic<bool> enabled_{true};
+  // Groups form an append-only list (nodes live as long as the recorder) so a signal handler
+  // can walk it; the mutex only orders writers.
   mutable std::mutex groups_mutex_;
-  std::vector<GroupInfo> groups_;
+  std::atomic<const GroupNode*> groups_head_{nullptr};
 };
+
+template <typename Fn>
+void FlightRecorder::for_each_group(Fn&& fn) const noexcept {
+  const GroupNode* head = groups_head_.load(std::memory_order_acquire);
+  for (const GroupNode* n = head; n != nullptr; n = n->next) {
+    bool shadowed = false;  // a newer node registered the same id
+    for (const GroupNode* m = head; m != n; m = m->next) shadowed |= (m->info.id == n->info.id);
+    if (!shadowed) fn(n->info);
+  }
+}
+
+template <typename Fn>
+void FlightRecorder::for_each_dropped(Fn&& fn) const noexcept {
+  for (size_t i = 0; i < kMaxTrackedGroups; ++i) {
+    const DropCounter& c = drops_[i];
+    if (c.state.load(std::memory_order_acquire) != 2) continue;
+    GroupDrops d;
+    d.group_id = c.group_id;
+    d.last_dropped_seq = c.last_dropped_seq.load(std::memory_order_relaxed);
+    d.dropped = c.dropped.load(std::memory_order_relaxed);
+    if (d.dropped > 0) fn(d);
+  }
+}
 
 }  // namespace tessel::fr

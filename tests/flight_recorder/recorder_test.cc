@@ -1,8 +1,9 @@
 #include "tessel/flight_recorder/recorder.h"
 
-#include <thread>
-
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <thread>
 
 #include "tessel/base/error.h"
 
@@ -111,6 +112,103 @@ TEST(RecorderTest, ConcurrentRecordersAndSnapshotsStayConsistent) {
   reader.join();
   EXPECT_EQ(fr.recorded(), 20000u);
   EXPECT_EQ(fr.snapshot().size(), 64u);
+}
+
+TEST(RecorderTest, TracksLastDroppedSequencePerGroup) {
+  FlightRecorder fr(RecorderOptions{4});
+  // Group 1 gets seqs 1..6, group 2 seqs 1..3, interleaved; then two user events.
+  for (uint64_t s = 1; s <= 6; ++s) {
+    fr.record(all_reduce(1, s));
+    if (s <= 3) fr.record(all_reduce(2, s));
+  }
+  fr.record_event("a");
+  fr.record_event("b");
+  // 11 records in a ring of 4: ids 1..7 were overwritten. In order they were
+  // g1s1 g2s1 g1s2 g2s2 g1s3 g2s3 g1s4 | kept: g1s5 g1s6 a b.
+  const auto drops = fr.dropped();
+  ASSERT_EQ(drops.size(), 2u);
+  EXPECT_EQ(drops[0].group_id, 1u);
+  EXPECT_EQ(drops[0].last_dropped_seq, 4u);
+  EXPECT_EQ(drops[0].dropped, 4u);
+  EXPECT_EQ(drops[1].group_id, 2u);
+  EXPECT_EQ(drops[1].last_dropped_seq, 3u);
+  EXPECT_EQ(drops[1].dropped, 3u);
+}
+
+TEST(RecorderTest, DroppedSendRecvCountButKeepNoSequence) {
+  FlightRecorder fr(RecorderOptions{1});
+  RecordArgs send;
+  send.group_id = 5;
+  send.op = OpType::kSend;
+  send.peer = 1;
+  send.p2p_seq = 9;
+  fr.record(send);
+  fr.record(send);
+  const auto drops = fr.dropped();
+  ASSERT_EQ(drops.size(), 1u);
+  EXPECT_EQ(drops[0].last_dropped_seq, 0u);
+  EXPECT_EQ(drops[0].dropped, 1u);
+}
+
+TEST(RecorderTest, ProcessInfoHasRankHostAndPid) {
+  FlightRecorder fr(RecorderOptions{4});
+  EXPECT_EQ(fr.process_info().rank, -1);
+  fr.set_process_info(3, 8);
+  EXPECT_EQ(fr.process_info().rank, 3);
+  EXPECT_EQ(fr.process_info().world_size, 8);
+  EXPECT_EQ(fr.process_info().pid, static_cast<int>(::getpid()));
+  char host[64] = {};
+  ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
+  EXPECT_STREQ(fr.process_info().hostname, host);
+  EXPECT_THROW(fr.set_process_info(8, 8), InvalidArgument);
+  EXPECT_THROW(fr.set_process_info(-1, 8), InvalidArgument);
+}
+
+TEST(RecorderTest, CapturesStackOnlyWhenAsked) {
+  RecorderOptions with;
+  with.capacity = 4;
+  with.capture_stack = true;
+  FlightRecorder on(with);
+  FlightRecorder off(RecorderOptions{4});
+  on.record(all_reduce(1, 1));
+  off.record(all_reduce(1, 1));
+  const Entry a = on.snapshot().at(0);
+  EXPECT_GT(a.stack_depth, 0);
+  EXPECT_LE(a.stack_depth, kMaxStackFrames);
+  for (int i = 0; i < a.stack_depth; ++i) EXPECT_NE(a.stack[i], 0u);
+  EXPECT_EQ(off.snapshot().at(0).stack_depth, 0);
+}
+
+int64_t g_test_now = 0;
+int64_t test_clock() noexcept { return g_test_now; }
+
+TEST(RecorderTest, UsesTheClockItIsGiven) {
+  RecorderOptions o;
+  o.capacity = 4;
+  o.clock = test_clock;
+  FlightRecorder fr(o);
+  g_test_now = 1000;
+  const uint64_t id = fr.record(all_reduce(1, 1));
+  g_test_now = 1500;
+  fr.started(id);
+  g_test_now = 4000;
+  fr.completed(id);
+  const Entry e = fr.snapshot().at(0);
+  EXPECT_EQ(e.enqueued_ns, 1000);
+  EXPECT_EQ(e.started_ns, 1500);
+  EXPECT_EQ(e.completed_ns, 4000);
+}
+
+TEST(RecorderTest, ReRegisteringAGroupReplacesIt) {
+  FlightRecorder fr(RecorderOptions{4});
+  fr.register_group(1, "a", {0});
+  fr.register_group(2, "b", {1});
+  fr.register_group(1, "a2", {0, 1});
+  const auto groups = fr.groups();
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].id, 2u);
+  EXPECT_EQ(groups[1].name, "a2");
+  EXPECT_EQ(groups[1].ranks, (std::vector<int>{0, 1}));
 }
 
 TEST(RecorderTest, ZeroCapacityIsRejected) {

@@ -1,0 +1,272 @@
+#include "tessel/flight_recorder/analyzer.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "tessel/base/error.h"
+#include "tessel/flight_recorder/dump.h"
+#include "tessel/flight_recorder/synth.h"
+#include "test_util.h"
+
+namespace tessel::fr {
+namespace {
+
+using testing::TempDir;
+
+// What each scenario must yield, stated from the fault it injects (not from analyzer output):
+// the ranks at fault, and the kind of finding that names them.
+struct Expectation {
+  std::vector<int> culprits;
+  VerdictStatus status;
+  FindingKind kind;
+};
+
+Expectation expected(std::string_view scenario, const SynthOptions& o) {
+  using K = FindingKind;
+  const std::vector<int> one = {o.culprit};
+  if (scenario == "healthy") return {{}, VerdictStatus::kHealthy, K::kNotJoined};
+  if (scenario == "deadlock") {
+    return {{std::min(o.culprit, o.partner), std::max(o.culprit, o.partner)},
+            VerdictStatus::kCulpritFound,
+            K::kDeadlock};
+  }
+  static const std::map<std::string_view, K> kinds = {
+      {"skip_collective", K::kNotJoined},
+      {"extra_collective", K::kExtraCollective},
+      {"size_mismatch", K::kMismatch},
+      {"dtype_mismatch", K::kMismatch},
+      {"reduce_op_mismatch", K::kMismatch},
+      {"root_mismatch", K::kMismatch},
+      {"send_without_recv", K::kUnmatchedSend},
+      {"killed", K::kNotJoined},
+      {"stopped", K::kNotJoined},
+      {"straggler", K::kStraggler},
+      {"wrapped", K::kNotJoined},
+  };
+  return {one, VerdictStatus::kCulpritFound, kinds.at(scenario)};
+}
+
+Verdict run_scenario(std::string_view scenario, const SynthOptions& o) {
+  TempDir dir;
+  synth_write(scenario, o, dir.path());
+  const DumpSet set = read_dump_dir(dir.path());
+  EXPECT_TRUE(set.problems.empty());
+  return analyze(set);
+}
+
+struct Case {
+  int ranks, culprit, partner;
+};
+
+class ScenarioTest : public ::testing::TestWithParam<std::tuple<std::string_view, Case>> {};
+
+TEST_P(ScenarioTest, NamesExactlyTheRanksAtFault) {
+  const auto [scenario, c] = GetParam();
+  SynthOptions o;
+  o.ranks = c.ranks;
+  o.culprit = c.culprit;
+  o.partner = c.partner;
+  const Expectation want = expected(scenario, o);
+  const Verdict v = run_scenario(scenario, o);
+  SCOPED_TRACE(format_verdict(v));
+  EXPECT_EQ(v.status, want.status);
+  EXPECT_EQ(v.culprits, want.culprits);  // exact: no healthy rank blamed, no culprit missed
+  if (want.status == VerdictStatus::kCulpritFound) {
+    ASSERT_FALSE(v.findings.empty());
+    EXPECT_EQ(v.findings[0].kind, want.kind);
+    EXPECT_TRUE(v.inconclusive.empty());
+  } else {
+    EXPECT_TRUE(v.findings.empty());
+  }
+  ASSERT_EQ(v.positions.size(), static_cast<size_t>(c.ranks));
+}
+
+// World sizes 3 (odd, halves of 2 and 1), 5 and 8; culprits low and last; partners adjacent.
+const Case kCases[] = {{3, 1, 2}, {3, 2, 0}, {5, 4, 1}, {8, 1, 2}, {8, 7, 6}};
+
+std::string case_name(const ::testing::TestParamInfo<ScenarioTest::ParamType>& info) {
+  const Case c = std::get<1>(info.param);
+  return std::string(std::get<0>(info.param)) + "_ranks" + std::to_string(c.ranks) + "_culprit" +
+         std::to_string(c.culprit);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllScenarios, ScenarioTest,
+                         ::testing::Combine(::testing::ValuesIn(synth_scenarios()),
+                                            ::testing::ValuesIn(kCases)),
+                         case_name);
+
+TEST(AnalyzerTest, NamesUserEventOfTheCulprit) {
+  SynthOptions o;
+  o.ranks = 4;
+  o.culprit = 3;
+  o.steps = 7;
+  const Verdict v = run_scenario("skip_collective", o);
+  ASSERT_EQ(v.culprits, std::vector<int>{3});
+  EXPECT_EQ(v.positions[3].last_event, "step 6 begins");
+  EXPECT_NE(format_verdict(v).find("last marked 'step 6 begins'"), std::string::npos);
+  EXPECT_NE(verdict_to_json(v).find("\"last_event\": \"step 6 begins\""), std::string::npos);
+}
+
+TEST(AnalyzerTest, TwoRankTieIsInconclusiveNotABlame) {
+  SynthOptions o;
+  o.ranks = 2;
+  o.culprit = 1;
+  o.partner = 0;
+  for (auto scenario : {"skip_collective", "extra_collective", "size_mismatch"}) {
+    const Verdict v = run_scenario(scenario, o);
+    SCOPED_TRACE(format_verdict(v));
+    EXPECT_EQ(v.status, VerdictStatus::kInconclusive) << scenario;
+    EXPECT_TRUE(v.culprits.empty()) << scenario;
+    EXPECT_FALSE(v.inconclusive.empty()) << scenario;
+  }
+}
+
+TEST(AnalyzerTest, SingleRankJobIsHealthy) {
+  SynthOptions o;
+  o.ranks = 1;
+  o.culprit = 0;
+  o.partner = 0;
+  const Verdict v = run_scenario("healthy", o);
+  EXPECT_EQ(v.status, VerdictStatus::kHealthy);
+  EXPECT_EQ(v.positions.size(), 1u);
+}
+
+int64_t g_now_ns = 5'000'000'000;
+int64_t fake_clock() noexcept { return g_now_ns; }
+int64_t fake_wall() noexcept { return 1'700'000'000'000'000 + g_now_ns / 1000; }
+
+// Three ranks; ranks 0 and 1 entered all_reduce #1 `age` before the dump, rank 2 has not.
+DumpSet live_job(std::chrono::nanoseconds age, DumpTrigger trigger, const TempDir& dir) {
+  RecorderOptions ro;
+  ro.capacity = 16;
+  ro.clock = fake_clock;
+  ro.wall_clock = fake_wall;
+  const int64_t dump_at = g_now_ns + age.count();
+  for (int r = 0; r < 3; ++r) {
+    FlightRecorder fr(ro);
+    fr.set_process_info(r, 3);
+    fr.register_group(1, "world", {0, 1, 2});
+    if (r < 2) {
+      RecordArgs a;
+      a.group_id = 1;
+      a.seq = 1;
+      a.input = TensorMeta::make("f32", {8});
+      fr.started(fr.record(a));
+    }
+    const int64_t saved = g_now_ns;
+    g_now_ns = dump_at;
+    write_dump(fr, {trigger, r == 0 ? 0 : -1, ""}, dir.path());
+    g_now_ns = saved;
+  }
+  return read_dump_dir(dir.path());
+}
+
+TEST(AnalyzerTest, YoungPendingOpsOfALiveJobBlameNobody) {
+  TempDir dir;
+  const DumpSet set = live_job(std::chrono::milliseconds(200), DumpTrigger::kSignal, dir);
+  const Verdict v = analyze(set);
+  EXPECT_EQ(v.status, VerdictStatus::kHealthy) << format_verdict(v);
+  AnalyzerOptions strict;
+  strict.min_wait = std::chrono::nanoseconds(0);
+  EXPECT_EQ(analyze(set, strict).culprits, std::vector<int>{2});
+}
+
+TEST(AnalyzerTest, TimeoutTriggerMeansHungWhateverTheAge) {
+  TempDir dir;
+  const DumpSet set = live_job(std::chrono::milliseconds(200), DumpTrigger::kTimeout, dir);
+  EXPECT_EQ(analyze(set).culprits, std::vector<int>{2});
+}
+
+TEST(AnalyzerTest, MismatchWithoutMajorityIsInconclusive) {
+  TempDir dir;
+  for (int r = 0; r < 4; ++r) {
+    FlightRecorder fr(RecorderOptions{8});
+    fr.set_process_info(r, 4);
+    fr.register_group(1, "world", {0, 1, 2, 3});
+    RecordArgs a;
+    a.group_id = 1;
+    a.seq = 1;
+    a.input = TensorMeta::make("f32", {r < 2 ? 8 : 16});
+    fr.completed(fr.record(a));
+    write_dump(fr, {}, dir.path());
+  }
+  const Verdict v = analyze(read_dump_dir(dir.path()));
+  EXPECT_EQ(v.status, VerdictStatus::kInconclusive) << format_verdict(v);
+  EXPECT_TRUE(v.culprits.empty());
+}
+
+TEST(AnalyzerTest, MissingDumpNobodyWaitsOnIsInconclusive) {
+  TempDir dir;
+  SynthOptions o;
+  o.ranks = 4;
+  synth_write("healthy", o, dir.path());
+  std::filesystem::remove(dir.path() / "tessel_fr_rank2.json");
+  const Verdict v = analyze(read_dump_dir(dir.path()));
+  EXPECT_EQ(v.status, VerdictStatus::kInconclusive) << format_verdict(v);
+  EXPECT_TRUE(v.culprits.empty());
+  EXPECT_EQ(v.positions[2].where, RankPosition::Where::kNoDump);
+}
+
+TEST(AnalyzerTest, FailedCollectivesAreNotedOncePerCall) {
+  TempDir dir;
+  for (int r = 0; r < 3; ++r) {
+    FlightRecorder fr(RecorderOptions{8});
+    fr.set_process_info(r, 3);
+    fr.register_group(1, "world", {0, 1, 2});
+    RecordArgs a;
+    a.group_id = 1;
+    a.seq = 1;
+    a.input = TensorMeta::make("f32", {8});
+    fr.failed(fr.record(a));
+    write_dump(fr, {DumpTrigger::kError, r, "gloo error"}, dir.path());
+  }
+  const Verdict v = analyze(read_dump_dir(dir.path()));
+  EXPECT_TRUE(v.culprits.empty());
+  ASSERT_EQ(v.notes.size(), 1u) << format_verdict(v);
+  EXPECT_NE(v.notes[0].find("all_reduce #1 of group 'world' failed on ranks 0-2"),
+            std::string::npos)
+      << v.notes[0];
+}
+
+TEST(AnalyzerTest, CoalescedOpsAlignByIndexWithinTheirSeq) {
+  TempDir dir;
+  for (int r = 0; r < 3; ++r) {
+    FlightRecorder fr(RecorderOptions{8});
+    fr.set_process_info(r, 3);
+    fr.register_group(1, "world", {0, 1, 2});
+    for (uint32_t i = 0; i < 2; ++i) {  // one batch, two ops of different sizes, one seq
+      RecordArgs a;
+      a.group_id = 1;
+      a.seq = 1;
+      a.coalesced_id = 1;
+      a.coalesced_index = i;
+      a.input = TensorMeta::make("f32", {i == 0 ? 8 : 16});
+      fr.completed(fr.record(a));
+    }
+    write_dump(fr, {}, dir.path());
+  }
+  const Verdict v = analyze(read_dump_dir(dir.path()));
+  EXPECT_EQ(v.status, VerdictStatus::kHealthy) << format_verdict(v);
+}
+
+TEST(AnalyzerTest, FormatsRankLists) {
+  EXPECT_EQ(format_rank_list({}), "");
+  EXPECT_EQ(format_rank_list({4}), "4");
+  EXPECT_EQ(format_rank_list({0, 1, 2, 4, 6, 7, 9}), "0-2,4,6,7,9");
+}
+
+// 1,024 ranks: the analyzer still names the one rank (speed is measured in bench/).
+TEST(AnalyzerScaleTest, FindsTheCulpritAmong1024Ranks) {
+  SynthOptions o;
+  o.ranks = 1024;
+  o.culprit = 777;
+  o.steps = 6;
+  const Verdict v = run_scenario("skip_collective", o);
+  EXPECT_EQ(v.status, VerdictStatus::kCulpritFound);
+  EXPECT_EQ(v.culprits, std::vector<int>{777});
+  EXPECT_EQ(v.dumps, 1024);
+}
+
+}  // namespace
+}  // namespace tessel::fr

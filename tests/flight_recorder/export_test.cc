@@ -1,0 +1,78 @@
+#include "tessel/flight_recorder/export.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "tessel/flight_recorder/synth.h"
+#include "test_util.h"
+
+namespace tessel::fr {
+namespace {
+
+using testing::TempDir;
+
+TEST(ExportTest, PerfettoHasATrackPerRankASlicePerOpAndInstantUserEvents) {
+  TempDir dir;
+  SynthOptions o;
+  o.ranks = 5;
+  o.steps = 4;
+  o.culprit = 2;
+  synth_write("skip_collective", o, dir.path());
+  const DumpSet set = read_dump_dir(dir.path());
+  const auto j = nlohmann::json::parse(export_perfetto(set));
+  ASSERT_TRUE(j.contains("traceEvents"));
+
+  std::map<int, int> process_names, slices, instants, pending;
+  for (const auto& e : j["traceEvents"]) {
+    const std::string ph = e["ph"];
+    const int pid = e["pid"];
+    if (ph == "M" && e["name"] == "process_name") ++process_names[pid];
+    if (ph == "X") {
+      ++slices[pid];
+      EXPECT_GE(e["dur"].get<double>(), 0);
+      const std::string name = e["name"];
+      if (name.find("(pending)") != std::string::npos) ++pending[pid];
+    }
+    if (ph == "i") ++instants[pid];
+  }
+  for (const auto& d : set.dumps) {
+    int ops = 0, events = 0, unfinished = 0;
+    for (const auto& e : d.entries) {
+      if (e.is_user_event()) {
+        ++events;
+      } else {
+        ++ops;
+        unfinished += e.finished() ? 0 : 1;
+      }
+    }
+    EXPECT_EQ(process_names[d.rank], 1) << d.rank;
+    EXPECT_EQ(slices[d.rank], ops) << d.rank;
+    EXPECT_EQ(instants[d.rank], events) << d.rank;
+    EXPECT_EQ(pending[d.rank], unfinished) << d.rank;
+  }
+  // The culprit skipped the last world all_reduce; everybody else is still in it.
+  EXPECT_EQ(pending[2], 0);
+  EXPECT_EQ(pending[0], 1);
+}
+
+TEST(ExportTest, ShowTableListsEveryEntry) {
+  TempDir dir;
+  SynthOptions o;
+  o.ranks = 3;
+  o.steps = 3;
+  synth_write("healthy", o, dir.path());
+  const RankDump d = read_dump(dir.path() / "tessel_fr_rank1.json");
+  const std::string table = format_dump_table(d);
+  EXPECT_NE(table.find("rank 1 of 3"), std::string::npos) << table;
+  EXPECT_NE(table.find("group 1 'world': ranks 0,1,2"), std::string::npos) << table;
+  size_t rows = 0;
+  for (size_t at = table.find("\n"); at != std::string::npos; at = table.find("\n", at + 1)) ++rows;
+  const size_t header_lines = 3 + d.groups.size() + d.dropped.size() + 2;
+  EXPECT_EQ(rows, header_lines + d.entries.size()) << table;
+  EXPECT_NE(table.find("step 2 begins"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessel::fr
