@@ -10,6 +10,7 @@
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
+#include "tessel/collectives/dump_coordinator.h"
 #include "tessel/collectives/fake/fake_backend.h"
 #include "tessel/collectives/file_store.h"
 #include "tessel/collectives/memory_store.h"
@@ -117,7 +118,11 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
     return threads::create_world(1, group).front();
   }
   if (backend == "fake") return fake::create_process_group(env.rank, env.world_size, nullptr, group);
-  if (backend == "mpi") return mpi_create_world(group);
+  if (backend == "mpi") {
+    auto world = mpi_create_world(group);
+    if (env.world_size > 1) enable_flight_recorder_dumps(nullptr, world->rank(), world->size());
+    return world;
+  }
   TESSEL_CHECK(backend == "gloo" || backend == "nccl", InvalidArgument,
                "backend '{}' is not one of auto, gloo, mpi, nccl, threads, fake", backend);
   std::shared_ptr<Store> store = options.store;
@@ -130,8 +135,11 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   if (backend == "gloo") {
     GlooOptions gloo = options.gloo;
     gloo.group = group;
-    return gloo_create_process_group(store, env.rank, env.world_size, gloo);
+    auto world = gloo_create_process_group(store, env.rank, env.world_size, gloo);
+    if (env.world_size > 1) enable_flight_recorder_dumps(store, env.rank, env.world_size);
+    return world;
   }
+  if (env.world_size > 1) enable_flight_recorder_dumps(store, env.rank, env.world_size);
   return nccl_create_process_group(
       store, env.rank, env.world_size,
       NcclOptions{.device = options.device.is_cuda() ? options.device.index : -1,

@@ -117,6 +117,12 @@ DumperOptions DumperOptions::from_env() {
   return o;
 }
 
+std::string store_dump_request_key(int64_t n) { return fmt::format("tessel/fr/dump_request/{}", n); }
+
+std::string store_dump_key(int64_t n, int rank) {
+  return fmt::format("tessel/fr/dump/{}/{}", n, rank);
+}
+
 std::string encode_store_dump_request(int initiator, std::string_view reason) {
   return fmt::format("{} {}", initiator, reason);
 }

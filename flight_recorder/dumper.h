@@ -50,9 +50,16 @@ struct DumperOptions {
 // InvalidArgument naming the text and the accepted names.
 int parse_signal(std::string_view text);
 
-// The store key under which a rank that timed out asks every rank to dump, and the value's
-// encoding. The collectives layer sets/watches the key; flight_recorder never touches a store.
-inline constexpr std::string_view kStoreDumpRequestKey = "tessel/fr/dump_request";
+// Dump requests through the job's store (the collectives layer and the launcher speak this):
+//   requester:  n = store.add(kStoreDumpCounterKey, 1); store.set(store_dump_request_key(n), v)
+//               with v = encode_store_dump_request(initiator rank or -1 for the launcher, reason)
+//   every rank: waits for store_dump_request_key(seen + 1), dumps, and publishes the dump's JSON
+//               under store_dump_key(n, rank)
+// The collectives layer (collectives/dump_coordinator.h) and the launcher do this; the flight
+// recorder itself never touches a store.
+inline constexpr std::string_view kStoreDumpCounterKey = "tessel/fr/dump_requests";
+std::string store_dump_request_key(int64_t n);   // "tessel/fr/dump_request/<n>"
+std::string store_dump_key(int64_t n, int rank);  // "tessel/fr/dump/<n>/<rank>"
 std::string encode_store_dump_request(int initiator, std::string_view reason);
 // Throws InvalidArgument naming the text when it is not an encoded request.
 DumpRequest decode_store_dump_request(std::string_view value);
@@ -85,7 +92,7 @@ class Dumper {
   void notify_timeout(int rank, std::string_view reason) {
     request_dump({DumpTrigger::kTimeout, rank, std::string(reason)});
   }
-  // For the collectives layer: it saw `value` under kStoreDumpRequestKey. Asynchronous.
+  // For the collectives layer: it saw `value` under a store_dump_request_key. Asynchronous.
   // Throws InvalidArgument when the value is not an encoded request.
   void notify_store_request(std::string_view value) {
     DumpRequest r = decode_store_dump_request(value);

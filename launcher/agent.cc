@@ -39,6 +39,8 @@ namespace {
 constexpr auto kL = LogComponent::kLauncher;
 constexpr auto kPollLimit = std::chrono::seconds(10);
 constexpr auto kRpcTimeout = std::chrono::seconds(5);
+// How much longer than the dump gathering a hung job's workers are kept before SIGKILL.
+constexpr auto kHangHoldMargin = std::chrono::seconds(5);
 constexpr auto kNotifyWait = std::chrono::seconds(5);
 
 std::string hostname() {
@@ -394,6 +396,7 @@ struct NodeAgent::Impl {
   // Supervises one round's workers until the server's event for the round arrives.
   RoundEnd supervise(const proto::JoinResponse& r, RoundControl& control, proto::JobEvent* out) {
     bool stopping = false, done_reported = false, all_ok = true;
+    bool holding = false;  // a hang: workers kept alive until the server has gathered dumps
     int interrupts = 0;
     Deadline kill_at = Deadline::never();
     std::optional<RoundEnd> end;  // the server's decision; returned once the workers are gone
@@ -410,9 +413,16 @@ struct NodeAgent::Impl {
         proto::Failure f = failure_of(e, r);
         log_warn(kL, "rank {} (pid {}) failed: {}", e.global_rank, e.pid,
                  e.signal ? signal_name(e.signal) : fmt::format("exit code {}", e.exit_code));
-        workers->signal_all(SIGTERM);  // stop the rest now, without waiting for the server
-        kill_at = Deadline::after(o.failure_grace);
+        if (f.hang() || o.dump_on_hang) {
+          // Keep the other workers alive: the server first gathers every rank's flight-recorder
+          // dump, then ends the round (its event stops them). Bounded in case no event comes.
+          kill_at = Deadline::after(o.hang_dump_timeout + o.failure_grace + kHangHoldMargin);
+        } else {
+          workers->signal_all(SIGTERM);  // stop the rest now, without waiting for the server
+          kill_at = Deadline::after(o.failure_grace);
+        }
         stopping = true;
+        holding = f.hang() || o.dump_on_hang;
         try {
           client->report_failure(node_id, r.round(), f, kRpcTimeout);
         } catch (const RpcError& err) {
@@ -467,7 +477,8 @@ struct NodeAgent::Impl {
             end = e->server_lost ? RoundEnd::kServerLost
                   : e->event.kind() == proto::JobEvent::RESTART ? RoundEnd::kRestart
                                                                 : RoundEnd::kFinal;
-            if (!stopping) {
+            if (!stopping || holding) {
+              holding = false;
               workers->signal_all(SIGTERM);
               kill_at = Deadline::after(o.failure_grace);
               stopping = true;

@@ -14,23 +14,39 @@
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
 #include "tessel/collectives/store.h"
+#include "tessel/flight_recorder/dump.h"
+#include "tessel/flight_recorder/dumper.h"
 #include "tessel/launcher/worker_group.h"
 
 namespace tessel::launcher {
 
-std::string dump_key(int rank) { return fmt::format("tessel/fr/dump/{}", rank); }
+// How long fetch_dump waits for the newest answer before looking at older ones again.
+constexpr Nanoseconds kFetchSlice = std::chrono::milliseconds(200);
 
 StoreDumpChannel::StoreDumpChannel(std::shared_ptr<Store> store) : store_(std::move(store)) {}
 
 void StoreDumpChannel::request_dumps(int64_t round, const std::string& reason) {
-  store_->set(kDumpRequestKey, fmt::format("{}:{}", round, reason));
+  const int64_t n = store_->add(std::string(fr::kStoreDumpCounterKey), 1);
+  store_->set(fr::store_dump_request_key(n),
+              fr::encode_store_dump_request(-1, fmt::format("launcher, round {}: {}", round, reason)));
+  request_ = n;
 }
 
 std::optional<std::string> StoreDumpChannel::fetch_dump(int rank, Nanoseconds timeout) {
-  try {
-    return store_->get(dump_key(rank), timeout);
-  } catch (const Timeout&) {
-    return std::nullopt;
+  // The rank's newest answer: to this request, or to an earlier one — a rank whose collective
+  // timed out posted its own request, answered it and may have exited since.
+  const int64_t latest = request_.load();
+  const Deadline deadline = Deadline::after(timeout);
+  for (;;) {
+    for (int64_t n = latest; n >= 1; --n) {
+      const std::string key = fr::store_dump_key(n, rank);
+      if (store_->check({key})) return store_->get(key, kFetchSlice);
+    }
+    if (deadline.expired()) return std::nullopt;
+    try {
+      store_->wait({fr::store_dump_key(latest, rank)}, std::min(deadline.remaining(), kFetchSlice));
+    } catch (const Timeout&) {
+    }
   }
 }
 
@@ -99,7 +115,7 @@ HangReport gather_flight_recorder_dumps(DumpChannel& channel, int world_size, in
       report.missing.push_back(rank);
       continue;
     }
-    const std::string path = fmt::format("{}/rank_{}.json", dump_dir, rank);
+    const std::string path = fmt::format("{}/{}", dump_dir, fr::dump_file_name(rank, 0));
     std::ofstream out(path, std::ios::trunc);
     out << *dump;
     TESSEL_CHECK(out.good(), IoError, "cannot write flight-recorder dump {}", path);

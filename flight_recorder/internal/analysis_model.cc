@@ -82,6 +82,15 @@ void Model::find_wait(const RankDump& d) {
       break;
     }
   }
+  if (blocking == nullptr) {
+    // A rank whose last operation failed (its timeout fired, or a peer was lost) was blocked in
+    // it until then: that operation is where it waited, however long ago it ended.
+    for (auto it = d.entries.rbegin(); it != d.entries.rend(); ++it) {
+      if (it->is_user_event()) continue;
+      if (it->state == EntryState::kFailed) blocking = &*it;
+      break;
+    }
+  }
   if (blocking == nullptr) return;
   const auto git = groups_.find(blocking->group_id);
   if (git == groups_.end()) {
@@ -151,9 +160,15 @@ RankPosition Model::position(int rank) const {
     const Wait& w = it->second;
     const std::string op =
         w.op.p2p ? describe_p2p(w.op) : describe_collective(w.op.group, w.op.seq, *w.entry);
-    place = fmt::format("waiting in {}", op);
-    where = fmt::format("{} for {}", place,
-                        format_duration(Nanoseconds(d->monotonic_ns - w.entry->enqueued_ns)));
+    if (w.entry->state == EntryState::kFailed) {
+      place = fmt::format("stuck in {} until it failed", op);
+      where = fmt::format("{} after {}", place,
+                          format_duration(Nanoseconds(w.entry->completed_ns - w.entry->enqueued_ns)));
+    } else {
+      place = fmt::format("waiting in {}", op);
+      where = fmt::format("{} for {}", place,
+                          format_duration(Nanoseconds(d->monotonic_ns - w.entry->enqueued_ns)));
+    }
     p.where = RankPosition::Where::kInOperation;
   } else if (last_done != nullptr) {
     const std::string op =

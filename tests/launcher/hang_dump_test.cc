@@ -11,30 +11,31 @@
 
 #include "child_process.h"
 #include "tessel/base/error.h"
+#include "tessel/collectives/dump_coordinator.h"
 #include "tessel/collectives/memory_store.h"
+#include "tessel/flight_recorder/dumper.h"
+#include "tessel/flight_recorder/reader.h"
+#include "tessel/flight_recorder/recorder.h"
 
 namespace tessel::launcher {
 namespace {
 
 using namespace std::chrono_literals;
 
-// A fake flight-recorder dump API: answers the launcher's request on the store with a dump
-// naming the rank and the request, the way the real worker-side dumper will.
-class FakeDumper {
- public:
-  FakeDumper(std::shared_ptr<Store> store, int rank)
-      : thread_([store, rank] {
-          try {
-            const std::string request = store->get(kDumpRequestKey, 10s);
-            store->set(dump_key(rank),
-                       "{\"rank\": " + std::to_string(rank) + ", \"request\": \"" + request + "\"}");
-          } catch (const Timeout&) {
-          }
-        }) {}
-  ~FakeDumper() { thread_.join(); }
-
- private:
-  std::thread thread_;
+// One simulated rank's worker side, as init_process_group sets it up: its own recorder, a dumper
+// writing to `dir`, and the DumpCoordinator that answers requests on the store.
+struct SimulatedRank {
+  SimulatedRank(std::shared_ptr<Store> store, int rank, int world, const std::string& dir)
+      : dumper(recorder, fr::DumperOptions{.dir = dir + "/rank" + std::to_string(rank)}),
+        coordinator(std::move(store), dumper, rank,
+                    DumpCoordinatorOptions{.poll = std::chrono::milliseconds(50)}) {
+    recorder.set_process_info(rank, world);
+    recorder.record_event("step 7 begins");
+    coordinator.start();
+  }
+  fr::FlightRecorder recorder;
+  fr::Dumper dumper;
+  DumpCoordinator coordinator;
 };
 
 TEST(HangDumpTest, GathersEveryDumpAndRunsTheTraceTool) {
@@ -49,8 +50,10 @@ TEST(HangDumpTest, GathersEveryDumpAndRunsTheTraceTool) {
   chmod(tool.c_str(), 0755);
   for (int world : {1, 3}) {
     auto store = std::make_shared<MemoryStore>();
-    std::vector<std::unique_ptr<FakeDumper>> dumpers;
-    for (int r = 0; r < world; ++r) dumpers.push_back(std::make_unique<FakeDumper>(store, r));
+    std::vector<std::unique_ptr<SimulatedRank>> dumpers;
+    for (int r = 0; r < world; ++r) {
+      dumpers.push_back(std::make_unique<SimulatedRank>(store, r, world, dir + "/ranks"));
+    }
     StoreDumpChannel channel(store);
     const std::string dumps = dir + "/dumps_" + std::to_string(world);
     HangReport report = gather_flight_recorder_dumps(channel, world, 4, "timeout", dumps, 10s, tool);
@@ -60,8 +63,13 @@ TEST(HangDumpTest, GathersEveryDumpAndRunsTheTraceTool) {
     EXPECT_EQ(report.trace_status, 0);
     EXPECT_EQ(report.verdict, "verdict: " + std::to_string(world) + " dumps\n");
     for (int r = 0; r < world; ++r) {
-      EXPECT_EQ(testing::read_file(dumps + "/rank_" + std::to_string(r) + ".json"),
-                "{\"rank\": " + std::to_string(r) + ", \"request\": \"4:timeout\"}");
+      const fr::RankDump d =
+          fr::parse_dump(testing::read_file(dumps + "/tessel_fr_rank" + std::to_string(r) + ".json"), "r");
+      EXPECT_EQ(d.rank, r);
+      EXPECT_EQ(d.world_size, world);
+      EXPECT_EQ(d.trigger, fr::DumpTrigger::kStoreRequest);
+      EXPECT_EQ(d.initiator, -1);
+      EXPECT_EQ(d.reason, "launcher, round 4: timeout");
     }
   }
 }
@@ -69,9 +77,9 @@ TEST(HangDumpTest, GathersEveryDumpAndRunsTheTraceTool) {
 TEST(HangDumpTest, MissingRanksAreNamedAndBounded) {
   const std::string dir = testing::make_temp_dir("hang-missing");
   auto store = std::make_shared<MemoryStore>();
-  std::vector<std::unique_ptr<FakeDumper>> dumpers;
-  dumpers.push_back(std::make_unique<FakeDumper>(store, 0));
-  dumpers.push_back(std::make_unique<FakeDumper>(store, 2));  // rank 1 hung hard: no dump
+  std::vector<std::unique_ptr<SimulatedRank>> dumpers;
+  dumpers.push_back(std::make_unique<SimulatedRank>(store, 0, 3, dir + "/ranks"));
+  dumpers.push_back(std::make_unique<SimulatedRank>(store, 2, 3, dir + "/ranks"));  // rank 1 hung hard
   StoreDumpChannel channel(store);
   HangReport report =
       gather_flight_recorder_dumps(channel, 3, 0, "hang", dir + "/d", 300ms, "/bin/true");
@@ -84,7 +92,7 @@ TEST(HangDumpTest, MissingRanksAreNamedAndBounded) {
 TEST(HangDumpTest, MissingTraceToolIsReportedNotThrown) {
   const std::string dir = testing::make_temp_dir("hang-notool");
   auto store = std::make_shared<MemoryStore>();
-  FakeDumper d(store, 0);
+  SimulatedRank d(store, 0, 1, dir + "/ranks");
   StoreDumpChannel channel(store);
   HangReport report = gather_flight_recorder_dumps(channel, 1, 0, "hang", dir + "/d", 5s,
                                                    "no-such-tessel-trace-tool");

@@ -133,6 +133,19 @@ TEST(TesselRunTest, WorkersAllReduceOverGlooThroughTheJobStore) {
   }
 }
 
+// The whole hang path: rank 1 stops taking part, the others' collective times out (exit 124),
+// every rank (rank 1 too, still alive) dumps through the job's store, and the launcher's
+// tessel-trace verdict names rank 1.
+TEST(TesselRunTest, HungRankIsNamedByTheLaunchersVerdict) {
+  const std::string dir = testing::make_temp_dir("hangjob");
+  ChildProcess run(run_args({"--standalone", "--nproc-per-node", "3", "--log-dir", dir,
+                             "--hang-dump-timeout", "20s"},
+                            {"hang", "1"}),
+                   {"TESSEL_FR_DUMP_DIR=" + dir + "/fr"}, dir + "/run");
+  ASSERT_EQ(run.wait(90s), 124) << run.err();
+  EXPECT_NE(run.err().find("verdict: CULPRIT FOUND: rank 1"), std::string::npos) << run.err();
+}
+
 TEST(TesselRunTest, KillNineOfTheAgentLeavesNoDescendant) {
   const std::string dir = testing::make_temp_dir("kill9");
   const std::string marker = "LAUNCH_TEST_MARKER=" + dir;
