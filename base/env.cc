@@ -23,6 +23,8 @@ constexpr std::array<EnvKnobInfo, static_cast<size_t>(EnvKnob::kCount)> kKnobs =
      "record collectives in the flight recorder (0 turns recording off)"},
     {EnvKnob::kFrCapacity, "TESSEL_FR_CAPACITY", "4096",
      "entries the flight recorder keeps per process; older ones are overwritten"},
+    {EnvKnob::kNumThreads, "TESSEL_NUM_THREADS", "0",
+     "threads for CPU tensor ops and GEMM (0 = one per hardware core); set_num_threads overrides"},
 }};
 
 // The table must list every enum value, in order; checked once at compile time.

@@ -20,6 +20,7 @@ enum class EnvKnob {
   kLogTimestamps, // TESSEL_LOG_TIMESTAMPS
   kFrEnable,      // TESSEL_FR_ENABLE
   kFrCapacity,    // TESSEL_FR_CAPACITY
+  kNumThreads,    // TESSEL_NUM_THREADS
   kCount,
 };
 

@@ -10,6 +10,7 @@
 // elements are the caller's to order.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -95,10 +96,17 @@ class Tensor {
 
 struct Node;  // an operation in the autograd graph (tensor/autograd.h)
 
-// Per-tensor autograd state; created on demand. Autograd adds the graph fields it needs.
+// Per-tensor autograd state; created on demand. The graph fields are managed by
+// tensor/autograd.cc (use the functions in tensor/autograd.h rather than editing them).
 struct AutogradMeta {
   bool requires_grad = false;
   Tensor grad;
+  std::shared_ptr<Node> grad_fn;           // the op that produced this tensor; null for leaves
+  int output_nr = 0;                       // which output of grad_fn this tensor is
+  std::weak_ptr<Node> grad_accumulator;    // leaves: the node that accumulates into grad
+  // Leaves: hooks run on each incoming gradient, then hooks run once it is accumulated.
+  std::vector<std::function<Tensor(const Tensor&)>> grad_hooks;
+  std::vector<std::function<void(const Tensor&)>> post_accumulate_grad_hooks;
 };
 
 // Uninitialised memory of the given shape (contiguous).

@@ -1,0 +1,52 @@
+#pragma once
+// The CPU implementation of Backend (tensor/backend.h). Its kernels live in cpu_*.cc files,
+// one per family. Stateless apart from oneDNN's primitive cache; thread-safe.
+
+#include "tessel/tensor/backend.h"
+
+namespace tessel::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  DeviceType device_type() const override { return DeviceType::kCPU; }
+  // cpu_elementwise.cc
+  void copy(const Tensor& src, const Tensor& dst) override;
+  void fill(const Tensor& dst, double value) override;
+  void arange(const Tensor& dst, double start, double step) override;
+  void random(const Tensor& dst, RandomDistribution dist, double a, double b, uint64_t seed,
+              uint64_t offset) override;
+  void unary(UnaryOp op, const Tensor& x, const Tensor& out) override;
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  // cpu_reduce.cc
+  void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims,
+              const Tensor& out) override;
+  // cpu_nn.cc
+  void softmax(const Tensor& x, const Tensor& out, bool log) override;
+  void softmax_backward(const Tensor& grad_y, const Tensor& y, const Tensor& grad_x,
+                        bool log) override;
+  void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                  const Tensor& out, const Tensor& mean, const Tensor& rstd) override;
+  void layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                           const Tensor& mean, const Tensor& rstd, const Tensor& grad_x,
+                           const Tensor& grad_weight, const Tensor& grad_bias) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& out,
+                const Tensor& rstd) override;
+  void rms_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                         const Tensor& rstd, const Tensor& grad_x,
+                         const Tensor& grad_weight) override;
+  void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) override;
+  void embedding_backward(const Tensor& grad, const Tensor& indices,
+                          const Tensor& grad_weight) override;
+  void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                     const Tensor& loss, const Tensor& lse) override;
+  void cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits,
+                              const Tensor& target, const Tensor& lse, int64_t ignore_index,
+                              const Tensor& grad_logits) override;
+  // cpu_matmul.cc (oneDNN)
+  void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
+};
+
+CpuBackend& cpu_backend();
+
+}  // namespace tessel::cpu

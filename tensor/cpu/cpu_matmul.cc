@@ -1,0 +1,103 @@
+// CPU matmul on oneDNN's matmul primitive (chosen over OpenBLAS by bench/tensor_matmul: faster
+// for f32 on this class of CPU, and it has native bf16 kernels on avx512_bf16/AMX where OpenBLAS
+// 0.3.21 has none). Primitives are cached by shape, strides and dtype.
+#include <omp.h>
+
+#include <dnnl.hpp>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "tessel/tensor/cpu/cpu_backend.h"
+#include "tessel/base/error.h"
+#include "tessel/tensor/thread_pool.h"
+
+namespace tessel::cpu {
+namespace {
+
+dnnl::memory::data_type to_dnnl(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return dnnl::memory::data_type::f32;
+    case DType::kBF16: return dnnl::memory::data_type::bf16;
+    default: break;
+  }
+  throw InvalidArgument(fmt::format("matmul kernel supports f32 and bf16, got {}",
+                                    dtype_name(dtype)));
+}
+
+dnnl::memory::desc describe(const Tensor& t) {
+  const dnnl::memory::dims dims(t.shape().begin(), t.shape().end());
+  dnnl::memory::dims strides(t.strides().begin(), t.strides().end());
+  // oneDNN wants a nonzero stride even on size-1 (broadcast) dims.
+  for (size_t i = 0; i < strides.size(); ++i) {
+    if (dims[i] == 1) strides[i] = 0;
+  }
+  return dnnl::memory::desc(dims, to_dnnl(t.dtype()), strides);
+}
+
+// The engine, and a cache of matmul primitives keyed by their descriptors. Thread-safe.
+class MatmulCache {
+ public:
+  dnnl::engine& engine() { return engine_; }
+
+  dnnl::matmul get(const dnnl::memory::desc& a, const dnnl::memory::desc& b,
+                   const dnnl::memory::desc& c, const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), engine_);
+    dnnl::matmul prim(pd);
+    if (cache_.size() > 4096) cache_.clear();
+    cache_.emplace(key, prim);
+    return prim;
+  }
+
+ private:
+  dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
+  std::mutex mu_;
+  std::map<std::string, dnnl::matmul> cache_;
+};
+
+MatmulCache& matmul_cache() {
+  static MatmulCache cache;
+  return cache;
+}
+
+std::string cache_key(const Tensor& a, const Tensor& b, const Tensor& out) {
+  std::string key = std::string(dtype_name(a.dtype())) + dtype_name(out.dtype()).data();
+  for (const Tensor* t : {&a, &b, &out}) {
+    for (int64_t s : t->shape()) key += fmt::format(",{}", s);
+    key += ';';
+    for (int64_t s : t->strides()) key += fmt::format(",{}", s);
+    key += '|';
+  }
+  return key;
+}
+
+}  // namespace
+
+void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (out.numel() == 0) return;
+  if (a.size(-1) == 0) {
+    fill(out, 0.0);
+    return;
+  }
+  try {
+    MatmulCache& cache = matmul_cache();
+    const auto ad = describe(a), bd = describe(b), cd = describe(out);
+    dnnl::matmul prim = cache.get(ad, bd, cd, cache_key(a, b, out));
+    dnnl::memory am(ad, cache.engine(), a.data_ptr());
+    dnnl::memory bm(bd, cache.engine(), b.data_ptr());
+    dnnl::memory cm(cd, cache.engine(), out.data_ptr());
+    dnnl::stream stream(cache.engine());
+    omp_set_num_threads(num_threads());
+    prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    throw Internal(fmt::format("oneDNN matmul {} x {} -> {} failed: {} (status {})",
+                               shape_str(a.shape()), shape_str(b.shape()),
+                               shape_str(out.shape()), e.what(), static_cast<int>(e.status)));
+  }
+}
+
+}  // namespace tessel::cpu

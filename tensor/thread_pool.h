@@ -1,0 +1,68 @@
+#pragma once
+// The CPU thread pool behind tensor ops: parallel_for over an index range, and the process-wide
+// thread count (set_num_threads, or TESSEL_NUM_THREADS; default one thread per hardware core).
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace tessel {
+
+// A fixed set of worker threads that run the chunks of one parallel_for at a time; the calling
+// thread works too. Thread-safe: concurrent parallel_for calls from different threads are
+// serialised, and a call made while the pool is busy (or from inside a chunk) runs inline.
+// Owns its workers: start() launches them, stop() (and the destructor) joins them.
+class ThreadPool {
+ public:
+  ThreadPool() = default;
+  ~ThreadPool() { stop(); }
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  // Starts `threads - 1` workers (the caller is the last thread). threads >= 1.
+  void start(int threads);
+  // Joins the workers. Must not be called while a parallel_for runs.
+  void stop();
+  int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Runs fn(chunk_begin, chunk_end) over [begin, end) split into at most num_threads() chunks of
+  // at least `grain` indices each; blocks until every chunk has run. The first exception thrown
+  // by a chunk is rethrown here after all chunks finish. Chunk boundaries depend on the thread
+  // count: kernels whose result must not (reductions) partition their work themselves.
+  void parallel_for(int64_t begin, int64_t end, int64_t grain,
+                    const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  void worker_loop();
+  void run_chunks();
+
+  std::vector<std::thread> workers_;
+  std::mutex submit_mu_;  // one job at a time
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  bool stopping_ = false;
+  uint64_t generation_ = 0;  // bumped per job; workers wake on change
+  // The current job (valid while chunks_left_ > 0).
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  int64_t begin_ = 0, end_ = 0, chunk_ = 0, chunk_count_ = 0;
+  std::atomic<int64_t> next_chunk_{0};
+  int64_t chunks_left_ = 0;  // guarded by mu_
+  std::exception_ptr error_;  // guarded by mu_
+};
+
+// The process-wide pool's thread count (>= 1). First use reads TESSEL_NUM_THREADS.
+int num_threads();
+// Sets the thread count for tensor ops and GEMM; n <= 0 means one per hardware core.
+// Not to be called while ops run on other threads.
+void set_num_threads(int n);
+// parallel_for on the process-wide pool (see ThreadPool::parallel_for).
+void parallel_for(int64_t begin, int64_t end, int64_t grain,
+                  const std::function<void(int64_t, int64_t)>& fn);
+
+}  // namespace tessel
