@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "tessel/nn/optim/adamw.h"
+#include "tessel/tensor/thread_pool.h"
 #include "tessel/tensor/tensor.h"
 
 namespace {
@@ -119,17 +120,18 @@ double median_ms(int reps, Fn&& fn) {
 
 void bench_adamw(const Config& c) {
   const std::vector<Shape> shapes = gpt_shapes(c);
-  tessel::nn::optim::AdamWOptions o{.lr = 3e-4, .weight_decay = 0.1, .threads = 1};
+  const tessel::nn::optim::AdamWOptions o{.lr = 3e-4, .weight_decay = 0.1};
+  const int threads = c.threads > 0 ? c.threads : static_cast<int>(std::thread::hardware_concurrency());
   ParamSet reference = make_params(shapes, 1);
   int64_t step = 0;
   const double unfused = median_ms(c.reps, [&] { unfused_adamw_step(reference, o, ++step); });
 
   ParamSet fused_set = make_params(shapes, 1);
-  tessel::nn::optim::AdamW fused1(fused_set.params, o);
-  const double fused_one = median_ms(c.reps, [&] { fused1.step(); });
-  o.threads = c.threads;
-  tessel::nn::optim::AdamW fused_n(fused_set.params, o);
-  const double fused_many = median_ms(c.reps, [&] { fused_n.step(); });
+  tessel::nn::optim::AdamW fused(fused_set.params, o);
+  tessel::set_num_threads(1);
+  const double fused_one = median_ms(c.reps, [&] { fused.step(); });
+  tessel::set_num_threads(threads);
+  const double fused_many = median_ms(c.reps, [&] { fused.step(); });
 
   // Bytes the fused step must move: read p, g, m, v; write p, m, v.
   const double bytes = 7.0 * 4.0 * static_cast<double>(fused_set.numel);
@@ -142,10 +144,7 @@ void bench_adamw(const Config& c) {
   fmt::print("{:<44} {:>10} {:>8} {:>9}\n", "implementation", "ms/step", "GB/s", "vs unfused");
   row("unfused per-parameter loop (1 thread)", unfused);
   row("tessel fused multi-tensor (1 thread)", fused_one);
-  row(fmt::format("tessel fused multi-tensor ({} threads)",
-                  c.threads > 0 ? c.threads : static_cast<int>(std::thread::hardware_concurrency()))
-          .c_str(),
-      fused_many);
+  row(fmt::format("tessel fused multi-tensor ({} threads)", threads).c_str(), fused_many);
 }
 
 }  // namespace

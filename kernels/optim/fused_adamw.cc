@@ -1,10 +1,10 @@
 #include "tessel/kernels/optim/fused_adamw.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <thread>
 #include <vector>
+
+#include "tessel/tensor/thread_pool.h"
 
 namespace tessel::kernels {
 namespace {
@@ -38,7 +38,7 @@ void update(float* __restrict p, const float* __restrict g, float* __restrict m,
 
 }  // namespace
 
-void fused_adamw_step(std::span<const AdamWSlice> slices, const AdamWHyper& hyper, int threads) {
+void fused_adamw_step(std::span<const AdamWSlice> slices, const AdamWHyper& hyper) {
   const double bc1 = 1.0 - std::pow(static_cast<double>(hyper.beta1), hyper.step);
   const double bc2 = 1.0 - std::pow(static_cast<double>(hyper.beta2), hyper.step);
   const float decay = 1.0f - hyper.lr * hyper.weight_decay;
@@ -59,25 +59,14 @@ void fused_adamw_step(std::span<const AdamWSlice> slices, const AdamWHyper& hype
            c.end - c.begin, decay, hyper.beta1, hyper.beta2, step_size, inv_sqrt_bc2, hyper.eps);
   };
 
-  int workers = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
-  workers = std::clamp<int>(workers, 1, static_cast<int>(std::max<size_t>(chunks.size(), 1)));
-  if (workers == 1 || total < kMinParallelElements) {
+  if (total < kMinParallelElements) {
     for (const Chunk& c : chunks) run(c);
     return;
   }
-  // Fork-join for the duration of this call: workers take chunks from a shared counter; the
-  // jthreads are joined before returning.
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < chunks.size();) {
-      run(chunks[i]);
-    }
-  };
-  {
-    std::vector<std::jthread> helpers;
-    for (int t = 1; t < workers; ++t) helpers.emplace_back(work);
-    work();
-  }
+  // Each element is updated independently, so the split among threads cannot change results.
+  parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) run(chunks[i]);
+  });
 }
 
 }  // namespace tessel::kernels

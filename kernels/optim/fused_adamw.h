@@ -32,8 +32,8 @@ struct AdamWHyper {
 // Applies one AdamW update to every slice, with PyTorch's arithmetic:
 //   p *= 1 - lr*wd;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2
 //   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-// on up to `threads` threads (0: hardware concurrency; small totals run on the caller's thread).
-// Blocking; returns when every element is updated.
-void fused_adamw_step(std::span<const AdamWSlice> slices, const AdamWHyper& hyper, int threads);
+// on the tensor thread pool (tensor/thread_pool.h; small totals run on the caller's thread).
+// Blocking; returns when every element is updated. Results do not depend on the thread count.
+void fused_adamw_step(std::span<const AdamWSlice> slices, const AdamWHyper& hyper);
 
 }  // namespace tessel::kernels

@@ -37,7 +37,7 @@ void AdamW::step() {
   hyper.eps = static_cast<float>(options_.eps);
   hyper.weight_decay = static_cast<float>(options_.weight_decay);
   hyper.step = step_count_;
-  kernels::fused_adamw_step(slices, hyper, options_.threads);
+  kernels::fused_adamw_step(slices, hyper);
 }
 
 }  // namespace tessel::nn::optim

@@ -15,9 +15,9 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
-  int threads = 0;  // 0: hardware concurrency (small models run on the caller's thread)
 };
 
+// The step runs on the tensor thread pool (set_num_threads in tensor/thread_pool.h).
 // Thread-safety: as Optimizer. The moments are f32 tensors the size of each parameter,
 // allocated at construction.
 class AdamW : public Optimizer {

@@ -12,6 +12,7 @@
 #include "tessel/nn/optim/clip.h"
 #include "tessel/nn/optim/schedule.h"
 #include "tessel/nn/optim/sgd.h"
+#include "tessel/tensor/thread_pool.h"
 
 namespace tessel::nn::optim {
 namespace {
@@ -128,7 +129,9 @@ class AdamWTest : public testing::TestWithParam<int> {};  // thread count
 
 TEST_P(AdamWTest, FusedStepMatchesPerParameterReference) {
   const AdamWOptions o{.lr = 1e-2, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6,
-                       .weight_decay = 0.1, .threads = GetParam()};
+                       .weight_decay = 0.1};
+  const int previous_threads = num_threads();
+  set_num_threads(GetParam());
   Problem problem;
   AdamW adamw(problem.params, o);
   std::vector<Values> m(problem.params.size()), v(problem.params.size());
@@ -162,6 +165,7 @@ TEST_P(AdamWTest, FusedStepMatchesPerParameterReference) {
     expect_close(adamw.exp_avg_sq(i), v[i], 2e-5, "exp_avg_sq");
   }
   EXPECT_EQ(adamw.step_count(), 5);
+  set_num_threads(previous_threads);
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, AdamWTest, testing::Values(1, 2, 3, 0));
