@@ -1,10 +1,11 @@
 #include "tessel/nn/module.h"
 
 #include <algorithm>
-#include <cstring>
 #include <set>
 
 #include "tessel/base/error.h"
+#include "tessel/tensor/autograd.h"
+#include "tessel/tensor/ops.h"
 
 namespace tessel::nn {
 
@@ -223,16 +224,10 @@ void Module::load_state_dict(const StateDict& state) {
   TESSEL_CHECK(problems.empty(), InvalidArgument, "{}.load_state_dict: {}", type_name_,
                problems.substr(2));
 
+  NoGradGuard no_grad;  // a copy into parameters is not part of any graph
   for (const auto& [name, dst] : targets) {
     const Tensor& src = state.at(name);
-    TESSEL_CHECK(dst.is_contiguous() && src.is_contiguous() && dst.device().is_cpu() &&
-                     src.device().is_cpu(),
-                 NotImplemented,
-                 "{}.load_state_dict: '{}' needs contiguous CPU tensors (got {} into {})",
-                 type_name_, name, src.str(), dst.str());
-    if (dst.impl_ptr() != src.impl_ptr() && dst.nbytes() > 0) {
-      std::memmove(dst.data_ptr(), src.data_ptr(), dst.nbytes());
-    }
+    if (dst.impl_ptr() != src.impl_ptr()) copy_(dst, src);
   }
 }
 

@@ -98,9 +98,10 @@ class Module {
 
   // Parameters followed by buffers, by dotted name (tied tensors once).
   StateDict state_dict() const;
-  // Copies every entry into the module's existing tensors (converting the dtype when it
-  // differs), so slots and optimizer references stay valid. Throws InvalidArgument, before
-  // changing anything, listing the missing keys, unexpected keys or mismatched shapes.
+  // Copies every entry into the module's existing tensors (any strides or device), so slots
+  // and optimizer references stay valid. Shapes and dtypes must match. Throws InvalidArgument,
+  // before changing anything, listing the missing keys, unexpected keys and mismatched shapes
+  // or dtypes.
   void load_state_dict(const StateDict& state);
   // state_dict() to / from a safetensors file.
   void save(const std::string& path, const std::map<std::string, std::string>& metadata = {}) const;
