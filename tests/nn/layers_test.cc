@@ -1,6 +1,7 @@
 // The single layers against loops written here, and their error paths.
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -97,6 +98,31 @@ TEST(DropoutTest, ScalesKeptElementsAndIsIdentityInEval) {
   EXPECT_EQ(to_vector<float>(drop(x)), to_vector<float>(x));
   EXPECT_EQ(to_vector<float>(Dropout(0.0)(x)), to_vector<float>(x));
   EXPECT_THROW(Dropout(1.0), InvalidArgument);
+}
+
+// The FSDP pattern: a pre-hook swaps a gathered full weight into the slot for forward and a
+// post-hook swaps the shard back; the gradient reaches the tensor that forward used.
+TEST(ModuleHooksTest, SwappedParameterReceivesTheGradient) {
+  Generator gen(2);
+  Linear layer({.in_features = 3, .out_features = 2, .bias = false}, &gen);
+  const Tensor shard = layer.weight();
+  Tensor full = mul(ones({2, 3}), 0.5).set_requires_grad(true);
+  std::vector<std::string> order;
+  layer.register_forward_pre_hook([&](Module& m, Tensor&) {
+    order.push_back("gather");
+    m.set_parameter("weight", full);
+  });
+  layer.register_forward_hook([&](Module& m, const Tensor&, Tensor&) {
+    order.push_back("reshard");
+    m.set_parameter("weight", shard);
+  });
+  const Tensor x = from_vector<float>({1, 2, 3}, {1, 3});
+  backward(sum(layer(x)));
+  EXPECT_EQ(order, (std::vector<std::string>{"gather", "reshard"}));
+  EXPECT_EQ(layer.weight().impl_ptr(), shard.impl_ptr());
+  ASSERT_TRUE(full.grad().defined());
+  EXPECT_EQ(to_vector<float>(full.grad()), (std::vector<float>{1, 2, 3, 1, 2, 3}));
+  EXPECT_FALSE(shard.grad().defined());
 }
 
 }  // namespace
