@@ -19,8 +19,11 @@ class Allocator {
   virtual Device device() const = 0;
 };
 
-// 64-byte aligned host memory. Process-wide singleton.
+// 64-byte aligned host memory. Process-wide singleton. Blocks of 1 MiB or more are cached for
+// reuse by exact size (up to 1 GiB in all), because training steps allocate the same sizes
+// every step and fresh pages are expensive; release_cpu_allocator_cache() frees that memory.
 Allocator& cpu_allocator();
+void release_cpu_allocator_cache();
 
 // The allocator for `device`'s type. Throws Unavailable when none is registered (e.g. CUDA in a
 // build without CUDA).

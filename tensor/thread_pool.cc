@@ -48,35 +48,40 @@ void ThreadPool::stop() {
   workers_.clear();
 }
 
-void ThreadPool::run_chunks() {
+void ThreadPool::run_chunks(Job& job) {
   ChunkScope scope;
   for (;;) {
-    const int64_t c = next_chunk_.fetch_add(1, std::memory_order_relaxed);
-    if (c >= chunk_count_) return;
-    const int64_t b = begin_ + c * chunk_;
-    const int64_t e = std::min(end_, b + chunk_);
+    const int64_t c = job.next_chunk.fetch_add(1, std::memory_order_relaxed);
+    if (c >= job.chunk_count) return;
+    const int64_t b = job.begin + c * job.chunk;
+    const int64_t e = std::min(job.end, b + job.chunk);
     std::exception_ptr error;
     try {
-      (*fn_)(b, e);
+      (*job.fn)(b, e);
     } catch (...) {
       error = std::current_exception();
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (error && !error_) error_ = error;
-    if (--chunks_left_ == 0) done_cv_.notify_all();
+    if (error && !job.error) job.error = error;
+    if (--job.chunks_left == 0) done_cv_.notify_all();
   }
 }
 
 void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   for (;;) {
+    std::shared_ptr<Job> job;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+      // Idle until there is work; the timeout only bounds each wait (no deadline applies).
+      while (!work_cv_.wait_for(lock, std::chrono::seconds(1),
+                                [&] { return stopping_ || generation_ != seen; })) {
+      }
       if (stopping_) return;
       seen = generation_;
+      job = job_;
     }
-    run_chunks();
+    if (job) run_chunks(*job);  // null when the job finished before this worker woke
   }
 }
 
@@ -91,29 +96,29 @@ void ThreadPool::parallel_for(int64_t begin, int64_t end, int64_t grain,
     fn(begin, end);
     return;
   }
+  auto job = std::make_shared<Job>();
+  job->fn = &fn;
+  job->begin = begin;
+  job->end = end;
+  job->chunk = (n + chunks - 1) / chunks;
+  job->chunk_count = (n + job->chunk - 1) / job->chunk;
+  job->chunks_left = job->chunk_count;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    fn_ = &fn;
-    begin_ = begin;
-    end_ = end;
-    chunk_ = (n + chunks - 1) / chunks;
-    chunk_count_ = (n + chunk_ - 1) / chunk_;
-    chunks_left_ = chunk_count_;
-    next_chunk_.store(0, std::memory_order_relaxed);
-    error_ = nullptr;
+    job_ = job;
     ++generation_;
   }
   work_cv_.notify_all();
-  run_chunks();
+  run_chunks(*job);
   std::exception_ptr error;
   {
     // Compute chunks have no deadline of their own; wake periodically rather than wait blind.
     std::unique_lock<std::mutex> lock(mu_);
     while (!done_cv_.wait_for(lock, std::chrono::milliseconds(100),
-                              [&] { return chunks_left_ == 0; })) {
+                              [&] { return job->chunks_left == 0; })) {
     }
-    error = error_;
-    fn_ = nullptr;
+    error = job->error;
+    job_.reset();
   }
   if (error) std::rethrow_exception(error);
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -38,22 +39,27 @@ class ThreadPool {
                     const std::function<void(int64_t, int64_t)>& fn);
 
  private:
+  // One parallel_for call. Workers hold it by shared_ptr, so a worker that wakes late only
+  // finds its chunk counter exhausted and never touches a later call's state.
+  struct Job {
+    const std::function<void(int64_t, int64_t)>* fn = nullptr;
+    int64_t begin = 0, end = 0, chunk = 0, chunk_count = 0;
+    std::atomic<int64_t> next_chunk{0};
+    int64_t chunks_left = 0;    // guarded by ThreadPool::mu_
+    std::exception_ptr error;   // guarded by ThreadPool::mu_
+  };
+
   void worker_loop();
-  void run_chunks();
+  void run_chunks(Job& job);
 
   std::vector<std::thread> workers_;
   std::mutex submit_mu_;  // one job at a time
   std::mutex mu_;
   std::condition_variable work_cv_;
   std::condition_variable done_cv_;
-  bool stopping_ = false;
-  uint64_t generation_ = 0;  // bumped per job; workers wake on change
-  // The current job (valid while chunks_left_ > 0).
-  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
-  int64_t begin_ = 0, end_ = 0, chunk_ = 0, chunk_count_ = 0;
-  std::atomic<int64_t> next_chunk_{0};
-  int64_t chunks_left_ = 0;  // guarded by mu_
-  std::exception_ptr error_;  // guarded by mu_
+  bool stopping_ = false;        // guarded by mu_
+  uint64_t generation_ = 0;      // guarded by mu_; bumped per job, workers wake on change
+  std::shared_ptr<Job> job_;     // guarded by mu_; the latest job
 };
 
 // The process-wide pool's thread count (>= 1). First use reads TESSEL_NUM_THREADS.

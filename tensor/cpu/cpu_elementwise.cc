@@ -4,6 +4,7 @@
 
 #include "tessel/tensor/cpu/cpu_backend.h"
 #include "tessel/tensor/cpu/cpu_loop.h"
+#include "tessel/tensor/cpu/cpu_math.h"
 #include "tessel/tensor/random.h"
 
 namespace tessel::cpu {
@@ -15,12 +16,31 @@ CpuBackend& cpu_backend() {
 
 namespace {
 
+// 16-bit floats are widened a tile at a time so the math loop runs (vectorised) on f32.
+constexpr int64_t kTile = 256;
+template <typename T>
+inline constexpr bool kIsHalfFloat = std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>;
+
 // Applies out = f(x) elementwise with In/Out element types; f maps Compute<In> values.
 template <typename In, typename Out, typename F>
 void map1(const Tensor& x, const Tensor& out, F f) {
   for_each_strided<2>(out.shape(), {base_ptr(x), base_ptr(out)}, {&x.strides(), &out.strides()},
                       {sizeof(In), sizeof(Out)}, kElementwiseGrain,
                       [&](std::array<char*, 2> p, int64_t n, std::array<int64_t, 2> s) {
+                        if constexpr (kIsHalfFloat<In>) {
+                          if (s[0] == sizeof(In) && s[1] == sizeof(Out)) {
+                            const In* xi = reinterpret_cast<const In*>(p[0]);
+                            Out* o = reinterpret_cast<Out*>(p[1]);
+                            float buf[kTile];
+                            for (int64_t t = 0; t < n; t += kTile) {
+                              const int64_t m = std::min(kTile, n - t);
+                              for (int64_t i = 0; i < m; ++i) buf[i] = convert<float>(xi[t + i]);
+                              for (int64_t i = 0; i < m; ++i) buf[i] = f(buf[i]);
+                              for (int64_t i = 0; i < m; ++i) o[t + i] = convert<Out>(buf[i]);
+                            }
+                            return;
+                          }
+                        }
                         if (s[0] == sizeof(In) && s[1] == sizeof(Out)) {
                           const In* xi = reinterpret_cast<const In*>(p[0]);
                           Out* o = reinterpret_cast<Out*>(p[1]);
@@ -44,6 +64,28 @@ void map2(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
       {&a.strides(), &b.strides(), &out.strides()}, {sizeof(In), sizeof(In), sizeof(Out)},
       kElementwiseGrain, [&](std::array<char*, 3> p, int64_t n, std::array<int64_t, 3> s) {
         using C = Compute<In>;
+        if constexpr (kIsHalfFloat<In>) {
+          if (s[0] == sizeof(In) && (s[1] == sizeof(In) || s[1] == 0) && s[2] == sizeof(Out)) {
+            const In* ai = reinterpret_cast<const In*>(p[0]);
+            const In* bi = reinterpret_cast<const In*>(p[1]);
+            const int64_t bstep = s[1] == 0 ? 0 : 1;
+            Out* o = reinterpret_cast<Out*>(p[2]);
+            float abuf[kTile], bbuf[kTile];
+            for (int64_t t = 0; t < n; t += kTile) {
+              const int64_t m = std::min(kTile, n - t);
+              for (int64_t i = 0; i < m; ++i) abuf[i] = convert<float>(ai[t + i]);
+              if (bstep == 0) {
+                const float bv = convert<float>(bi[0]);
+                for (int64_t i = 0; i < m; ++i) bbuf[i] = bv;
+              } else {
+                for (int64_t i = 0; i < m; ++i) bbuf[i] = convert<float>(bi[t + i]);
+              }
+              for (int64_t i = 0; i < m; ++i) abuf[i] = f(abuf[i], bbuf[i]);
+              for (int64_t i = 0; i < m; ++i) o[t + i] = convert<Out>(abuf[i]);
+            }
+            return;
+          }
+        }
         if (s[0] == sizeof(In) && s[1] == sizeof(In) && s[2] == sizeof(Out)) {
           const In* ai = reinterpret_cast<const In*>(p[0]);
           const In* bi = reinterpret_cast<const In*>(p[1]);
@@ -70,25 +112,25 @@ constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 constexpr float kGeluCoeff = 0.044715f;
 
 inline float gelu_tanh_inner(float x) { return kSqrt2OverPi * (x + kGeluCoeff * x * x * x); }
-inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float sigmoid(float x) { return fast_sigmoid(x); }
 
 template <typename T>
 void unary_float(UnaryOp op, const Tensor& x, const Tensor& out) {
   switch (op) {
     case UnaryOp::kNeg: return map1<T, T>(x, out, [](float v) { return -v; });
-    case UnaryOp::kExp: return map1<T, T>(x, out, [](float v) { return std::exp(v); });
+    case UnaryOp::kExp: return map1<T, T>(x, out, [](float v) { return fast_exp(v); });
     case UnaryOp::kLog: return map1<T, T>(x, out, [](float v) { return std::log(v); });
     case UnaryOp::kSqrt: return map1<T, T>(x, out, [](float v) { return std::sqrt(v); });
     case UnaryOp::kRsqrt: return map1<T, T>(x, out, [](float v) { return 1.0f / std::sqrt(v); });
-    case UnaryOp::kTanh: return map1<T, T>(x, out, [](float v) { return std::tanh(v); });
+    case UnaryOp::kTanh: return map1<T, T>(x, out, [](float v) { return fast_tanh(v); });
     case UnaryOp::kRelu: return map1<T, T>(x, out, [](float v) { return v > 0.0f ? v : 0.0f; });
     case UnaryOp::kSilu: return map1<T, T>(x, out, [](float v) { return v * sigmoid(v); });
     case UnaryOp::kGelu:
       return map1<T, T>(x, out,
-                        [](float v) { return 0.5f * v * (1.0f + std::erf(v * kSqrt1_2)); });
+                        [](float v) { return 0.5f * v * (1.0f + fast_erf(v * kSqrt1_2)); });
     case UnaryOp::kGeluTanh:
       return map1<T, T>(
-          x, out, [](float v) { return 0.5f * v * (1.0f + std::tanh(gelu_tanh_inner(v))); });
+          x, out, [](float v) { return 0.5f * v * (1.0f + fast_tanh(gelu_tanh_inner(v))); });
     case UnaryOp::kAbs: return map1<T, T>(x, out, [](float v) { return std::fabs(v); });
     case UnaryOp::kSigmoid: return map1<T, T>(x, out, [](float v) { return sigmoid(v); });
     case UnaryOp::kLogicalNot:
@@ -138,15 +180,15 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
     case BinaryOp::kGeluBackward:
       if constexpr (kIsFloat<T>) {
         return map2<T, T>(a, b, out, [](float g, float x) {
-          const float cdf = 0.5f * (1.0f + std::erf(x * kSqrt1_2));
-          return g * (cdf + x * kInvSqrt2Pi * std::exp(-0.5f * x * x));
+          const float cdf = 0.5f * (1.0f + fast_erf(x * kSqrt1_2));
+          return g * (cdf + x * kInvSqrt2Pi * fast_exp(-0.5f * x * x));
         });
       }
       break;
     case BinaryOp::kGeluTanhBackward:
       if constexpr (kIsFloat<T>) {
         return map2<T, T>(a, b, out, [](float g, float x) {
-          const float t = std::tanh(gelu_tanh_inner(x));
+          const float t = fast_tanh(gelu_tanh_inner(x));
           const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * x * x);
           return g * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
         });

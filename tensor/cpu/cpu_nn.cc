@@ -6,6 +6,7 @@
 
 #include "tessel/tensor/cpu/cpu_backend.h"
 #include "tessel/tensor/cpu/cpu_loop.h"
+#include "tessel/tensor/cpu/cpu_math.h"
 
 namespace tessel::cpu {
 namespace {
@@ -26,6 +27,41 @@ void for_each_column_range(int64_t cols, F f) {
   parallel_for(0, cols, 64, f);
 }
 
+// Row reductions with 16 independent lanes so the compiler vectorises them (a single running
+// sum is a serial dependency it may not reorder). Lane order is fixed: results are
+// deterministic.
+constexpr int kLanes = 16;
+
+template <typename F>
+float lane_sum(int64_t n, F term) {
+  float lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) lanes[j] += term(i + j);
+  }
+  float total = 0.0f;
+  for (; i < n; ++i) total += term(i);
+  for (float l : lanes) total += l;
+  return total;
+}
+
+template <typename T>
+float row_max(const T* x, int64_t n) {
+  float lanes[kLanes];
+  for (float& l : lanes) l = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const float v = convert<float>(x[i + j]);
+      lanes[j] = v > lanes[j] ? v : lanes[j];
+    }
+  }
+  float mx = -std::numeric_limits<float>::infinity();
+  for (; i < n; ++i) mx = std::max(mx, convert<float>(x[i]));
+  for (float l : lanes) mx = std::max(mx, l);
+  return mx;
+}
+
 template <typename T>
 const T* cptr(const Tensor& t) { return static_cast<const T*>(t.data_ptr()); }
 template <typename T>
@@ -43,16 +79,14 @@ void CpuBackend::softmax(const Tensor& x, const Tensor& out, bool log) {
     for_each_row(rows, cols, [&](int64_t r) {
       const T* xr = px + r * cols;
       T* o = po + r * cols;
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, convert<float>(xr[c]));
-      float sum = 0.0f;
-      for (int64_t c = 0; c < cols; ++c) sum += std::exp(convert<float>(xr[c]) - mx);
+      const float mx = row_max(xr, cols);
+      const float sum = lane_sum(cols, [&](int64_t c) { return fast_exp(convert<float>(xr[c]) - mx); });
       if (log) {
         const float shift = mx + std::log(sum);
         for (int64_t c = 0; c < cols; ++c) o[c] = convert<T>(convert<float>(xr[c]) - shift);
       } else {
         const float inv = 1.0f / sum;
-        for (int64_t c = 0; c < cols; ++c) o[c] = convert<T>(std::exp(convert<float>(xr[c]) - mx) * inv);
+        for (int64_t c = 0; c < cols; ++c) o[c] = convert<T>(fast_exp(convert<float>(xr[c]) - mx) * inv);
       }
     });
   });
@@ -71,14 +105,13 @@ void CpuBackend::softmax_backward(const Tensor& grad_y, const Tensor& y, const T
       const T* g = pg + r * cols;
       const T* yr = py + r * cols;
       T* o = po + r * cols;
-      float dot = 0.0f;
       if (log) {
-        for (int64_t c = 0; c < cols; ++c) dot += convert<float>(g[c]);
+        const float dot = lane_sum(cols, [&](int64_t c) { return convert<float>(g[c]); });
         for (int64_t c = 0; c < cols; ++c) {
-          o[c] = convert<T>(convert<float>(g[c]) - std::exp(convert<float>(yr[c])) * dot);
+          o[c] = convert<T>(convert<float>(g[c]) - fast_exp(convert<float>(yr[c])) * dot);
         }
       } else {
-        for (int64_t c = 0; c < cols; ++c) dot += convert<float>(g[c]) * convert<float>(yr[c]);
+        const float dot = lane_sum(cols, [&](int64_t c) { return convert<float>(g[c]) * convert<float>(yr[c]); });
         for (int64_t c = 0; c < cols; ++c) {
           o[c] = convert<T>(convert<float>(yr[c]) * (convert<float>(g[c]) - dot));
         }
@@ -102,14 +135,12 @@ void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor&
     float* ps = mptr<float>(rstd);
     for_each_row(rows, cols, [&](int64_t r) {
       const T* xr = px + r * cols;
-      float m = 0.0f;
-      for (int64_t c = 0; c < cols; ++c) m += convert<float>(xr[c]);
-      m /= static_cast<float>(cols);
-      float var = 0.0f;
-      for (int64_t c = 0; c < cols; ++c) {
+      const float m = lane_sum(cols, [&](int64_t c) { return convert<float>(xr[c]); }) /
+                      static_cast<float>(cols);
+      const float var = lane_sum(cols, [&](int64_t c) {
         const float d = convert<float>(xr[c]) - m;
-        var += d * d;
-      }
+        return d * d;
+      });
       const float s = 1.0f / std::sqrt(var / static_cast<float>(cols) + static_cast<float>(eps));
       pm[r] = m;
       ps[r] = s;
@@ -188,8 +219,7 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, double eps, con
     float* ps = mptr<float>(rstd);
     for_each_row(rows, cols, [&](int64_t r) {
       const T* xr = px + r * cols;
-      float ss = 0.0f;
-      for (int64_t c = 0; c < cols; ++c) ss += convert<float>(xr[c]) * convert<float>(xr[c]);
+      const float ss = lane_sum(cols, [&](int64_t c) { return convert<float>(xr[c]) * convert<float>(xr[c]); });
       const float s = 1.0f / std::sqrt(ss / static_cast<float>(cols) + static_cast<float>(eps));
       ps[r] = s;
       for (int64_t c = 0; c < cols; ++c) {
@@ -281,10 +311,8 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, int64
     float* ps = mptr<float>(lse);
     for_each_row(logits.size(0), classes, [&](int64_t r) {
       const T* xr = px + r * classes;
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t c = 0; c < classes; ++c) mx = std::max(mx, convert<float>(xr[c]));
-      float sum = 0.0f;
-      for (int64_t c = 0; c < classes; ++c) sum += std::exp(convert<float>(xr[c]) - mx);
+      const float mx = row_max(xr, classes);
+      const float sum = lane_sum(classes, [&](int64_t c) { return fast_exp(convert<float>(xr[c]) - mx); });
       ps[r] = mx + std::log(sum);
       pl[r] = pt[r] == ignore_index ? 0.0f : ps[r] - convert<float>(xr[pt[r]]);
     });
@@ -310,7 +338,7 @@ void CpuBackend::cross_entropy_backward(const Tensor& grad_loss, const Tensor& l
       }
       const T* xr = px + r * classes;
       for (int64_t c = 0; c < classes; ++c) {
-        const float p = std::exp(convert<float>(xr[c]) - ps[r]);
+        const float p = fast_exp(convert<float>(xr[c]) - ps[r]);
         o[c] = convert<T>(pg[r] * (p - (c == pt[r] ? 1.0f : 0.0f)));
       }
     });
