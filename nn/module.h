@@ -13,7 +13,7 @@
 //   auto m = std::make_shared<Scale>();
 //   Tensor y = (*m)(x);              // runs pre-hooks, forward, post-hooks
 //
-// Parallel wrappers build on three hooks points: a parameter slot can be replaced in place
+// Parallel wrappers build on three hook points: a parameter slot can be replaced in place
 // (FSDP swaps in a shard, TP a column slice), forward pre-hooks run before forward (FSDP
 // all-gathers there) and forward post-hooks after it (FSDP reshards there, and can attach
 // gradient hooks to the output).
