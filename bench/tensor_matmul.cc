@@ -41,6 +41,7 @@ class RawDnnl {
              {DNNL_ARG_DST, dnnl::memory(cd, engine_, c)}};
   }
   void run() {
+    omp_set_num_threads(num_threads());  // tessel's calls leave this thread's OpenMP count at 1
     prim_.execute(stream_, args_);
     stream_.wait();
   }

@@ -9,7 +9,7 @@
 
 namespace tessel::cpu {
 
-inline float fast_exp(float x) {
+[[gnu::always_inline]] inline float fast_exp(float x) {
   x = x < 88.3762626647949f ? x : 88.3762626647949f;
   x = x > -87.3365447504f ? x : -87.3365447504f;
   // x = n ln2 + r, |r| <= ln2 / 2; round to nearest with the 1.5 * 2^23 trick (no floor call).
@@ -27,9 +27,9 @@ inline float fast_exp(float x) {
   return p * std::bit_cast<float>(e);
 }
 
-inline float fast_sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
+[[gnu::always_inline]] inline float fast_sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
 
-inline float fast_tanh(float x) {
+[[gnu::always_inline]] inline float fast_tanh(float x) {
   // tanh(x) = sign(x) (1 - e) / (1 + e) with e = exp(-2|x|).
   const float ax = x < 0.0f ? -x : x;
   const float e = fast_exp(-2.0f * ax);
@@ -37,7 +37,7 @@ inline float fast_tanh(float x) {
   return x < 0.0f ? -t : t;
 }
 
-inline float fast_erf(float x) {
+[[gnu::always_inline]] inline float fast_erf(float x) {
   constexpr float p = 0.3275911f;
   constexpr float a1 = 0.254829592f, a2 = -0.284496736f, a3 = 1.421413741f, a4 = -1.453152027f,
                   a5 = 1.061405429f;

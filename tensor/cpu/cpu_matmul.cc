@@ -76,12 +76,9 @@ std::string cache_key(const Tensor& a, const Tensor& b, const Tensor& out) {
 
 }  // namespace
 
-void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
-  if (out.numel() == 0) return;
-  if (a.size(-1) == 0) {
-    fill(out, 0.0);
-    return;
-  }
+namespace {
+
+void run_matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   try {
     MatmulCache& cache = matmul_cache();
     const auto ad = describe(a), bd = describe(b), cd = describe(out);
@@ -90,7 +87,6 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
     dnnl::memory bm(bd, cache.engine(), b.data_ptr());
     dnnl::memory cm(cd, cache.engine(), out.data_ptr());
     dnnl::stream stream(cache.engine());
-    omp_set_num_threads(num_threads());
     prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
     stream.wait();
   } catch (const dnnl::error& e) {
@@ -98,6 +94,55 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
                                shape_str(a.shape()), shape_str(b.shape()),
                                shape_str(out.shape()), e.what(), static_cast<int>(e.status)));
   }
+}
+
+// t narrowed to [start, start + length) on dim d, unless it broadcasts there (size 1).
+Tensor narrow_unless_broadcast(const Tensor& t, int64_t d, int64_t start, int64_t length) {
+  if (t.shape()[d] == 1 && length != 1) return t;
+  Shape shape = t.shape();
+  shape[d] = length;
+  return t.as_strided(shape, t.strides(), t.offset() + start * t.strides()[d]);
+}
+
+// Rows of output per thread below which splitting does not pay.
+constexpr int64_t kMinRowsPerThread = 32;
+
+}  // namespace
+
+// oneDNN runs single-threaded in each of tessel's pool threads, which split the work by the
+// leading batch dim (or the rows of a 2-D product). Letting oneDNN start its own OpenMP team
+// instead left that team spinning after every GEMM while the pool ran the next op, which made
+// an MLP's forward + backward 3x slower on two cores.
+void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (out.numel() == 0) return;
+  if (a.size(-1) == 0) {
+    fill(out, 0.0);
+    return;
+  }
+  const int64_t rank = out.dim();
+  int64_t split_dim = 0;
+  while (split_dim < rank - 2 && out.shape()[split_dim] == 1) ++split_dim;
+  if (split_dim == rank - 2 &&
+      out.shape()[rank - 2] < 2 * kMinRowsPerThread) {  // 2-D and too few rows to share
+    split_dim = -1;
+  }
+  const int64_t extent = split_dim < 0 ? 1 : out.shape()[split_dim];
+  const int64_t grain = split_dim == rank - 2 ? kMinRowsPerThread : 1;
+  parallel_for(0, extent, grain, [&](int64_t begin, int64_t end) {
+    omp_set_num_threads(1);
+    if (split_dim < 0 || (begin == 0 && end == extent)) {
+      run_matmul(a, b, out);
+      return;
+    }
+    const int64_t len = end - begin;
+    run_matmul(narrow_unless_broadcast(a, split_dim, begin, len),
+               split_dim == rank - 2 ? b : narrow_unless_broadcast(b, split_dim, begin, len),
+               out.as_strided([&] {
+                 Shape s = out.shape();
+                 s[split_dim] = len;
+                 return s;
+               }(), out.strides(), out.offset() + begin * out.strides()[split_dim]));
+  });
 }
 
 }  // namespace tessel::cpu

@@ -7,6 +7,7 @@
 #include "tessel/tensor/cpu/cpu_backend.h"
 #include "tessel/tensor/cpu/cpu_loop.h"
 #include "tessel/tensor/cpu/cpu_math.h"
+#include "tessel/tensor/cpu/cpu_vector.h"
 
 namespace tessel::cpu {
 namespace {
@@ -21,45 +22,76 @@ void for_each_row(int64_t rows, int64_t cols, F f) {
   });
 }
 
+// As for_each_row, with `buffers` scratch rows of `cols` floats per chunk: f(r, scratch).
+template <typename F>
+void for_each_row_scratch(int64_t rows, int64_t cols, int buffers, F f) {
+  parallel_for(0, rows, row_grain(cols), [&](int64_t b, int64_t e) {
+    std::vector<float> scratch(static_cast<size_t>(cols * buffers));
+    for (int64_t r = b; r < e; ++r) f(r, scratch.data());
+  });
+}
+
+// Row `src` (cols elements of T) as f32: the row itself for f32, else widened into buf.
+template <typename T>
+const float* row_f32(const T* src, int64_t cols, float* buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src;
+  } else {
+    widen(src, buf, cols);
+    return buf;
+  }
+}
+// Where to compute an output row: the row itself for f32, else buf (then store_row).
+template <typename T>
+float* out_f32(T* dst, float* buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return dst;
+  } else {
+    return buf;
+  }
+}
+template <typename T>
+void store_row(const float* row, T* dst, int64_t cols) {
+  if constexpr (!std::is_same_v<T, float>) narrow(row, dst, cols);
+}
+
+// A per-feature parameter as f32 (empty when undefined).
+template <typename T>
+std::vector<float> param_f32(const Tensor& p) {
+  std::vector<float> out;
+  if (!p.defined()) return out;
+  const T* src = static_cast<const T*>(p.data_ptr());
+  for (int64_t i = 0; i < p.numel(); ++i) out.push_back(convert<float>(src[i]));
+  return out;
+}
+
+// Per-row backward setup shared by layer_norm and rms_norm (5 scratch rows): the gradient and
+// input as f32, wg = gradient * weight (the gradient itself without a weight), a buffer for
+// xhat and the row to write grad_x into.
+struct NormGradRow {
+  const float* g;
+  const float* x;
+  float* xhat;
+  float* wg;
+  float* out;
+};
+template <typename T>
+NormGradRow norm_grad_row(const T* g, const T* x, T* out, const std::vector<float>& wf,
+                          int64_t cols, float* tmp) {
+  NormGradRow row{row_f32(g, cols, tmp), row_f32(x, cols, tmp + cols), tmp + 2 * cols,
+                  tmp + 3 * cols, out_f32(out, tmp + 4 * cols)};
+  if (wf.empty()) {
+    std::copy(row.g, row.g + cols, row.wg);
+  } else {
+    binary_f32(BinaryOp::kMul, row.g, wf.data(), 1, row.wg, cols);
+  }
+  return row;
+}
+
 // Calls f(column_begin, column_end) on column ranges in parallel.
 template <typename F>
 void for_each_column_range(int64_t cols, F f) {
   parallel_for(0, cols, 64, f);
-}
-
-// Row reductions with 16 independent lanes so the compiler vectorises them (a single running
-// sum is a serial dependency it may not reorder). Lane order is fixed: results are
-// deterministic.
-constexpr int kLanes = 16;
-
-template <typename F>
-float lane_sum(int64_t n, F term) {
-  float lanes[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) lanes[j] += term(i + j);
-  }
-  float total = 0.0f;
-  for (; i < n; ++i) total += term(i);
-  for (float l : lanes) total += l;
-  return total;
-}
-
-template <typename T>
-float row_max(const T* x, int64_t n) {
-  float lanes[kLanes];
-  for (float& l : lanes) l = -std::numeric_limits<float>::infinity();
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      const float v = convert<float>(x[i + j]);
-      lanes[j] = v > lanes[j] ? v : lanes[j];
-    }
-  }
-  float mx = -std::numeric_limits<float>::infinity();
-  for (; i < n; ++i) mx = std::max(mx, convert<float>(x[i]));
-  for (float l : lanes) mx = std::max(mx, l);
-  return mx;
 }
 
 template <typename T>
@@ -76,18 +108,21 @@ void CpuBackend::softmax(const Tensor& x, const Tensor& out, bool log) {
     const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
     const T* px = cptr<T>(x);
     T* po = mptr<T>(out);
-    for_each_row(rows, cols, [&](int64_t r) {
-      const T* xr = px + r * cols;
-      T* o = po + r * cols;
-      const float mx = row_max(xr, cols);
-      const float sum = lane_sum(cols, [&](int64_t c) { return fast_exp(convert<float>(xr[c]) - mx); });
+    for_each_row_scratch(rows, cols, 1, [&](int64_t r, float* tmp) {
+      const float* xr = row_f32(px + r * cols, cols, tmp);
+      float* o = out_f32(po + r * cols, tmp);
+      const float mx = max_f32(xr, cols);
+      const float sum = sum_exp_f32(xr, mx, cols);
       if (log) {
         const float shift = mx + std::log(sum);
-        for (int64_t c = 0; c < cols; ++c) o[c] = convert<T>(convert<float>(xr[c]) - shift);
+        binary_f32(BinaryOp::kSub, xr, &shift, 0, o, cols);
       } else {
         const float inv = 1.0f / sum;
-        for (int64_t c = 0; c < cols; ++c) o[c] = convert<T>(fast_exp(convert<float>(xr[c]) - mx) * inv);
+        binary_f32(BinaryOp::kSub, xr, &mx, 0, o, cols);
+        unary_f32(UnaryOp::kExp, o, o, cols);
+        binary_f32(BinaryOp::kMul, o, &inv, 0, o, cols);
       }
+      store_row(o, po + r * cols, cols);
     });
   });
 }
@@ -101,21 +136,23 @@ void CpuBackend::softmax_backward(const Tensor& grad_y, const Tensor& y, const T
     const T* pg = cptr<T>(grad_y);
     const T* py = cptr<T>(y);
     T* po = mptr<T>(grad_x);
-    for_each_row(rows, cols, [&](int64_t r) {
-      const T* g = pg + r * cols;
-      const T* yr = py + r * cols;
-      T* o = po + r * cols;
+    for_each_row_scratch(rows, cols, 3, [&](int64_t r, float* tmp) {
+      const float* g = row_f32(pg + r * cols, cols, tmp);
+      const float* yr = row_f32(py + r * cols, cols, tmp + cols);
+      float* o = out_f32(po + r * cols, tmp + 2 * cols);
       if (log) {
-        const float dot = lane_sum(cols, [&](int64_t c) { return convert<float>(g[c]); });
-        for (int64_t c = 0; c < cols; ++c) {
-          o[c] = convert<T>(convert<float>(g[c]) - fast_exp(convert<float>(yr[c])) * dot);
-        }
+        // grad_x = g - exp(y) * sum(g)
+        const float total = sum_f32(g, cols);
+        unary_f32(UnaryOp::kExp, yr, o, cols);
+        binary_f32(BinaryOp::kMul, o, &total, 0, o, cols);
+        binary_f32(BinaryOp::kSub, g, o, 1, o, cols);
       } else {
-        const float dot = lane_sum(cols, [&](int64_t c) { return convert<float>(g[c]) * convert<float>(yr[c]); });
-        for (int64_t c = 0; c < cols; ++c) {
-          o[c] = convert<T>(convert<float>(yr[c]) * (convert<float>(g[c]) - dot));
-        }
+        // grad_x = y * (g - <g, y>)
+        const float dot = dot_f32(g, yr, cols);
+        binary_f32(BinaryOp::kSub, g, &dot, 0, o, cols);
+        binary_f32(BinaryOp::kMul, o, yr, 1, o, cols);
       }
+      store_row(o, po + r * cols, cols);
     });
   });
 }
@@ -128,29 +165,23 @@ void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor&
     const int64_t cols = x.size(-1);
     const int64_t rows = x.numel() / std::max<int64_t>(cols, 1);
     const T* px = cptr<T>(x);
-    const T* pw = weight.defined() ? cptr<T>(weight) : nullptr;
-    const T* pb = bias.defined() ? cptr<T>(bias) : nullptr;
     T* po = mptr<T>(out);
     float* pm = mptr<float>(mean);
     float* ps = mptr<float>(rstd);
-    for_each_row(rows, cols, [&](int64_t r) {
-      const T* xr = px + r * cols;
-      const float m = lane_sum(cols, [&](int64_t c) { return convert<float>(xr[c]); }) /
-                      static_cast<float>(cols);
-      const float var = lane_sum(cols, [&](int64_t c) {
-        const float d = convert<float>(xr[c]) - m;
-        return d * d;
-      });
-      const float s = 1.0f / std::sqrt(var / static_cast<float>(cols) + static_cast<float>(eps));
+    const std::vector<float> wf = param_f32<T>(weight), bf = param_f32<T>(bias);
+    for_each_row_scratch(rows, cols, 2, [&](int64_t r, float* tmp) {
+      const float* xr = row_f32(px + r * cols, cols, tmp);
+      float* o = out_f32(po + r * cols, tmp + cols);
+      const float m = sum_f32(xr, cols) / static_cast<float>(cols);
+      binary_f32(BinaryOp::kSub, xr, &m, 0, o, cols);
+      const float var = dot_f32(o, o, cols) / static_cast<float>(cols);
+      const float s = 1.0f / std::sqrt(var + static_cast<float>(eps));
       pm[r] = m;
       ps[r] = s;
-      T* o = po + r * cols;
-      for (int64_t c = 0; c < cols; ++c) {
-        float v = (convert<float>(xr[c]) - m) * s;
-        if (pw) v *= convert<float>(pw[c]);
-        if (pb) v += convert<float>(pb[c]);
-        o[c] = convert<T>(v);
-      }
+      binary_f32(BinaryOp::kMul, o, &s, 0, o, cols);
+      if (!wf.empty()) binary_f32(BinaryOp::kMul, o, wf.data(), 1, o, cols);
+      if (!bf.empty()) binary_f32(BinaryOp::kAdd, o, bf.data(), 1, o, cols);
+      store_row(o, po + r * cols, cols);
     });
   });
 }
@@ -165,26 +196,27 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_y, const Tensor& x, cons
     const int64_t rows = x.numel() / std::max<int64_t>(cols, 1);
     const T* pg = cptr<T>(grad_y);
     const T* px = cptr<T>(x);
-    const T* pw = weight.defined() ? cptr<T>(weight) : nullptr;
     const float* pm = cptr<float>(mean);
     const float* ps = cptr<float>(rstd);
     if (grad_x.defined()) {
       T* po = mptr<T>(grad_x);
-      for_each_row(rows, cols, [&](int64_t r) {
-        const T* g = pg + r * cols;
-        const T* xr = px + r * cols;
-        float sum_wg = 0.0f, sum_wg_xhat = 0.0f;
-        for (int64_t c = 0; c < cols; ++c) {
-          const float wg = convert<float>(g[c]) * (pw ? convert<float>(pw[c]) : 1.0f);
-          sum_wg += wg;
-          sum_wg_xhat += wg * (convert<float>(xr[c]) - pm[r]) * ps[r];
-        }
-        const float inv_n = 1.0f / static_cast<float>(cols);
-        for (int64_t c = 0; c < cols; ++c) {
-          const float wg = convert<float>(g[c]) * (pw ? convert<float>(pw[c]) : 1.0f);
-          const float xhat = (convert<float>(xr[c]) - pm[r]) * ps[r];
-          po[r * cols + c] = convert<T>(ps[r] * (wg - sum_wg * inv_n - xhat * sum_wg_xhat * inv_n));
-        }
+      const std::vector<float> wf = param_f32<T>(weight);
+      const float inv_n = 1.0f / static_cast<float>(cols);
+      for_each_row_scratch(rows, cols, 5, [&](int64_t r, float* tmp) {
+        // grad_x = rstd * (wg - mean(wg) - xhat * mean(wg * xhat)), wg = grad * weight.
+        const NormGradRow row = norm_grad_row(pg + r * cols, px + r * cols, po + r * cols, wf, cols, tmp);
+        float* xhat = row.xhat;
+        const float* wg = row.wg;
+        float* o = row.out;
+        binary_f32(BinaryOp::kSub, row.x, &pm[r], 0, xhat, cols);
+        binary_f32(BinaryOp::kMul, xhat, &ps[r], 0, xhat, cols);
+        const float mean_wg = sum_f32(wg, cols) * inv_n;
+        const float mean_wg_xhat = dot_f32(wg, xhat, cols) * inv_n;
+        binary_f32(BinaryOp::kMul, xhat, &mean_wg_xhat, 0, xhat, cols);
+        binary_f32(BinaryOp::kSub, wg, xhat, 1, o, cols);
+        binary_f32(BinaryOp::kSub, o, &mean_wg, 0, o, cols);
+        binary_f32(BinaryOp::kMul, o, &ps[r], 0, o, cols);
+        store_row(o, po + r * cols, cols);
       });
     }
     if (grad_weight.defined() || grad_bias.defined()) {
@@ -214,17 +246,18 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, double eps, con
     const int64_t cols = x.size(-1);
     const int64_t rows = x.numel() / std::max<int64_t>(cols, 1);
     const T* px = cptr<T>(x);
-    const T* pw = weight.defined() ? cptr<T>(weight) : nullptr;
+    const std::vector<float> wf = param_f32<T>(weight);
     T* po = mptr<T>(out);
     float* ps = mptr<float>(rstd);
-    for_each_row(rows, cols, [&](int64_t r) {
-      const T* xr = px + r * cols;
-      const float ss = lane_sum(cols, [&](int64_t c) { return convert<float>(xr[c]) * convert<float>(xr[c]); });
+    for_each_row_scratch(rows, cols, 2, [&](int64_t r, float* tmp) {
+      const float* xr = row_f32(px + r * cols, cols, tmp);
+      float* o = out_f32(po + r * cols, tmp + cols);
+      const float ss = dot_f32(xr, xr, cols);
       const float s = 1.0f / std::sqrt(ss / static_cast<float>(cols) + static_cast<float>(eps));
       ps[r] = s;
-      for (int64_t c = 0; c < cols; ++c) {
-        po[r * cols + c] = convert<T>(convert<float>(xr[c]) * s * (pw ? convert<float>(pw[c]) : 1.0f));
-      }
+      binary_f32(BinaryOp::kMul, xr, &s, 0, o, cols);
+      if (!wf.empty()) binary_f32(BinaryOp::kMul, o, wf.data(), 1, o, cols);
+      store_row(o, po + r * cols, cols);
     });
   });
 }
@@ -238,22 +271,22 @@ void CpuBackend::rms_norm_backward(const Tensor& grad_y, const Tensor& x, const 
     const int64_t rows = x.numel() / std::max<int64_t>(cols, 1);
     const T* pg = cptr<T>(grad_y);
     const T* px = cptr<T>(x);
-    const T* pw = weight.defined() ? cptr<T>(weight) : nullptr;
     const float* ps = cptr<float>(rstd);
     if (grad_x.defined()) {
       T* po = mptr<T>(grad_x);
-      for_each_row(rows, cols, [&](int64_t r) {
-        float dot = 0.0f;
-        for (int64_t c = 0; c < cols; ++c) {
-          const float wg = convert<float>(pg[r * cols + c]) * (pw ? convert<float>(pw[c]) : 1.0f);
-          dot += wg * convert<float>(px[r * cols + c]) * ps[r];
-        }
-        dot /= static_cast<float>(cols);
-        for (int64_t c = 0; c < cols; ++c) {
-          const float wg = convert<float>(pg[r * cols + c]) * (pw ? convert<float>(pw[c]) : 1.0f);
-          const float xhat = convert<float>(px[r * cols + c]) * ps[r];
-          po[r * cols + c] = convert<T>(ps[r] * (wg - xhat * dot));
-        }
+      const std::vector<float> wf = param_f32<T>(weight);
+      for_each_row_scratch(rows, cols, 5, [&](int64_t r, float* tmp) {
+        // grad_x = rstd * (wg - xhat * mean(wg * xhat)), xhat = x * rstd, wg = grad * weight.
+        const NormGradRow row = norm_grad_row(pg + r * cols, px + r * cols, po + r * cols, wf, cols, tmp);
+        float* xhat = row.xhat;
+        const float* wg = row.wg;
+        float* o = row.out;
+        binary_f32(BinaryOp::kMul, row.x, &ps[r], 0, xhat, cols);
+        const float dot = dot_f32(wg, xhat, cols) / static_cast<float>(cols);
+        binary_f32(BinaryOp::kMul, xhat, &dot, 0, xhat, cols);
+        binary_f32(BinaryOp::kSub, wg, xhat, 1, o, cols);
+        binary_f32(BinaryOp::kMul, o, &ps[r], 0, o, cols);
+        store_row(o, po + r * cols, cols);
       });
     }
     if (grad_weight.defined()) {
@@ -309,12 +342,11 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, int64
     const int64_t* pt = target.data<int64_t>();
     float* pl = mptr<float>(loss);
     float* ps = mptr<float>(lse);
-    for_each_row(logits.size(0), classes, [&](int64_t r) {
-      const T* xr = px + r * classes;
-      const float mx = row_max(xr, classes);
-      const float sum = lane_sum(classes, [&](int64_t c) { return fast_exp(convert<float>(xr[c]) - mx); });
-      ps[r] = mx + std::log(sum);
-      pl[r] = pt[r] == ignore_index ? 0.0f : ps[r] - convert<float>(xr[pt[r]]);
+    for_each_row_scratch(logits.size(0), classes, 1, [&](int64_t r, float* tmp) {
+      const float* xr = row_f32(px + r * classes, classes, tmp);
+      const float mx = max_f32(xr, classes);
+      ps[r] = mx + std::log(sum_exp_f32(xr, mx, classes));
+      pl[r] = pt[r] == ignore_index ? 0.0f : ps[r] - xr[pt[r]];
     });
   });
 }
@@ -330,17 +362,19 @@ void CpuBackend::cross_entropy_backward(const Tensor& grad_loss, const Tensor& l
     const float* pg = cptr<float>(grad_loss);
     const float* ps = cptr<float>(lse);
     T* po = mptr<T>(grad_logits);
-    for_each_row(logits.size(0), classes, [&](int64_t r) {
-      T* o = po + r * classes;
+    for_each_row_scratch(logits.size(0), classes, 2, [&](int64_t r, float* tmp) {
+      float* o = out_f32(po + r * classes, tmp + classes);
       if (pt[r] == ignore_index) {
-        for (int64_t c = 0; c < classes; ++c) o[c] = convert<T>(0.0f);
-        return;
+        std::fill(o, o + classes, 0.0f);
+      } else {
+        // grad = g * (softmax - one_hot(target))
+        const float* xr = row_f32(px + r * classes, classes, tmp);
+        binary_f32(BinaryOp::kSub, xr, &ps[r], 0, o, classes);
+        unary_f32(UnaryOp::kExp, o, o, classes);
+        binary_f32(BinaryOp::kMul, o, &pg[r], 0, o, classes);
+        o[pt[r]] -= pg[r];
       }
-      const T* xr = px + r * classes;
-      for (int64_t c = 0; c < classes; ++c) {
-        const float p = fast_exp(convert<float>(xr[c]) - ps[r]);
-        o[c] = convert<T>(pg[r] * (p - (c == pt[r] ? 1.0f : 0.0f)));
-      }
+      store_row(o, po + r * classes, classes);
     });
   });
 }

@@ -7,6 +7,7 @@
 
 #include "tessel/tensor/cpu/cpu_backend.h"
 #include "tessel/tensor/cpu/cpu_loop.h"
+#include "tessel/tensor/cpu/cpu_vector.h"
 
 namespace tessel::cpu {
 namespace {
@@ -63,7 +64,12 @@ void reduce_rows(const T* x, int64_t rows, int64_t r, Out* out) {
                  for (int64_t t = b; t < e; ++t) {
                    const int64_t row = t / blocks, blk = t % blocks;
                    const int64_t start = blk * kBlock;
-                   partial[t] = reduce_block<Op>(x + row * r + start, std::min(kBlock, r - start));
+                   const int64_t len = std::min(kBlock, r - start);
+                   if constexpr (std::is_same_v<T, float> && std::is_same_v<Op, SumOp<float>>) {
+                     partial[t] = sum_f32(x + row * r + start, len);  // same lane order, SIMD clone
+                   } else {
+                     partial[t] = reduce_block<Op>(x + row * r + start, len);
+                   }
                  }
                });
   for (int64_t row = 0; row < rows; ++row) {

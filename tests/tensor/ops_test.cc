@@ -213,6 +213,33 @@ TEST(OpsTest, MatmulMatchesLoopsIncludingBroadcastAndTransposes) {
   for (size_t i = 0; i < lin.size(); ++i) EXPECT_NEAR(lin[i], vc[i], 1e-5);
 }
 
+// Shapes large enough that the CPU matmul splits rows or batches across threads.
+TEST(OpsTest, MatmulSplitAcrossThreadsMatchesLoops) {
+  const int before = num_threads();
+  set_num_threads(3);
+  for (const auto& [sa, sb] : std::vector<std::pair<Shape, Shape>>{
+           {{257, 33}, {33, 65}}, {{3, 97, 20}, {20, 7}}, {{1, 200, 16}, {4, 16, 9}}}) {
+    const Tensor a = rnd(sa, 30), b = rnd(sb, 31);
+    const Tensor c = matmul(a, b);
+    const int64_t k = sa.back(), n = sb.back(), m = sa[sa.size() - 2];
+    const int64_t batch = c.numel() / (m * n);
+    Shape batch_a(c.shape().begin(), c.shape().end() - 2), batch_b = batch_a;
+    batch_a.insert(batch_a.end(), {m, k});
+    batch_b.insert(batch_b.end(), {k, n});
+    const auto va = values(contiguous(expand(a, batch_a)));
+    const auto vb = values(contiguous(expand(b, batch_b)));
+    const auto vc = values(c);
+    for (int64_t t = 0; t < batch; ++t)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double acc = 0;
+          for (int64_t q = 0; q < k; ++q) acc += va[(t * m + i) * k + q] * vb[(t * k + q) * n + j];
+          ASSERT_NEAR(vc[(t * m + i) * n + j], acc, 1e-4) << shape_str(sa) << " x " << shape_str(sb);
+        }
+  }
+  set_num_threads(before);
+}
+
 TEST(OpsTest, SoftmaxLayerNormCrossEntropyMatchLoops) {
   const Tensor x = rnd({2, 5}, 11);
   const auto v = values(x), sm = values(softmax(x)), ln = values(layer_norm(x, Tensor(), Tensor()));
