@@ -5,7 +5,8 @@
 #
 # Configures a clang build in build/fuzz and builds safetensors_fuzz there, seeds the corpus with
 # valid files written in the format's layout, and fails on any crash, leak or
-# sanitizer report. Needs clang >= 15 with the libFuzzer runtime (clang-15, from setup.sh).
+# sanitizer report. Needs clang >= 15 with the libFuzzer runtime and libomp (clang-15 and
+# libomp-15-dev, from setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}

@@ -15,8 +15,9 @@ packages=(
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   # tests and benchmarks; network namespaces for multi-node tests
   libgtest-dev libgmock-dev libbenchmark-dev iproute2 procps
-  # libFuzzer for scripts/fuzz_safetensors.sh (clang >= 15: older clang lacks x86 _Float16)
-  clang-15
+  # libFuzzer for scripts/fuzz_safetensors.sh (clang >= 15: older clang lacks x86 _Float16;
+  # libomp: the tensor library links OpenMP)
+  clang-15 libomp-15-dev
 )
 
 missing=()
