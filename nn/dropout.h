@@ -1,0 +1,22 @@
+#pragma once
+// Dropout: zeroes elements with probability p while training and scales the rest by
+// 1 / (1 - p); the identity in eval mode or when p is 0 (torch.nn.Dropout).
+
+#include "tessel/nn/module.h"
+#include "tessel/tensor/random.h"
+
+namespace tessel::nn {
+
+class Dropout : public Module {
+ public:
+  // Throws InvalidArgument unless 0 <= p < 1. Masks come from `gen` (not owned; the default
+  // generator when null).
+  explicit Dropout(double p, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  double p_;
+  Generator* gen_;
+};
+
+}  // namespace tessel::nn

@@ -1,0 +1,272 @@
+#include "tessel/nn/module.h"
+
+#include <algorithm>
+#include <set>
+
+#include "tessel/base/error.h"
+#include "tessel/tensor/autograd.h"
+#include "tessel/tensor/ops.h"
+
+namespace tessel::nn {
+
+Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
+
+Tensor Module::operator()(const Tensor& input) {
+  Tensor x = input;
+  // Copies, so a hook may remove itself (or register another) while running.
+  const auto pre_hooks = pre_hooks_;
+  for (const auto& [id, hook] : pre_hooks) hook(*this, x);
+  Tensor y = forward(x);
+  const auto post_hooks = post_hooks_;
+  for (const auto& [id, hook] : post_hooks) hook(*this, x, y);
+  return y;
+}
+
+Tensor Module::forward(const Tensor&) {
+  throw NotImplemented(fmt::format("{} has no single-tensor forward", type_name_));
+}
+
+void Module::check_new_name(const std::string& name) const {
+  TESSEL_CHECK(!name.empty() && name.find('.') == std::string::npos, InvalidArgument,
+               "{}: name '{}' must be non-empty and contain no '.'", type_name_, name);
+  for (const Slot& s : parameters_) {
+    TESSEL_CHECK(s.name != name, InvalidArgument, "{}: '{}' is already a parameter", type_name_,
+                 name);
+  }
+  for (const Slot& s : buffers_) {
+    TESSEL_CHECK(s.name != name, InvalidArgument, "{}: '{}' is already a buffer", type_name_,
+                 name);
+  }
+  for (const auto& [child, module] : children_) {
+    TESSEL_CHECK(child != name, InvalidArgument, "{}: '{}' is already a submodule", type_name_,
+                 name);
+  }
+}
+
+Tensor& Module::register_parameter(const std::string& name, Tensor value, bool requires_grad) {
+  check_new_name(name);
+  TESSEL_CHECK(value.defined(), InvalidArgument, "{}: parameter '{}' is undefined", type_name_,
+               name);
+  if (requires_grad) value.set_requires_grad(true);
+  parameters_.push_back({name, std::make_unique<Tensor>(std::move(value))});
+  return *parameters_.back().value;
+}
+
+Tensor& Module::register_buffer(const std::string& name, Tensor value) {
+  check_new_name(name);
+  TESSEL_CHECK(value.defined(), InvalidArgument, "{}: buffer '{}' is undefined", type_name_, name);
+  buffers_.push_back({name, std::make_unique<Tensor>(std::move(value))});
+  return *buffers_.back().value;
+}
+
+void Module::add_child(const std::string& name, std::shared_ptr<Module> module) {
+  check_new_name(name);
+  TESSEL_CHECK(module != nullptr, InvalidArgument, "{}: submodule '{}' is null", type_name_, name);
+  children_.emplace_back(name, std::move(module));
+}
+
+// Calls fn(dotted_prefix, module) for this module and every descendant, depth first.
+template <typename Fn>
+void Module::visit(const std::string& prefix, Fn&& fn) const {
+  fn(prefix, *this);
+  for (const auto& [name, child] : children_) {
+    child->visit(prefix.empty() ? name : prefix + "." + name, fn);
+  }
+}
+
+namespace {
+
+std::string join_name(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+// Appends (name, tensor) unless the same TensorImpl was listed already.
+void add_unique(std::vector<std::pair<std::string, Tensor>>& out, std::set<const void*>& seen,
+                std::string name, const Tensor& t) {
+  if (seen.insert(t.impl_ptr().get()).second) out.emplace_back(std::move(name), t);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  std::set<const void*> seen;
+  visit("", [&](const std::string& prefix, const Module& m) {
+    for (const Slot& s : m.parameters_) add_unique(out, seen, join_name(prefix, s.name), *s.value);
+  });
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_buffers() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  std::set<const void*> seen;
+  visit("", [&](const std::string& prefix, const Module& m) {
+    for (const Slot& s : m.buffers_) add_unique(out, seen, join_name(prefix, s.name), *s.value);
+  });
+  return out;
+}
+
+std::vector<std::pair<std::string, Module*>> Module::named_modules() {
+  std::vector<std::pair<std::string, Module*>> out;
+  visit("", [&](const std::string& prefix, const Module& m) {
+    out.emplace_back(prefix, const_cast<Module*>(&m));
+  });
+  return out;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::children() const {
+  return children_;
+}
+
+std::pair<Module*, std::string_view> Module::resolve(std::string_view dotted_name) {
+  Module* m = this;
+  std::string_view rest = dotted_name;
+  for (size_t dot; (dot = rest.find('.')) != std::string_view::npos;) {
+    const std::string_view head = rest.substr(0, dot);
+    auto it = std::find_if(m->children_.begin(), m->children_.end(),
+                           [&](const auto& c) { return c.first == head; });
+    TESSEL_CHECK(it != m->children_.end(), OutOfRange, "{} has no submodule '{}' (in '{}')",
+                 m->type_name_, head, dotted_name);
+    m = it->second.get();
+    rest = rest.substr(dot + 1);
+  }
+  return {m, rest};
+}
+
+Tensor* Module::find_slot(std::vector<Slot>& slots, std::string_view name) {
+  for (Slot& s : slots) {
+    if (s.name == name) return s.value.get();
+  }
+  return nullptr;
+}
+
+Tensor& Module::parameter(std::string_view dotted_name) {
+  auto [m, last] = resolve(dotted_name);
+  Tensor* t = m->find_slot(m->parameters_, last);
+  TESSEL_CHECK(t != nullptr, OutOfRange, "{} has no parameter '{}'", type_name_, dotted_name);
+  return *t;
+}
+
+Tensor& Module::buffer(std::string_view dotted_name) {
+  auto [m, last] = resolve(dotted_name);
+  Tensor* t = m->find_slot(m->buffers_, last);
+  TESSEL_CHECK(t != nullptr, OutOfRange, "{} has no buffer '{}'", type_name_, dotted_name);
+  return *t;
+}
+
+Module& Module::submodule(std::string_view dotted_name) {
+  if (dotted_name.empty()) return *this;
+  auto [m, last] = resolve(dotted_name);
+  for (auto& [name, child] : m->children_) {
+    if (name == last) return *child;
+  }
+  throw OutOfRange(fmt::format("{} has no submodule '{}'", type_name_, dotted_name));
+}
+
+void Module::set_parameter(std::string_view dotted_name, Tensor value) {
+  TESSEL_CHECK(value.defined(), InvalidArgument, "set_parameter('{}'): the value is undefined",
+               dotted_name);
+  parameter(dotted_name) = std::move(value);
+}
+
+StateDict Module::state_dict() const {
+  StateDict state;
+  for (auto& [name, t] : named_parameters()) state.emplace(name, t);
+  for (auto& [name, t] : named_buffers()) state.emplace(name, t);
+  return state;
+}
+
+namespace {
+
+std::string join_list(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+}  // namespace
+
+void Module::load_state_dict(const StateDict& state) {
+  std::vector<std::pair<std::string, Tensor>> targets = named_parameters();
+  for (auto& entry : named_buffers()) targets.push_back(entry);
+
+  // Validate everything first, so a bad dict changes nothing.
+  std::vector<std::string> missing, mismatched, unexpected;
+  std::set<std::string> known;
+  for (const auto& [name, dst] : targets) {
+    known.insert(name);
+    auto it = state.find(name);
+    if (it == state.end()) {
+      missing.push_back(name);
+      continue;
+    }
+    const Tensor& src = it->second;
+    if (!src.defined() || src.shape() != dst.shape() || src.dtype() != dst.dtype()) {
+      mismatched.push_back(fmt::format(
+          "{} (expected {} {}, got {})", name, shape_str(dst.shape()), dtype_name(dst.dtype()),
+          src.defined() ? shape_str(src.shape()) + " " + std::string(dtype_name(src.dtype()))
+                        : "undefined"));
+    }
+  }
+  for (const auto& [name, t] : state) {
+    if (!known.count(name)) unexpected.push_back(name);
+  }
+  std::string problems;
+  if (!missing.empty()) problems += "; missing keys: " + join_list(missing);
+  if (!unexpected.empty()) problems += "; unexpected keys: " + join_list(unexpected);
+  if (!mismatched.empty()) problems += "; mismatched: " + join_list(mismatched);
+  TESSEL_CHECK(problems.empty(), InvalidArgument, "{}.load_state_dict: {}", type_name_,
+               problems.substr(2));
+
+  NoGradGuard no_grad;  // a copy into parameters is not part of any graph
+  for (const auto& [name, dst] : targets) {
+    const Tensor& src = state.at(name);
+    if (dst.impl_ptr() != src.impl_ptr()) copy_(dst, src);
+  }
+}
+
+void Module::save(const std::string& path,
+                  const std::map<std::string, std::string>& metadata) const {
+  save_safetensors(path, state_dict(), metadata);
+}
+
+void Module::load(const std::string& path) { load_state_dict(load_safetensors(path).tensors); }
+
+void Module::train(bool on) {
+  visit("", [&](const std::string&, const Module& m) { const_cast<Module&>(m).training_ = on; });
+}
+
+void Module::zero_grad() {
+  for (auto& [name, t] : named_parameters()) t.set_grad(Tensor());
+}
+
+HookHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
+  const uint64_t id = next_hook_id_++;
+  pre_hooks_.emplace_back(id, std::move(hook));
+  return {id};
+}
+
+HookHandle Module::register_forward_hook(ForwardHook hook) {
+  const uint64_t id = next_hook_id_++;
+  post_hooks_.emplace_back(id, std::move(hook));
+  return {id};
+}
+
+bool Module::remove_hook(HookHandle handle) {
+  auto drop = [&](auto& hooks) {
+    const auto before = hooks.size();
+    std::erase_if(hooks, [&](const auto& h) { return h.first == handle.id; });
+    return hooks.size() != before;
+  };
+  const bool pre = drop(pre_hooks_);
+  const bool post = drop(post_hooks_);
+  return pre || post;
+}
+
+}  // namespace tessel::nn

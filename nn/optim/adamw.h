@@ -1,0 +1,41 @@
+#pragma once
+// AdamW (decoupled weight decay) with a fused multi-tensor step: one pass over all parameters,
+// split into chunks shared among threads (kernels/optim/fused_adamw.h), like PyTorch's
+// torch.optim.AdamW(fused=True).
+
+#include <vector>
+
+#include "tessel/nn/optim/optimizer.h"
+
+namespace tessel::nn::optim {
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
+// The step runs on the tensor thread pool (set_num_threads in tensor/thread_pool.h).
+// Thread-safety: as Optimizer. The moments are f32 tensors the size of each parameter,
+// allocated at construction.
+class AdamW : public Optimizer {
+ public:
+  // Throws InvalidArgument for betas outside [0, 1), a negative eps or weight decay.
+  AdamW(std::vector<Tensor> params, const AdamWOptions& options);
+  // Every parameter with a gradient advances together; the bias correction uses step_count().
+  void step() override;
+
+  const AdamWOptions& options() const { return options_; }
+  // The moments of params()[i] (for checkpoints and tests).
+  const Tensor& exp_avg(size_t i) const { return exp_avg_.at(i); }
+  const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_.at(i); }
+
+ private:
+  AdamWOptions options_;
+  std::vector<Tensor> exp_avg_;
+  std::vector<Tensor> exp_avg_sq_;
+};
+
+}  // namespace tessel::nn::optim

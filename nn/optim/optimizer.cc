@@ -1,0 +1,41 @@
+#include "tessel/nn/optim/optimizer.h"
+
+#include "tessel/base/error.h"
+
+namespace tessel::nn::optim {
+
+Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(params)) {
+  set_lr(lr);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    TESSEL_CHECK(p.defined() && p.dtype() == DType::kF32 && p.is_contiguous() &&
+                     p.device().is_cpu(),
+                 InvalidArgument,
+                 "optimizer parameter {} must be a contiguous f32 CPU tensor, got {}", i,
+                 p.str());
+  }
+}
+
+void Optimizer::set_lr(double lr) {
+  TESSEL_CHECK(lr >= 0, InvalidArgument, "learning rate must be >= 0, got {}", lr);
+  lr_ = lr;
+}
+
+void Optimizer::zero_grad() {
+  for (const Tensor& p : params_) p.set_grad(Tensor());
+}
+
+Tensor Optimizer::checked_grad(size_t i) const {
+  const Tensor& p = params_[i];
+  Tensor g = p.grad();
+  if (!g.defined()) return g;
+  TESSEL_CHECK(g.shape() == p.shape() && g.dtype() == p.dtype() && g.is_contiguous() &&
+                   g.device() == p.device(),
+               InvalidArgument,
+               "gradient of parameter {} is {} but the parameter is {} (needs the same shape "
+               "and dtype, contiguous)",
+               i, g.str(), p.str());
+  return g;
+}
+
+}  // namespace tessel::nn::optim

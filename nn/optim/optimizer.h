@@ -1,0 +1,47 @@
+#pragma once
+// The optimizer base: a list of parameters updated in place from their gradients.
+//
+//   AdamW opt(model.parameters(), {.lr = 3e-4, .weight_decay = 0.1});
+//   loss.backward(); clip_grad_norm(model.parameters(), 1.0); opt.step(); opt.zero_grad();
+//
+// Parameters are contiguous f32 CPU tensors; a parameter whose grad() is undefined is skipped
+// (as in PyTorch). Thread-safety: none; one thread steps an optimizer.
+
+#include <cstdint>
+#include <vector>
+
+#include "tessel/tensor/tensor.h"
+
+namespace tessel::nn::optim {
+
+class Optimizer {
+ public:
+  // Throws InvalidArgument naming the parameter index when one is not a contiguous f32 CPU
+  // tensor, or when lr is negative.
+  Optimizer(std::vector<Tensor> params, double lr);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient. Throws InvalidArgument when a gradient
+  // does not match its parameter's shape and dtype or is not contiguous.
+  virtual void step() = 0;
+  // Drops every parameter's gradient.
+  void zero_grad();
+
+  double lr() const { return lr_; }
+  void set_lr(double lr);
+  // Number of step() calls so far.
+  int64_t step_count() const { return step_count_; }
+  const std::vector<Tensor>& params() const { return params_; }
+
+ protected:
+  // The gradient of params()[i], checked against it; undefined when it has none.
+  Tensor checked_grad(size_t i) const;
+
+  std::vector<Tensor> params_;
+  double lr_;
+  int64_t step_count_ = 0;
+};
+
+}  // namespace tessel::nn::optim
