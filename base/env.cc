@@ -51,6 +51,8 @@ constexpr std::array<EnvKnobInfo, static_cast<size_t>(EnvKnob::kCount)> kKnobs =
      "shared directory used as the job's store (FileStore) when no store server is given"},
     {EnvKnob::kGlooIface, "TESSEL_GLOO_IFACE", "",
      "network interface Gloo binds (default: the address of the host name, or loopback)"},
+    {EnvKnob::kNcclSplitShare, "TESSEL_NCCL_SPLIT_SHARE", "0",
+     "NCCL groups made by split share the parent's resources (less memory; 1 to enable)"},
     {EnvKnob::kRdzvToken, "TESSEL_RDZV_TOKEN", "",
      "tessel-run's job token for multi-node rendezvous (or --rdzv-token-file)", true},
 }};

@@ -34,6 +34,7 @@ enum class EnvKnob {
   kStoreTokenFile, // TESSEL_STORE_TOKEN_FILE
   kStoreDir,       // TESSEL_STORE_DIR
   kGlooIface,      // TESSEL_GLOO_IFACE
+  kNcclSplitShare, // TESSEL_NCCL_SPLIT_SHARE
   kRdzvToken,      // TESSEL_RDZV_TOKEN
   kCount,
 };

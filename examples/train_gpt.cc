@@ -7,6 +7,13 @@
 //
 // Tokens are bytes (vocabulary 256). The loss is in nats per byte; the corpus's unigram
 // entropy, printed at the start, is what a model that ignores context would reach.
+//
+// Under tessel-run (WORLD_SIZE > 1) it trains data-parallel: every rank samples its own batches,
+// rank 0's parameters are broadcast at the start, and after each backward pass all gradients are
+// averaged with one all_reduce over a flat bucket (Gloo through the job's store). Rank 0 logs,
+// evaluates and saves.
+//
+//   tessel-run --standalone --nproc-per-node 2 build/release/examples/train_gpt --threads 1
 
 #include <algorithm>
 #include <chrono>
@@ -21,6 +28,7 @@
 #include <fmt/format.h>
 
 #include "tessel/base/error.h"
+#include "tessel/collectives/init.h"
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/optim/adamw.h"
 #include "tessel/nn/optim/clip.h"
@@ -135,7 +143,48 @@ std::string sample(nn::GPT& model, const std::string& prompt, int64_t n, double 
   return out;
 }
 
+// Data parallelism: the gradients of `params`, averaged over `world`, in one all_reduce of a flat
+// f32 bucket.
+void average_gradients(ProcessGroup& world, const std::vector<Tensor>& params) {
+  int64_t total = 0;
+  for (const Tensor& p : params) total += p.numel();
+  Tensor bucket = empty({total});
+  float* at = bucket.data<float>();
+  for (const Tensor& p : params) {
+    const Tensor g = p.grad();
+    TESSEL_CHECK(g.defined() && g.is_contiguous(), Internal,
+                 "a parameter of shape {} has no contiguous gradient to average",
+                 shape_str(p.shape()));
+    std::copy_n(g.data<float>(), g.numel(), at);
+    at += g.numel();
+  }
+  world.all_reduce(bucket, {.op = ReduceOp::kAvg});
+  at = bucket.data<float>();
+  for (const Tensor& p : params) {
+    std::copy_n(at, p.numel(), p.grad().data<float>());
+    at += p.numel();
+  }
+}
+
+// The mean of `value` over the world (for logging the global loss).
+double world_mean(ProcessGroup* world, double value) {
+  if (world == nullptr) return value;
+  Tensor t = from_vector<float>({static_cast<float>(value)});
+  world->all_reduce(t, {.op = ReduceOp::kAvg});
+  return t.data<float>()[0];
+}
+
 int run(const Flags& f) {
+  // Data-parallel when a launcher started several ranks.
+  std::shared_ptr<ProcessGroup> world;
+  if (read_launch_env().world_size > 1) world = init_process_group();
+  const int rank = world ? world->rank() : 0;
+  const int world_size = world ? world->size() : 1;
+  const bool lead = rank == 0;
+  auto print = [lead]<typename... A>(fmt::format_string<A...> format, A&&... args) {
+    if (lead) fmt::print(format, std::forward<A>(args)...);
+  };
+
   if (f.threads > 0) set_num_threads(f.threads);
   const std::string text = read_file(f.data);
   TESSEL_CHECK(text.size() > static_cast<size_t>(10 * (f.seq + 1)), InvalidArgument,
@@ -152,17 +201,24 @@ int run(const Flags& f) {
   nn::optim::WarmupCosine schedule({.max_lr = f.lr, .min_lr = f.min_lr,
                                     .warmup_steps = std::min(f.warmup, f.steps),
                                     .total_steps = f.steps});
-  Batcher train{train_text, std::mt19937_64(f.seed)};
+  if (world) {
+    for (Tensor p : model.parameters()) world->broadcast(p, {.root = 0});
+  }
+  Batcher train{train_text, std::mt19937_64(f.seed + 7919 * static_cast<uint64_t>(rank))};
   Batcher val{val_text, std::mt19937_64(f.seed + 1)};
 
-  fmt::print("corpus {}: {} bytes ({} train / {} val), unigram entropy {:.3f} nats/byte\n",
+  if (world) {
+    print("data parallel over {} ranks ({}): {} sequences per rank per step\n", world_size,
+          world->backend_name(), f.batch);
+  }
+  print("corpus {}: {} bytes ({} train / {} val), unigram entropy {:.3f} nats/byte\n",
              f.data, text.size(), train_text.size(), val_text.size(), unigram_entropy(text));
-  fmt::print("model: {} layers, {} heads, embd {}, context {}: {} parameters; batch {} x {}, "
+  print("model: {} layers, {} heads, embd {}, context {}: {} parameters; batch {} x {}, "
              "{} threads\n",
              f.layers, f.heads, f.embd, f.seq, model.num_parameters(), f.batch, f.seq,
              num_threads());
 
-  const int64_t tokens_per_step = f.batch * f.seq;
+  const int64_t tokens_per_step = f.batch * f.seq * world_size;
   auto window_start = Clock::now();
   const auto run_start = window_start;
   double window_loss = 0;
@@ -171,16 +227,17 @@ int run(const Flags& f) {
     auto [x, y] = train.next(f.batch, f.seq);
     const Tensor loss = nn::GPT::loss(model(x), y);
     backward(loss);
+    if (world) average_gradients(*world, model.parameters());
     const double norm = nn::optim::clip_grad_norm(model.parameters(), f.clip);
     opt.set_lr(schedule.lr(step));
     opt.step();
     opt.zero_grad();
-    window_loss += item(loss);
+    window_loss += world_mean(world.get(), item(loss));
     ++window_steps;
 
     if ((step + 1) % f.log_every == 0 || step + 1 == f.steps) {
       const double seconds = std::chrono::duration<double>(Clock::now() - window_start).count();
-      fmt::print("step {:>5}/{} [{}] loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s\n",
+      print("step {:>5}/{} [{}] loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s\n",
                  step + 1, f.steps, progress_bar(step + 1, f.steps), window_loss / window_steps,
                  opt.lr(), norm, tokens_per_step * window_steps / seconds);
       std::fflush(stdout);
@@ -190,6 +247,7 @@ int run(const Flags& f) {
     }
   }
   const double total_seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
+  if (!lead) return 0;
   fmt::print("trained {} steps in {:.1f} s ({:.0f} tok/s); val loss {:.4f} nats/byte\n", f.steps,
              total_seconds, tokens_per_step * f.steps / total_seconds, evaluate(model, val, f));
 

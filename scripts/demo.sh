@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Sets everything up, builds tessel and runs the most complete job that exists today.
+# Sets everything up, builds what the demo needs, and runs the main job: a GPT trained
+# data-parallel by two workers that tessel-run launches and supervises (Gloo collectives
+# bootstrapped through the launcher's authenticated store), after a look at a 2x4 device mesh.
 #
-# Today that is `tessel-info`: the build's configuration and the environment knobs. The training
-# example (tensor core issue) and the launcher (tessel-run issue) will replace it with a GPT
-# trained by several workers under tessel-run.
+#   scripts/demo.sh                  defaults: 400 steps
+#   scripts/demo.sh --steps 100      extra arguments go to examples/train_gpt
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup.sh
 cmake --preset release >/dev/null
-cmake --build --preset release
+cmake --build --preset release --target tessel-run train_gpt mesh_demo tessel-trace
+
 echo
-echo "== tessel-info =="
-build/release/base/tessel-info
+echo "== A 2x4 (dp, tp) device mesh over 8 ranks (threads), one all_reduce per dimension =="
+build/release/examples/mesh_demo --threads 8 --shape 2x4 | head -6
+echo "..."
+echo
+echo "== GPT training, data-parallel over 2 workers: tessel-run --standalone --nproc-per-node 2 =="
+cd build/release  # the checkpoint (train_gpt.safetensors) lands here
+exec launcher/tessel-run --standalone --nproc-per-node 2 examples/train_gpt --threads 1 "$@"

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "tessel/base/env.h"
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
 #include "tessel/collectives/backend.h"
@@ -258,6 +259,9 @@ class NcclBackend final : public Backend {
 
   std::unique_ptr<Backend> split(const SplitRequest& request) override {
     ncclConfig_t config = nonblocking_config();
+    // Sharing the parent's resources (NCCL >= 2.18) saves memory per mesh dimension, but the
+    // groups then contend for the same channels: opt-in, since mesh dimensions run concurrently.
+    config.splitShare = env_bool(EnvKnob::kNcclSplitShare) ? 1 : 0;
     ncclComm_t sub = nullptr;
     cuda_check(cudaSetDevice(device_), "cudaSetDevice");
     nccl_check(ncclCommSplit(comm_->get(),
