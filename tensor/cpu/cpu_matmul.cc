@@ -5,6 +5,7 @@
 
 #include <dnnl.hpp>
 #include <map>
+#include <mutex>
 #include <string>
 
 #include "tessel/tensor/cpu/cpu_backend.h"
@@ -43,19 +44,27 @@ dnnl::engine& cpu_engine() {
 
 // Matmul primitives keyed by their descriptors, one cache per thread. A oneDNN primitive must
 // run only on the thread that created it and never on two threads at once: its
-// library-managed scratchpad (packed B, brgemm batch pointers) is per primitive, so two pool
+// library-managed scratchpad (operand copies, kernel arguments) is per primitive, so two pool
 // threads running one primitive on different row chunks overwrote each other's scratchpad and
 // wrote wrong rows. Each thread therefore creates and runs its own primitives (oneDNN shares
 // the JIT-compiled kernels between them through its own primitive cache).
-// Not thread-safe: used only through thread_matmul_cache().
+// Not thread-safe: each thread uses its own through thread_matmul_cache().
 class MatmulCache {
  public:
   dnnl::matmul get(const dnnl::memory::desc& a, const dnnl::memory::desc& b,
                    const dnnl::memory::desc& c, const std::string& key) {
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), cpu_engine());
-    dnnl::matmul prim(pd);
+    dnnl::matmul prim;
+    {
+      // oneDNN allows concurrent creation, but it initialises its globals (the primitive
+      // cache and its lock) lazily inside the uninstrumented library, where ThreadSanitizer
+      // cannot see the synchronisation and reports a race. Creation happens once per thread
+      // and shape, so serialising it costs nothing in steady state.
+      static std::mutex create_mu;
+      std::lock_guard<std::mutex> lock(create_mu);
+      prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), cpu_engine()));
+    }
     if (cache_.size() > 4096) cache_.clear();
     cache_.emplace(key, prim);
     return prim;
