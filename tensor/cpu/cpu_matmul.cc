@@ -1,6 +1,6 @@
 // CPU matmul on oneDNN's matmul primitive (chosen over OpenBLAS by bench/tensor_matmul: faster
 // for f32 on this class of CPU, and it has native bf16 kernels on avx512_bf16/AMX where OpenBLAS
-// 0.3.21 has none). Primitives are cached by shape, strides and dtype.
+// 0.3.21 has none). Primitives are cached per thread by shape, strides and dtype.
 #include <omp.h>
 
 #include <dnnl.hpp>
@@ -35,31 +35,47 @@ dnnl::memory::desc describe(const Tensor& t) {
   return dnnl::memory::desc(dims, to_dnnl(t.dtype()), strides);
 }
 
-// The engine, and a cache of matmul primitives keyed by their descriptors. Thread-safe.
+// The CPU engine, shared by every thread (engines are thread-safe). Never destroyed: the
+// per-thread caches below belong to pool workers, which are joined during static destruction.
+dnnl::engine& cpu_engine() {
+  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *engine;
+}
+
+// Matmul primitives keyed by their descriptors, one cache per thread. A oneDNN primitive must
+// run only on the thread that created it and never on two threads at once: its
+// library-managed scratchpad (operand copies, kernel arguments) is per primitive, so two pool
+// threads running one primitive on different row chunks overwrote each other's scratchpad and
+// wrote wrong rows. Each thread therefore creates and runs its own primitives (oneDNN shares
+// the JIT-compiled kernels between them through its own primitive cache).
+// Not thread-safe: each thread uses its own through thread_matmul_cache().
 class MatmulCache {
  public:
-  dnnl::engine& engine() { return engine_; }
-
   dnnl::matmul get(const dnnl::memory::desc& a, const dnnl::memory::desc& b,
                    const dnnl::memory::desc& c, const std::string& key) {
-    std::lock_guard<std::mutex> lock(mu_);
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), engine_);
-    dnnl::matmul prim(pd);
+    dnnl::matmul prim;
+    {
+      // oneDNN allows concurrent creation, but it initialises its globals (the primitive
+      // cache and its lock) lazily inside the uninstrumented library, where ThreadSanitizer
+      // cannot see the synchronisation and reports a race. Creation happens once per thread
+      // and shape, so serialising it costs nothing in steady state.
+      static std::mutex create_mu;
+      std::lock_guard<std::mutex> lock(create_mu);
+      prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), cpu_engine()));
+    }
     if (cache_.size() > 4096) cache_.clear();
     cache_.emplace(key, prim);
     return prim;
   }
 
  private:
-  dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
-  std::mutex mu_;
   std::map<std::string, dnnl::matmul> cache_;
 };
 
-MatmulCache& matmul_cache() {
-  static MatmulCache cache;
+MatmulCache& thread_matmul_cache() {
+  thread_local MatmulCache cache;
   return cache;
 }
 
@@ -80,13 +96,13 @@ namespace {
 
 void run_matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   try {
-    MatmulCache& cache = matmul_cache();
     const auto ad = describe(a), bd = describe(b), cd = describe(out);
-    dnnl::matmul prim = cache.get(ad, bd, cd, cache_key(a, b, out));
-    dnnl::memory am(ad, cache.engine(), a.data_ptr());
-    dnnl::memory bm(bd, cache.engine(), b.data_ptr());
-    dnnl::memory cm(cd, cache.engine(), out.data_ptr());
-    dnnl::stream stream(cache.engine());
+    const dnnl::matmul prim = thread_matmul_cache().get(ad, bd, cd, cache_key(a, b, out));
+    dnnl::engine& engine = cpu_engine();
+    dnnl::memory am(ad, engine, a.data_ptr());
+    dnnl::memory bm(bd, engine, b.data_ptr());
+    dnnl::memory cm(cd, engine, out.data_ptr());
+    dnnl::stream stream(engine);
     prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
     stream.wait();
   } catch (const dnnl::error& e) {

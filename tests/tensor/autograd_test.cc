@@ -7,6 +7,7 @@
 #include "tessel/base/error.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
+#include "tessel/tensor/thread_pool.h"
 
 namespace tessel {
 namespace {
@@ -146,6 +147,38 @@ TEST(AutogradTest, BackwardIsBitwiseDeterministic) {
     return values(w.grad());
   };
   EXPECT_EQ(run(), run());
+}
+
+// The same computation at the size above and at one whose activations fill whole blocks of the
+// allocator cache (>= 1 MiB), repeated at several thread counts: the linear layers' matmuls split
+// into equal row chunks that run at the same time, forward and backward.
+TEST(AutogradTest, BackwardIsBitwiseDeterministicAcrossThreadCountsAndSizes) {
+  const int before = num_threads();
+  struct Size {
+    int64_t rows, in, out;
+  };
+  for (const Size& size : {Size{64, 32, 16}, Size{1024, 256, 256}}) {
+    auto run = [&size] {
+      Generator gen(5);
+      Tensor w = randn({size.out, size.in}, gen).set_requires_grad(true);
+      Tensor x = randn({size.rows, size.in}, gen);
+      const Tensor h = gelu(linear(x, w));
+      const Tensor loss = add(mean(mul(h, h)), sum(softmax(h)));
+      backward(loss);
+      return values(w.grad());
+    };
+    for (int threads : {2, 3, 4, 8}) {
+      set_num_threads(threads);
+      const std::vector<float> first = run();
+      for (int rep = 0; rep < 30; ++rep) {
+        const std::vector<float> again = run();
+        EXPECT_EQ(again, first) << "rows " << size.rows << ", threads " << threads
+                                << ", repetition " << rep;
+        if (again != first) break;  // one report per thread count
+      }
+    }
+  }
+  set_num_threads(before);
 }
 
 // Gradients of a small MLP block computed in bf16 stay within 5% of the largest f32 gradient

@@ -1,0 +1,74 @@
+// CPU matmul split across the thread pool: row (or batch) chunks of equal shape run at the same
+// time on different threads. Each product is repeated many times at several thread counts and
+// checked against plain loops, so a chunk that reads or writes another chunk's data shows up.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tessel/tensor/ops.h"
+#include "tessel/tensor/random.h"
+#include "tessel/tensor/thread_pool.h"
+
+namespace tessel {
+namespace {
+
+// Restores the pool's thread count when a test ends, also when an assertion fails.
+class ThreadCountGuard {
+ public:
+  ThreadCountGuard() : before_(num_threads()) {}
+  ~ThreadCountGuard() { set_num_threads(before_); }
+
+ private:
+  int before_;
+};
+
+// a [batch, m, k] (batch 1 for 2-D) times the transpose of w [n, k], in double.
+std::vector<double> product_by_loops(const Tensor& a, const Tensor& w) {
+  const std::vector<float> va = to_vector<float>(a), vw = to_vector<float>(w);
+  const int64_t k = a.size(-1), n = w.size(0), rows = a.numel() / k;
+  std::vector<double> out(static_cast<size_t>(rows * n));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t q = 0; q < k; ++q) acc += double{va[i * k + q]} * vw[j * k + q];
+      out[i * n + j] = acc;
+    }
+  return out;
+}
+
+struct Case {
+  Shape a;  // [m, k] or [batch, m, k]
+  Shape w;  // [n, k]; the product uses its transposed view, as linear() does
+};
+
+// Every chunk of these shapes has the shape of another chunk at 2, 3, 4 and 8 threads (64 and
+// 1024 rows split into chunks of at least 32 rows; 12 batches split evenly), and the 1024-row
+// product and its operands span whole blocks of the allocator cache (>= 1 MiB).
+const std::vector<Case> kCases = {
+    {{64, 32}, {16, 32}}, {{1024, 256}, {256, 256}}, {{12, 48, 40}, {24, 40}}};
+
+TEST(CpuMatmulTest, EqualChunksMatchLoopsAtEveryThreadCount) {
+  ThreadCountGuard guard;
+  Generator gen(21);
+  for (const Case& c : kCases) {
+    const Tensor a = randn(c.a, gen), w = randn(c.w, gen);
+    const std::vector<double> expected = product_by_loops(a, w);
+    for (int threads : {2, 3, 4, 8}) {
+      set_num_threads(threads);
+      for (int rep = 0; rep < 100; ++rep) {
+        const std::vector<float> got = to_vector<float>(matmul(a, transpose(w, 0, 1)));
+        ASSERT_EQ(got.size(), expected.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          // Sums of k products of unit normals: f32 rounding stays far below 1e-4 * k.
+          ASSERT_NEAR(got[i], expected[i], 1e-4 * static_cast<double>(c.a.back()))
+              << shape_str(c.a) << " x " << shape_str(c.w) << "^T, threads " << threads
+              << ", repetition " << rep << ", element " << i;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessel
