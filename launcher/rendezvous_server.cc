@@ -84,6 +84,9 @@ class RendezvousServer::State {
         last_call_ = SteadyClock::now() + options_.last_call_timeout;
         cv_.notify_all();
       }
+    } else if (phase_ == Phase::kRunning && !round_failed_ && !pending_hang_ &&
+               static_cast<int>(members_.size() + joining_.size()) <= options_.max_nodes) {
+      finish_all(scale_up_locked(req->node_id()), lock);
     }
     return call;
   }
@@ -407,6 +410,27 @@ class RendezvousServer::State {
     }
     finish_all(end_round_locked(), lock);
     return true;
+  }
+
+  // A node arrived while a round runs and the job may still grow: end the round and form the
+  // next one with every node, as torchrun does. A membership change, not a failure: no restart
+  // is counted against --max-restarts.
+  std::vector<Finisher> scale_up_locked(const std::string& node_id) {
+    log_info(kL, "node {} arrived while round {} runs with {} of at most {} nodes: new round {}",
+             node_id, round_, members_.size(), options_.max_nodes, round_ + 1);
+    root_ = proto::Failure();
+    root_.set_rank(-1);
+    root_.set_round(round_);
+    root_.set_reason(fmt::format("membership change: node {} joined", node_id));
+    root_.set_server_time_us(wall_time_us());
+    ++round_;
+    phase_ = Phase::kJoining;
+    std::vector<Finisher> done = answer_waits_locked();
+    if (static_cast<int>(joining_.size()) >= options_.min_nodes) {
+      last_call_ = SteadyClock::now() + options_.last_call_timeout;
+      cv_.notify_all();
+    }
+    return done;
   }
 
   // Ends a failed round: the next round when restarts are left, else the job fails.

@@ -46,5 +46,7 @@ bool process_alive(pid_t pid);
 // 10 ms up to the deadline. Returns whether it became true. (Used for file and /proc state,
 // which offer no event to wait on.)
 bool wait_until(const std::function<bool()>& cond, std::chrono::milliseconds timeout);
+// A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, read it, close).
+int free_port();
 
 }  // namespace tessel::launcher::testing

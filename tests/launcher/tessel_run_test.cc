@@ -146,6 +146,49 @@ TEST(TesselRunTest, HungRankIsNamedByTheLaunchersVerdict) {
   EXPECT_NE(run.err().find("verdict: CULPRIT FOUND: rank 1"), std::string::npos) << run.err();
 }
 
+// Elastic scale-up: a 1:2 job runs on one node; a second node arriving ends that round and the
+// next one runs on both (WORLD_SIZE 2 everywhere), without spending the restart budget.
+TEST(TesselRunTest, ArrivingNodeScalesTheJobUp) {
+  const std::string dir = testing::make_temp_dir("scaleup");
+  const std::string token = dir + "/token";
+  {
+    std::ofstream(token) << "scale-up-test-token";
+  }
+  chmod(token.c_str(), 0600);
+  const std::string go = dir + "/go";
+  const std::string endpoint = fmt::format("127.0.0.1:{}", testing::free_port());
+  auto node = [&](int rank) {
+    return run_args({"--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
+                     "--node-rank", std::to_string(rank), "--rdzv-token-file", token,
+                     "--last-call-timeout", "300ms", "--max-restarts", "0", "--log-dir",
+                     dir + "/node" + std::to_string(rank)},
+                    {"await", go});
+  };
+  // "WORLD_SIZE=" values a node's workers printed, in order.
+  auto world_sizes = [](const std::string& out) {
+    std::vector<std::string> sizes;
+    std::istringstream in(out);
+    std::smatch m;
+    const std::regex re(R"(^\[\d+:\d+\] ENV WORLD_SIZE=(\d+)$)");
+    for (std::string line; std::getline(in, line);) {
+      if (std::regex_match(line, m, re)) sizes.push_back(m[1]);
+    }
+    return sizes;
+  };
+  ChildProcess a(node(0), {}, dir + "/a");
+  ASSERT_TRUE(testing::wait_until([&] { return !world_sizes(a.out()).empty(); }, 30s)) << a.err();
+  EXPECT_EQ(world_sizes(a.out()).front(), "1");
+  ChildProcess b(node(1), {}, dir + "/b");
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return world_sizes(a.out()).size() >= 2 && !world_sizes(b.out()).empty(); }, 30s))
+      << a.err() << b.err();
+  EXPECT_EQ(world_sizes(a.out()).back(), "2");
+  EXPECT_EQ(world_sizes(b.out()).back(), "2");
+  { std::ofstream(go) << "go"; }
+  EXPECT_EQ(a.wait(30s), 0) << a.err();
+  EXPECT_EQ(b.wait(30s), 0) << b.err();
+}
+
 TEST(TesselRunTest, KillNineOfTheAgentLeavesNoDescendant) {
   const std::string dir = testing::make_temp_dir("kill9");
   const std::string marker = "LAUNCH_TEST_MARKER=" + dir;
