@@ -588,8 +588,7 @@ struct NodeAgent::Impl {
     LogMuxOptions mo;
     mo.prefix_format = o.log_prefix;
     mo.host = host;
-    mo.console_stdout = !o.redirects.stdout_stream;
-    mo.console_stderr = !o.redirects.stderr_stream;
+    mo.redirects = o.redirects;
     mo.console_local_ranks = o.local_ranks_filter;
     mux = std::make_unique<LogMux>(mo);
     event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

@@ -113,11 +113,10 @@ void LogMux::write_line(int local_rank, int global_rank, WorkerStream stream,
   const bool shown = !options_.console_local_ranks ||
                      options_.console_local_ranks->count(local_rank) != 0;
   if (!shown) return;
-  if (stream == WorkerStream::kStdout && options_.console_stdout) {
-    write_all(options_.console_stdout_fd, text);
-  } else if (stream == WorkerStream::kStderr && options_.console_stderr) {
-    write_all(options_.console_stderr_fd, text);
-  }
+  if (options_.redirects.selects(local_rank, stream)) return;
+  write_all(stream == WorkerStream::kStdout ? options_.console_stdout_fd
+                                            : options_.console_stderr_fd,
+            text);
 }
 
 std::string LogMux::stderr_tail(int local_rank) const {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -32,12 +33,23 @@ class LineSplitter {
 
 enum class WorkerStream : uint8_t { kStdout, kStderr };
 
+// Which worker streams a --redirects/--tee value selects: torchrun's 0 (none), 1 (stdout),
+// 2 (stderr), 3 (both), for every local rank or per local rank ("0:1,1:2").
+struct StreamSelection {
+  int all = 0;                    // for local ranks not listed
+  std::map<int, int> per_rank;    // local rank -> 0..3
+  bool selects(int local_rank, WorkerStream stream) const {
+    const auto it = per_rank.find(local_rank);
+    const int v = it == per_rank.end() ? all : it->second;
+    return (v & (stream == WorkerStream::kStdout ? 1 : 2)) != 0;
+  }
+};
+
 struct LogMuxOptions {
   std::string prefix_format = "[{node}:{rank}]";  // {node} {rank} {local_rank} {host} {stream}
   int node_rank = 0;
   std::string host;
-  bool console_stdout = true;  // false: --redirects keeps the stream in files only
-  bool console_stderr = true;
+  StreamSelection redirects;  // streams kept in files only, off the console (--redirects)
   std::optional<std::set<int>> console_local_ranks;  // --local-ranks-filter
   int console_stdout_fd = 1;
   int console_stderr_fd = 2;

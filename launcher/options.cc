@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <sstream>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -90,10 +91,30 @@ std::pair<int, int> parse_nnodes(const std::string& text) {
 }
 
 StreamSelection parse_stream_selection(const std::string& text) {
-  const int v = parse_int("--redirects/--tee", text);
-  TESSEL_CHECK(v >= 0 && v <= 3, InvalidArgument,
-               "--redirects/--tee {} must be 0 (none), 1 (stdout), 2 (stderr) or 3 (both)", v);
-  return {.stdout_stream = (v & 1) != 0, .stderr_stream = (v & 2) != 0};
+  auto value = [&](const std::string& v) {
+    const int n = parse_int("--redirects/--tee", v);
+    TESSEL_CHECK(n >= 0 && n <= 3, InvalidArgument,
+                 "--redirects/--tee '{}': {} must be 0 (none), 1 (stdout), 2 (stderr) or 3 (both)",
+                 text, n);
+    return n;
+  };
+  StreamSelection s;
+  if (text.find(':') == std::string::npos) {
+    s.all = value(text);
+    return s;
+  }
+  // torchrun's per-rank form: "LOCAL_RANK:VALUE,..."
+  std::istringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    const size_t colon = item.find(':');
+    TESSEL_CHECK(colon != std::string::npos, InvalidArgument,
+                 "--redirects/--tee '{}': item '{}' is not LOCAL_RANK:VALUE", text, item);
+    const int rank = parse_int("--redirects/--tee local rank", item.substr(0, colon));
+    TESSEL_CHECK(rank >= 0, InvalidArgument, "--redirects/--tee '{}': local rank {} is negative",
+                 text, rank);
+    s.per_rank[rank] = value(item.substr(colon + 1));
+  }
+  return s;
 }
 
 ParseResult parse_launch_options(int argc, const char* const* argv, const Environment& env) {
@@ -143,8 +164,10 @@ ParseResult parse_launch_options(int argc, const char* const* argv, const Enviro
   app.add_option("--log-dir", o.log_dir, "log directory (one attempt_N folder per attempt)");
   app.add_option("--log-prefix", o.log_prefix,
                  "line prefix; {node} {rank} {local_rank} {host} {stream} are replaced");
-  app.add_option("-r,--redirects", redirects, "streams kept off the console: 0-3");
-  app.add_option("-t,--tee", tee, "streams teed to files and console: 0-3 (always teed)");
+  app.add_option("-r,--redirects", redirects,
+                 "streams kept off the console: 0-3, or per local rank as 0:1,1:2");
+  app.add_option("-t,--tee", tee,
+                 "streams teed to files and console: 0-3 or 0:1,1:2 (always teed)");
   app.add_option("--local-ranks-filter", ranks_filter,
                  "comma-separated local ranks whose output reaches the console");
 

@@ -15,13 +15,9 @@
 
 #include "tessel/launcher/exit_codes.h"
 
-namespace tessel::launcher {
+#include "tessel/launcher/log_mux.h"
 
-// Which worker streams go only to files (redirect) or to files and the console (tee).
-struct StreamSelection {
-  bool stdout_stream = false;
-  bool stderr_stream = false;
-};
+namespace tessel::launcher {
 
 struct LaunchOptions {
   // Topology.

@@ -67,5 +67,23 @@ TEST(LogMuxTest, PrefixesFilterAndKeepsStderrTail) {
   EXPECT_EQ(mux.stderr_tail(1), "e2\ne3");
 }
 
+// --redirects 0:1,1:2: rank 0's stdout and rank 1's stderr stay off the console.
+TEST(LogMuxTest, RedirectsPerLocalRank) {
+  Pipe out, err;
+  LogMuxOptions o;
+  o.prefix_format = "[{local_rank}]";
+  o.console_stdout_fd = out.fd[1];
+  o.console_stderr_fd = err.fd[1];
+  o.redirects.per_rank = {{0, 1}, {1, 2}};
+  LogMux mux(o);
+  mux.write_line(0, 0, WorkerStream::kStdout, "a");
+  mux.write_line(0, 0, WorkerStream::kStderr, "b");
+  mux.write_line(1, 1, WorkerStream::kStdout, "c");
+  mux.write_line(1, 1, WorkerStream::kStderr, "d");
+  mux.write_line(2, 2, WorkerStream::kStdout, "e");
+  EXPECT_EQ(out.drain(), "[1] c\n[2] e\n");
+  EXPECT_EQ(err.drain(), "[0] b\n");
+}
+
 }  // namespace
 }  // namespace tessel::launcher

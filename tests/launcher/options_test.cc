@@ -99,9 +99,27 @@ TEST(OptionsTest, StandaloneIsSingleNode) {
 TEST(OptionsTest, RedirectsAndRankFilter) {
   auto r = parse({"--redirects", "2", "--local-ranks-filter", "0,2", "prog"});
   ASSERT_TRUE(r.options) << r.message;
-  EXPECT_FALSE(r.options->redirects.stdout_stream);
-  EXPECT_TRUE(r.options->redirects.stderr_stream);
+  EXPECT_FALSE(r.options->redirects.selects(0, WorkerStream::kStdout));
+  EXPECT_TRUE(r.options->redirects.selects(0, WorkerStream::kStderr));
+  EXPECT_TRUE(r.options->redirects.selects(5, WorkerStream::kStderr));
   EXPECT_EQ(*r.options->local_ranks_filter, (std::set<int>{0, 2}));
+}
+
+// torchrun's per-rank form: local rank 0 keeps stdout off the console, rank 1 both streams.
+TEST(OptionsTest, RedirectsPerLocalRank) {
+  auto r = parse({"--redirects", "0:1,1:3", "prog"});
+  ASSERT_TRUE(r.options) << r.message;
+  const StreamSelection& s = r.options->redirects;
+  EXPECT_TRUE(s.selects(0, WorkerStream::kStdout));
+  EXPECT_FALSE(s.selects(0, WorkerStream::kStderr));
+  EXPECT_TRUE(s.selects(1, WorkerStream::kStdout));
+  EXPECT_TRUE(s.selects(1, WorkerStream::kStderr));
+  EXPECT_FALSE(s.selects(2, WorkerStream::kStdout));  // unlisted ranks: 0
+  for (const char* bad : {"0:4", "x:1", "0:1,2", "-1:1", "5"}) {
+    auto b = parse({"--redirects", bad, "prog"});
+    EXPECT_FALSE(b.options) << bad;
+    EXPECT_NE(b.message.find("--redirects/--tee"), std::string::npos) << bad << ": " << b.message;
+  }
 }
 
 TEST(OptionsTest, HelpListsEveryFlagWithItsDefault) {
