@@ -182,6 +182,53 @@ TEST(FlightRecorderFaultTest, OppositeGroupOrdersAreADeadlock) {
   expect_culprits(job.verdict, {0, 1}, fr::FindingKind::kDeadlock);
 }
 
+// The synthetic generator's deadlock on a real job: ranks 0 and 1 issue a world all_reduce and
+// one on their pair in opposite orders. The world collective blames rank 1 (the one member that
+// did not issue it), the pair's a tie between 0 and 1, so both are blamed; rank 2 only waits.
+TEST(FlightRecorderFaultTest, WorldAndPairInOppositeOrdersBlameThePair) {
+  TESSEL_REQUIRE_GLOO();
+  const auto job = run_job(
+      "deadlock_pair", 3,
+      [](int rank, ProcessGroup& world, const std::string&) {
+        auto pair = world.split(rank == 2 ? kNoColor : 0, rank, {.name = "pair"});
+        Tensor t = from_vector<float>({1.0f});
+        if (rank == 1) {
+          EXPECT_THROW(pair->all_reduce(t), Error);
+        } else {
+          EXPECT_THROW(world.all_reduce(t), Error);
+        }
+      },
+      {}, /*api_dump=*/false);
+  expect_all_exited(job);
+  expect_culprits(job.verdict, {0, 1}, fr::FindingKind::kDeadlock);
+}
+
+// A rank in two groups dies: the members of both groups wait for it, and only it is blamed.
+TEST(FlightRecorderFaultTest, KilledRankInTwoGroupsIsTheOnlyCulprit) {
+  TESSEL_REQUIRE_GLOO();
+  const auto job = run_job(
+      "kill_two_groups", 4,
+      [](int rank, ProcessGroup& world, const std::string&) {
+        auto trio = world.split(rank == 3 ? kNoColor : 0, rank, {.name = "trio"});
+        Tensor t = from_vector<float>({1.0f});
+        world.all_reduce(t);
+        if (rank == 1) ::raise(SIGKILL);  // no dump from it
+        if (rank == 3) {
+          EXPECT_THROW(world.all_reduce(t), Error);
+        } else {
+          EXPECT_THROW(trio->all_reduce(t), Error);
+        }
+      },
+      {0, 2, 3}, /*api_dump=*/false);
+  ASSERT_EQ(job.outcomes.size(), 4u);
+  EXPECT_EQ(job.outcomes[1].signal, SIGKILL) << testing::describe(job.outcomes[1]);
+  for (int r : {0, 2, 3}) {
+    const auto& o = job.outcomes[static_cast<size_t>(r)];
+    EXPECT_TRUE(o.exited && o.exit_code == 0) << testing::describe(o);
+  }
+  expect_culprits(job.verdict, {1}, fr::FindingKind::kNotJoined);
+}
+
 TEST(FlightRecorderFaultTest, SendWithoutItsRecvBlamesTheReceiver) {
   TESSEL_REQUIRE_GLOO();
   const auto job = run_job(
