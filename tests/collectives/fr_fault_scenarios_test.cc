@@ -245,6 +245,59 @@ TEST(FlightRecorderFaultTest, SendWithoutItsRecvBlamesTheReceiver) {
   expect_culprits(job.verdict, {2}, fr::FindingKind::kUnmatchedSend);
 }
 
+TEST(FlightRecorderFaultTest, RecvWithoutItsSendBlamesTheSender) {
+  TESSEL_REQUIRE_GLOO();
+  const auto job = run_job(
+      "recv", 3,
+      [](int rank, ProcessGroup& world, const std::string&) {
+        Tensor t = from_vector<float>({1.0f, 2.0f, 3.0f});
+        world.all_reduce(t);
+        if (rank == 2) {
+          EXPECT_THROW(world.recv(t, 1), Error);  // rank 1 never sends
+        }
+      },
+      {}, /*api_dump=*/false);
+  expect_all_exited(job);
+  expect_culprits(job.verdict, {1}, fr::FindingKind::kUnmatchedRecv);
+}
+
+// The receiver that never posted its recv moves on to the next all_reduce, which the sender,
+// stuck in its send, never issues: a cycle through a send, whose missing recv is the cause.
+TEST(FlightRecorderFaultTest, ReceiverThatMovedOnIsBlamedForTheSend) {
+  TESSEL_REQUIRE_GLOO();
+  const auto job = run_job(
+      "send_cycle", 3,
+      [](int rank, ProcessGroup& world, const std::string&) {
+        Tensor t = from_vector<float>({1.0f, 2.0f, 3.0f});
+        world.all_reduce(t);
+        if (rank == 0) {
+          EXPECT_THROW(world.send(t, 2), Error);
+        } else {
+          EXPECT_THROW(world.all_reduce(t), Error);  // rank 2 should have received first
+        }
+      },
+      {}, /*api_dump=*/false);
+  expect_all_exited(job);
+  expect_culprits(job.verdict, {2}, fr::FindingKind::kUnmatchedSend);
+}
+
+TEST(FlightRecorderFaultTest, DifferentCollectiveAtOneSeqBlamesTheMinority) {
+  TESSEL_REQUIRE_GLOO();
+  const auto job = run_job("opkind", 4, [](int rank, ProcessGroup& world, const std::string&) {
+    Tensor t = from_vector<float>({1.0f, 2.0f});
+    world.all_reduce(t);
+    tolerate_failure([&] {
+      if (rank == 3) {
+        world.broadcast(t, {.root = 0});
+      } else {
+        world.all_reduce(t);
+      }
+    });
+  });
+  expect_exited_or_aborted_with_dumps(job);
+  expect_culprits(job.verdict, {3}, fr::FindingKind::kMismatch);
+}
+
 TEST(FlightRecorderFaultTest, StoppedRankWithoutADumpIsNamed) {
   TESSEL_REQUIRE_GLOO();
   const auto job = run_job(
