@@ -25,6 +25,7 @@ using namespace std::chrono_literals;
 
 struct JobResult {
   std::vector<testing::ProcessOutcome> outcomes;
+  fr::DumpSet dumps;
   fr::Verdict verdict;
 };
 
@@ -48,7 +49,8 @@ JobResult run_job(const std::string& name, int world_size,
         testing::exit_failed_if_assertions_failed(rank);
       },
       60s);
-  result.verdict = testing::analyze_fr_dir(dir);
+  result.dumps = fr::read_dump_dir(dir);
+  result.verdict = fr::analyze(result.dumps);
   fs::remove_all(dir);
   return result;
 }
@@ -378,6 +380,60 @@ TEST(FlightRecorderFaultTest, WrappedRingStillNamesTheRankThatSkipped) {
   ::unsetenv("TESSEL_FR_CAPACITY");
   expect_all_exited(job);
   expect_culprits(job.verdict, {0}, fr::FindingKind::kNotJoined);
+}
+
+TEST(FlightRecorderFaultTest, TwoRanksThatSkipAreBothNamed) {
+  TESSEL_REQUIRE_GLOO();
+  const auto job = run_job(
+      "skip_two", 5,
+      [](int rank, ProcessGroup& world, const std::string&) {
+        Tensor t = from_vector<float>({1.0f});
+        world.all_reduce(t);
+        if (rank != 1 && rank != 3) {
+          EXPECT_THROW(world.all_reduce(t), Error);  // ranks 1 and 3 never join
+        }
+      },
+      {}, /*api_dump=*/false);
+  expect_all_exited(job);
+  expect_culprits(job.verdict, {1, 3}, fr::FindingKind::kNotJoined);
+}
+
+// A dump of a live job: ranks 0 and 1 dump (from a second thread) while they wait in an
+// all_reduce that rank 2 joins only after they dumped. Young pending operations are in flight,
+// not hung, and no dump says "timeout": healthy.
+TEST(FlightRecorderFaultTest, DumpOfALiveJobIsHealthy) {
+  TESSEL_REQUIRE_GLOO();
+  const auto job = run_job(
+      "live", 3,
+      [](int rank, ProcessGroup& world, const std::string&) {
+        const fs::path dir = ::getenv("TESSEL_FR_DUMP_DIR");
+        Tensor t = from_vector<float>({1.0f});
+        for (int i = 0; i < 4; ++i) world.all_reduce(t);
+        if (rank == 2) {
+          testing::api_dump(dir, rank, "live dump");
+          testing::wait_for_fr_dumps(dir, {0, 1}, rank);
+          world.all_reduce(t);
+          return;
+        }
+        std::thread dumper([&] {
+          testing::wait_for_fr_dumps(dir, {2}, rank);  // rank 2 joins only after this dump
+          testing::api_dump(dir, rank, "live dump");
+        });
+        world.all_reduce(t);
+        dumper.join();
+      },
+      {}, /*api_dump=*/false);
+  expect_all_exited(job);
+  EXPECT_EQ(job.verdict.status, fr::VerdictStatus::kHealthy) << fr::format_verdict(job.verdict);
+  EXPECT_TRUE(job.verdict.culprits.empty()) << fr::format_verdict(job.verdict);
+  // The dumps of ranks 0 and 1 did catch all_reduce #5 pending.
+  int pending = 0;
+  for (const auto& d : job.dumps.dumps) {
+    for (const auto& e : d.entries) {
+      if (e.seq == 5 && !e.finished()) ++pending;
+    }
+  }
+  EXPECT_EQ(pending, 2) << fr::format_verdict(job.verdict);
 }
 
 TEST(FlightRecorderFaultTest, HealthyJobIsHealthy) {
