@@ -1,5 +1,7 @@
 #include "tessel/collectives/gloo/gloo_backend.h"
 
+#include <signal.h>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -265,12 +267,24 @@ class GlooBackend final : public Backend {
 
 bool gloo_is_available() { return true; }
 
+// A write to a peer that died raises SIGPIPE, whose default action kills this (healthy) rank
+// silently, with no flight-recorder dump. Ignored, the write fails with EPIPE and Gloo reports
+// the lost peer as an error. A handler the program installed is left alone.
+static void ignore_sigpipe_if_default() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+      !(current.sa_flags & SA_SIGINFO)) {
+    ::signal(SIGPIPE, SIG_IGN);
+  }
+}
+
 std::shared_ptr<ProcessGroup> gloo_create_process_group(std::shared_ptr<Store> store, int rank,
                                                         int size, GlooOptions options) {
   TESSEL_CHECK(store != nullptr, InvalidArgument, "gloo_create_process_group: store is null");
   TESSEL_CHECK(size >= 1 && rank >= 0 && rank < size, InvalidArgument,
                "gloo_create_process_group: rank {} is not in a world of size {}", rank, size);
   options.group.timeout = resolve_group_timeout(options.group);
+  ignore_sigpipe_if_default();
   auto device = make_device(options);
   auto prefixed =
       std::make_shared<PrefixStore>(fmt::format("gloo/{}", options.group.id), std::move(store));

@@ -26,6 +26,8 @@ struct GlooOptions {
 bool gloo_is_available();
 
 // Connects `size` ranks (collective: every rank calls it with the same store and options).
+// Sets SIGPIPE to ignored when it still has its default action, so a peer that died is an error
+// (PeerLost/CommError) rather than a silent death of this rank.
 // Keys live under "gloo/<group id>/" in `store`. Throws Unavailable without Gloo, Timeout when
 // peers do not appear within options.group.timeout, CommError when the transport fails.
 std::shared_ptr<ProcessGroup> gloo_create_process_group(std::shared_ptr<Store> store, int rank,
