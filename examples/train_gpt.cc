@@ -232,13 +232,15 @@ int run(const Flags& f) {
     opt.set_lr(schedule.lr(step));
     opt.step();
     opt.zero_grad();
-    window_loss += world_mean(world.get(), item(loss));
+    window_loss += item(loss);
     ++window_steps;
 
     if ((step + 1) % f.log_every == 0 || step + 1 == f.steps) {
+      // Every rank logs at the same steps, so this one all_reduce per window stays in lockstep.
+      const double mean_loss = world_mean(world.get(), window_loss / window_steps);
       const double seconds = std::chrono::duration<double>(Clock::now() - window_start).count();
       print("step {:>5}/{} [{}] loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s\n",
-                 step + 1, f.steps, progress_bar(step + 1, f.steps), window_loss / window_steps,
+                 step + 1, f.steps, progress_bar(step + 1, f.steps), mean_loss,
                  opt.lr(), norm, tokens_per_step * window_steps / seconds);
       std::fflush(stdout);
       window_loss = 0;
