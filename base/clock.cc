@@ -15,6 +15,12 @@ int64_t monotonic_ns() noexcept {
   return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 
+int64_t monotonic_raw_ns() noexcept {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_RAW, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
 int64_t wall_time_us() noexcept {
   timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);

@@ -18,6 +18,9 @@ int64_t monotonic_ns() noexcept;
 // Wall-clock microseconds since the Unix epoch (CLOCK_REALTIME). For timestamps people read.
 int64_t wall_time_us() noexcept;
 
+// Nanoseconds of CLOCK_MONOTONIC_RAW: the hardware counter, not slewed by NTP.
+int64_t monotonic_raw_ns() noexcept;
+
 // A point in monotonic time after which a blocking call gives up. Copyable value type.
 class Deadline {
  public:

@@ -31,6 +31,9 @@ constexpr std::array<EnvKnobInfo, static_cast<size_t>(EnvKnob::kCount)> kKnobs =
      "dump the flight recorder on SIGSEGV, SIGABRT, SIGBUS and SIGFPE before dying"},
     {EnvKnob::kFrStack, "TESSEL_FR_STACK", "0",
      "capture a call stack with every flight-recorder entry (costs a few microseconds each)"},
+    {EnvKnob::kFrTsc, "TESSEL_FR_TSC", "1",
+     "timestamp flight-recorder entries with the invariant TSC where the kernel uses it "
+     "(0: clock_gettime)"},
     {EnvKnob::kFrRingDir, "TESSEL_FR_RING_DIR", "",
      "keep the flight-recorder ring in a memory-mapped file here so it survives SIGKILL"},
     {EnvKnob::kNumThreads, "TESSEL_NUM_THREADS", "0",

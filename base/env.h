@@ -16,26 +16,27 @@ namespace tessel {
 // One entry per variable. Add a knob here and in the table in env.cc (and regenerate
 // docs/environment.md with `tessel-info --knobs-markdown`; a test checks the two agree).
 enum class EnvKnob {
-  kLogs,          // TESSEL_LOGS
-  kLogTimestamps, // TESSEL_LOG_TIMESTAMPS
-  kFrEnable,      // TESSEL_FR_ENABLE
-  kFrCapacity,    // TESSEL_FR_CAPACITY
-  kFrDumpDir,     // TESSEL_FR_DUMP_DIR
-  kFrDumpSignal,  // TESSEL_FR_DUMP_SIGNAL
-  kFrDumpOnFatal, // TESSEL_FR_DUMP_ON_FATAL
-  kFrStack,       // TESSEL_FR_STACK
-  kFrRingDir,     // TESSEL_FR_RING_DIR
-  kNumThreads,    // TESSEL_NUM_THREADS
-  kPgTimeout,      // TESSEL_PG_TIMEOUT
-  kPgBackend,      // TESSEL_PG_BACKEND
-  kWatchdogPolicy, // TESSEL_WATCHDOG_POLICY
-  kStoreAddr,      // TESSEL_STORE_ADDR
-  kStoreToken,     // TESSEL_STORE_TOKEN
-  kStoreTokenFile, // TESSEL_STORE_TOKEN_FILE
-  kStoreDir,       // TESSEL_STORE_DIR
-  kGlooIface,      // TESSEL_GLOO_IFACE
-  kNcclSplitShare, // TESSEL_NCCL_SPLIT_SHARE
-  kRdzvToken,      // TESSEL_RDZV_TOKEN
+  kLogs,            // TESSEL_LOGS
+  kLogTimestamps,   // TESSEL_LOG_TIMESTAMPS
+  kFrEnable,        // TESSEL_FR_ENABLE
+  kFrCapacity,      // TESSEL_FR_CAPACITY
+  kFrDumpDir,       // TESSEL_FR_DUMP_DIR
+  kFrDumpSignal,    // TESSEL_FR_DUMP_SIGNAL
+  kFrDumpOnFatal,   // TESSEL_FR_DUMP_ON_FATAL
+  kFrStack,         // TESSEL_FR_STACK
+  kFrTsc,           // TESSEL_FR_TSC
+  kFrRingDir,       // TESSEL_FR_RING_DIR
+  kNumThreads,      // TESSEL_NUM_THREADS
+  kPgTimeout,       // TESSEL_PG_TIMEOUT
+  kPgBackend,       // TESSEL_PG_BACKEND
+  kWatchdogPolicy,  // TESSEL_WATCHDOG_POLICY
+  kStoreAddr,       // TESSEL_STORE_ADDR
+  kStoreToken,      // TESSEL_STORE_TOKEN
+  kStoreTokenFile,  // TESSEL_STORE_TOKEN_FILE
+  kStoreDir,        // TESSEL_STORE_DIR
+  kGlooIface,       // TESSEL_GLOO_IFACE
+  kNcclSplitShare,  // TESSEL_NCCL_SPLIT_SHARE
+  kRdzvToken,       // TESSEL_RDZV_TOKEN
   kCount,
 };
 

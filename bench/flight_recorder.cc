@@ -195,6 +195,11 @@ int main(int argc, char** argv) {
     plain.completed(id);
   });
   print_row("record + started + completed", lifecycle, nullptr);
+  // What a blocking call on the caller's thread costs (ProcessGroup's inline path).
+  const Percentiles inline_call = time_each(iterations, scale, overhead, [&](int i) {
+    plain.completed(plain.record_started(sample_args(i)));
+  });
+  print_row("record_started + completed (blocking call)", inline_call, nullptr);
   const Percentiles event =
       time_each(iterations, scale, overhead, [&](int) { plain.record_event("step 1200 begins"); });
   print_row("record_event(\"step 1200 begins\")", event, nullptr);

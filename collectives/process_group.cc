@@ -136,37 +136,48 @@ Nanoseconds ProcessGroup::timeout_of(Nanoseconds requested) const {
   return requested == Nanoseconds::zero() ? options_.timeout : requested;
 }
 
-void ProcessGroup::check_tensor(const Tensor& tensor, std::string_view what) const {
-  TESSEL_CHECK(tensor.defined(), InvalidArgument, "group '{}': {} tensor is undefined", name(),
-               what);
+void ProcessGroup::check_tensor(const Tensor& tensor, std::string_view op,
+                                std::string_view role) const {
+  // Messages are formatted only on failure: this runs on every call.
+  const std::string_view space = role.empty() ? "" : " ";
+  TESSEL_CHECK(tensor.defined(), InvalidArgument, "group '{}': {}{}{} tensor is undefined", name(),
+               op, space, role);
   TESSEL_CHECK(tensor.is_contiguous(), InvalidArgument,
-               "group '{}': {} tensor {} must be contiguous", name(), what, tensor.str());
+               "group '{}': {}{}{} tensor {} must be contiguous", name(), op, space, role,
+               tensor.str());
   backend_->check_device(tensor);
 }
 
 void ProcessGroup::check_pair(const Tensor& input, const Tensor& output,
                               std::string_view op) const {
-  check_tensor(input, fmt::format("{} input", op));
-  check_tensor(output, fmt::format("{} output", op));
+  check_tensor(input, op, "input");
+  check_tensor(output, op, "output");
   TESSEL_CHECK(input.dtype() == output.dtype(), InvalidArgument,
                "{} on group '{}': input dtype {} differs from output dtype {}", op, name(),
                dtype_name(input.dtype()), dtype_name(output.dtype()));
 }
 
-bool ProcessGroup::aborted() const {
+bool ProcessGroup::aborted() const { return aborted_.load(std::memory_order_acquire); }
+
+std::string ProcessGroup::abort_reason() const {
   std::lock_guard lock(mutex_);
-  return aborted_;
+  return abort_reason_;
 }
 
 void ProcessGroup::abort(const std::string& reason) {
   {
     std::lock_guard lock(mutex_);
-    if (aborted_) return;
-    aborted_ = true;
+    if (aborted_.load(std::memory_order_relaxed)) return;
     abort_reason_ = reason;
+    aborted_.store(true, std::memory_order_release);
   }
   log_warn(LogComponent::kCollectives, "aborting group '{}' (id {}): {}", name(), id(), reason);
   backend_->abort(reason);
+}
+
+std::shared_ptr<WorkState> ProcessGroup::running() const {
+  std::lock_guard lock(running_mutex_);
+  return running_;
 }
 
 std::vector<int> ProcessGroup::missing_ranks(uint64_t seq) const {
@@ -175,7 +186,7 @@ std::vector<int> ProcessGroup::missing_ranks(uint64_t seq) const {
 
 Work ProcessGroup::issue(Call call) {
   std::unique_lock lock(mutex_);
-  TESSEL_CHECK(!aborted_, CommError, "group '{}' (id {}) was aborted: {}", name(), id(),
+  TESSEL_CHECK(!aborted(), CommError, "group '{}' (id {}) was aborted: {}", name(), id(),
                abort_reason_);
   uint64_t seq = 0;
   auto& record = call.record;
@@ -190,17 +201,31 @@ Work ProcessGroup::issue(Call call) {
     seq = ++seq_;
     record.seq = seq;
   }
-  const uint64_t record_id = fr::FlightRecorder::global().record(record);
-  auto state = std::make_shared<WorkState>(options_.name, options_.id, record.op, seq, record_id,
-                                           call.timeout);
-  Watchdog::global().watch(state, weak_from_this());
+  // A blocking call with nothing queued runs at once on this thread: record it as started.
   const bool async = call.async;
-  if (!async && worker_->try_begin_inline()) {
+  const bool run_inline = !async && worker_->try_begin_inline();
+  auto& recorder = fr::FlightRecorder::global();
+  const uint64_t record_id = run_inline ? recorder.record_started(record) : recorder.record(record);
+  std::shared_ptr<WorkState> state;
+  try {
+    state = std::make_shared<WorkState>(options_.name, options_.id, record.op, seq, record_id,
+                                        call.timeout);
+    if (!watched_) {
+      Watchdog::global().watch(weak_from_this());
+      watched_ = true;
+    }
+  } catch (...) {
+    if (run_inline) worker_->end_inline();
+    throw;
+  }
+  if (run_inline) {
     lock.unlock();
-    execute(state, call);
+    execute(state, call, /*recorded_started=*/true);
     worker_->end_inline();
   } else {
-    worker_->enqueue([this, state, call = std::move(call)]() mutable { execute(state, call); });
+    worker_->enqueue([this, state, call = std::move(call)]() mutable {
+      execute(state, call, /*recorded_started=*/false);
+    });
     lock.unlock();
   }
   Work work(state);
@@ -208,18 +233,28 @@ Work ProcessGroup::issue(Call call) {
   return work;
 }
 
-void ProcessGroup::execute(const std::shared_ptr<WorkState>& state, Call& call) {
+void ProcessGroup::execute(const std::shared_ptr<WorkState>& state, Call& call,
+                           bool recorded_started) {
   auto& recorder = fr::FlightRecorder::global();
   const uint64_t id = state->record_id();
-  recorder.started(id);
+  if (!recorded_started) recorder.started(id);
   state->mark_started();
+  // The watchdog times the operation in the slot; cleared however it ends.
+  {
+    std::lock_guard lock(running_mutex_);
+    running_ = state;
+  }
+  struct ClearRunning {
+    ProcessGroup& group;
+    ~ClearRunning() {
+      std::lock_guard lock(group.running_mutex_);
+      group.running_.reset();
+    }
+  } clear_running{*this};
   ErrorKind kind = ErrorKind::kCommError;
   std::string message;
   try {
-    if (aborted()) {
-      std::lock_guard lock(mutex_);
-      throw CommError(fmt::format("group was aborted: {}", abort_reason_));
-    }
+    if (aborted()) throw CommError(fmt::format("group was aborted: {}", abort_reason()));
     call.run(OpContext{.seq = state->seq(), .timeout = call.timeout});
     if (state->complete()) recorder.completed(id);
     return;
@@ -390,11 +425,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key,
   TESSEL_CHECK(color >= 0 || color == kNoColor, InvalidArgument,
                "split of group '{}': color {} must be >= 0 or kNoColor ({})", name(), color,
                kNoColor);
-  {
-    std::lock_guard lock(mutex_);
-    TESSEL_CHECK(!aborted_, CommError, "split of group '{}' (id {}): the group was aborted: {}",
-                 name(), id(), abort_reason_);
-  }
+  TESSEL_CHECK(!aborted(), CommError, "split of group '{}' (id {}): the group was aborted: {}",
+               name(), id(), abort_reason());
   SplitRequest request;
   request.color = color;
   request.key = key;

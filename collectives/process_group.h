@@ -26,6 +26,7 @@
 // Ownership: groups are shared (std::shared_ptr) by meshes and users; a group owns its backend
 // and its worker thread, and is destroyed after its last queued operation finished.
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -168,6 +169,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // For the watchdog: the group ranks the backend knows have not reached collective `seq`
   // (empty when it cannot know).
   std::vector<int> missing_ranks(uint64_t seq) const;
+  // The operation now in the execution slot, null when none: what the watchdog times.
+  std::shared_ptr<WorkState> running() const;
 
   // The transport behind this group (for backend tests and for run_ranks to abort it).
   Backend& backend() const { return *backend_; }
@@ -175,9 +178,13 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
  private:
   struct Call;
   Work issue(Call call);
-  void execute(const std::shared_ptr<WorkState>& state, Call& call);
+  // Runs `call` in the execution slot; `recorded_started`: the flight-recorder entry was made
+  // already started (an inline call), else it is marked started here.
+  void execute(const std::shared_ptr<WorkState>& state, Call& call, bool recorded_started);
+  std::string abort_reason() const;
   Nanoseconds timeout_of(Nanoseconds requested) const;
-  void check_tensor(const Tensor& tensor, std::string_view what) const;
+  // `op` ("all_gather") and `role` ("input", or empty) name the tensor in errors.
+  void check_tensor(const Tensor& tensor, std::string_view op, std::string_view role = {}) const;
   // Both tensors valid for this backend and of one dtype.
   void check_pair(const Tensor& input, const Tensor& output, std::string_view op) const;
 
@@ -190,7 +197,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   uint64_t seq_ = 0;                       // guarded by mutex_
   std::vector<uint64_t> send_seq_, recv_seq_;  // per peer, guarded by mutex_
   uint64_t split_count_ = 0;               // guarded by mutex_
-  bool aborted_ = false;                   // guarded by mutex_
+  std::atomic<bool> aborted_{false};       // written under mutex_, read without
+  bool watched_ = false;                   // registered with the watchdog; guarded by mutex_
+  mutable std::mutex running_mutex_;
+  std::shared_ptr<WorkState> running_;     // guarded by running_mutex_
   std::string abort_reason_;               // guarded by mutex_
   std::unique_ptr<internal::GroupWorker> worker_;
 };

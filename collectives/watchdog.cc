@@ -62,12 +62,13 @@ void Watchdog::stop() {
   if (thread.joinable()) thread.join();
 }
 
-void Watchdog::watch(std::shared_ptr<WorkState> work, std::weak_ptr<ProcessGroup> group) {
-  {
-    std::lock_guard lock(mutex_);
-    entries_.push_back(Entry{std::move(work), std::move(group)});
-    if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { run(); });
+void Watchdog::watch(std::weak_ptr<ProcessGroup> group) {
+  std::lock_guard lock(mutex_);
+  for (const auto& g : groups_) {
+    if (!g.owner_before(group) && !group.owner_before(g)) return;  // the same group
   }
+  groups_.push_back(std::move(group));
+  if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { run(); });
 }
 
 void Watchdog::set_dump_hook(WatchdogDumpHook hook) {
@@ -87,7 +88,7 @@ WatchdogPolicy Watchdog::policy() const {
 
 size_t Watchdog::watched() const {
   std::lock_guard lock(mutex_);
-  return entries_.size();
+  return groups_.size();
 }
 
 void Watchdog::dump(const WorkState& work, ErrorKind kind, const std::string& what) {
@@ -120,15 +121,12 @@ void Watchdog::enforce(ProcessGroup* group, const std::string& what) {
   }
 }
 
-void Watchdog::expire(const Entry& entry) {
-  WorkState& work = *entry.work;
+void Watchdog::expire(const std::shared_ptr<WorkState>& state, ProcessGroup& group) {
+  WorkState& work = *state;
   if (work.finished()) return;
-  auto group = entry.group.lock();
   std::string missing;
-  if (group) {
-    const auto ranks = group->missing_ranks(work.seq());
-    if (!ranks.empty()) missing = fmt::format("; ranks not arrived: [{}]", fmt::join(ranks, ", "));
-  }
+  const auto ranks = group.missing_ranks(work.seq());
+  if (!ranks.empty()) missing = fmt::format("; ranks not arrived: [{}]", fmt::join(ranks, ", "));
   const std::string what = fmt::format(
       "{} did not complete within its timeout of {} (watchdog){}", work.describe(),
       format_duration(work.timeout()), missing);
@@ -136,35 +134,43 @@ void Watchdog::expire(const Entry& entry) {
   // backend call return, which must find the Work already failed with this Timeout).
   fr::FlightRecorder::global().failed(work.record_id());
   dump(work, ErrorKind::kTimeout, "Timeout: " + what);
-  if (work.fail(std::make_exception_ptr(Timeout(what)))) enforce(group.get(), "Timeout: " + what);
+  if (work.fail(std::make_exception_ptr(Timeout(what)))) enforce(&group, "Timeout: " + what);
 }
 
 void Watchdog::run() {
   pthread_setname_np(pthread_self(), "tessel-watchdog");
   std::unique_lock lock(mutex_);
   while (!stopping_) {
-    // Retire finished work; collect what ran past its timeout plus the grace period.
+    // Each live group's running operation: expired ones are failed (outside the lock), the
+    // earliest deadline of the others sets the next wake-up. Gone groups are dropped.
     const auto now = SteadyClock::now();
     auto next_wake = now + options_.poll_interval;
-    std::vector<Entry> expired;
-    std::erase_if(entries_, [&](const Entry& e) {
-      if (e.work->finished()) return true;
-      const auto started = e.work->started_at();
-      if (started == SteadyClock::time_point::max()) return false;  // still queued
-      const auto due = started + e.work->timeout() + options_.grace;
+    std::vector<std::pair<std::shared_ptr<WorkState>, std::shared_ptr<ProcessGroup>>> expired;
+    // Groups are released after the lock: dropping the last reference runs a group's destructor.
+    std::vector<std::shared_ptr<ProcessGroup>> held;
+    std::erase_if(groups_, [&](const std::weak_ptr<ProcessGroup>& weak) {
+      auto group = weak.lock();
+      if (!group) return true;
+      held.push_back(group);
+      auto work = group->running();
+      if (!work || work->finished()) return false;
+      const auto started = work->started_at();
+      if (started == SteadyClock::time_point::max()) return false;
+      const auto due = started + work->timeout() + options_.grace;
       if (due <= now) {
-        expired.push_back(e);
-        return true;
+        expired.emplace_back(std::move(work), std::move(group));
+      } else {
+        next_wake = std::min(next_wake, due);
       }
-      next_wake = std::min(next_wake, due);
       return false;
     });
-    if (!expired.empty()) {
-      lock.unlock();
-      for (const auto& e : expired) expire(e);
-      lock.lock();
-      continue;
-    }
+    lock.unlock();
+    for (const auto& [work, group] : expired) expire(work, *group);
+    const bool any_expired = !expired.empty();
+    expired.clear();
+    held.clear();
+    lock.lock();
+    if (any_expired) continue;
     cv_.wait_until(lock, next_wake, [&] { return stopping_; });
   }
 }

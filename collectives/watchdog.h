@@ -1,6 +1,7 @@
 #pragma once
-// Watchdog: one thread per process that watches every in-flight Work of every group. It retires
-// finished work, fails work that ran past its timeout with a Timeout naming the group, the op, the
+// Watchdog: one thread per process that watches the running operation of every group (a group
+// runs one operation at a time, in its execution slot, and a timeout counts from the start). It
+// fails work that ran past its timeout with a Timeout naming the group, the op, the
 // sequence number and (where the backend knows) the ranks that had not arrived, calls the dump
 // hook (set by the flight-recorder integration), and applies the failure policy:
 //
@@ -16,9 +17,12 @@
 // The policy comes from WatchdogOptions or TESSEL_WATCHDOG_POLICY. Failures a backend detects
 // itself (its own Timeout, PeerLost, CommError) go through the same hook and policy.
 //
-// Thread-safety: all methods are thread-safe. Ownership: holds shared_ptrs to watched WorkStates
-// and weak_ptrs to their groups; the thread starts on first watch() and is joined by stop() / the
-// destructor.
+// Nothing is registered per operation, so a loop of small collectives costs the watchdog nothing
+// and finished work is freed by its last handle, not retired in batches.
+//
+// Thread-safety: all methods are thread-safe. Ownership: holds weak_ptrs to the watched groups
+// (dropped once a group is gone); the thread starts on first watch() and is joined by stop() /
+// the destructor.
 
 #include <chrono>
 #include <condition_variable>
@@ -76,8 +80,9 @@ class Watchdog {
   // Joins the thread; watched work is no longer enforced. Idempotent.
   void stop();
 
-  // Watches `work` of `group` until it finishes.
-  void watch(std::shared_ptr<WorkState> work, std::weak_ptr<ProcessGroup> group);
+  // Watches `group`'s running operation (ProcessGroup::running()) for as long as the group
+  // lives. Idempotent per group.
+  void watch(std::weak_ptr<ProcessGroup> group);
   // For failures a backend detected itself, in this order: dump() (logs, calls the dump hook)
   // before the Work is failed, so the dump exists when the caller sees the error; then
   // enforce() (the policy) once the Work holds the error.
@@ -89,22 +94,18 @@ class Watchdog {
   void set_dump_hook(WatchdogDumpHook hook);
   void set_policy(WatchdogPolicy policy);
   WatchdogPolicy policy() const;
-  // Work currently watched (not yet retired).
+  // Groups currently watched (alive at the last pass).
   size_t watched() const;
 
  private:
-  struct Entry {
-    std::shared_ptr<WorkState> work;
-    std::weak_ptr<ProcessGroup> group;
-  };
   void run();
-  void expire(const Entry& entry);
+  void expire(const std::shared_ptr<WorkState>& work, ProcessGroup& group);
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   WatchdogOptions options_;       // guarded by mutex_
   WatchdogDumpHook dump_hook_;    // guarded by mutex_
-  std::vector<Entry> entries_;    // guarded by mutex_
+  std::vector<std::weak_ptr<ProcessGroup>> groups_;  // guarded by mutex_
   bool stopping_ = false;
   std::thread thread_;
 };

@@ -16,8 +16,10 @@ WorkState::WorkState(std::string group_name, uint64_t group_id, fr::OpType op, u
       timeout_(timeout) {}
 
 SteadyClock::time_point WorkState::started_at() const {
-  std::lock_guard lock(mutex_);
-  return started_at_;
+  const int64_t ns = started_ns_.load(std::memory_order_acquire);
+  if (ns == INT64_MAX) return SteadyClock::time_point::max();
+  return SteadyClock::time_point(
+      std::chrono::duration_cast<SteadyClock::duration>(Nanoseconds(ns)));
 }
 
 std::string WorkState::describe() const {
@@ -26,56 +28,53 @@ std::string WorkState::describe() const {
 }
 
 void WorkState::mark_started() {
-  std::lock_guard lock(mutex_);
-  if (started_at_ == SteadyClock::time_point::max()) started_at_ = SteadyClock::now();
+  int64_t expected = INT64_MAX;
+  started_ns_.compare_exchange_strong(expected, monotonic_ns(), std::memory_order_acq_rel);
 }
 
-bool WorkState::complete() {
-  {
-    std::lock_guard lock(mutex_);
-    if (finished_) return false;
-    finished_ = true;
+bool WorkState::finish(std::exception_ptr error) {
+  uint8_t expected = kPending;
+  if (!status_.compare_exchange_strong(expected, kFinishing, std::memory_order_acq_rel)) {
+    return false;
   }
-  done_cv_.notify_all();
+  const bool failed = error != nullptr;
+  error_ = std::move(error);
+  // seq_cst pairs with wait_for's: either the waiter sees the status, or this sees the waiter.
+  status_.store(failed ? kFailed : kCompleted, std::memory_order_seq_cst);
+  if (waiters_.load(std::memory_order_seq_cst) > 0) {
+    { std::lock_guard lock(mutex_); }  // a waiter between its check and its wait has the mutex
+    done_cv_.notify_all();
+  }
   return true;
 }
+
+bool WorkState::complete() { return finish(nullptr); }
 
 bool WorkState::fail(std::exception_ptr error) {
-  {
-    std::lock_guard lock(mutex_);
-    if (finished_) return false;
-    finished_ = true;
-    error_ = std::move(error);
-  }
-  done_cv_.notify_all();
-  return true;
+  if (error == nullptr) error = std::make_exception_ptr(CommError("failed without an error"));
+  return finish(std::move(error));
 }
 
-bool WorkState::finished() const {
-  std::lock_guard lock(mutex_);
-  return finished_;
-}
+bool WorkState::finished() const { return status_.load(std::memory_order_acquire) >= kCompleted; }
 
-bool WorkState::failed() const {
-  std::lock_guard lock(mutex_);
-  return finished_ && error_ != nullptr;
-}
+bool WorkState::failed() const { return status_.load(std::memory_order_acquire) == kFailed; }
 
-std::exception_ptr WorkState::error() const {
-  std::lock_guard lock(mutex_);
-  return error_;
-}
+std::exception_ptr WorkState::error() const { return failed() ? error_ : nullptr; }
 
 bool WorkState::wait_for(Nanoseconds timeout) const {
+  if (finished()) return true;
   const Deadline deadline = Deadline::after(timeout);
   std::unique_lock lock(mutex_);
-  while (!finished_) {
-    if (deadline.expired()) return false;
+  waiters_.fetch_add(1, std::memory_order_seq_cst);
+  bool done = false;
+  while (!(done = status_.load(std::memory_order_seq_cst) >= kCompleted)) {
+    if (deadline.expired()) break;
     // Bounded slices keep a very long timeout from overflowing the clock arithmetic.
     const Nanoseconds slice = std::min<Nanoseconds>(deadline.remaining(), std::chrono::hours(1));
     done_cv_.wait_for(lock, slice);
   }
-  return true;
+  waiters_.fetch_sub(1, std::memory_order_relaxed);
+  return done;
 }
 
 bool Work::is_completed() const { return state_ == nullptr || state_->finished(); }

@@ -10,6 +10,7 @@
 // Ownership: the state is shared by the caller's handles, the group's worker thread and the
 // watchdog (the last owner frees it).
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -61,11 +62,17 @@ class WorkState {
   const uint64_t seq_;
   const uint64_t record_id_;
   const Nanoseconds timeout_;
+  // kPending -> kFinishing (one finisher won) -> kCompleted or kFailed. error_ is written by
+  // the finisher before kFailed is published, and never again.
+  enum Status : uint8_t { kPending, kFinishing, kCompleted, kFailed };
+  bool finish(std::exception_ptr error);
+  std::atomic<uint8_t> status_{kPending};
+  std::atomic<int64_t> started_ns_{INT64_MAX};
+  std::exception_ptr error_;
+  // Blocking waiters only: a finisher takes the mutex only when someone waits.
+  mutable std::atomic<int> waiters_{0};
   mutable std::mutex mutex_;
   mutable std::condition_variable done_cv_;
-  SteadyClock::time_point started_at_ = SteadyClock::time_point::max();
-  bool finished_ = false;
-  std::exception_ptr error_;
 };
 
 class Work {

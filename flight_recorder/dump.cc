@@ -90,6 +90,8 @@ void format_entry(JsonSink& s, const Entry& e) noexcept {
 void format_dump(const FlightRecorder& recorder, DumpTrigger trigger, int initiator,
                  const char* reason, JsonSink& s) noexcept {
   const ProcessInfo& p = recorder.process_info();
+  // One time base for the dump: its "now" and every entry's times are converted together.
+  const TimeBase time_base = recorder.time_base();
   s.raw("{").key("format", true).str(kDumpFormatName).key("version").i64(kDumpFormatVersion);
   s.key("rank").i64(p.rank).key("world_size").i64(p.world_size);
   s.key("hostname").str(std::string_view(p.hostname, strnlen(p.hostname, sizeof(p.hostname))));
@@ -97,7 +99,7 @@ void format_dump(const FlightRecorder& recorder, DumpTrigger trigger, int initia
   s.key("trigger").str(trigger_name(trigger)).key("initiator").i64(initiator);
   s.key("reason").str(reason == nullptr ? "" : std::string_view(reason, strlen(reason)));
   // The two clocks read together let a reader put every rank's timestamps on wall time.
-  s.key("wall_time_us").i64(recorder.wall_now_us()).key("monotonic_ns").i64(recorder.now_ns());
+  s.key("wall_time_us").i64(recorder.wall_now_us()).key("monotonic_ns").i64(time_base.now_ns());
   s.key("capacity").u64(recorder.capacity()).key("recorded").u64(recorder.recorded());
   s.key("step").i64(recorder.step()).key("stack_captured").boolean(recorder.captures_stack());
   s.key("groups").raw("[");
@@ -125,7 +127,7 @@ void format_dump(const FlightRecorder& recorder, DumpTrigger trigger, int initia
   Entry e;
   first = true;
   for (uint64_t id = oldest; id <= newest && newest > 0; ++id) {
-    if (!recorder.read_entry(id, e)) continue;
+    if (!recorder.read_entry(id, e, time_base)) continue;
     if (!first) s.raw(",");
     format_entry(s, e);
     first = false;

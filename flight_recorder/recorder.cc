@@ -97,18 +97,49 @@ TensorMeta TensorMeta::make(std::string_view dtype, const int64_t* shape, int nd
 namespace {
 
 uint32_t this_thread_id() noexcept {
-  thread_local const uint32_t tid = static_cast<uint32_t>(::syscall(SYS_gettid));
+  // initial-exec: a plain %fs-relative load, not a __tls_get_addr call, on the recording path.
+  static thread_local uint32_t tid __attribute__((tls_model("initial-exec"))) = 0;
+  if (tid == 0) tid = static_cast<uint32_t>(::syscall(SYS_gettid));
   return tid;
 }
 
+enum : uint8_t { kTicksAreNanoseconds = 0, kTicksAreCycles = 1 };
+
 }  // namespace
+
+// What a slot stores: an Entry without its stack (stacks live in their own array, present only
+// when they are captured), with times in recorder ticks. Kept small: five cache lines a slot.
+struct FlightRecorder::Record {
+  uint64_t record_id;
+  uint64_t group_id;
+  uint64_t seq;
+  uint64_t p2p_seq;
+  int64_t enqueued, started, completed;  // ticks; 0 = not yet
+  int64_t step;
+  int32_t peer;
+  int32_t root;
+  uint32_t coalesced_id;
+  uint32_t coalesced_index;
+  uint32_t callsite_id;
+  uint32_t thread_id;
+  OpType op;
+  ReduceOp reduce_op;
+  EntryState state;
+  uint8_t stack_depth;
+  TensorMeta input, output;
+  char text[sizeof(Entry::text)];
+};
+
+struct FlightRecorder::StackFrames {
+  uintptr_t frames[kMaxStackFrames];
+};
 
 // A slot is guarded by a sequence number: even = stable, odd = a writer holds it. Writers take
 // it with a compare-exchange (held for a few stores, so contention is a brief spin at most);
 // readers copy and retry when the number moved.
-struct FlightRecorder::Slot {
+struct alignas(64) FlightRecorder::Slot {
   std::atomic<uint64_t> version{0};
-  Entry entry;
+  Record record{};
 
   uint64_t lock() noexcept {
     uint64_t v = version.load(std::memory_order_relaxed);
@@ -125,17 +156,20 @@ struct FlightRecorder::Slot {
 };
 
 // Fixed layout, shared by heap rings and ring files:
-//   [Header][Slot x capacity][DropCounter x kMaxTrackedGroups][group text, ring files only]
+//   [Header][Slot x capacity][StackFrames x capacity, when stacks are captured]
+//   [DropCounter x kMaxTrackedGroups][group text, ring files only]
 // The group text is one line per registration: "<id>\t<name>\t<rank>,<rank>,...\n".
 struct FlightRecorder::Header {
   static constexpr char kMagic[8] = {'T', 'S', 'L', 'F', 'R', 'R', 'N', 'G'};
-  static constexpr uint32_t kVersion = 1;
+  static constexpr uint32_t kVersion = 2;
   char magic[8];
   uint32_t version;
   uint32_t slot_size;
   uint64_t capacity;
   uint64_t group_bytes;  // size of the group text area
   uint8_t capture_stack;
+  uint8_t tick_kind;   // kTicksAreNanoseconds or kTicksAreCycles
+  CycleAnchor anchor;  // cycles: the counter and the raw clock before the first record
   std::atomic<uint64_t> next_id{1};
   std::atomic<int64_t> step{-1};
   std::atomic<uint64_t> group_used{0};
@@ -154,11 +188,12 @@ struct FlightRecorder::Storage {
   std::byte* base = nullptr;
   size_t size = 0;
   bool mapped = false;
-  size_t slots_offset = 0, drops_offset = 0, groups_offset = 0;
+  size_t slots_offset = 0, stacks_offset = 0, drops_offset = 0, groups_offset = 0;
 
-  Storage(size_t capacity, size_t group_bytes) {
+  Storage(size_t capacity, size_t group_bytes, bool stacks) {
     slots_offset = round_up(sizeof(Header));
-    drops_offset = round_up(slots_offset + capacity * sizeof(Slot));
+    stacks_offset = round_up(slots_offset + capacity * sizeof(Slot));
+    drops_offset = round_up(stacks_offset + (stacks ? capacity * sizeof(StackFrames) : 0));
     groups_offset = round_up(drops_offset + kMaxTrackedGroups * sizeof(DropCounter));
     size = groups_offset + group_bytes;
   }
@@ -172,19 +207,22 @@ struct FlightRecorder::Storage {
   }
   Header* header() const { return reinterpret_cast<Header*>(base); }
   Slot* slots() const { return reinterpret_cast<Slot*>(base + slots_offset); }
+  StackFrames* stacks() const { return reinterpret_cast<StackFrames*>(base + stacks_offset); }
   DropCounter* drops() const { return reinterpret_cast<DropCounter*>(base + drops_offset); }
   char* group_text() const { return reinterpret_cast<char*>(base + groups_offset); }
 };
 
 FlightRecorder::FlightRecorder(RecorderOptions options)
     : capacity_(options.capacity),
+      mask_((options.capacity & (options.capacity - 1)) == 0 ? options.capacity - 1 : 0),
       capture_stack_(options.capture_stack),
+      cycles_(options.clock == nullptr && options.use_cycle_clock && CycleClock::usable()),
       clock_(options.clock),
       wall_clock_(options.wall_clock) {
   TESSEL_CHECK(options.capacity > 0, InvalidArgument,
                "flight recorder capacity must be at least 1 entry, got 0");
   const bool file = !options.ring_file.empty();
-  storage_ = std::make_unique<Storage>(capacity_, file ? kRingFileGroupBytes : 0);
+  storage_ = std::make_unique<Storage>(capacity_, file ? kRingFileGroupBytes : 0, capture_stack_);
   if (file) {
     const int fd = ::open(options.ring_file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
@@ -214,21 +252,30 @@ FlightRecorder::FlightRecorder(RecorderOptions options)
   header_->capacity = capacity_;
   header_->group_bytes = file ? kRingFileGroupBytes : 0;
   header_->capture_stack = capture_stack_ ? 1 : 0;
+  header_->tick_kind = cycles_ ? kTicksAreCycles : kTicksAreNanoseconds;
+  if (cycles_) header_->anchor = CycleClock::anchor();
   header_->process.pid = static_cast<int>(::getpid());
   slots_ = storage_->slots();
   for (size_t i = 0; i < capacity_; ++i) new (&slots_[i]) Slot();
+  stacks_ = capture_stack_ ? storage_->stacks() : nullptr;
+  if (stacks_ != nullptr) {
+    for (size_t i = 0; i < capacity_; ++i) new (&stacks_[i]) StackFrames();
+  }
   drops_ = storage_->drops();
   for (size_t i = 0; i < kMaxTrackedGroups; ++i) new (&drops_[i]) DropCounter();
 }
 
 FlightRecorder::FlightRecorder(std::unique_ptr<Storage> storage, bool capture_stack)
     : capacity_(storage->header()->capacity),
+      mask_((capacity_ & (capacity_ - 1)) == 0 ? capacity_ - 1 : 0),
       capture_stack_(capture_stack),
+      cycles_(storage->header()->tick_kind == kTicksAreCycles),
       clock_(nullptr),
       wall_clock_(nullptr),
       storage_(std::move(storage)),
       header_(storage_->header()),
       slots_(storage_->slots()),
+      stacks_(capture_stack ? storage_->stacks() : nullptr),
       drops_(storage_->drops()),
       enabled_(false) {}
 
@@ -248,10 +295,12 @@ std::unique_ptr<FlightRecorder> FlightRecorder::recover(const std::string& ring_
     throw InvalidArgument(fmt::format(
         "'{}' is not a flight-recorder ring file (too short or wrong magic)", ring_file));
   }
-  auto storage = std::make_unique<Storage>(probe.capacity, probe.group_bytes);
+  auto storage =
+      std::make_unique<Storage>(probe.capacity, probe.group_bytes, probe.capture_stack != 0);
   const bool layout_ok = probe.version == Header::kVersion && probe.slot_size == sizeof(Slot) &&
                          probe.capacity > 0 && probe.capacity < (1ull << 32) &&
-                         probe.group_bytes <= (1ull << 30) && storage->size == file_size;
+                         probe.tick_kind <= kTicksAreCycles && probe.group_bytes <= (1ull << 30) &&
+                         storage->size == file_size;
   if (!layout_ok) {
     ::close(fd);
     throw InvalidArgument(fmt::format(
@@ -310,6 +359,7 @@ FlightRecorder& FlightRecorder::global() {
     RecorderOptions options;
     options.capacity = static_cast<size_t>(capacity);
     options.capture_stack = env_bool(EnvKnob::kFrStack);
+    options.use_cycle_clock = env_bool(EnvKnob::kFrTsc);
     const std::string ring_dir = env_string(EnvKnob::kFrRingDir);
     if (!ring_dir.empty()) {
       std::error_code ec;
@@ -384,7 +434,7 @@ std::vector<GroupInfo> FlightRecorder::groups() const {
   return out;
 }
 
-void FlightRecorder::note_dropped(const Entry& old) noexcept {
+void FlightRecorder::note_dropped(const Record& old) noexcept {
   // Open addressing over a fixed table; a full table loses the count (documented limit).
   const size_t start = static_cast<size_t>(old.group_id * 0x9E3779B97F4A7C15ull >> 54);
   for (size_t probe = 0; probe < kMaxTrackedGroups; ++probe) {
@@ -425,45 +475,58 @@ std::vector<GroupDrops> FlightRecorder::dropped() const {
   return out;
 }
 
-uint64_t FlightRecorder::record(const RecordArgs& args) noexcept {
+uint64_t FlightRecorder::record(const RecordArgs& args) noexcept { return record_(args, false); }
+
+uint64_t FlightRecorder::record_started(const RecordArgs& args) noexcept {
+  return record_(args, true);
+}
+
+uint64_t FlightRecorder::record_(const RecordArgs& args, bool started) noexcept {
   if (!enabled()) return 0;
   const uint64_t id = header_->next_id.fetch_add(1, std::memory_order_acq_rel);
-  Slot& slot = slots_[(id - 1) % capacity_];
+  const size_t index = slot_index(id);
+  Slot& slot = slots_[index];
   const uint64_t v = slot.lock();
-  Entry& e = slot.entry;
-  if (e.record_id != 0) note_dropped(e);
-  e.record_id = id;
-  e.group_id = args.group_id;
-  e.seq = args.seq;
-  e.peer = args.peer;
-  e.p2p_seq = args.p2p_seq;
-  e.op = args.op;
-  e.reduce_op = args.reduce_op;
-  e.state = EntryState::kScheduled;
-  e.root = args.root;
-  e.coalesced_id = args.coalesced_id;
-  e.coalesced_index = args.coalesced_index;
-  e.callsite_id = args.callsite_id;
-  e.step = step();
-  e.input = args.input;
-  e.output = args.output;
-  e.enqueued_ns = now_ns();
-  e.started_ns = 0;
-  e.completed_ns = 0;
-  e.thread_id = this_thread_id();
-  const size_t n = std::min(args.text.size(), sizeof(e.text) - 1);
-  if (n > 0) std::memcpy(e.text, args.text.data(), n);
-  e.text[n] = '\0';
-  if (capture_stack_) {
+  Record& r = slot.record;
+  if (r.record_id != 0) note_dropped(r);
+  const int64_t now = ticks();
+  r.record_id = id;
+  r.group_id = args.group_id;
+  r.seq = args.seq;
+  r.p2p_seq = args.p2p_seq;
+  r.enqueued = now;
+  r.started = started ? now : 0;
+  r.completed = 0;
+  r.step = step();
+  r.peer = args.peer;
+  r.root = args.root;
+  r.coalesced_id = args.coalesced_id;
+  r.coalesced_index = args.coalesced_index;
+  r.callsite_id = args.callsite_id;
+  r.thread_id = this_thread_id();
+  r.op = args.op;
+  r.reduce_op = args.reduce_op;
+  r.state = started ? EntryState::kStarted : EntryState::kScheduled;
+  r.input = args.input;
+  r.output = args.output;
+  const size_t n = std::min(args.text.size(), sizeof(r.text) - 1);
+  if (n > 0) std::memcpy(r.text, args.text.data(), n);
+  r.text[n] = '\0';
+  r.stack_depth = 0;
+  if (stacks_ != nullptr) {
     void* frames[kMaxStackFrames + 1];
     const int depth = ::backtrace(frames, kMaxStackFrames + 1);
-    // Frame 0 is record() itself.
-    e.stack_depth = static_cast<uint8_t>(depth > 1 ? depth - 1 : 0);
-    for (int i = 1; i < depth; ++i) e.stack[i - 1] = reinterpret_cast<uintptr_t>(frames[i]);
-  } else {
-    e.stack_depth = 0;
+    // Frame 0 is record_() itself.
+    r.stack_depth = static_cast<uint8_t>(depth > 1 ? depth - 1 : 0);
+    for (int i = 1; i < depth; ++i) {
+      stacks_[index].frames[i - 1] = reinterpret_cast<uintptr_t>(frames[i]);
+    }
   }
   slot.unlock(v);
+  // The next record writes the next slot: fetch its lines now, while the operation runs, so that
+  // record does not wait on memory (the ring is larger than the caches).
+  const char* next = reinterpret_cast<const char*>(&slots_[slot_index(id + 1)]);
+  for (size_t line = 0; line < sizeof(Slot); line += 64) __builtin_prefetch(next + line, 1, 3);
   return id;
 }
 
@@ -471,49 +534,84 @@ uint64_t FlightRecorder::record_event(std::string_view text) noexcept {
   RecordArgs args;
   args.op = OpType::kUserEvent;
   args.text = text;
-  const uint64_t id = record(args);
+  const uint64_t id = record_started(args);
   completed(id);
   return id;
 }
 
-void FlightRecorder::set_state(uint64_t record_id, EntryState state, int64_t now_ns) noexcept {
+void FlightRecorder::set_state(uint64_t record_id, EntryState state) noexcept {
   if (record_id == 0) return;
-  Slot& slot = slots_[(record_id - 1) % capacity_];
+  Slot& slot = slots_[slot_index(record_id)];
   const uint64_t v = slot.lock();
-  Entry& e = slot.entry;
-  if (e.record_id == record_id) {
-    e.state = state;
+  Record& r = slot.record;
+  if (r.record_id == record_id) {
+    const int64_t now = ticks();
+    r.state = state;
     if (state == EntryState::kStarted) {
-      e.started_ns = now_ns;
+      r.started = now;
     } else {
-      if (e.started_ns == 0) e.started_ns = now_ns;
-      e.completed_ns = now_ns;
+      if (r.started == 0) r.started = now;
+      r.completed = now;
     }
   }
   slot.unlock(v);
 }
 
 void FlightRecorder::started(uint64_t record_id) noexcept {
-  set_state(record_id, EntryState::kStarted, now_ns());
+  set_state(record_id, EntryState::kStarted);
 }
 void FlightRecorder::completed(uint64_t record_id) noexcept {
-  set_state(record_id, EntryState::kCompleted, now_ns());
+  set_state(record_id, EntryState::kCompleted);
 }
 void FlightRecorder::failed(uint64_t record_id) noexcept {
-  set_state(record_id, EntryState::kFailed, now_ns());
+  set_state(record_id, EntryState::kFailed);
 }
 
-bool FlightRecorder::read_entry(uint64_t record_id, Entry& out) const noexcept {
+TimeBase FlightRecorder::time_base() const noexcept {
+  return cycles_ ? TimeBase(header_->anchor) : TimeBase(now_ns());
+}
+
+bool FlightRecorder::read_entry(uint64_t record_id, Entry& out,
+                                const TimeBase& base) const noexcept {
   if (record_id == 0) return false;
-  const Slot& slot = slots_[(record_id - 1) % capacity_];
+  const size_t index = slot_index(record_id);
+  const Slot& slot = slots_[index];
+  Record r;
+  StackFrames stack;
   // A writer holds a slot for a few stores; give up on it after a bounded number of tries.
   for (int attempt = 0; attempt < 10000; ++attempt) {
     const uint64_t v1 = slot.version.load(std::memory_order_acquire);
     if (v1 & 1) continue;
-    std::memcpy(static_cast<void*>(&out), &slot.entry, sizeof(Entry));
+    std::memcpy(static_cast<void*>(&r), &slot.record, sizeof(Record));
+    if (stacks_ != nullptr) std::memcpy(&stack, &stacks_[index], sizeof(StackFrames));
     std::atomic_thread_fence(std::memory_order_acquire);
     if (slot.version.load(std::memory_order_relaxed) != v1) continue;
-    return out.record_id == record_id;
+    if (r.record_id != record_id) return false;
+    out.record_id = r.record_id;
+    out.group_id = r.group_id;
+    out.seq = r.seq;
+    out.peer = r.peer;
+    out.p2p_seq = r.p2p_seq;
+    out.op = r.op;
+    out.reduce_op = r.reduce_op;
+    out.state = r.state;
+    out.root = r.root;
+    out.coalesced_id = r.coalesced_id;
+    out.coalesced_index = r.coalesced_index;
+    out.callsite_id = r.callsite_id;
+    out.step = r.step;
+    out.input = r.input;
+    out.output = r.output;
+    out.enqueued_ns = base.to_ns(r.enqueued);
+    out.started_ns = base.to_ns(r.started);
+    out.completed_ns = base.to_ns(r.completed);
+    out.thread_id = r.thread_id;
+    std::memcpy(out.text, r.text, sizeof(out.text));
+    out.stack_depth = stacks_ != nullptr ? std::min<uint8_t>(r.stack_depth, kMaxStackFrames) : 0;
+    for (int i = 0; i < kMaxStackFrames; ++i) {
+      out.stack[i] = i < out.stack_depth ? stack.frames[i] : 0;
+    }
+    return true;
   }
   return false;
 }
@@ -523,9 +621,10 @@ std::vector<Entry> FlightRecorder::snapshot() const {
   const uint64_t oldest = newest >= capacity_ ? newest - capacity_ + 1 : 1;
   std::vector<Entry> out;
   out.reserve(newest - oldest + 1);
+  const TimeBase base = time_base();
   Entry copy;
   for (uint64_t id = oldest; id <= newest; ++id) {
-    if (read_entry(id, copy)) out.push_back(copy);
+    if (read_entry(id, copy, base)) out.push_back(copy);
   }
   return out;
 }

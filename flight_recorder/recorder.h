@@ -11,6 +11,10 @@
 //   const uint64_t id = fr.record(a);   // state: scheduled
 //   fr.started(id); ... fr.completed(id);
 //
+// Entries are stamped with recorder ticks (the CPU's time-stamp counter where usable) and read
+// back in monotonic nanoseconds through a TimeBase, one per dump, so a dump's entries and its
+// "now" are converted alike.
+//
 // Thread-safe: any thread may record, update and snapshot concurrently.
 
 #include <atomic>
@@ -21,6 +25,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "tessel/base/cycle_clock.h"
 
 namespace tessel::fr {
 
@@ -128,10 +134,35 @@ struct RecorderOptions {
   int64_t (*clock)() noexcept = nullptr;
   // Wall-clock microseconds since the Unix epoch, written in dumps; nullptr = wall_time_us().
   int64_t (*wall_clock)() noexcept = nullptr;
+  // Timestamp entries with the CPU's time-stamp counter (base/cycle_clock.h) where it is
+  // usable: a third of the cost of clock_gettime. Entries read back in monotonic nanoseconds
+  // either way. Ignored when `clock` is set (TESSEL_FR_TSC for the global recorder).
+  bool use_cycle_clock = true;
   // When set, the ring lives in this file (created or truncated, then memory-mapped shared), so
   // its entries survive even SIGKILL; FlightRecorder::recover() reads them back. Costs nothing
   // per record. Throws IoError at construction when the file cannot be made.
   std::string ring_file = {};
+};
+
+// Turns a recorder's stored ticks into monotonic nanoseconds, as of the moment it was made.
+// Async-signal-safe to make and use.
+class TimeBase {
+ public:
+  // monotonic_ns() (or the recorder's own clock) when this time base was made.
+  int64_t now_ns() const noexcept { return now_ns_; }
+  // Nanoseconds of a stored tick; 0 (not yet stamped) stays 0.
+  int64_t to_ns(int64_t tick) const noexcept {
+    return cycles_ ? converter_.to_monotonic_ns(tick) : tick;
+  }
+
+ private:
+  friend class FlightRecorder;
+  explicit TimeBase(int64_t now_ns) noexcept : now_ns_(now_ns) {}
+  explicit TimeBase(CycleAnchor anchor) noexcept
+      : cycles_(true), converter_(anchor), now_ns_(converter_.now_ns()) {}
+  bool cycles_ = false;
+  TickConverter converter_;
+  int64_t now_ns_ = 0;
 };
 
 class FlightRecorder {
@@ -158,6 +189,8 @@ class FlightRecorder {
   bool captures_stack() const { return capture_stack_; }
   // The recorder's clock (RecorderOptions::clock), monotonic nanoseconds.
   int64_t now_ns() const noexcept { return clock_ != nullptr ? clock_() : monotonic_ns_(); }
+  // For reading entries back: now, and how stored ticks map to nanoseconds.
+  TimeBase time_base() const noexcept;
   // The recorder's wall clock (RecorderOptions::wall_clock), microseconds since the epoch.
   int64_t wall_now_us() const noexcept;
 
@@ -178,6 +211,9 @@ class FlightRecorder {
   // Records an operation as scheduled; returns its record id (0 when disabled). Lock-free,
   // no allocation.
   uint64_t record(const RecordArgs& args) noexcept;
+  // As record(), for an operation that starts running at once (a blocking call made on the
+  // caller's thread): the entry is born started, enqueued and started at the same time.
+  uint64_t record_started(const RecordArgs& args) noexcept;
   // Records a user marker ("step 1200 begins") as a completed user_event entry.
   uint64_t record_event(std::string_view text) noexcept;
   // State transitions; a no-op for an id whose slot has since been overwritten.
@@ -193,9 +229,13 @@ class FlightRecorder {
   std::vector<Entry> snapshot() const;
   // Number of entries ever recorded (so dropped = recorded() - capacity when larger).
   uint64_t recorded() const;
-  // Copies the entry with this record id into `out`; false when it was overwritten, never
-  // recorded, or stayed locked by a writer for a bounded number of tries. Async-signal-safe.
-  bool read_entry(uint64_t record_id, Entry& out) const noexcept;
+  // Copies the entry with this record id into `out`, times converted by `base`; false when it
+  // was overwritten, never recorded, or stayed locked by a writer for a bounded number of
+  // tries. Async-signal-safe.
+  bool read_entry(uint64_t record_id, Entry& out, const TimeBase& base) const noexcept;
+  bool read_entry(uint64_t record_id, Entry& out) const noexcept {
+    return read_entry(record_id, out, time_base());
+  }
 
   // Per group, what the ring overwrote (groups with no dropped entries are absent).
   std::vector<GroupDrops> dropped() const;
@@ -204,6 +244,8 @@ class FlightRecorder {
   void for_each_dropped(Fn&& fn) const noexcept;
 
  private:
+  struct Record;       // what a slot stores: an Entry without its stack, times in ticks
+  struct StackFrames;  // one slot's captured stack
   struct Slot;
   struct Header;   // counters and process info; at the start of the ring file when there is one
   struct Storage;  // owns the header, slots and drop counters: heap memory or a file mapping
@@ -219,17 +261,28 @@ class FlightRecorder {
   };
   FlightRecorder(std::unique_ptr<Storage> storage, bool capture_stack);
   static int64_t monotonic_ns_() noexcept;
+  int64_t ticks() const noexcept {
+    if (clock_ != nullptr) return clock_();
+    return cycles_ ? CycleClock::now() : monotonic_ns_();
+  }
+  size_t slot_index(uint64_t record_id) const noexcept {
+    return mask_ != 0 ? (record_id - 1) & mask_ : (record_id - 1) % capacity_;
+  }
+  uint64_t record_(const RecordArgs& args, bool started) noexcept;
   void append_group_to_file(const GroupInfo& group);
-  void set_state(uint64_t record_id, EntryState state, int64_t now_ns) noexcept;
-  void note_dropped(const Entry& old) noexcept;
+  void set_state(uint64_t record_id, EntryState state) noexcept;
+  void note_dropped(const Record& old) noexcept;
 
   const size_t capacity_;
+  const size_t mask_;  // capacity_ - 1 when a power of two (index by mask), else 0
   const bool capture_stack_;
+  bool cycles_ = false;  // ticks are CycleClock counts (else nanoseconds)
   int64_t (*const clock_)() noexcept;
   int64_t (*const wall_clock_)() noexcept;
   std::unique_ptr<Storage> storage_;
   Header* header_;
   Slot* slots_;
+  StackFrames* stacks_;  // null unless stacks are captured
   DropCounter* drops_;
   std::atomic<bool> enabled_{true};
   // Groups form an append-only list (nodes live as long as the recorder) so a signal handler

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
+#include "tessel/base/cycle_clock.h"
 #include "tessel/base/error.h"
 
 namespace tessel {
@@ -65,6 +68,48 @@ TEST(ClockTest, MonotonicClockDoesNotGoBack) {
   }
   // Wall time is after 2020-01-01 on any machine that runs this.
   EXPECT_GT(wall_time_us(), int64_t{1'577'836'800} * 1'000'000);
+}
+
+// Busy-waits (no sleep: the point is to let the counter run) for `ns` of monotonic time.
+void spin_for(int64_t ns) {
+  const int64_t until = monotonic_ns() + ns;
+  while (monotonic_ns() < until) {
+  }
+}
+
+TEST(CycleClockTest, ConvertedTicksLandBetweenMonotonicReadings) {
+  if (!CycleClock::usable()) GTEST_SKIP() << "no invariant TSC used by the kernel here";
+  const CycleAnchor start = CycleClock::anchor();
+  struct Sample {
+    int64_t before, tick, after;
+  };
+  std::vector<Sample> samples;
+  for (int i = 0; i < 50; ++i) {
+    Sample s;
+    s.before = monotonic_ns();
+    s.tick = CycleClock::now();
+    s.after = monotonic_ns();
+    samples.push_back(s);
+    spin_for(20'000);
+  }
+  // Two converters made at different times agree, and both put each tick inside its bracket
+  // (give or take the readings' own jitter).
+  const TickConverter first(start);
+  spin_for(2'000'000);
+  const TickConverter second(start);
+  EXPECT_EQ(first.to_monotonic_ns(0), 0);
+  EXPECT_GT(second.now_ns(), first.now_ns());
+  constexpr int64_t kSlackNs = 2'000;
+  for (const Sample& s : samples) {
+    const int64_t a = first.to_monotonic_ns(s.tick), b = second.to_monotonic_ns(s.tick);
+    EXPECT_GE(a, s.before - kSlackNs);
+    EXPECT_LE(a, s.after + kSlackNs);
+    EXPECT_NEAR(a, b, kSlackNs);
+  }
+  // Later ticks convert to later times.
+  for (size_t i = 1; i < samples.size(); ++i) {
+    EXPECT_GT(second.to_monotonic_ns(samples[i].tick), second.to_monotonic_ns(samples[i - 1].tick));
+  }
 }
 
 }  // namespace

@@ -58,6 +58,9 @@ TEST(DumpTest, RoundTripsEveryField) {
   RecorderOptions o;
   o.capacity = 8;
   o.capture_stack = true;
+  // Nanosecond ticks read back exactly; cycle-clock times are converted per read (their
+  // agreement is RecorderTest.CycleClockTimesAgreeWithTheMonotonicClock's).
+  o.use_cycle_clock = false;
   FlightRecorder fr(o);
   fr.set_process_info(2, 4);
   fr.register_group(7, "dp \"outer\"", {0, 2});

@@ -4,7 +4,10 @@
 #include <unistd.h>
 
 #include <thread>
+#include <vector>
 
+#include "tessel/base/clock.h"
+#include "tessel/base/cycle_clock.h"
 #include "tessel/base/error.h"
 
 namespace tessel::fr {
@@ -177,6 +180,71 @@ TEST(RecorderTest, CapturesStackOnlyWhenAsked) {
   EXPECT_LE(a.stack_depth, kMaxStackFrames);
   for (int i = 0; i < a.stack_depth; ++i) EXPECT_NE(a.stack[i], 0u);
   EXPECT_EQ(off.snapshot().at(0).stack_depth, 0);
+}
+
+TEST(RecorderTest, RecordStartedIsBornStarted) {
+  FlightRecorder fr(RecorderOptions{8});
+  const uint64_t id = fr.record_started(all_reduce(3, 1));
+  Entry e;
+  ASSERT_TRUE(fr.read_entry(id, e));
+  EXPECT_EQ(e.state, EntryState::kStarted);
+  EXPECT_GT(e.enqueued_ns, 0);
+  EXPECT_EQ(e.started_ns, e.enqueued_ns);
+  EXPECT_EQ(e.completed_ns, 0);
+  fr.completed(id);
+  ASSERT_TRUE(fr.read_entry(id, e));
+  EXPECT_EQ(e.state, EntryState::kCompleted);
+  EXPECT_GE(e.completed_ns, e.started_ns);
+}
+
+// Capacities that are and are not powers of two index the ring alike.
+TEST(RecorderTest, WrapsAtAnyCapacity) {
+  for (size_t capacity : {1, 3, 4, 7, 8, 100}) {
+    FlightRecorder fr(RecorderOptions{capacity});
+    for (uint64_t s = 1; s <= 2 * capacity + 1; ++s) fr.record(all_reduce(1, s));
+    const auto entries = fr.snapshot();
+    ASSERT_EQ(entries.size(), capacity);
+    for (size_t i = 0; i < capacity; ++i) EXPECT_EQ(entries[i].seq, capacity + 2 + i);
+    ASSERT_EQ(fr.dropped().size(), 1u);
+    EXPECT_EQ(fr.dropped()[0].last_dropped_seq, capacity + 1);
+  }
+}
+
+TEST(RecorderTest, CycleClockTimesAgreeWithTheMonotonicClock) {
+  if (!CycleClock::usable()) GTEST_SKIP() << "no invariant TSC used by the kernel here";
+  RecorderOptions o;
+  o.capacity = 64;
+  FlightRecorder fr(o);
+  struct Bracket {
+    uint64_t id;
+    int64_t before, after;
+  };
+  std::vector<Bracket> brackets;
+  for (uint64_t s = 1; s <= 40; ++s) {
+    Bracket b;
+    b.before = monotonic_ns();
+    b.id = fr.record(all_reduce(1, s));
+    b.after = monotonic_ns();
+    brackets.push_back(b);
+  }
+  const TimeBase first = fr.time_base();
+  const int64_t spin_until = monotonic_ns() + 3'000'000;  // let the clocks run apart a little
+  while (monotonic_ns() < spin_until) {
+  }
+  const TimeBase second = fr.time_base();
+  constexpr int64_t kSlackNs = 2'000;
+  int64_t last = 0;
+  for (const Bracket& b : brackets) {
+    Entry e1, e2;
+    ASSERT_TRUE(fr.read_entry(b.id, e1, first));
+    ASSERT_TRUE(fr.read_entry(b.id, e2, second));
+    EXPECT_GE(e1.enqueued_ns, b.before - kSlackNs);
+    EXPECT_LE(e1.enqueued_ns, b.after + kSlackNs);
+    EXPECT_NEAR(e1.enqueued_ns, e2.enqueued_ns, kSlackNs);
+    EXPECT_GE(e1.enqueued_ns, last);
+    last = e1.enqueued_ns;
+  }
+  EXPECT_GE(first.now_ns(), last);
 }
 
 int64_t g_test_now = 0;
