@@ -5,6 +5,7 @@
 #include <csignal>
 #include <fstream>
 
+#include "tessel/base/clock.h"
 #include "tessel/base/error.h"
 #include "tessel/flight_recorder/dump.h"
 #include "tessel/flight_recorder/reader.h"
@@ -43,6 +44,7 @@ using testing::TempDir;
 TEST(RingFileTest, EntriesSurviveSigkillAndRecoverIntoADump) {
   TempDir dir;
   const std::string ring = (dir.path() / "rank2.ring").string();
+  const int64_t before_child = monotonic_ns();
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) record_then_sigkill(ring);
@@ -60,6 +62,14 @@ TEST(RingFileTest, EntriesSurviveSigkillAndRecoverIntoADump) {
   const auto entries = fr->snapshot();
   ASSERT_EQ(entries.size(), 8u);  // ids 4..11: seqs 4..10 and the marker
   for (size_t i = 0; i < 7; ++i) EXPECT_EQ(entries[i].seq, 4 + i);
+  // The child's timestamps (cycle-clock ticks where usable) read back as this machine's
+  // monotonic time, in order, inside the child's lifetime.
+  const int64_t after_child = monotonic_ns();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    EXPECT_GE(entries[i].enqueued_ns, before_child - 2'000);
+    EXPECT_LE(entries[i].enqueued_ns, after_child + 2'000);
+    if (i > 0) EXPECT_GE(entries[i].enqueued_ns, entries[i - 1].enqueued_ns);
+  }
   EXPECT_EQ(entries[6].state, EntryState::kStarted);
   EXPECT_STREQ(entries[7].text, "step 17 begins");
   const auto groups = fr->groups();
