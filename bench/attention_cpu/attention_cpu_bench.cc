@@ -5,8 +5,11 @@
 //   attention_cpu [--seq 1024] [--dim 64,128] [--batch 1] [--heads 4] [--causal 0,1]
 //                 [--dtype f32,bf16] [--iters 3] [--threads 0] [--torch /path/to/python]
 //                 [--fma-flops-per-cycle 64] [--ghz <from /proc/cpuinfo>] [--math 1] [--backward 1]
-//                 [--block-q 64] [--block-kv 64]
+//                 [--block-q 64] [--block-kv 64] [--min-time 0.2]
 // (--math 0 skips the math backend, --backward 0 the backward passes, e.g. to profile.)
+// Each figure is the median per-call time of >= --iters calls lasting >= --min-time seconds in
+// all, started once no other thread of the process burns CPU (the math backend's OpenBLAS
+// workers spin after each GEMM); %peak is against the measured FMA rate of the cores.
 //
 // Convention: forward flops 4 * B * H * S_q * S_k * D, halved when causal; backward 2.5x.
 
@@ -96,22 +99,63 @@ double cpu_seconds() {
   return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec + u.ru_stime.tv_usec * 1e-6;
 }
 
+// The process's CPU seconds burnt by threads other than this one while it sleeps `idle`.
+double background_cpu_seconds(std::chrono::milliseconds idle) {
+  const double c0 = cpu_seconds(), t0 = thread_cpu_seconds();
+  std::this_thread::sleep_for(idle);
+  return (cpu_seconds() - c0) - (thread_cpu_seconds() - t0);
+}
+
+// Waits (up to 3 s) until no other thread of this process burns CPU: OpenBLAS's workers (the
+// math backend) keep spinning on sched_yield for a while after each GEMM and would otherwise
+// share the 2 cores with, and be charged to, the next backend timed. Returns false on timeout.
+bool wait_until_quiet() {
+  constexpr auto kSlice = std::chrono::milliseconds(20);
+  for (int i = 0; i < 150; ++i) {
+    if (background_cpu_seconds(kSlice) < 0.05 * std::chrono::duration<double>(kSlice).count()) {
+      return true;
+    }
+  }
+  return false;
+}
+
 struct Timing {
-  double wall = 1e30;  // best of the iterations
-  double cpu = 1e30;   // CPU seconds of that same iteration
+  double wall = NAN;  // median over the timed calls, seconds
+  double cpu = NAN;   // median CPU seconds of the process per call (all threads)
+  double wall_lo = NAN, wall_hi = NAN;  // fastest and slowest call
+  int calls = 0;
 };
 
-Timing time_best(int iters, const std::function<void()>& fn) {
+double median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  const size_t n = x.size();
+  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+// Times fn call by call, each call exactly as a user makes it (fork/join, allocations and
+// packing included): one warm-up call, then at least `iters` calls and at least `min_seconds`
+// of calls. Starts once the process is quiet (see wait_until_quiet).
+Timing time_calls(int iters, double min_seconds, const std::function<void()>& fn) {
+  if (!wait_until_quiet()) std::fprintf(stderr, "warning: background threads still busy\n");
   fn();  // warm-up
-  Timing best;
-  for (int i = 0; i < iters; ++i) {
+  std::vector<double> walls, cpus;
+  double total = 0;
+  while (static_cast<int>(walls.size()) < iters || total < min_seconds) {
     const double c0 = cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     fn();
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (wall < best.wall) best = {wall, cpu_seconds() - c0};
+    cpus.push_back(cpu_seconds() - c0);
+    walls.push_back(wall);
+    total += wall;
   }
-  return best;
+  Timing t;
+  t.wall = median(walls);
+  t.cpu = median(cpus);
+  t.wall_lo = *std::min_element(walls.begin(), walls.end());
+  t.wall_hi = *std::max_element(walls.begin(), walls.end());
+  t.calls = static_cast<int>(walls.size());
+  return t;
 }
 
 struct Inputs {
@@ -162,11 +206,11 @@ data = torch.from_file(path, size=4 * n, dtype=torch.float32)
 dt = torch.float32 if dtype == "f32" else torch.bfloat16
 q, k, v, do = [data[i * n:(i + 1) * n].view(b, h, s, d).to(dt).clone() for i in range(4)]
 causal = causal == "1"
-def best(fn):
-    fn(); t = 1e30
+def best(fn):  # median over the calls, as for our backends
+    fn(); ts = []
     for _ in range(iters):
-        t0 = time.perf_counter(); fn(); t = min(t, time.perf_counter() - t0)
-    return t
+        t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
+    return sorted(ts)[len(ts) // 2]
 with torch.no_grad():
     fwd = best(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
 qg, kg, vg = [x.clone().requires_grad_() for x in (q, k, v)]
@@ -202,6 +246,7 @@ int main(int argc, char** argv) {
   std::string torch_python;
   int64_t batch = 1, heads = 4;
   int iters = 3, threads = 0;
+  double min_seconds = 0.2;
   bool with_math = true, with_backward = true;
   int block_q = FlashCpuOptions{}.block_q, block_kv = FlashCpuOptions{}.block_kv;
   double fma_per_cycle = 64, ghz = cpuinfo_ghz();
@@ -214,6 +259,7 @@ int main(int argc, char** argv) {
     else if (flag == "--batch") batch = std::stoll(value);
     else if (flag == "--heads") heads = std::stoll(value);
     else if (flag == "--iters") iters = std::stoi(value);
+    else if (flag == "--min-time") min_seconds = std::stod(value);
     else if (flag == "--threads") threads = std::stoi(value);
     else if (flag == "--torch") torch_python = value;
     else if (flag == "--math") with_math = value != "0";
@@ -228,11 +274,10 @@ int main(int argc, char** argv) {
     }
   }
   const int cores = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
-  const double peak = cores * ghz * fma_per_cycle;  // GFLOP/s
   std::printf("CPU: %d threads, isa %s, %.2f GHz (cpuinfo), nominal f32 FMA peak = %d x %.2f GHz x %.0f "
               "flop/cycle = %.1f GFLOP/s\n",
               cores, std::string(cpu_isa_name(detect_cpu_isa())).c_str(), ghz, cores, ghz,
-              fma_per_cycle, peak);
+              fma_per_cycle, cores * ghz * fma_per_cycle);
   double fma_per_cpu_second = ghz * fma_per_cycle;  // GFLOP per CPU-second of one core
   if (cpu_isa_supported(CpuIsa::kAvx512)) {
     const double one = measure_fma_gflops_one_core(&fma_per_cpu_second);
@@ -240,11 +285,18 @@ int main(int argc, char** argv) {
                 "(= %.2f GHz x %.0f flop/cycle)\n",
                 one, fma_per_cpu_second, fma_per_cpu_second / fma_per_cycle, fma_per_cycle);
   }
+  // The peak the cores deliver when they run (boost included), not the nominal clock's.
+  const double peak = cores * fma_per_cpu_second;  // GFLOP/s
+  std::printf("measured peak = %d x %.1f = %.1f GFLOP/s; each figure: median of >= %d calls and >= "
+              "%.2f s after a warm-up call\n",
+              cores, fma_per_cpu_second, peak, iters, min_seconds);
   std::printf("torch: %s\n", torch_python.empty() ? "not given (--torch PYTHON)" : torch_python.c_str());
   std::printf("\n%-5s %6s %4s %6s | %9s %9s %9s %6s %6s %6s %6s | %9s %9s %9s %6s %6s %6s\n", "dtype",
               "S", "D", "causal", "fwd flash", "fwd math", "fwd torch", "x math", "x torch",
               "%peak", "%busy", "f+b flash",
               "f+b math", "f+b torch", "x math", "x torch", "%busy");
+  std::printf("%-5s %6s %4s %6s | %9s %9s %9s %6s %7s %6s %6s | %9s %9s %9s %6s %6s %6s | %s\n", "", "",
+              "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "fwd ms: min median max (calls)");
   for (const std::string& dtype : parse_words(dtypes)) {
     for (int64_t s : parse_list(seqs)) {
       for (int64_t d : parse_list(dims)) {
@@ -270,12 +322,13 @@ int main(int argc, char** argv) {
             math_fwd();
             math_attention_backward(p, in.in(3), in.out(1), in.out(2), in.out(3));
           };
-          const Timing flash_f = time_best(iters, flash_fwd);
+          const Timing flash_f = time_calls(iters, min_seconds, flash_fwd);
           const double tf = flash_f.wall;
-          const Timing flash_fb = with_backward ? time_best(iters, flash_both) : Timing{NAN, NAN};
+          const Timing flash_fb = with_backward ? time_calls(iters, min_seconds, flash_both) : Timing{};
           const double tfb = flash_fb.wall;
-          const double tm = with_math ? time_best(iters, math_fwd).wall : NAN;
-          const double tmb = with_math && with_backward ? time_best(iters, math_both).wall : NAN;
+          const double tm = with_math ? time_calls(iters, min_seconds, math_fwd).wall : NAN;
+          const double tmb =
+              with_math && with_backward ? time_calls(iters, min_seconds, math_both).wall : NAN;
           double tt = NAN, ttb = NAN;
           if (!torch_python.empty() &&
               !run_torch(torch_python, in, causal, dtype, iters, threads, tt, ttb)) {
@@ -283,20 +336,21 @@ int main(int argc, char** argv) {
           }
           auto tflops = [](double flops, double sec) { return flops / sec / 1e12; };
           std::printf("%-5s %6lld %4lld %6s | %9.3f %9.3f %9.3f %6.2f %7.2f %5.1f%% %5.1f%% | "
-                      "%9.3f %9.3f %9.3f %6.2f %6.2f %5.1f%%\n",
+                      "%9.3f %9.3f %9.3f %6.2f %6.2f %5.1f%% | %.2f %.2f %.2f (%d)\n",
                       dtype.c_str(), static_cast<long long>(s), static_cast<long long>(d),
                       causal ? "yes" : "no", tflops(fwd_flops, tf), tflops(fwd_flops, tm),
                       tflops(fwd_flops, tt), tm / tf, tt / tf, 100.0 * fwd_flops / tf / 1e9 / peak,
                       100.0 * fwd_flops / flash_f.cpu / 1e9 / fma_per_cpu_second,
                       tflops(both_flops, tfb), tflops(both_flops, tmb), tflops(both_flops, ttb),
-                      tmb / tfb, ttb / tfb, 100.0 * both_flops / flash_fb.cpu / 1e9 / fma_per_cpu_second);
+                      tmb / tfb, ttb / tfb, 100.0 * both_flops / flash_fb.cpu / 1e9 / fma_per_cpu_second,
+                      1e3 * flash_f.wall_lo, 1e3 * flash_f.wall, 1e3 * flash_f.wall_hi, flash_f.calls);
           std::fflush(stdout);
         }
       }
     }
   }
   std::printf("\nTFLOP/s columns; 'x math' / 'x torch' = that backend's time / flash time; %%peak = flash forward / "
-              "nominal peak (wall clock); %%busy = flash forward (or forward+backward) flops per CPU-second of the process "
+              "measured peak (wall clock); %%busy = flash forward (or forward+backward) flops per CPU-second of the process "
               "/ the FMA loop's flops per CPU-second (efficiency while running, insensitive to "
               "other load).\n");
   return 0;
