@@ -89,11 +89,41 @@ float exp2_affine(float* x, int64_t n, float mul, float sub) {
   return V::reduce_add(sum);
 }
 
+// See TileOps::softmax_step. Vectors run along the queries, so every step is vertical: no
+// horizontal reductions, no per-query scalar work.
 template <class V>
-float row_max(const float* x, int64_t n) {
-  auto m = V::set1(-std::numeric_limits<float>::infinity());
-  for (int64_t j = 0; j < n; j += V::kWidth) m = V::max(m, V::load(x + j));
-  return V::reduce_max(m);
+void softmax_step(float* st, int64_t keys, int64_t n, float mul, float* m, float* l, float* ot,
+                  int64_t out_rows, float* alpha) {
+  const auto vmul = V::set1(mul);
+  const auto lowest = V::set1(-std::numeric_limits<float>::max());
+  for (int64_t i = 0; i < n; i += V::kWidth) {
+    auto mx = V::set1(-std::numeric_limits<float>::infinity());
+    for (int64_t j = 0; j < keys; ++j) mx = V::max(mx, V::load(st + j * n + i));
+    const auto m_old = V::load(m + i);
+    const auto m_new = V::max(m_old, V::mul(mx, vmul));  // mul > 0: the max commutes with it
+    // A query that sees no key yet has m_new = -inf: subtracting `lowest` instead keeps its
+    // exponentials (and its factor 2^(m_old - ...)) at 0 rather than NaN.
+    const auto sub = V::max(m_new, lowest);
+    const auto a = V::exp2(V::sub(m_old, sub));
+    auto sum = V::zero();
+    for (int64_t j = 0; j < keys; ++j) {
+      const auto e = V::exp2(V::fmsub(V::load(st + j * n + i), vmul, sub));
+      V::store(st + j * n + i, e);
+      sum = V::add(sum, e);
+    }
+    V::store(l + i, V::fmadd(V::load(l + i), a, sum));
+    V::store(m + i, m_new);
+    V::store(alpha + i, a);
+  }
+  bool rescale = false;
+  for (int64_t i = 0; i < n; ++i) rescale |= alpha[i] != 1.0f;
+  if (!rescale) return;  // the common case once the maxima settle
+  for (int64_t c = 0; c < out_rows; ++c) {
+    float* row = ot + c * n;
+    for (int64_t i = 0; i < n; i += V::kWidth) {
+      V::store(row + i, V::mul(V::load(row + i), V::load(alpha + i)));
+    }
+  }
 }
 
 // 2^f on [-0.5, 0.5]: Taylor coefficients ln2^k / k!, degree 7 (relative error < 1e-8).
@@ -115,7 +145,8 @@ struct F32Products : Base {
 
 template <class V, int MR, int NV>
 const TileOps& make_tile_ops(const char* name) {
-  static const TileOps ops{name, &gemm<F32Products<V>, MR, NV>, &exp2_affine<V>, &row_max<V>};
+  static const TileOps ops{name, &gemm<F32Products<V>, MR, NV>, &exp2_affine<V>,
+                           &softmax_step<V>};
   return ops;
 }
 
