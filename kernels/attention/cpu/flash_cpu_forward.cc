@@ -111,15 +111,16 @@ KvOperands prepare_kv(const AttentionProblem& p, const FlashPlan& plan, bool pai
   return kv;
 }
 
-// One worker's tiles; n = query block padded to kTileWidth. qt: Q^T (dp x n, scaled), st:
-// S^T then P^T (bk x n), ot: O^T (dp x n); m, l, alpha per query.
+// One worker's tiles; n = query block padded to kTileWidth. qt: Q^T (dp x n), st: S^T then
+// P^T (bk x n), ot: O^T (dp x n); m, l, alpha per query; rows: Q or O rows (bq x dp) where
+// they cannot be read or written in place.
 struct ForwardScratch {
-  std::vector<float> qt, st, ot, m, l, alpha, keep, row;
+  std::vector<float> qt, st, ot, m, l, alpha, keep, rows;
   std::vector<uint32_t> qt_pairs, pt_pairs;  // bf16 path: Q^T, P^T paired along D, the keys
   std::vector<uint16_t> bits;
   ForwardScratch(const FlashPlan& plan, int64_t n)
       : qt(plan.dp * n), st(plan.bk * n), ot(plan.dp * n), m(n), l(n), alpha(n), keep(plan.bk),
-        row(plan.dp), qt_pairs(plan.dp / 2 * n), pt_pairs(plan.bk / 2 * n), bits(plan.dp) {}
+        rows(plan.bq * plan.dp), qt_pairs(plan.dp / 2 * n), pt_pairs(plan.bk / 2 * n), bits(plan.dp) {}
 };
 
 }  // namespace
@@ -137,10 +138,12 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
   const KvOperands kv = plan.sk > 0 ? prepare_kv(p, plan, bf16 != nullptr, team) : KvOperands{};
   const int64_t bq = plan.bq, bk = plan.bk, d = plan.d, dp = plan.dp;
   const int64_t n = round_up(bq, kTileWidth);
-  // Scores in log2 units (the softmax uses exp2): f32 folds scale * log2(e) into Q, the bf16
-  // path keeps Q exact and applies it in the softmax step.
-  const float q_mul = plan.scale * kLog2e;
-  const float s_mul = bf16 ? q_mul : 1.0f;
+  // Scores in log2 units (the softmax uses exp2): the softmax step multiplies by
+  // scale * log2(e).
+  const float s_mul = plan.scale * kLog2e;
+  // f32 rows with unit stride along D are read (Q) and written (out) in place.
+  const bool q_in_place = p.q.dtype == DType::kF32 && p.q.strides[3] == 1;
+  const bool out_in_place = out.dtype == DType::kF32 && out.strides[3] == 1;
   std::vector<ForwardScratch> scratch(team.threads(), ForwardScratch(plan, n));
 
   // Heaviest tasks first: under a causal mask the last query blocks see the most keys.
@@ -160,10 +163,17 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
         for (int64_t t = 0; t < dp / 2; ++t) w.qt_pairs[t * n + r] = pair(w.bits[2 * t], w.bits[2 * t + 1]);
       }
     } else {
-      std::fill(w.qt.begin(), w.qt.begin() + d * n, 0.0f);
-      for (int64_t r = 0; r < rows; ++r) {
-        load_row(p.q, b, h, i0 + r, w.row.data());
-        for (int64_t c = 0; c < d; ++c) w.qt[c * n + r] = w.row[c] * q_mul;
+      const float* q = w.rows.data();
+      int64_t ldq = dp;
+      if (q_in_place) {
+        q = static_cast<const float*>(p.q.data) + p.q.offset(b, h, i0, 0);
+        ldq = p.q.strides[2];
+      } else {
+        load_rows(p.q, b, h, i0, rows, rows, w.rows.data(), dp);
+      }
+      ops.transpose(q, ldq, rows, d, w.qt.data(), n, nullptr);
+      for (int64_t c = 0; rows < n && c < d; ++c) {
+        std::fill(w.qt.begin() + c * n + rows, w.qt.begin() + (c + 1) * n, 0.0f);
       }
     }
     std::fill(w.ot.begin(), w.ot.begin() + d * n, 0.0f);
@@ -212,13 +222,19 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
       }
     }
 
+    // out = (O^T)^T / l; rows that saw no key get 0.
     for (int64_t r = 0; r < rows; ++r) {
       const float l = w.l[r];
-      for (int64_t c = 0; c < d; ++c) w.row[c] = w.ot[c * n + r];
-      store_row(out, b, h, i0 + r, w.row.data(), l > 0 ? 1.0f / l : 0.0f);
-      if (lse) {
-        lse[bh * plan.sq + i0 + r] = l > 0 ? w.m[r] * kLn2 + std::log(l) : kNegInf;
-      }
+      w.alpha[r] = l > 0 ? 1.0f / l : 0.0f;
+      if (lse) lse[bh * plan.sq + i0 + r] = l > 0 ? w.m[r] * kLn2 + std::log(l) : kNegInf;
+    }
+    if (out_in_place) {
+      ops.transpose(w.ot.data(), n, d, rows,
+                    static_cast<float*>(out.data) + out.offset(b, h, i0, 0), out.strides[2],
+                    w.alpha.data());
+    } else {
+      ops.transpose(w.ot.data(), n, d, rows, w.rows.data(), dp, w.alpha.data());
+      for (int64_t r = 0; r < rows; ++r) store_row(out, b, h, i0 + r, w.rows.data() + r * dp);
     }
   });
 }

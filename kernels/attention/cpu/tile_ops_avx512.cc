@@ -34,6 +34,39 @@ struct Vec {
     for (int i = 6; i >= 0; --i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[i]));
     return _mm512_maskz_scalef_ps(live, p, n);
   }
+  // dst[c * ld_dst + r] = src[r * ld_src + c] * (scale ? scale[c] : 1) for a 16 x 16 block:
+  // unpack pairs, then quads, then 128-bit lanes twice.
+  static void transpose_block(const float* src, int64_t ld_src, float* dst, int64_t ld_dst,
+                              const float* scale) {
+    Reg r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * ld_src);
+    if (scale) {
+      const Reg s = _mm512_loadu_ps(scale);
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_mul_ps(r[i], s);
+    }
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+      for (int k = 0; k < 2; ++k) {
+        const __m512d a = _mm512_castps_pd(t[i + k]), b = _mm512_castps_pd(t[i + k + 2]);
+        r[i + 2 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+        r[i + 2 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+      }
+    }
+    for (int i = 0; i < 16; i += 8) {
+      for (int k = 0; k < 4; ++k) {
+        t[i + k] = _mm512_shuffle_f32x4(r[i + k], r[i + k + 4], 0x88);
+        t[i + k + 4] = _mm512_shuffle_f32x4(r[i + k], r[i + k + 4], 0xdd);
+      }
+    }
+    for (int k = 0; k < 8; ++k) {
+      r[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88);
+      r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xdd);
+    }
+    for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ld_dst, r[i]);
+  }
 };
 
 }  // namespace

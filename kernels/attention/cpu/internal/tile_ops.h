@@ -28,6 +28,10 @@ struct TileOps {
   // alpha[i]. A query with m' = -inf (no visible key so far) gets zeros and alpha 0.
   void (*softmax_step)(float* st, int64_t keys, int64_t n, float mul, float* m, float* l,
                        float* ot, int64_t out_rows, float* alpha);
+  // dst[c * ld_dst + r] = src[r * ld_src + c] * (col_scale ? col_scale[c] : 1) for r < rows,
+  // c < cols (any sizes; src and dst must not overlap).
+  void (*transpose)(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst,
+                    int64_t ld_dst, const float* col_scale);
 };
 
 // bf16 dot-product kernels (AVX-512 BF16, vdpbf16ps). A and B hold pairs of bf16 adjacent along

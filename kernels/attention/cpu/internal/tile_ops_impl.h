@@ -95,9 +95,9 @@ template <class V>
 void softmax_step(float* st, int64_t keys, int64_t n, float mul, float* m, float* l, float* ot,
                   int64_t out_rows, float* alpha) {
   const auto vmul = V::set1(mul);
-  const auto lowest = V::set1(-std::numeric_limits<float>::max());
+  const auto lowest = V::set1(-__FLT_MAX__);
   for (int64_t i = 0; i < n; i += V::kWidth) {
-    auto mx = V::set1(-std::numeric_limits<float>::infinity());
+    auto mx = V::set1(-__builtin_huge_valf());
     for (int64_t j = 0; j < keys; ++j) mx = V::max(mx, V::load(st + j * n + i));
     const auto m_old = V::load(m + i);
     const auto m_new = V::max(m_old, V::mul(mx, vmul));  // mul > 0: the max commutes with it
@@ -126,6 +126,32 @@ void softmax_step(float* st, int64_t keys, int64_t n, float mul, float* m, float
   }
 }
 
+// See TileOps::transpose. Whole 16 x 16 blocks go through V::transpose_block where the vector
+// type has one; the edges (and every other ISA) element by element.
+template <class V>
+void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst,
+               int64_t ld_dst, const float* col_scale) {
+  auto edge = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t c = c0; c < c1; ++c) {
+        dst[c * ld_dst + r] = src[r * ld_src + c] * (col_scale ? col_scale[c] : 1.0f);
+      }
+    }
+  };
+  int64_t r0 = 0;
+  if constexpr (requires { V::transpose_block(src, ld_src, dst, ld_dst, col_scale); }) {
+    for (; r0 + 16 <= rows; r0 += 16) {
+      int64_t c0 = 0;
+      for (; c0 + 16 <= cols; c0 += 16) {
+        V::transpose_block(src + r0 * ld_src + c0, ld_src, dst + c0 * ld_dst + r0, ld_dst,
+                           col_scale ? col_scale + c0 : nullptr);
+      }
+      edge(r0, r0 + 16, c0, cols);
+    }
+  }
+  edge(r0, rows, 0, cols);
+}
+
 // 2^f on [-0.5, 0.5]: Taylor coefficients ln2^k / k!, degree 7 (relative error < 1e-8).
 inline constexpr float kExp2Poly[8] = {1.0f,          0.69314718f,   0.24022651f,
                                        0.05550411f,   0.0096181291f, 0.0013333558f,
@@ -146,7 +172,7 @@ struct F32Products : Base {
 template <class V, int MR, int NV>
 const TileOps& make_tile_ops(const char* name) {
   static const TileOps ops{name, &gemm<F32Products<V>, MR, NV>, &exp2_affine<V>,
-                           &softmax_step<V>};
+                           &softmax_step<V>, &transpose<V>};
   return ops;
 }
 
