@@ -5,11 +5,12 @@
 //   attention_cpu [--seq 1024] [--dim 64,128] [--batch 1] [--heads 4] [--causal 0,1]
 //                 [--dtype f32,bf16] [--iters 3] [--threads 0] [--torch /path/to/python]
 //                 [--fma-flops-per-cycle 64] [--ghz <from /proc/cpuinfo>] [--math 1] [--backward 1]
-//                 [--block-q 64] [--block-kv 64] [--min-time 0.2]
+//                 [--block-q 64] [--block-kv 64] [--min-time 0.3] [--rounds 3]
 // (--math 0 skips the math backend, --backward 0 the backward passes, e.g. to profile.)
 // Each figure is the median per-call time of >= --iters calls lasting >= --min-time seconds in
-// all, started once no other thread of the process burns CPU (the math backend's OpenBLAS
-// workers spin after each GEMM); %peak is against the measured FMA rate of the cores.
+// all, taken in --rounds rounds that alternate the backends (so they share any other load
+// alike), each round started once no other thread of the process burns CPU (the math
+// backend's OpenBLAS workers spin after each GEMM); %peak is against the measured FMA rate.
 //
 // Convention: forward flops 4 * B * H * S_q * S_k * D, halved when causal; backward 2.5x.
 
@@ -119,9 +120,15 @@ bool wait_until_quiet() {
   return false;
 }
 
+// Per-call times of one backend, gathered over the rounds.
+struct Calls {
+  std::vector<double> walls, cpus;  // seconds; CPU seconds of the process (all threads)
+  bool warm = false;
+};
+
 struct Timing {
   double wall = NAN;  // median over the timed calls, seconds
-  double cpu = NAN;   // median CPU seconds of the process per call (all threads)
+  double cpu = NAN;   // median CPU seconds of the process per call
   double wall_lo = NAN, wall_hi = NAN;  // fastest and slowest call
   int calls = 0;
 };
@@ -132,29 +139,33 @@ double median(std::vector<double> x) {
   return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
-// Times fn call by call, each call exactly as a user makes it (fork/join, allocations and
-// packing included): one warm-up call, then at least `iters` calls and at least `min_seconds`
-// of calls. Starts once the process is quiet (see wait_until_quiet).
-Timing time_calls(int iters, double min_seconds, const std::function<void()>& fn) {
+// One round of fn: once the process is quiet (see wait_until_quiet), a warm-up call the first
+// time, then at least `iters` calls lasting at least `min_seconds` in all, each timed alone and
+// exactly as a user makes it (fork/join, allocations and packing included).
+void time_round(int iters, double min_seconds, const std::function<void()>& fn, Calls& calls) {
   if (!wait_until_quiet()) std::fprintf(stderr, "warning: background threads still busy\n");
-  fn();  // warm-up
-  std::vector<double> walls, cpus;
+  if (!calls.warm) fn();
+  calls.warm = true;
   double total = 0;
-  while (static_cast<int>(walls.size()) < iters || total < min_seconds) {
+  for (int n = 0; n < iters || total < min_seconds; ++n) {
     const double c0 = cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     fn();
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    cpus.push_back(cpu_seconds() - c0);
-    walls.push_back(wall);
+    calls.cpus.push_back(cpu_seconds() - c0);
+    calls.walls.push_back(wall);
     total += wall;
   }
+}
+
+Timing summarize(const Calls& calls) {
   Timing t;
-  t.wall = median(walls);
-  t.cpu = median(cpus);
-  t.wall_lo = *std::min_element(walls.begin(), walls.end());
-  t.wall_hi = *std::max_element(walls.begin(), walls.end());
-  t.calls = static_cast<int>(walls.size());
+  if (calls.walls.empty()) return t;
+  t.wall = median(calls.walls);
+  t.cpu = median(calls.cpus);
+  t.wall_lo = *std::min_element(calls.walls.begin(), calls.walls.end());
+  t.wall_hi = *std::max_element(calls.walls.begin(), calls.walls.end());
+  t.calls = static_cast<int>(calls.walls.size());
   return t;
 }
 
@@ -246,7 +257,8 @@ int main(int argc, char** argv) {
   std::string torch_python;
   int64_t batch = 1, heads = 4;
   int iters = 3, threads = 0;
-  double min_seconds = 0.2;
+  double min_seconds = 0.3;
+  int rounds = 3;
   bool with_math = true, with_backward = true;
   int block_q = FlashCpuOptions{}.block_q, block_kv = FlashCpuOptions{}.block_kv;
   double fma_per_cycle = 64, ghz = cpuinfo_ghz();
@@ -260,6 +272,7 @@ int main(int argc, char** argv) {
     else if (flag == "--heads") heads = std::stoll(value);
     else if (flag == "--iters") iters = std::stoi(value);
     else if (flag == "--min-time") min_seconds = std::stod(value);
+    else if (flag == "--rounds") rounds = std::max(1, std::stoi(value));
     else if (flag == "--threads") threads = std::stoi(value);
     else if (flag == "--torch") torch_python = value;
     else if (flag == "--math") with_math = value != "0";
@@ -287,9 +300,9 @@ int main(int argc, char** argv) {
   }
   // The peak the cores deliver when they run (boost included), not the nominal clock's.
   const double peak = cores * fma_per_cpu_second;  // GFLOP/s
-  std::printf("measured peak = %d x %.1f = %.1f GFLOP/s; each figure: median of >= %d calls and >= "
-              "%.2f s after a warm-up call\n",
-              cores, fma_per_cpu_second, peak, iters, min_seconds);
+  std::printf("measured peak = %d x %.1f = %.1f GFLOP/s; each figure: median per call over %d "
+              "alternating rounds (>= %d calls, >= %.2f s in all, after a warm-up call)\n",
+              cores, fma_per_cpu_second, peak, rounds, iters, min_seconds);
   std::printf("torch: %s\n", torch_python.empty() ? "not given (--torch PYTHON)" : torch_python.c_str());
   std::printf("\n%-5s %6s %4s %6s | %9s %9s %9s %6s %6s %6s %6s | %9s %9s %9s %6s %6s %6s\n", "dtype",
               "S", "D", "causal", "fwd flash", "fwd math", "fwd torch", "x math", "x torch",
@@ -322,13 +335,21 @@ int main(int argc, char** argv) {
             math_fwd();
             math_attention_backward(p, in.in(3), in.out(1), in.out(2), in.out(3));
           };
-          const Timing flash_f = time_calls(iters, min_seconds, flash_fwd);
-          const double tf = flash_f.wall;
-          const Timing flash_fb = with_backward ? time_calls(iters, min_seconds, flash_both) : Timing{};
-          const double tfb = flash_fb.wall;
-          const double tm = with_math ? time_calls(iters, min_seconds, math_fwd).wall : NAN;
-          const double tmb =
-              with_math && with_backward ? time_calls(iters, min_seconds, math_both).wall : NAN;
+          // Alternating rounds, so that every backend sees the same share of whatever else
+          // runs on the machine and the ratios compare like with like.
+          Calls c_flash_f, c_flash_fb, c_math_f, c_math_fb;
+          const int per_round = std::max(1, (iters + rounds - 1) / rounds);
+          for (int r = 0; r < rounds; ++r) {
+            time_round(per_round, min_seconds / rounds, flash_fwd, c_flash_f);
+            if (with_backward) time_round(per_round, min_seconds / rounds, flash_both, c_flash_fb);
+            if (with_math) time_round(per_round, min_seconds / rounds, math_fwd, c_math_f);
+            if (with_math && with_backward) {
+              time_round(per_round, min_seconds / rounds, math_both, c_math_fb);
+            }
+          }
+          const Timing flash_f = summarize(c_flash_f), flash_fb = summarize(c_flash_fb);
+          const double tf = flash_f.wall, tfb = flash_fb.wall;
+          const double tm = summarize(c_math_f).wall, tmb = summarize(c_math_fb).wall;
           double tt = NAN, ttb = NAN;
           if (!torch_python.empty() &&
               !run_torch(torch_python, in, causal, dtype, iters, threads, tt, ttb)) {
