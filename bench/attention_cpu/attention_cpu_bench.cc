@@ -151,7 +151,8 @@ void time_round(int iters, double min_seconds, const std::function<void()>& fn, 
     const double c0 = cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     fn();
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     calls.cpus.push_back(cpu_seconds() - c0);
     calls.walls.push_back(wall);
     total += wall;
@@ -308,8 +309,9 @@ int main(int argc, char** argv) {
               "S", "D", "causal", "fwd flash", "fwd math", "fwd torch", "x math", "x torch",
               "%peak", "%busy", "f+b flash",
               "f+b math", "f+b torch", "x math", "x torch", "%busy");
-  std::printf("%-5s %6s %4s %6s | %9s %9s %9s %6s %7s %6s %6s | %9s %9s %9s %6s %6s %6s | %s\n", "", "",
-              "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "fwd ms: min median max (calls)");
+  std::printf("%-5s %6s %4s %6s | %9s %9s %9s %6s %7s %6s %6s | %9s %9s %9s %6s %6s %6s | %s\n", "",
+              "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "",
+              "fwd ms: min median max (calls)");
   for (const std::string& dtype : parse_words(dtypes)) {
     for (int64_t s : parse_list(seqs)) {
       for (int64_t d : parse_list(dims)) {
@@ -363,16 +365,18 @@ int main(int argc, char** argv) {
                       tflops(fwd_flops, tt), tm / tf, tt / tf, 100.0 * fwd_flops / tf / 1e9 / peak,
                       100.0 * fwd_flops / flash_f.cpu / 1e9 / fma_per_cpu_second,
                       tflops(both_flops, tfb), tflops(both_flops, tmb), tflops(both_flops, ttb),
-                      tmb / tfb, ttb / tfb, 100.0 * both_flops / flash_fb.cpu / 1e9 / fma_per_cpu_second,
-                      1e3 * flash_f.wall_lo, 1e3 * flash_f.wall, 1e3 * flash_f.wall_hi, flash_f.calls);
+                      tmb / tfb, ttb / tfb,
+                      100.0 * both_flops / flash_fb.cpu / 1e9 / fma_per_cpu_second,
+                      1e3 * flash_f.wall_lo, 1e3 * flash_f.wall, 1e3 * flash_f.wall_hi,
+                      flash_f.calls);
           std::fflush(stdout);
         }
       }
     }
   }
-  std::printf("\nTFLOP/s columns; 'x math' / 'x torch' = that backend's time / flash time; %%peak = flash forward / "
-              "measured peak (wall clock); %%busy = flash forward (or forward+backward) flops per CPU-second of the process "
-              "/ the FMA loop's flops per CPU-second (efficiency while running, insensitive to "
-              "other load).\n");
+  std::printf("\nTFLOP/s columns; 'x math' / 'x torch' = that backend's time / flash time; "
+              "%%peak = flash forward / measured peak (wall clock); %%busy = flash forward (or "
+              "forward+backward) flops per CPU-second of the process / the FMA loop's flops per "
+              "CPU-second (efficiency while running, insensitive to other load).\n");
   return 0;
 }

@@ -261,7 +261,8 @@ TEST(FlashCpuTest, StridedOutputAndUnalignedHeadDimOnEveryIsa) {
     double err = 0, lse_err = 0;
     for (int64_t r = 0; r < B * H * S; ++r) {
       for (int64_t c = 0; c < D; ++c) {
-        err = std::max(err, std::fabs(double(wide.f32[r * 2 * D + 2 * c]) - out_ref.f32[r * D + c]));
+        const double got = wide.f32[r * 2 * D + 2 * c];
+        err = std::max(err, std::fabs(got - out_ref.f32[r * D + c]));
         ASSERT_EQ(wide.f32[r * 2 * D + 2 * c + 1], 0.0f) << "wrote between strided elements";
       }
       lse_err = std::max(lse_err, std::fabs(double(lse[r]) - lse_ref[r]));

@@ -43,9 +43,9 @@ uint32_t pair(uint16_t lo, uint16_t hi) { return uint32_t{lo} | (uint32_t{hi} <<
 struct KvOperands {
   const AttentionProblem* p = nullptr;
   int64_t kv_heads = 0;
-  std::vector<float> k_copy, v_copy;        // [B * H_kv][S_k][dp] when the inputs are bf16
+  std::vector<float> k_copy, v_copy;  // [B * H_kv][S_k][dp] when the inputs are bf16
   std::vector<uint32_t> k_pairs, v_pairs;
-  int64_t head = 0;                          // elements of a copy per (batch, kv head)
+  int64_t head = 0;  // elements of a copy per (batch, kv head)
   int64_t k_row = 0, k_col = 0, v_row = 0, v_col = 0;
 
   const float* k(int64_t bkv, int64_t j) const { return f32(p->k, k_copy, bkv, j); }
@@ -105,7 +105,9 @@ KvOperands prepare_kv(const AttentionProblem& p, const FlashPlan& plan, bool pai
     for (int64_t r = 0; r < rows; ++r) load_bf16_bits(p.v, b, h, j0 + r, vb.data() + r * dp, dp);
     uint32_t* v = kv.v_pairs.data() + bh * kv.head + (j0 / 2) * dp;
     for (int64_t t = 0; t < bk / 2; ++t) {
-      for (int64_t c = 0; c < dp; ++c) v[t * dp + c] = pair(vb[2 * t * dp + c], vb[(2 * t + 1) * dp + c]);
+      for (int64_t c = 0; c < dp; ++c) {
+        v[t * dp + c] = pair(vb[2 * t * dp + c], vb[(2 * t + 1) * dp + c]);
+      }
     }
   });
   return kv;
@@ -120,7 +122,8 @@ struct ForwardScratch {
   std::vector<uint16_t> bits;
   ForwardScratch(const FlashPlan& plan, int64_t n)
       : qt(plan.dp * n), st(plan.bk * n), ot(plan.dp * n), m(n), l(n), alpha(n), keep(plan.bk),
-        rows(plan.bq * plan.dp), qt_pairs(plan.dp / 2 * n), pt_pairs(plan.bk / 2 * n), bits(plan.dp) {}
+        rows(plan.bq * plan.dp), qt_pairs(plan.dp / 2 * n), pt_pairs(plan.bk / 2 * n),
+        bits(plan.dp) {}
 };
 
 }  // namespace
@@ -160,7 +163,9 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
       std::fill(w.qt_pairs.begin(), w.qt_pairs.end(), 0u);
       for (int64_t r = 0; r < rows; ++r) {
         load_bf16_bits(p.q, b, h, i0 + r, w.bits.data(), dp);
-        for (int64_t t = 0; t < dp / 2; ++t) w.qt_pairs[t * n + r] = pair(w.bits[2 * t], w.bits[2 * t + 1]);
+        for (int64_t t = 0; t < dp / 2; ++t) {
+          w.qt_pairs[t * n + r] = pair(w.bits[2 * t], w.bits[2 * t + 1]);
+        }
       }
     } else {
       const float* q = w.rows.data();
@@ -196,7 +201,9 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
       }
       // Mask, online softmax (rescales O^T), dropout.
       if (tile == TileClass::kPartial) {
-        for (int64_t r = 0; r < rows; ++r) mask_tile_row(mask, b, h, i0 + r, j0, cols, w.st.data() + r, n);
+        for (int64_t r = 0; r < rows; ++r) {
+          mask_tile_row(mask, b, h, i0 + r, j0, cols, w.st.data() + r, n);
+        }
       }
       ops.softmax_step(w.st.data(), cols, n, s_mul, w.m.data(), w.l.data(), w.ot.data(), d,
                        w.alpha.data());

@@ -39,8 +39,10 @@ struct Vec {
     x = _mm256_max_ps(x, _mm256_set1_ps(-127.0f));
     const Reg n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const Reg f = _mm256_sub_ps(x, n);
-    Reg p = _mm256_set1_ps(kExp2Poly[7]);
-    for (int i = 6; i >= 0; --i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[i]));
+    Reg p = _mm256_set1_ps(kExp2Poly[kExp2Degree]);
+    for (int i = kExp2Degree - 1; i >= 0; --i) {
+      p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[i]));
+    }
     const __m256i e = _mm256_slli_epi32(
         _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));

@@ -30,8 +30,10 @@ struct Vec {
     const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
     const Reg n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const Reg f = _mm512_sub_ps(x, n);
-    Reg p = _mm512_set1_ps(kExp2Poly[7]);
-    for (int i = 6; i >= 0; --i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[i]));
+    Reg p = _mm512_set1_ps(kExp2Poly[kExp2Degree]);
+    for (int i = kExp2Degree - 1; i >= 0; --i) {
+      p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[i]));
+    }
     return _mm512_maskz_scalef_ps(live, p, n);
   }
   // dst[c * ld_dst + r] = src[r * ld_src + c] * (scale ? scale[c] : 1) for a 16 x 16 block:

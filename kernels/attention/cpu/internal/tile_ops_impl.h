@@ -152,10 +152,14 @@ void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, flo
   edge(r0, rows, 0, cols);
 }
 
-// 2^f on [-0.5, 0.5]: Taylor coefficients ln2^k / k!, degree 7 (relative error < 1e-8).
-inline constexpr float kExp2Poly[8] = {1.0f,          0.69314718f,   0.24022651f,
-                                       0.05550411f,   0.0096181291f, 0.0013333558f,
-                                       1.5403530e-4f, 1.5252734e-5f};
+// 2^f on [-0.5, 0.5], degree 6: least-squares fit of the relative error at 400 Chebyshev
+// nodes. Evaluated in f32 by Horner its relative error is below 1e-7, the same as the degree-7
+// Taylor polynomial's (f32 rounding dominates both), one FMA cheaper.
+inline constexpr int kExp2Degree = 6;
+inline constexpr float kExp2Poly[kExp2Degree + 1] = {1.0f,           0.693147182f,
+                                                     0.240226462f,   0.0555032901f,
+                                                     0.00961851981f, 0.00133998599f,
+                                                     0.000153375702f};
 
 // Vector types for f32 products provide these from their basic operations.
 template <class Base>
