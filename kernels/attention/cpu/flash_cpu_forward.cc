@@ -36,6 +36,24 @@ void load_bf16_bits(const AttentionView& view, int64_t b, int64_t h, int64_t s, 
 
 uint32_t pair(uint16_t lo, uint16_t hi) { return uint32_t{lo} | (uint32_t{hi} << 16); }
 
+// Queries per panel when a partial tile of a causal/window mask is computed panel by panel.
+constexpr int64_t kPanel = 32;
+
+// Keys [*lo, *hi) of the tile [j0, j0 + cols) that some query in [i_begin, i_end) sees under a
+// range mask (relative to j0; *lo >= *hi when none does).
+void panel_keys(const MaskEvaluator& mask, int64_t i_begin, int64_t i_end, int64_t j0,
+                int64_t cols, int64_t* lo, int64_t* hi) {
+  *lo = cols;
+  *hi = 0;
+  for (int64_t i = i_begin; i < i_end; ++i) {
+    int64_t a, z;
+    mask.window_range(i, &a, &z);
+    a = std::clamp<int64_t>(a - j0, 0, cols);
+    z = std::clamp<int64_t>(z - j0, a, cols);
+    if (a < z) *lo = std::min(*lo, a), *hi = std::max(*hi, z);
+  }
+}
+
 // Where the GEMMs read K and V of one (batch, kv head): f32 element (j, c) of K at
 // k[j * k_row + c * k_col] (V likewise), in the inputs themselves when they are f32, else in
 // f32 copies made once per call. bf16 dot products: K as rows of pairs along D
@@ -120,10 +138,11 @@ struct ForwardScratch {
   std::vector<float> qt, st, ot, m, l, alpha, keep, rows;
   std::vector<uint32_t> qt_pairs, pt_pairs;  // bf16 path: Q^T, P^T paired along D, the keys
   std::vector<uint16_t> bits;
+  std::vector<int64_t> panel_lo, panel_hi;  // keys each query panel computes (partial tiles)
   ForwardScratch(const FlashPlan& plan, int64_t n)
       : qt(plan.dp * n), st(plan.bk * n), ot(plan.dp * n), m(n), l(n), alpha(n), keep(plan.bk),
         rows(plan.bq * plan.dp), qt_pairs(plan.dp / 2 * n), pt_pairs(plan.bk / 2 * n),
-        bits(plan.dp) {}
+        bits(plan.dp), panel_lo(ceil_div(n, kPanel)), panel_hi(ceil_div(n, kPanel)) {}
 };
 
 }  // namespace
@@ -191,8 +210,20 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
                                  ? TileClass::kFull
                                  : mask.classify(b, i0, i0 + rows, j0, j0 + cols);
       if (tile == TileClass::kEmpty) continue;
-      // S^T = K Q^T.
-      if (bf16) {
+      // S^T = K Q^T. A partial tile of a causal/window mask goes panel by panel over only the
+      // keys the panel's queries see (about half of a diagonal tile is never computed); the
+      // entries left out are masked below like any invisible key, and P V skips them too.
+      const bool by_panel = !bf16 && tile == TileClass::kPartial && mask.rows_are_ranges();
+      if (by_panel) {
+        for (int64_t q0 = 0, t = 0; q0 < n; q0 += kPanel, ++t) {
+          int64_t& lo = w.panel_lo[t];
+          int64_t& hi = w.panel_hi[t];
+          panel_keys(mask, i0 + q0, i0 + std::min(rows, q0 + kPanel), j0, cols, &lo, &hi);
+          if (lo >= hi) continue;
+          ops.gemm(hi - lo, std::min(kPanel, n - q0), d, kv.k(bkv, j0 + lo), kv.k_row, kv.k_col,
+                   w.qt.data() + q0, n, w.st.data() + lo * n + q0, n, false);
+        }
+      } else if (bf16) {
         bf16->gemm(cols, n, dp / 2, kv.k_pairs.data() + bkv * kv.head + j0 * dp / 2, dp / 2, 1,
                    w.qt_pairs.data(), n, w.st.data(), n, false);
       } else {
@@ -223,6 +254,13 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
         }
         bf16->gemm(d, n, (cols + 1) / 2, kv.v_pairs.data() + bkv * kv.head + (j0 / 2) * dp, 1, dp,
                    w.pt_pairs.data(), n, w.ot.data(), n, true);
+      } else if (by_panel) {
+        for (int64_t q0 = 0, t = 0; q0 < n; q0 += kPanel, ++t) {
+          const int64_t lo = w.panel_lo[t], hi = w.panel_hi[t];
+          if (lo >= hi) continue;
+          ops.gemm(d, std::min(kPanel, n - q0), hi - lo, kv.v(bkv, j0 + lo), kv.v_col, kv.v_row,
+                   w.st.data() + lo * n + q0, n, w.ot.data() + q0, n, true);
+        }
       } else {
         ops.gemm(d, n, cols, kv.v(bkv, j0), kv.v_col, kv.v_row, w.st.data(), n, w.ot.data(), n,
                  true);
