@@ -6,6 +6,7 @@
 //                 [--dtype f32,bf16] [--iters 3] [--threads 0] [--torch /path/to/python]
 //                 [--fma-flops-per-cycle 64] [--ghz <from /proc/cpuinfo>] [--math 1] [--backward 1]
 //                 [--block-q 64] [--block-kv 64] [--min-time 0.3] [--rounds 3]
+//                 [--isa auto|avx512|avx2|scalar]
 // (--math 0 skips the math backend, --backward 0 the backward passes, e.g. to profile.)
 // Each figure is the median per-call time of >= --iters calls lasting >= --min-time seconds in
 // all, taken in --rounds rounds that alternate the backends (so they share any other load
@@ -25,6 +26,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <sstream>
 #include <string>
@@ -262,6 +264,7 @@ int main(int argc, char** argv) {
   int rounds = 3;
   bool with_math = true, with_backward = true;
   int block_q = FlashCpuOptions{}.block_q, block_kv = FlashCpuOptions{}.block_kv;
+  CpuIsa isa = CpuIsa::kAuto;
   double fma_per_cycle = 64, ghz = cpuinfo_ghz();
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
@@ -280,6 +283,16 @@ int main(int argc, char** argv) {
     else if (flag == "--backward") with_backward = value != "0";
     else if (flag == "--block-q") block_q = std::stoi(value);
     else if (flag == "--block-kv") block_kv = std::stoi(value);
+    else if (flag == "--isa") {
+      const CpuIsa all[] = {CpuIsa::kAuto, CpuIsa::kAvx512, CpuIsa::kAvx2, CpuIsa::kScalar};
+      const auto* it = std::find_if(std::begin(all), std::end(all),
+                                    [&](CpuIsa x) { return cpu_isa_name(x) == value; });
+      if (it == std::end(all)) {
+        std::fprintf(stderr, "--isa %s: expected auto, avx512, avx2 or scalar\n", value.c_str());
+        return 2;
+      }
+      isa = *it;
+    }
     else if (flag == "--fma-flops-per-cycle") fma_per_cycle = std::stod(value);
     else if (flag == "--ghz") ghz = std::stod(value);
     else {
@@ -288,9 +301,10 @@ int main(int argc, char** argv) {
     }
   }
   const int cores = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+  const std::string isa_name(cpu_isa_name(isa == CpuIsa::kAuto ? detect_cpu_isa() : isa));
   std::printf("CPU: %d threads, isa %s, %.2f GHz (cpuinfo), nominal f32 FMA peak = %d x %.2f GHz x %.0f "
               "flop/cycle = %.1f GFLOP/s\n",
-              cores, std::string(cpu_isa_name(detect_cpu_isa())).c_str(), ghz, cores, ghz,
+              cores, isa_name.c_str(), ghz, cores, ghz,
               fma_per_cycle, cores * ghz * fma_per_cycle);
   double fma_per_cpu_second = ghz * fma_per_cycle;  // GFLOP per CPU-second of one core
   if (cpu_isa_supported(CpuIsa::kAvx512)) {
@@ -323,7 +337,8 @@ int main(int argc, char** argv) {
           p.v = in.in(2);
           p.mask.causal = causal != 0;
           std::vector<float> lse(batch * heads * s);
-          const FlashCpuOptions fo{.threads = threads, .block_q = block_q, .block_kv = block_kv};
+          const FlashCpuOptions fo{
+              .isa = isa, .threads = threads, .block_q = block_q, .block_kv = block_kv};
           const double fwd_flops = 4.0 * batch * heads * s * s * d * (causal ? 0.5 : 1.0);
           const double both_flops = fwd_flops * 3.5;
           auto flash_fwd = [&] { flash_cpu_forward(p, in.out(0), lse.data(), fo); };
