@@ -5,8 +5,13 @@
 //   attention_cpu [--seq 1024] [--dim 64,128] [--batch 1] [--heads 4] [--causal 0,1]
 //                 [--dtype f32,bf16] [--iters 3] [--threads 0] [--torch /path/to/python]
 //                 [--fma-flops-per-cycle 64] [--ghz <from /proc/cpuinfo>] [--math 1] [--backward 1]
-//                 [--block-q 64] [--block-kv 64]
+//                 [--block-q 64] [--block-kv 64] [--min-time 0.3] [--rounds 3]
+//                 [--isa auto|avx512|avx2|scalar]
 // (--math 0 skips the math backend, --backward 0 the backward passes, e.g. to profile.)
+// Each figure is the median per-call time of >= --iters calls lasting >= --min-time seconds in
+// all, taken in --rounds rounds that alternate the backends (so they share any other load
+// alike), each round started once no other thread of the process burns CPU (the math
+// backend's OpenBLAS workers spin after each GEMM); %peak is against the measured FMA rate.
 //
 // Convention: forward flops 4 * B * H * S_q * S_k * D, halved when causal; backward 2.5x.
 
@@ -21,6 +26,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <sstream>
 #include <string>
@@ -96,22 +102,74 @@ double cpu_seconds() {
   return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec + u.ru_stime.tv_usec * 1e-6;
 }
 
-struct Timing {
-  double wall = 1e30;  // best of the iterations
-  double cpu = 1e30;   // CPU seconds of that same iteration
+// The process's CPU seconds burnt by threads other than this one while it sleeps `idle`.
+double background_cpu_seconds(std::chrono::milliseconds idle) {
+  const double c0 = cpu_seconds(), t0 = thread_cpu_seconds();
+  std::this_thread::sleep_for(idle);
+  return (cpu_seconds() - c0) - (thread_cpu_seconds() - t0);
+}
+
+// Waits (up to 3 s) until no other thread of this process burns CPU: OpenBLAS's workers (the
+// math backend) keep spinning on sched_yield for a while after each GEMM and would otherwise
+// share the 2 cores with, and be charged to, the next backend timed. Returns false on timeout.
+bool wait_until_quiet() {
+  constexpr auto kSlice = std::chrono::milliseconds(20);
+  for (int i = 0; i < 150; ++i) {
+    if (background_cpu_seconds(kSlice) < 0.05 * std::chrono::duration<double>(kSlice).count()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Per-call times of one backend, gathered over the rounds.
+struct Calls {
+  std::vector<double> walls, cpus;  // seconds; CPU seconds of the process (all threads)
+  bool warm = false;
 };
 
-Timing time_best(int iters, const std::function<void()>& fn) {
-  fn();  // warm-up
-  Timing best;
-  for (int i = 0; i < iters; ++i) {
+struct Timing {
+  double wall = NAN;  // median over the timed calls, seconds
+  double cpu = NAN;   // median CPU seconds of the process per call
+  double wall_lo = NAN, wall_hi = NAN;  // fastest and slowest call
+  int calls = 0;
+};
+
+double median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  const size_t n = x.size();
+  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+// One round of fn: once the process is quiet (see wait_until_quiet), a warm-up call the first
+// time, then at least `iters` calls lasting at least `min_seconds` in all, each timed alone and
+// exactly as a user makes it (fork/join, allocations and packing included).
+void time_round(int iters, double min_seconds, const std::function<void()>& fn, Calls& calls) {
+  if (!wait_until_quiet()) std::fprintf(stderr, "warning: background threads still busy\n");
+  if (!calls.warm) fn();
+  calls.warm = true;
+  double total = 0;
+  for (int n = 0; n < iters || total < min_seconds; ++n) {
     const double c0 = cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     fn();
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (wall < best.wall) best = {wall, cpu_seconds() - c0};
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    calls.cpus.push_back(cpu_seconds() - c0);
+    calls.walls.push_back(wall);
+    total += wall;
   }
-  return best;
+}
+
+Timing summarize(const Calls& calls) {
+  Timing t;
+  if (calls.walls.empty()) return t;
+  t.wall = median(calls.walls);
+  t.cpu = median(calls.cpus);
+  t.wall_lo = *std::min_element(calls.walls.begin(), calls.walls.end());
+  t.wall_hi = *std::max_element(calls.walls.begin(), calls.walls.end());
+  t.calls = static_cast<int>(calls.walls.size());
+  return t;
 }
 
 struct Inputs {
@@ -162,11 +220,11 @@ data = torch.from_file(path, size=4 * n, dtype=torch.float32)
 dt = torch.float32 if dtype == "f32" else torch.bfloat16
 q, k, v, do = [data[i * n:(i + 1) * n].view(b, h, s, d).to(dt).clone() for i in range(4)]
 causal = causal == "1"
-def best(fn):
-    fn(); t = 1e30
+def best(fn):  # median over the calls, as for our backends
+    fn(); ts = []
     for _ in range(iters):
-        t0 = time.perf_counter(); fn(); t = min(t, time.perf_counter() - t0)
-    return t
+        t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
+    return sorted(ts)[len(ts) // 2]
 with torch.no_grad():
     fwd = best(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
 qg, kg, vg = [x.clone().requires_grad_() for x in (q, k, v)]
@@ -202,8 +260,11 @@ int main(int argc, char** argv) {
   std::string torch_python;
   int64_t batch = 1, heads = 4;
   int iters = 3, threads = 0;
+  double min_seconds = 0.3;
+  int rounds = 3;
   bool with_math = true, with_backward = true;
   int block_q = FlashCpuOptions{}.block_q, block_kv = FlashCpuOptions{}.block_kv;
+  CpuIsa isa = CpuIsa::kAuto;
   double fma_per_cycle = 64, ghz = cpuinfo_ghz();
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
@@ -214,12 +275,24 @@ int main(int argc, char** argv) {
     else if (flag == "--batch") batch = std::stoll(value);
     else if (flag == "--heads") heads = std::stoll(value);
     else if (flag == "--iters") iters = std::stoi(value);
+    else if (flag == "--min-time") min_seconds = std::stod(value);
+    else if (flag == "--rounds") rounds = std::max(1, std::stoi(value));
     else if (flag == "--threads") threads = std::stoi(value);
     else if (flag == "--torch") torch_python = value;
     else if (flag == "--math") with_math = value != "0";
     else if (flag == "--backward") with_backward = value != "0";
     else if (flag == "--block-q") block_q = std::stoi(value);
     else if (flag == "--block-kv") block_kv = std::stoi(value);
+    else if (flag == "--isa") {
+      const CpuIsa all[] = {CpuIsa::kAuto, CpuIsa::kAvx512, CpuIsa::kAvx2, CpuIsa::kScalar};
+      const auto* it = std::find_if(std::begin(all), std::end(all),
+                                    [&](CpuIsa x) { return cpu_isa_name(x) == value; });
+      if (it == std::end(all)) {
+        std::fprintf(stderr, "--isa %s: expected auto, avx512, avx2 or scalar\n", value.c_str());
+        return 2;
+      }
+      isa = *it;
+    }
     else if (flag == "--fma-flops-per-cycle") fma_per_cycle = std::stod(value);
     else if (flag == "--ghz") ghz = std::stod(value);
     else {
@@ -228,11 +301,11 @@ int main(int argc, char** argv) {
     }
   }
   const int cores = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
-  const double peak = cores * ghz * fma_per_cycle;  // GFLOP/s
+  const std::string isa_name(cpu_isa_name(isa == CpuIsa::kAuto ? detect_cpu_isa() : isa));
   std::printf("CPU: %d threads, isa %s, %.2f GHz (cpuinfo), nominal f32 FMA peak = %d x %.2f GHz x %.0f "
               "flop/cycle = %.1f GFLOP/s\n",
-              cores, std::string(cpu_isa_name(detect_cpu_isa())).c_str(), ghz, cores, ghz,
-              fma_per_cycle, peak);
+              cores, isa_name.c_str(), ghz, cores, ghz,
+              fma_per_cycle, cores * ghz * fma_per_cycle);
   double fma_per_cpu_second = ghz * fma_per_cycle;  // GFLOP per CPU-second of one core
   if (cpu_isa_supported(CpuIsa::kAvx512)) {
     const double one = measure_fma_gflops_one_core(&fma_per_cpu_second);
@@ -240,11 +313,19 @@ int main(int argc, char** argv) {
                 "(= %.2f GHz x %.0f flop/cycle)\n",
                 one, fma_per_cpu_second, fma_per_cpu_second / fma_per_cycle, fma_per_cycle);
   }
+  // The peak the cores deliver when they run (boost included), not the nominal clock's.
+  const double peak = cores * fma_per_cpu_second;  // GFLOP/s
+  std::printf("measured peak = %d x %.1f = %.1f GFLOP/s; each figure: median per call over %d "
+              "alternating rounds (>= %d calls, >= %.2f s in all, after a warm-up call)\n",
+              cores, fma_per_cpu_second, peak, rounds, iters, min_seconds);
   std::printf("torch: %s\n", torch_python.empty() ? "not given (--torch PYTHON)" : torch_python.c_str());
   std::printf("\n%-5s %6s %4s %6s | %9s %9s %9s %6s %6s %6s %6s | %9s %9s %9s %6s %6s %6s\n", "dtype",
               "S", "D", "causal", "fwd flash", "fwd math", "fwd torch", "x math", "x torch",
               "%peak", "%busy", "f+b flash",
               "f+b math", "f+b torch", "x math", "x torch", "%busy");
+  std::printf("%-5s %6s %4s %6s | %9s %9s %9s %6s %7s %6s %6s | %9s %9s %9s %6s %6s %6s | %s\n", "",
+              "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "",
+              "fwd ms: min median max (calls)");
   for (const std::string& dtype : parse_words(dtypes)) {
     for (int64_t s : parse_list(seqs)) {
       for (int64_t d : parse_list(dims)) {
@@ -256,7 +337,8 @@ int main(int argc, char** argv) {
           p.v = in.in(2);
           p.mask.causal = causal != 0;
           std::vector<float> lse(batch * heads * s);
-          const FlashCpuOptions fo{.threads = threads, .block_q = block_q, .block_kv = block_kv};
+          const FlashCpuOptions fo{
+              .isa = isa, .threads = threads, .block_q = block_q, .block_kv = block_kv};
           const double fwd_flops = 4.0 * batch * heads * s * s * d * (causal ? 0.5 : 1.0);
           const double both_flops = fwd_flops * 3.5;
           auto flash_fwd = [&] { flash_cpu_forward(p, in.out(0), lse.data(), fo); };
@@ -270,12 +352,21 @@ int main(int argc, char** argv) {
             math_fwd();
             math_attention_backward(p, in.in(3), in.out(1), in.out(2), in.out(3));
           };
-          const Timing flash_f = time_best(iters, flash_fwd);
-          const double tf = flash_f.wall;
-          const Timing flash_fb = with_backward ? time_best(iters, flash_both) : Timing{NAN, NAN};
-          const double tfb = flash_fb.wall;
-          const double tm = with_math ? time_best(iters, math_fwd).wall : NAN;
-          const double tmb = with_math && with_backward ? time_best(iters, math_both).wall : NAN;
+          // Alternating rounds, so that every backend sees the same share of whatever else
+          // runs on the machine and the ratios compare like with like.
+          Calls c_flash_f, c_flash_fb, c_math_f, c_math_fb;
+          const int per_round = std::max(1, (iters + rounds - 1) / rounds);
+          for (int r = 0; r < rounds; ++r) {
+            time_round(per_round, min_seconds / rounds, flash_fwd, c_flash_f);
+            if (with_backward) time_round(per_round, min_seconds / rounds, flash_both, c_flash_fb);
+            if (with_math) time_round(per_round, min_seconds / rounds, math_fwd, c_math_f);
+            if (with_math && with_backward) {
+              time_round(per_round, min_seconds / rounds, math_both, c_math_fb);
+            }
+          }
+          const Timing flash_f = summarize(c_flash_f), flash_fb = summarize(c_flash_fb);
+          const double tf = flash_f.wall, tfb = flash_fb.wall;
+          const double tm = summarize(c_math_f).wall, tmb = summarize(c_math_fb).wall;
           double tt = NAN, ttb = NAN;
           if (!torch_python.empty() &&
               !run_torch(torch_python, in, causal, dtype, iters, threads, tt, ttb)) {
@@ -283,21 +374,24 @@ int main(int argc, char** argv) {
           }
           auto tflops = [](double flops, double sec) { return flops / sec / 1e12; };
           std::printf("%-5s %6lld %4lld %6s | %9.3f %9.3f %9.3f %6.2f %7.2f %5.1f%% %5.1f%% | "
-                      "%9.3f %9.3f %9.3f %6.2f %6.2f %5.1f%%\n",
+                      "%9.3f %9.3f %9.3f %6.2f %6.2f %5.1f%% | %.2f %.2f %.2f (%d)\n",
                       dtype.c_str(), static_cast<long long>(s), static_cast<long long>(d),
                       causal ? "yes" : "no", tflops(fwd_flops, tf), tflops(fwd_flops, tm),
                       tflops(fwd_flops, tt), tm / tf, tt / tf, 100.0 * fwd_flops / tf / 1e9 / peak,
                       100.0 * fwd_flops / flash_f.cpu / 1e9 / fma_per_cpu_second,
                       tflops(both_flops, tfb), tflops(both_flops, tmb), tflops(both_flops, ttb),
-                      tmb / tfb, ttb / tfb, 100.0 * both_flops / flash_fb.cpu / 1e9 / fma_per_cpu_second);
+                      tmb / tfb, ttb / tfb,
+                      100.0 * both_flops / flash_fb.cpu / 1e9 / fma_per_cpu_second,
+                      1e3 * flash_f.wall_lo, 1e3 * flash_f.wall, 1e3 * flash_f.wall_hi,
+                      flash_f.calls);
           std::fflush(stdout);
         }
       }
     }
   }
-  std::printf("\nTFLOP/s columns; 'x math' / 'x torch' = that backend's time / flash time; %%peak = flash forward / "
-              "nominal peak (wall clock); %%busy = flash forward (or forward+backward) flops per CPU-second of the process "
-              "/ the FMA loop's flops per CPU-second (efficiency while running, insensitive to "
-              "other load).\n");
+  std::printf("\nTFLOP/s columns; 'x math' / 'x torch' = that backend's time / flash time; "
+              "%%peak = flash forward / measured peak (wall clock); %%busy = flash forward (or "
+              "forward+backward) flops per CPU-second of the process / the FMA loop's flops per "
+              "CPU-second (efficiency while running, insensitive to other load).\n");
   return 0;
 }

@@ -9,11 +9,12 @@
 //   flash_cpu_forward(p, out_view, lse.data());
 //   flash_cpu_backward(p, out_view, dout_view, lse.data(), dq_view, dk_view, dv_view);
 //
-// Work split: forward runs tasks (batch, query head, query block); backward runs tasks
+// Work split: forward runs tasks (batch, query head, query block) with its tiles transposed
+// (S^T = K Q^T, O^T = V^T P^T) so that f32 K and V are read in place; backward runs tasks
 // (batch, key/value head, key block), each computing its dk/dv block over all query heads of
 // its group and adding its dq contributions into a shared f32 accumulator under a per-query-
-// block lock, so no phase serializes on heads. Extra memory: f32 copies of K and V packed for
-// the kernels (forward), per-thread tiles, and for backward an f32 dq accumulator plus two
+// block lock, so no phase serializes on heads. Extra memory: per-thread tiles; for bf16 inputs
+// converted or paired copies of K and V (forward); for backward an f32 dq accumulator plus two
 // floats per query row: O(S * D) per head, never O(S^2).
 
 #include <cstdint>

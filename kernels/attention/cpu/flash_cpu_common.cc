@@ -101,18 +101,18 @@ void load_rows_transposed(const AttentionView& view, int64_t b, int64_t h, int64
 }
 
 void mask_tile_row(const MaskEvaluator& mask, int64_t b, int64_t h, int64_t i, int64_t j0,
-                   int64_t cols, float* row) {
+                   int64_t cols, float* row, int64_t step) {
   if (mask.rows_are_ranges()) {
     int64_t lo, hi;
     mask.window_range(i, &lo, &hi);
     lo = std::clamp<int64_t>(lo - j0, 0, cols);
     hi = std::clamp<int64_t>(hi - j0, lo, cols);
-    std::fill(row, row + lo, kNegInf);
-    std::fill(row + hi, row + cols, kNegInf);
+    for (int64_t c = 0; c < lo; ++c) row[c * step] = kNegInf;
+    for (int64_t c = hi; c < cols; ++c) row[c * step] = kNegInf;
     return;
   }
   for (int64_t c = 0; c < cols; ++c) {
-    if (!mask.visible(b, h, i, j0 + c)) row[c] = kNegInf;
+    if (!mask.visible(b, h, i, j0 + c)) row[c * step] = kNegInf;
   }
 }
 

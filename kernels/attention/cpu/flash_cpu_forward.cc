@@ -1,8 +1,11 @@
 // flash_cpu forward: FlashAttention-2's outer loop over query blocks, inner loop over key
 // blocks with an online softmax (running max m, running sum l, rescaled output accumulator).
-// Two GEMM flavours share the softmax step: f32 (any input, bf16 converted while packing) and,
-// for bf16 inputs on CPUs with AVX512-BF16, bf16 pairs through vdpbf16ps (P is rounded to bf16
-// before P V, as FlashAttention does on GPUs).
+// The tiles are kept transposed — scores S^T = K Q^T (keys x queries), output O^T = V^T P^T
+// (D x queries) — so that K and V are the GEMMs' broadcast operands, read where they lie (any
+// strides) for f32 inputs, with no per-call copy, and the softmax runs with vectors along the
+// queries. Two GEMM flavours share the softmax step: f32 (bf16 inputs converted once per
+// call) and, for bf16 inputs on CPUs with AVX512-BF16, bf16 pairs through vdpbf16ps (P is
+// rounded to bf16 before P V, as FlashAttention does on GPUs).
 
 #include <algorithm>
 #include <cmath>
@@ -22,16 +25,6 @@ using namespace internal;
 
 namespace {
 
-// K^T and V of every (batch, kv head), padded to whole blocks: the kernels' B operands.
-// f32: kt [B*H_kv][kv_blocks][dp][bk], v [B*H_kv][kv_blocks*bk][dp].
-// bf16 pairs (uint32_t = two bf16): kt [..][kv_blocks][dp/2][bk] pairs along D,
-// v [..][kv_blocks*bk/2][dp] pairs along the keys.
-struct PackedKv {
-  std::vector<float> kt, v;
-  std::vector<uint32_t> kt_pairs, v_pairs;
-  int64_t head = 0;  // elements (f32) or pairs per (batch, kv head), K and V alike
-};
-
 // Raw bf16 bits of view[b, h, s, :] into dst[0..D); zeros in [D, ld).
 void load_bf16_bits(const AttentionView& view, int64_t b, int64_t h, int64_t s, uint16_t* dst,
                     int64_t ld) {
@@ -43,98 +36,114 @@ void load_bf16_bits(const AttentionView& view, int64_t b, int64_t h, int64_t s, 
 
 uint32_t pair(uint16_t lo, uint16_t hi) { return uint32_t{lo} | (uint32_t{hi} << 16); }
 
-PackedKv pack_kv(const AttentionProblem& p, const FlashPlan& plan, bool pairs,
-                 const ForkJoin& team) {
-  PackedKv packed;
-  const int64_t heads = plan.batch * plan.kv_heads, bk = plan.bk, dp = plan.dp;
-  if (pairs) {
-    packed.head = plan.kv_blocks * bk * dp / 2;
-    packed.kt_pairs.resize(heads * packed.head);
-    packed.v_pairs.resize(heads * packed.head);
-  } else {
-    packed.head = plan.kv_blocks * bk * dp;
-    packed.kt.resize(heads * packed.head);
-    packed.v.resize(heads * packed.head);
+// Queries per panel when a partial tile of a causal/window mask is computed panel by panel.
+constexpr int64_t kPanel = 32;
+
+// Keys [*lo, *hi) of the tile [j0, j0 + cols) that some query in [i_begin, i_end) sees under a
+// range mask (relative to j0; *lo >= *hi when none does).
+void panel_keys(const MaskEvaluator& mask, int64_t i_begin, int64_t i_end, int64_t j0,
+                int64_t cols, int64_t* lo, int64_t* hi) {
+  *lo = cols;
+  *hi = 0;
+  for (int64_t i = i_begin; i < i_end; ++i) {
+    int64_t a, z;
+    mask.window_range(i, &a, &z);
+    a = std::clamp<int64_t>(a - j0, 0, cols);
+    z = std::clamp<int64_t>(z - j0, a, cols);
+    if (a < z) *lo = std::min(*lo, a), *hi = std::max(*hi, z);
   }
-  std::vector<std::vector<float>> scratch(team.threads());
+}
+
+// Where the GEMMs read K and V of one (batch, kv head): f32 element (j, c) of K at
+// k[j * k_row + c * k_col] (V likewise), in the inputs themselves when they are f32, else in
+// f32 copies made once per call. bf16 dot products: K as rows of pairs along D
+// (k_pairs[.][S_k][dp/2]), V paired along the keys (v_pairs[.][kv_blocks * bk / 2][dp]).
+struct KvOperands {
+  const AttentionProblem* p = nullptr;
+  int64_t kv_heads = 0;
+  std::vector<float> k_copy, v_copy;  // [B * H_kv][S_k][dp] when the inputs are bf16
+  std::vector<uint32_t> k_pairs, v_pairs;
+  int64_t head = 0;  // elements of a copy per (batch, kv head)
+  int64_t k_row = 0, k_col = 0, v_row = 0, v_col = 0;
+
+  const float* k(int64_t bkv, int64_t j) const { return f32(p->k, k_copy, bkv, j); }
+  const float* v(int64_t bkv, int64_t j) const { return f32(p->v, v_copy, bkv, j); }
+
+ private:
+  const float* f32(const AttentionView& view, const std::vector<float>& copy, int64_t bkv,
+                   int64_t j) const {
+    if (copy.empty()) {
+      return static_cast<const float*>(view.data) +
+             view.offset(bkv / kv_heads, bkv % kv_heads, j, 0);
+    }
+    return copy.data() + bkv * head + j * k_row;
+  }
+};
+
+KvOperands prepare_kv(const AttentionProblem& p, const FlashPlan& plan, bool pairs,
+                      const ForkJoin& team) {
+  KvOperands kv;
+  kv.p = &p;
+  kv.kv_heads = plan.kv_heads;
+  const int64_t heads = plan.batch * plan.kv_heads, bk = plan.bk, dp = plan.dp;
+  if (!pairs && p.k.dtype == DType::kF32) {  // read in place
+    kv.k_row = p.k.strides[2];
+    kv.k_col = p.k.strides[3];
+    kv.v_row = p.v.strides[2];
+    kv.v_col = p.v.strides[3];
+    return kv;
+  }
+  if (pairs) {
+    kv.head = plan.kv_blocks * bk * dp / 2;
+    kv.k_pairs.resize(heads * kv.head);
+    kv.v_pairs.resize(heads * kv.head);
+  } else {
+    kv.head = plan.kv_blocks * bk * dp;
+    kv.k_copy.resize(heads * kv.head);
+    kv.v_copy.resize(heads * kv.head);
+    kv.k_row = kv.v_row = dp;
+    kv.k_col = kv.v_col = 1;
+  }
   std::vector<std::vector<uint16_t>> bits(team.threads());
   team.run(heads * plan.kv_blocks, [&](int worker, int64_t task) {
     const int64_t bh = task / plan.kv_blocks, kb = task % plan.kv_blocks;
     const int64_t b = bh / plan.kv_heads, h = bh % plan.kv_heads;
     const int64_t j0 = kb * bk, rows = std::min(bk, plan.sk - j0);
     if (!pairs) {
-      auto& tmp = scratch[worker];
-      tmp.resize(bk * dp);
-      load_rows_transposed(p.k, b, h, j0, rows, bk, dp,
-                           packed.kt.data() + bh * packed.head + kb * bk * dp, tmp.data());
-      load_rows(p.v, b, h, j0, rows, bk, packed.v.data() + bh * packed.head + j0 * dp, dp);
+      load_rows(p.k, b, h, j0, rows, bk, kv.k_copy.data() + bh * kv.head + j0 * dp, dp);
+      load_rows(p.v, b, h, j0, rows, bk, kv.v_copy.data() + bh * kv.head + j0 * dp, dp);
       return;
     }
-    auto& kb_bits = bits[worker];  // this block's K and V rows as bf16 bits, zero padded
-    kb_bits.assign(2 * bk * dp, 0);
-    uint16_t* kr = kb_bits.data();
-    uint16_t* vr = kr + bk * dp;
-    for (int64_t r = 0; r < rows; ++r) {
-      load_bf16_bits(p.k, b, h, j0 + r, kr + r * dp, dp);
-      load_bf16_bits(p.v, b, h, j0 + r, vr + r * dp, dp);
-    }
-    uint32_t* kt = packed.kt_pairs.data() + bh * packed.head + kb * bk * dp / 2;
-    for (int64_t q = 0; q < dp / 2; ++q) {
-      for (int64_t j = 0; j < bk; ++j) kt[q * bk + j] = pair(kr[j * dp + 2 * q], kr[j * dp + 2 * q + 1]);
-    }
-    uint32_t* v = packed.v_pairs.data() + bh * packed.head + (j0 / 2) * dp;
+    // K: a bf16 row zero padded to dp is its row of pairs along D.
+    uint16_t* k = reinterpret_cast<uint16_t*>(kv.k_pairs.data() + bh * kv.head + j0 * dp / 2);
+    for (int64_t r = 0; r < rows; ++r) load_bf16_bits(p.k, b, h, j0 + r, k + r * dp, dp);
+    std::fill(k + rows * dp, k + bk * dp, uint16_t{0});
+    auto& vb = bits[worker];  // this block's V rows as bf16 bits, zero padded
+    vb.assign(bk * dp, 0);
+    for (int64_t r = 0; r < rows; ++r) load_bf16_bits(p.v, b, h, j0 + r, vb.data() + r * dp, dp);
+    uint32_t* v = kv.v_pairs.data() + bh * kv.head + (j0 / 2) * dp;
     for (int64_t t = 0; t < bk / 2; ++t) {
-      for (int64_t c = 0; c < dp; ++c) v[t * dp + c] = pair(vr[2 * t * dp + c], vr[(2 * t + 1) * dp + c]);
+      for (int64_t c = 0; c < dp; ++c) {
+        v[t * dp + c] = pair(vb[2 * t * dp + c], vb[(2 * t + 1) * dp + c]);
+      }
     }
   });
-  return packed;
+  return kv;
 }
 
-// One worker's tiles.
+// One worker's tiles; n = query block padded to kTileWidth. qt: Q^T (dp x n), st: S^T then
+// P^T (bk x n), ot: O^T (dp x n); m, l, alpha per query; rows: Q or O rows (bq x dp) where
+// they cannot be read or written in place.
 struct ForwardScratch {
-  std::vector<float> q, s, o, m, l, m_new, alpha, keep;
-  std::vector<uint16_t> q_bits, p_bits;  // bf16 path: Q rows and P rows as bf16
-  explicit ForwardScratch(const FlashPlan& plan)
-      : q(plan.bq * plan.dp), s(plan.bq * plan.bk), o(plan.bq * plan.dp), m(plan.bq),
-        l(plan.bq), m_new(plan.bq), alpha(round_up(plan.bq, kTileWidth)), keep(plan.bk),
-        q_bits(plan.bq * plan.dp), p_bits(plan.bq * plan.bk) {}
+  std::vector<float> qt, st, ot, m, l, alpha, keep, rows;
+  std::vector<uint32_t> qt_pairs, pt_pairs;  // bf16 path: Q^T, P^T paired along D, the keys
+  std::vector<uint16_t> bits;
+  std::vector<int64_t> panel_lo, panel_hi;  // keys each query panel computes (partial tiles)
+  ForwardScratch(const FlashPlan& plan, int64_t n)
+      : qt(plan.dp * n), st(plan.bk * n), ot(plan.dp * n), m(n), l(n), alpha(n), keep(plan.bk),
+        rows(plan.bq * plan.dp), qt_pairs(plan.dp / 2 * n), pt_pairs(plan.bk / 2 * n),
+        bits(plan.dp), panel_lo(ceil_div(n, kPanel)), panel_hi(ceil_div(n, kPanel)) {}
 };
-
-// Turns the tile's scores (rows x bk, `cols` valid; log2 units after multiplying by `mul`)
-// into probabilities with the online softmax: masks, updates m and l, rescales the output
-// rows, applies dropout.
-void online_softmax(const TileOps& ops, const MaskEvaluator& mask, const DropoutMask& drop,
-                    TileClass tile, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
-                    int64_t cols, int64_t bk, int64_t dp, float mul, ForwardScratch& w) {
-  // New running maxima, and the factors 2^(m_old - m_new) by one vector exp2 over the rows.
-  for (int64_t r = 0; r < rows; ++r) {
-    float* srow = w.s.data() + r * bk;
-    if (tile == TileClass::kPartial) mask_tile_row(mask, b, h, i0 + r, j0, cols, srow);
-    std::fill(srow + cols, srow + bk, kNegInf);
-    w.m_new[r] = std::max(w.m[r], ops.row_max(srow, bk) * mul);  // mul > 0
-    w.alpha[r] = w.m_new[r] == kNegInf ? 0.0f : w.m[r] - w.m_new[r];
-  }
-  std::fill(w.alpha.begin() + rows, w.alpha.end(), 0.0f);
-  ops.exp2_affine(w.alpha.data(), static_cast<int64_t>(w.alpha.size()), 1.0f, 0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* srow = w.s.data() + r * bk;
-    if (w.m_new[r] == kNegInf) {  // nothing visible yet
-      std::fill(srow, srow + bk, 0.0f);
-      continue;
-    }
-    const float alpha = w.alpha[r];
-    w.l[r] = w.l[r] * alpha + ops.exp2_affine(srow, bk, mul, w.m_new[r]);
-    w.m[r] = w.m_new[r];
-    if (alpha != 1.0f) {
-      float* orow = w.o.data() + r * dp;
-      for (int64_t c = 0; c < dp; ++c) orow[c] *= alpha;
-    }
-    if (drop.enabled()) {
-      drop.fill(b, h, i0 + r, j0, cols, w.keep.data());
-      for (int64_t c = 0; c < cols; ++c) srow[c] *= w.keep[c];
-    }
-  }
-}
 
 }  // namespace
 
@@ -148,12 +157,16 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
   const DropoutMask drop(p.dropout.p, p.dropout.seed, p.dropout.offset);
   const TileOps& ops = *plan.ops;
   const Bf16TileOps* bf16 = plan.bf16;  // null: f32 GEMMs
-  const PackedKv kv = plan.sk > 0 ? pack_kv(p, plan, bf16 != nullptr, team) : PackedKv{};
-  const int64_t bq = plan.bq, bk = plan.bk, dp = plan.dp;
-  // Scores in log2 units (the softmax uses exp2): f32 folds scale * log2(e) into Q, the bf16
-  // path keeps Q exact and applies it in the softmax step.
-  const float q_mul = plan.scale * kLog2e;
-  std::vector<ForwardScratch> scratch(team.threads(), ForwardScratch(plan));
+  const KvOperands kv = plan.sk > 0 ? prepare_kv(p, plan, bf16 != nullptr, team) : KvOperands{};
+  const int64_t bq = plan.bq, bk = plan.bk, d = plan.d, dp = plan.dp;
+  const int64_t n = round_up(bq, kTileWidth);
+  // Scores in log2 units (the softmax uses exp2): the softmax step multiplies by
+  // scale * log2(e).
+  const float s_mul = plan.scale * kLog2e;
+  // f32 rows with unit stride along D are read (Q) and written (out) in place.
+  const bool q_in_place = p.q.dtype == DType::kF32 && p.q.strides[3] == 1;
+  const bool out_in_place = out.dtype == DType::kF32 && out.strides[3] == 1;
+  std::vector<ForwardScratch> scratch(team.threads(), ForwardScratch(plan, n));
 
   // Heaviest tasks first: under a causal mask the last query blocks see the most keys.
   const int64_t tasks = plan.batch * plan.q_heads * plan.q_blocks;
@@ -164,12 +177,30 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
     const int64_t bkv = b * plan.kv_heads + h / plan.group;
     const int64_t i0 = ib * bq, rows = std::min(bq, plan.sq - i0);
     ForwardScratch& w = scratch[worker];
+    // Q^T, zero in the padding columns [rows, n) and rows [D, dp).
     if (bf16) {
-      for (int64_t r = 0; r < rows; ++r) load_bf16_bits(p.q, b, h, i0 + r, w.q_bits.data() + r * dp, dp);
+      std::fill(w.qt_pairs.begin(), w.qt_pairs.end(), 0u);
+      for (int64_t r = 0; r < rows; ++r) {
+        load_bf16_bits(p.q, b, h, i0 + r, w.bits.data(), dp);
+        for (int64_t t = 0; t < dp / 2; ++t) {
+          w.qt_pairs[t * n + r] = pair(w.bits[2 * t], w.bits[2 * t + 1]);
+        }
+      }
     } else {
-      load_rows(p.q, b, h, i0, rows, rows, w.q.data(), dp, q_mul);
+      const float* q = w.rows.data();
+      int64_t ldq = dp;
+      if (q_in_place) {
+        q = static_cast<const float*>(p.q.data) + p.q.offset(b, h, i0, 0);
+        ldq = p.q.strides[2];
+      } else {
+        load_rows(p.q, b, h, i0, rows, rows, w.rows.data(), dp);
+      }
+      ops.transpose(q, ldq, rows, d, w.qt.data(), n, nullptr);
+      for (int64_t c = 0; rows < n && c < d; ++c) {
+        std::fill(w.qt.begin() + c * n + rows, w.qt.begin() + (c + 1) * n, 0.0f);
+      }
     }
-    std::fill(w.o.begin(), w.o.end(), 0.0f);
+    std::fill(w.ot.begin(), w.ot.begin() + d * n, 0.0f);
     std::fill(w.m.begin(), w.m.end(), kNegInf);
     std::fill(w.l.begin(), w.l.end(), 0.0f);
 
@@ -179,31 +210,76 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
                                  ? TileClass::kFull
                                  : mask.classify(b, i0, i0 + rows, j0, j0 + cols);
       if (tile == TileClass::kEmpty) continue;
-      if (bf16) {
-        // S = Q K^T over bf16 pairs; softmax with the scale; P to bf16; O += P V.
-        const auto* qp = reinterpret_cast<const uint32_t*>(w.q_bits.data());
-        const uint32_t* kt = kv.kt_pairs.data() + bkv * kv.head + kb * bk * dp / 2;
-        bf16->gemm(rows, bk, dp / 2, qp, dp / 2, 1, kt, bk, w.s.data(), bk, false);
-        online_softmax(ops, mask, drop, tile, b, h, i0, rows, j0, cols, bk, dp, q_mul, w);
-        bf16->to_bf16(w.s.data(), w.p_bits.data(), rows * bk);
-        const auto* pp = reinterpret_cast<const uint32_t*>(w.p_bits.data());
-        const uint32_t* v = kv.v_pairs.data() + bkv * kv.head + (j0 / 2) * dp;
-        bf16->gemm(rows, dp, (cols + 1) / 2, pp, bk / 2, 1, v, dp, w.o.data(), dp, true);
+      // S^T = K Q^T. A partial tile of a causal/window mask goes panel by panel over only the
+      // keys the panel's queries see (about half of a diagonal tile is never computed); the
+      // entries left out are masked below like any invisible key, and P V skips them too.
+      const bool by_panel = !bf16 && tile == TileClass::kPartial && mask.rows_are_ranges();
+      if (by_panel) {
+        for (int64_t q0 = 0, t = 0; q0 < n; q0 += kPanel, ++t) {
+          int64_t& lo = w.panel_lo[t];
+          int64_t& hi = w.panel_hi[t];
+          panel_keys(mask, i0 + q0, i0 + std::min(rows, q0 + kPanel), j0, cols, &lo, &hi);
+          if (lo >= hi) continue;
+          ops.gemm(hi - lo, std::min(kPanel, n - q0), d, kv.k(bkv, j0 + lo), kv.k_row, kv.k_col,
+                   w.qt.data() + q0, n, w.st.data() + lo * n + q0, n, false);
+        }
+      } else if (bf16) {
+        bf16->gemm(cols, n, dp / 2, kv.k_pairs.data() + bkv * kv.head + j0 * dp / 2, dp / 2, 1,
+                   w.qt_pairs.data(), n, w.st.data(), n, false);
       } else {
-        const float* kt = kv.kt.data() + bkv * kv.head + kb * bk * dp;
-        ops.gemm(rows, bk, dp, w.q.data(), dp, 1, kt, bk, w.s.data(), bk, false);
-        online_softmax(ops, mask, drop, tile, b, h, i0, rows, j0, cols, bk, dp, 1.0f, w);
-        const float* v = kv.v.data() + bkv * kv.head + j0 * dp;
-        ops.gemm(rows, dp, cols, w.s.data(), bk, 1, v, dp, w.o.data(), dp, true);
+        ops.gemm(cols, n, d, kv.k(bkv, j0), kv.k_row, kv.k_col, w.qt.data(), n, w.st.data(), n,
+                 false);
+      }
+      // Mask, online softmax (rescales O^T), dropout.
+      if (tile == TileClass::kPartial) {
+        for (int64_t r = 0; r < rows; ++r) {
+          mask_tile_row(mask, b, h, i0 + r, j0, cols, w.st.data() + r, n);
+        }
+      }
+      ops.softmax_step(w.st.data(), cols, n, s_mul, w.m.data(), w.l.data(), w.ot.data(), d,
+                       w.alpha.data());
+      if (drop.enabled()) {
+        for (int64_t r = 0; r < rows; ++r) {
+          if (w.m[r] == kNegInf) continue;  // an all-zero column
+          drop.fill(b, h, i0 + r, j0, cols, w.keep.data());
+          for (int64_t c = 0; c < cols; ++c) w.st[c * n + r] *= w.keep[c];
+        }
+      }
+      // O^T += V^T P^T.
+      if (bf16) {
+        for (int64_t t = 0; 2 * t < cols; ++t) {
+          bf16->to_bf16_pairs(w.st.data() + 2 * t * n,
+                              2 * t + 1 < cols ? w.st.data() + (2 * t + 1) * n : nullptr,
+                              w.pt_pairs.data() + t * n, n);
+        }
+        bf16->gemm(d, n, (cols + 1) / 2, kv.v_pairs.data() + bkv * kv.head + (j0 / 2) * dp, 1, dp,
+                   w.pt_pairs.data(), n, w.ot.data(), n, true);
+      } else if (by_panel) {
+        for (int64_t q0 = 0, t = 0; q0 < n; q0 += kPanel, ++t) {
+          const int64_t lo = w.panel_lo[t], hi = w.panel_hi[t];
+          if (lo >= hi) continue;
+          ops.gemm(d, std::min(kPanel, n - q0), hi - lo, kv.v(bkv, j0 + lo), kv.v_col, kv.v_row,
+                   w.st.data() + lo * n + q0, n, w.ot.data() + q0, n, true);
+        }
+      } else {
+        ops.gemm(d, n, cols, kv.v(bkv, j0), kv.v_col, kv.v_row, w.st.data(), n, w.ot.data(), n,
+                 true);
       }
     }
 
+    // out = (O^T)^T / l; rows that saw no key get 0.
     for (int64_t r = 0; r < rows; ++r) {
       const float l = w.l[r];
-      store_row(out, b, h, i0 + r, w.o.data() + r * dp, l > 0 ? 1.0f / l : 0.0f);
-      if (lse) {
-        lse[bh * plan.sq + i0 + r] = l > 0 ? w.m[r] * kLn2 + std::log(l) : kNegInf;
-      }
+      w.alpha[r] = l > 0 ? 1.0f / l : 0.0f;
+      if (lse) lse[bh * plan.sq + i0 + r] = l > 0 ? w.m[r] * kLn2 + std::log(l) : kNegInf;
+    }
+    if (out_in_place) {
+      ops.transpose(w.ot.data(), n, d, rows,
+                    static_cast<float*>(out.data) + out.offset(b, h, i0, 0), out.strides[2],
+                    w.alpha.data());
+    } else {
+      ops.transpose(w.ot.data(), n, d, rows, w.rows.data(), dp, w.alpha.data());
+      for (int64_t r = 0; r < rows; ++r) store_row(out, b, h, i0 + r, w.rows.data() + r * dp);
     }
   });
 }

@@ -16,6 +16,8 @@ struct Vec {
   static Reg load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, Reg x) { _mm256_storeu_ps(p, x); }
   static Reg add(Reg a, Reg b) { return _mm256_add_ps(a, b); }
+  static Reg mul(Reg a, Reg b) { return _mm256_mul_ps(a, b); }
+  static Reg sub(Reg a, Reg b) { return _mm256_sub_ps(a, b); }
   static Reg max(Reg a, Reg b) { return _mm256_max_ps(a, b); }
   static Reg fmadd(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
   static Reg fmsub(Reg a, Reg b, Reg c) { return _mm256_fmsub_ps(a, b, c); }
@@ -31,13 +33,16 @@ struct Vec {
     s = _mm_max_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
-  // As the AVX-512 version: x <= 0, clamped at -127 so tiny and -inf inputs give 0.
+  // 2^x for x <= 0: x = n + f, 2^f by polynomial, 2^n into the exponent bits. Clamping at -127
+  // makes the exponent field 0, so -inf and anything below 2^-126 give exactly 0.
   static Reg exp2(Reg x) {
     x = _mm256_max_ps(x, _mm256_set1_ps(-127.0f));
     const Reg n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const Reg f = _mm256_sub_ps(x, n);
-    Reg p = _mm256_set1_ps(kExp2Poly[7]);
-    for (int i = 6; i >= 0; --i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[i]));
+    Reg p = _mm256_set1_ps(kExp2Poly[kExp2Degree]);
+    for (int i = kExp2Degree - 1; i >= 0; --i) {
+      p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[i]));
+    }
     const __m256i e = _mm256_slli_epi32(
         _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));

@@ -18,6 +18,8 @@ struct Vec {
   static Reg load(const float* p) { return *p; }
   static void store(float* p, Reg x) { *p = x; }
   static Reg add(Reg a, Reg b) { return a + b; }
+  static Reg mul(Reg a, Reg b) { return a * b; }
+  static Reg sub(Reg a, Reg b) { return a - b; }
   static Reg max(Reg a, Reg b) { return std::max(a, b); }
   static Reg fmadd(Reg a, Reg b, Reg c) { return a * b + c; }
   static Reg fmsub(Reg a, Reg b, Reg c) { return a * b - c; }

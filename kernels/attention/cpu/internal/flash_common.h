@@ -45,9 +45,9 @@ void load_rows(const AttentionView& view, int64_t b, int64_t h, int64_t s0, int6
 void load_rows_transposed(const AttentionView& view, int64_t b, int64_t h, int64_t s0,
                           int64_t rows, int64_t bk, int64_t dp, float* dst, float* scratch);
 
-// Sets row[c] = -inf for the keys j0 + c (c < cols) that query i of (b, h) may not see: by
-// range when the mask allows it, else element by element.
+// Sets row[c * step] = -inf for the keys j0 + c (c < cols) that query i of (b, h) may not see:
+// by range when the mask allows it, else element by element.
 void mask_tile_row(const MaskEvaluator& mask, int64_t b, int64_t h, int64_t i, int64_t j0,
-                   int64_t cols, float* row);
+                   int64_t cols, float* row, int64_t step = 1);
 
 }  // namespace tessel::kernels::attention::internal

@@ -19,8 +19,19 @@ struct TileOps {
   // x[j] = exp2(x[j] * mul - sub) for j < n, for arguments <= 0 (exactly 0 where x[j] is -inf
   // or the result is below 2^-126); returns the sum.
   float (*exp2_affine)(float* x, int64_t n, float mul, float sub);
-  // max_j x[j] for j < n (-inf when all are -inf).
-  float (*row_max)(const float* x, int64_t n);
+  // One online-softmax step of FlashAttention-2 over a transposed tile of scores st (keys x n,
+  // row-major: st[j * n + i] is query i's score for key j; entries a query may not see already
+  // -inf), n a multiple of kTileWidth, mul > 0. For every query i < n:
+  //   m' = max(m[i], mul * max_j st[j, i]);  st[j, i] = 2^(mul * st[j, i] - m');
+  //   alpha[i] = 2^(m[i] - m');  l[i] = l[i] * alpha[i] + sum_j st[j, i];  m[i] = m';
+  // and the transposed output accumulator ot (out_rows x n, row-major) has column i scaled by
+  // alpha[i]. A query with m' = -inf (no visible key so far) gets zeros and alpha 0.
+  void (*softmax_step)(float* st, int64_t keys, int64_t n, float mul, float* m, float* l,
+                       float* ot, int64_t out_rows, float* alpha);
+  // dst[c * ld_dst + r] = src[r * ld_src + c] * (col_scale ? col_scale[c] : 1) for r < rows,
+  // c < cols (any sizes; src and dst must not overlap).
+  void (*transpose)(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst,
+                    int64_t ld_dst, const float* col_scale);
 };
 
 // bf16 dot-product kernels (AVX-512 BF16, vdpbf16ps). A and B hold pairs of bf16 adjacent along
