@@ -20,6 +20,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include "tessel/base/clock.h"
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
@@ -123,6 +124,8 @@ std::shared_ptr<::gloo::Context> connect(std::shared_ptr<tessel::Store> store, i
 }
 
 constexpr uint64_t kP2pSlotPrefix = uint64_t{0x7e} << 56;
+// Slots of our ring reduce-scatter: prefix, 40 bits of the group sequence number, 16 of step.
+constexpr uint64_t kReduceScatterSlotPrefix = uint64_t{0x7d} << 56;
 
 class GlooBackend final : public Backend {
  public:
@@ -175,16 +178,77 @@ class GlooBackend final : public Backend {
     gloo_call("all_gather", [&] { ::gloo::allgatherv(o); });
   }
 
+  // A ring reduce-scatter over Gloo's point-to-point buffers (Gloo's collectives API has none):
+  // n - 1 steps; in each, a rank passes one chunk's partial sum to its right neighbour and adds
+  // its own input to the chunk arriving from its left, so after the last step it holds the full
+  // sum of its own chunk. Each rank moves (n-1)/n of the buffer (an all_reduce moves twice that)
+  // and needs three chunks of scratch, not a copy of the input.
   void reduce_scatter(const Tensor& input, Tensor& output, std::span<const int64_t> counts,
                       ReduceOp op, const OpContext& ctx) override {
-    // All-reduce a copy of the input, then keep this rank's slice.
+    const int n = size(), r = rank();
     const size_t es = input.element_size();
-    std::vector<uint8_t> scratch(input.nbytes());
-    if (!scratch.empty()) std::memcpy(scratch.data(), input.data_ptr(), scratch.size());
-    all_reduce_raw(scratch.data(), input.numel(), input.dtype(), op, ctx);
-    const int64_t offset = std::accumulate(counts.begin(), counts.begin() + rank(), int64_t{0});
-    if (output.nbytes() > 0) {
-      std::memcpy(output.data_ptr(), scratch.data() + offset * es, output.nbytes());
+    const auto* in = static_cast<const uint8_t*>(input.data_ptr());
+    std::vector<size_t> offset(static_cast<size_t>(n) + 1, 0);  // in bytes
+    size_t max_chunk = 0;
+    for (int c = 0; c < n; ++c) {
+      const size_t bytes = static_cast<size_t>(counts[static_cast<size_t>(c)]) * es;
+      offset[static_cast<size_t>(c) + 1] = offset[static_cast<size_t>(c)] + bytes;
+      max_chunk = std::max(max_chunk, bytes);
+    }
+    auto bytes_of = [&](int c) { return offset[c + 1] - offset[c]; };
+    if (n == 1) {
+      if (output.nbytes() > 0) std::memcpy(output.data_ptr(), in, output.nbytes());
+      return;
+    }
+    const ReduceOp base = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+    const int right = (r + 1) % n, left = (r + n - 1) % n;
+    // [received chunk][partial A][partial B]: a partial is sent while the next is computed.
+    std::vector<uint8_t> scratch(3 * std::max<size_t>(max_chunk, 1));
+    uint8_t* received = scratch.data();
+    uint8_t* partial[2] = {scratch.data() + max_chunk, scratch.data() + 2 * max_chunk};
+    const Deadline deadline = Deadline::after(ctx.timeout);
+    gloo_call("reduce_scatter", [&] {
+      // Gloo only reads what it sends; the input is not written.
+      uint8_t dummy = 0;
+      auto input_buffer = context_->createUnboundBuffer(
+          input.nbytes() > 0 ? const_cast<uint8_t*>(in) : &dummy,
+          std::max<size_t>(input.nbytes(), 1));
+      auto scratch_buffer = context_->createUnboundBuffer(scratch.data(), scratch.size());
+      for (int step = 0; step < n - 1; ++step) {
+        // Chunk indices so that the last chunk summed at rank r is chunk r.
+        const int send_chunk = ((r - step - 1) % n + n) % n;
+        const int recv_chunk = ((r - step - 2) % n + n) % n;
+        const uint64_t slot = kReduceScatterSlotPrefix | ((ctx.seq & 0xffffffffffull) << 16) |
+                              static_cast<uint64_t>(step);
+        const size_t send_bytes = bytes_of(send_chunk), recv_bytes = bytes_of(recv_chunk);
+        if (send_bytes > 0) {
+          if (step == 0) {
+            input_buffer->send(right, slot, offset[send_chunk], send_bytes);
+          } else {
+            scratch_buffer->send(right, slot, partial[(step - 1) % 2] - scratch.data(),
+                                 send_bytes);
+          }
+        }
+        if (recv_bytes > 0) {
+          scratch_buffer->recv(left, slot, 0, recv_bytes);
+          if (!scratch_buffer->waitRecv(to_millis(deadline.remaining()))) {
+            throw CommError("reduce_scatter: the receive was aborted");
+          }
+          uint8_t* sum = step == n - 2 ? static_cast<uint8_t*>(output.data_ptr())
+                                       : partial[step % 2];
+          internal::reduce_pair(input.dtype(), base, sum, received, in + offset[recv_chunk],
+                                static_cast<int64_t>(recv_bytes / es));
+        }
+        if (send_bytes > 0) {
+          auto& sent = step == 0 ? input_buffer : scratch_buffer;
+          if (!sent->waitSend(to_millis(deadline.remaining()))) {
+            throw CommError("reduce_scatter: the send was aborted");
+          }
+        }
+      }
+    });
+    if (op == ReduceOp::kAvg && output.numel() > 0) {
+      internal::divide_by(output.dtype(), output.data_ptr(), output.numel(), n);
     }
   }
 

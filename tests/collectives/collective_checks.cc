@@ -266,6 +266,7 @@ void check_everything(ProcessGroup& pg, const std::vector<int64_t>& counts) {
       check_all_gather(pg, dtype, count, true);
       check_reduce_scatter(pg, dtype, count, false, ReduceOp::kSum);
       check_reduce_scatter(pg, dtype, count, true, ReduceOp::kMax);
+      check_reduce_scatter(pg, dtype, count, true, ReduceOp::kAvg);
       check_all_to_all(pg, dtype, count);
       if (pg.size() > 1) check_send_recv_ring(pg, dtype, count);
       check_async_batch(pg, dtype, count);
