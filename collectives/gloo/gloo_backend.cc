@@ -124,14 +124,18 @@ std::shared_ptr<::gloo::Context> connect(std::shared_ptr<tessel::Store> store, i
 }
 
 constexpr uint64_t kP2pSlotPrefix = uint64_t{0x7e} << 56;
-// Slots of our ring reduce-scatter: prefix, 40 bits of the group sequence number, 16 of step.
+// Slots of our reduce-scatter: prefix, 40 bits of the group sequence number, 16 of the step.
 constexpr uint64_t kReduceScatterSlotPrefix = uint64_t{0x7d} << 56;
+
 
 class GlooBackend final : public Backend {
  public:
   GlooBackend(std::shared_ptr<tessel::Store> store, std::shared_ptr<::gloo::Context> context,
-              std::shared_ptr<::gloo::transport::Device> device)
-      : store_(std::move(store)), context_(std::move(context)), device_(std::move(device)) {}
+              std::shared_ptr<::gloo::transport::Device> device, size_t halving_max_bytes)
+      : store_(std::move(store)),
+        context_(std::move(context)),
+        device_(std::move(device)),
+        halving_max_bytes_(halving_max_bytes) {}
 
   std::string_view name() const override { return "gloo"; }
   int rank() const override { return context_->rank; }
@@ -178,72 +182,35 @@ class GlooBackend final : public Backend {
     gloo_call("all_gather", [&] { ::gloo::allgatherv(o); });
   }
 
-  // A ring reduce-scatter over Gloo's point-to-point buffers (Gloo's collectives API has none):
-  // n - 1 steps; in each, a rank passes one chunk's partial sum to its right neighbour and adds
-  // its own input to the chunk arriving from its left, so after the last step it holds the full
-  // sum of its own chunk. Each rank moves (n-1)/n of the buffer (an all_reduce moves twice that)
-  // and needs three chunks of scratch, not a copy of the input.
+  // Gloo's collectives API has no reduce-scatter, so ours runs over its point-to-point buffers:
+  // recursive halving (log2 n steps) for a power-of-two group and an input of at most
+  // GlooOptions::halving_max_bytes, where latency matters; a ring (n - 1 steps, three chunks of
+  // scratch) otherwise, where bandwidth decides and the scratch stays small. Both move (n-1)/n of the buffer per rank, half of what an all_reduce moves.
   void reduce_scatter(const Tensor& input, Tensor& output, std::span<const int64_t> counts,
                       ReduceOp op, const OpContext& ctx) override {
-    const int n = size(), r = rank();
-    const size_t es = input.element_size();
-    const auto* in = static_cast<const uint8_t*>(input.data_ptr());
-    std::vector<size_t> offset(static_cast<size_t>(n) + 1, 0);  // in bytes
-    size_t max_chunk = 0;
+    const int n = size();
+    ScatterPlan plan;
+    plan.in = static_cast<const uint8_t*>(input.data_ptr());
+    plan.out = static_cast<uint8_t*>(output.data_ptr());
+    plan.in_bytes = input.nbytes();
+    plan.dtype = input.dtype();
+    plan.op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+    plan.offset.assign(static_cast<size_t>(n) + 1, 0);
     for (int c = 0; c < n; ++c) {
-      const size_t bytes = static_cast<size_t>(counts[static_cast<size_t>(c)]) * es;
-      offset[static_cast<size_t>(c) + 1] = offset[static_cast<size_t>(c)] + bytes;
-      max_chunk = std::max(max_chunk, bytes);
+      plan.offset[static_cast<size_t>(c) + 1] =
+          plan.offset[static_cast<size_t>(c)] +
+          static_cast<size_t>(counts[static_cast<size_t>(c)]) * input.element_size();
     }
-    auto bytes_of = [&](int c) { return offset[c + 1] - offset[c]; };
     if (n == 1) {
-      if (output.nbytes() > 0) std::memcpy(output.data_ptr(), in, output.nbytes());
+      if (output.nbytes() > 0) std::memcpy(output.data_ptr(), plan.in, output.nbytes());
       return;
     }
-    const ReduceOp base = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-    const int right = (r + 1) % n, left = (r + n - 1) % n;
-    // [received chunk][partial A][partial B]: a partial is sent while the next is computed.
-    uint8_t* scratch = scratch_for(3 * std::max<size_t>(max_chunk, 1));
-    uint8_t* received = scratch;
-    uint8_t* partial[2] = {scratch + max_chunk, scratch + 2 * max_chunk};
     const Deadline deadline = Deadline::after(ctx.timeout);
     gloo_call("reduce_scatter", [&] {
-      // Gloo only reads what it sends; the input is not written.
-      uint8_t dummy = 0;
-      auto input_buffer = context_->createUnboundBuffer(
-          input.nbytes() > 0 ? const_cast<uint8_t*>(in) : &dummy,
-          std::max<size_t>(input.nbytes(), 1));
-      auto scratch_buffer = context_->createUnboundBuffer(scratch, scratch_bytes_);
-      for (int step = 0; step < n - 1; ++step) {
-        // Chunk indices so that the last chunk summed at rank r is chunk r.
-        const int send_chunk = ((r - step - 1) % n + n) % n;
-        const int recv_chunk = ((r - step - 2) % n + n) % n;
-        const uint64_t slot = kReduceScatterSlotPrefix | ((ctx.seq & 0xffffffffffull) << 16) |
-                              static_cast<uint64_t>(step);
-        const size_t send_bytes = bytes_of(send_chunk), recv_bytes = bytes_of(recv_chunk);
-        if (send_bytes > 0) {
-          if (step == 0) {
-            input_buffer->send(right, slot, offset[send_chunk], send_bytes);
-          } else {
-            scratch_buffer->send(right, slot, partial[(step - 1) % 2] - scratch, send_bytes);
-          }
-        }
-        if (recv_bytes > 0) {
-          scratch_buffer->recv(left, slot, 0, recv_bytes);
-          if (!scratch_buffer->waitRecv(to_millis(deadline.remaining()))) {
-            throw CommError("reduce_scatter: the receive was aborted");
-          }
-          uint8_t* sum = step == n - 2 ? static_cast<uint8_t*>(output.data_ptr())
-                                       : partial[step % 2];
-          internal::reduce_pair(input.dtype(), base, sum, received, in + offset[recv_chunk],
-                                static_cast<int64_t>(recv_bytes / es));
-        }
-        if (send_bytes > 0) {
-          auto& sent = step == 0 ? input_buffer : scratch_buffer;
-          if (!sent->waitSend(to_millis(deadline.remaining()))) {
-            throw CommError("reduce_scatter: the send was aborted");
-          }
-        }
+      if ((n & (n - 1)) == 0 && plan.in_bytes <= halving_max_bytes_) {
+        reduce_scatter_halving(plan, ctx.seq, deadline);
+      } else {
+        reduce_scatter_ring(plan, ctx.seq, deadline);
       }
     });
     if (op == ReduceOp::kAvg && output.numel() > 0) {
@@ -300,7 +267,8 @@ class GlooBackend final : public Backend {
                                                store_);
     auto context = connect(store, request.new_rank, static_cast<int>(request.members.size()),
                            request.options.timeout, device_);
-    return std::make_unique<GlooBackend>(std::move(store), std::move(context), device_);
+    return std::make_unique<GlooBackend>(std::move(store), std::move(context), device_,
+                                         halving_max_bytes_);
   }
 
  private:
@@ -321,6 +289,131 @@ class GlooBackend final : public Backend {
     if (op == ReduceOp::kAvg) internal::divide_by(dtype, data, n, size());
   }
 
+  // What both reduce-scatter algorithms work from. Chunk c of the input is bytes
+  // [offset[c], offset[c + 1]); the result is this rank's chunk, in `out`.
+  struct ScatterPlan {
+    const uint8_t* in = nullptr;
+    uint8_t* out = nullptr;
+    size_t in_bytes = 0;
+    DType dtype = DType::kF32;
+    ReduceOp op = ReduceOp::kSum;  // avg is summed, then divided by the caller
+    std::vector<size_t> offset;
+    size_t bytes(int first, int last) const { return offset[last] - offset[first]; }
+  };
+
+  static uint64_t scatter_slot(uint64_t seq, int step) {
+    return kReduceScatterSlotPrefix | ((seq & 0xffffffffffull) << 16) | static_cast<uint64_t>(step);
+  }
+
+  // Gloo only reads what it sends, so the (const) input can be a send buffer.
+  std::unique_ptr<::gloo::transport::UnboundBuffer> input_buffer(const ScatterPlan& plan) {
+    static uint8_t dummy = 0;
+    return context_->createUnboundBuffer(
+        plan.in_bytes > 0 ? const_cast<uint8_t*>(plan.in) : &dummy,
+        std::max<size_t>(plan.in_bytes, 1));
+  }
+
+  // out = a (op) b over `bytes` of the plan's dtype.
+  static void combine(const ScatterPlan& plan, uint8_t* out, const uint8_t* a, const uint8_t* b,
+                      size_t bytes) {
+    const auto count = static_cast<int64_t>(bytes / dtype_size(plan.dtype));
+    internal::reduce_pair(plan.dtype, plan.op, out, a, b, count);
+  }
+
+  static void wait_recv(::gloo::transport::UnboundBuffer& buffer, const Deadline& deadline) {
+    if (!buffer.waitRecv(to_millis(deadline.remaining()))) {
+      throw CommError("reduce_scatter: a receive was aborted");
+    }
+  }
+  static void wait_send(::gloo::transport::UnboundBuffer& buffer, const Deadline& deadline) {
+    if (!buffer.waitSend(to_millis(deadline.remaining()))) {
+      throw CommError("reduce_scatter: a send was aborted");
+    }
+  }
+
+  // Ring: in step s a rank sends one chunk's partial sum to its right neighbour and adds its
+  // own input to the chunk arriving from its left; chunk indices are chosen so that the last
+  // chunk it completes is its own.
+  void reduce_scatter_ring(const ScatterPlan& plan, uint64_t seq, const Deadline& deadline) {
+    const int n = size(), r = rank();
+    size_t max_chunk = 0;
+    for (int c = 0; c < n; ++c) max_chunk = std::max(max_chunk, plan.bytes(c, c + 1));
+    // [received chunk][partial A][partial B]: a partial is sent while the next is computed.
+    uint8_t* scratch = scratch_for(3 * std::max<size_t>(max_chunk, 1));
+    uint8_t* received = scratch;
+    uint8_t* partial[2] = {scratch + max_chunk, scratch + 2 * max_chunk};
+    auto from_input = input_buffer(plan);
+    auto work = context_->createUnboundBuffer(scratch, scratch_bytes_);
+    const int right = (r + 1) % n, left = (r + n - 1) % n;
+    for (int step = 0; step < n - 1; ++step) {
+      const int send_chunk = ((r - step - 1) % n + n) % n;
+      const int recv_chunk = ((r - step - 2) % n + n) % n;
+      const uint64_t slot = scatter_slot(seq, step);
+      const size_t send_bytes = plan.bytes(send_chunk, send_chunk + 1);
+      const size_t recv_bytes = plan.bytes(recv_chunk, recv_chunk + 1);
+      if (send_bytes > 0) {
+        if (step == 0) {
+          from_input->send(right, slot, plan.offset[send_chunk], send_bytes);
+        } else {
+          work->send(right, slot, partial[(step - 1) % 2] - scratch, send_bytes);
+        }
+      }
+      if (recv_bytes > 0) {
+        work->recv(left, slot, 0, recv_bytes);
+        wait_recv(*work, deadline);
+        uint8_t* sum = step == n - 2 ? plan.out : partial[step % 2];
+        combine(plan, sum, received, plan.in + plan.offset[recv_chunk], recv_bytes);
+      }
+      if (send_bytes > 0) wait_send(step == 0 ? *from_input : *work, deadline);
+    }
+  }
+
+  // Recursive halving (n a power of two): at distance d = n/2, n/4, ..., 1 a rank swaps half of
+  // its current chunk range with rank r ^ d (which holds the same range), keeps the half that
+  // contains chunk r and adds the partial sums it received to it.
+  void reduce_scatter_halving(const ScatterPlan& plan, uint64_t seq, const Deadline& deadline) {
+    const int n = size(), r = rank();
+    // [partial sums of the kept half][received half], each as large as the larger half; the
+    // partial sums are addressed relative to the first kept chunk (`work_base`).
+    const size_t half = std::max(plan.bytes(0, n / 2), plan.bytes(n / 2, n));
+    uint8_t* scratch = scratch_for(2 * std::max<size_t>(half, 1));
+    uint8_t* received = scratch + half;
+    auto from_input = input_buffer(plan);
+    auto work = context_->createUnboundBuffer(scratch, scratch_bytes_);
+    const size_t work_base = plan.offset[(r & (n / 2)) != 0 ? n / 2 : 0];
+    int lo = 0, hi = n, step = 0;
+    bool sums_in_work = false;  // false: the current partial sums are the input itself
+    for (int d = n / 2; d >= 1; d /= 2, ++step) {
+      const int mid = lo + d;
+      const bool upper = (r & d) != 0;
+      const int keep_lo = upper ? mid : lo, keep_hi = upper ? hi : mid;
+      const int give_lo = upper ? lo : mid, give_hi = upper ? mid : hi;
+      const int partner = r ^ d;
+      const uint64_t slot = scatter_slot(seq, step);
+      const size_t give_bytes = plan.bytes(give_lo, give_hi);
+      const size_t keep_bytes = plan.bytes(keep_lo, keep_hi);
+      if (give_bytes > 0) {
+        if (sums_in_work) {
+          work->send(partner, slot, plan.offset[give_lo] - work_base, give_bytes);
+        } else {
+          from_input->send(partner, slot, plan.offset[give_lo], give_bytes);
+        }
+      }
+      if (keep_bytes > 0) {
+        work->recv(partner, slot, received - scratch, keep_bytes);
+        wait_recv(*work, deadline);
+        const uint8_t* mine = sums_in_work ? scratch + (plan.offset[keep_lo] - work_base)
+                                           : plan.in + plan.offset[keep_lo];
+        uint8_t* sum = d == 1 ? plan.out : scratch + (plan.offset[keep_lo] - work_base);
+        combine(plan, sum, received, mine, keep_bytes);
+      }
+      if (give_bytes > 0) wait_send(sums_in_work ? *work : *from_input, deadline);
+      sums_in_work = true;
+      lo = keep_lo;
+      hi = keep_hi;
+    }
+  }
+
   // Scratch memory of at least `bytes`, kept between calls: calls on a backend never overlap
   // (its group runs one at a time), and a fresh allocation per call page-faults (measured: a
   // quarter of a 4 MiB reduce_scatter).
@@ -335,6 +428,7 @@ class GlooBackend final : public Backend {
   std::shared_ptr<tessel::Store> store_;
   std::shared_ptr<::gloo::Context> context_;
   std::shared_ptr<::gloo::transport::Device> device_;
+  const size_t halving_max_bytes_;
   std::unique_ptr<uint8_t[]> scratch_;
   size_t scratch_bytes_ = 0;
 };
@@ -370,7 +464,8 @@ std::shared_ptr<ProcessGroup> gloo_create_process_group(std::shared_ptr<Store> s
   log_debug(LogComponent::kCollectives, "gloo group '{}' connected: rank {} of {} on {}",
             options.group.name, rank, size, device->str());
   return std::make_shared<ProcessGroup>(
-      std::make_unique<GlooBackend>(std::move(prefixed), std::move(context), std::move(device)),
+      std::make_unique<GlooBackend>(std::move(prefixed), std::move(context), std::move(device),
+                                    options.halving_max_bytes),
       options.group, std::move(ranks));
 }
 

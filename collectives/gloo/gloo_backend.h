@@ -20,6 +20,10 @@ struct GlooOptions {
   // Network interface to bind instead of a host name ("eth0"); wins over hostname.
   std::string iface = {};
   ProcessGroupOptions group = {};  // name, id and default timeout (also the connect timeout)
+  // reduce_scatter runs recursive halving (log2 n steps, scratch as large as the input) on
+  // power-of-two groups for inputs up to this size, a ring (n - 1 steps, three chunks of
+  // scratch) otherwise. Sub-groups made by split inherit it.
+  size_t halving_max_bytes = size_t{8} << 20;
 };
 
 // True when this build has the Gloo backend.

@@ -23,10 +23,13 @@ namespace {
 using std::chrono::seconds;
 
 std::shared_ptr<ProcessGroup> connect(int rank, int size, const std::string& dir,
-                                      Nanoseconds timeout = seconds(30)) {
+                                      Nanoseconds timeout = seconds(30),
+                                      size_t halving_max_bytes = GlooOptions{}.halving_max_bytes) {
   auto store = std::make_shared<FileStore>(dir, seconds(30));
-  return gloo_create_process_group(
-      store, rank, size, GlooOptions{.hostname = "127.0.0.1", .group = {.timeout = timeout}});
+  return gloo_create_process_group(store, rank, size,
+                                   GlooOptions{.hostname = "127.0.0.1",
+                                               .group = {.timeout = timeout},
+                                               .halving_max_bytes = halving_max_bytes});
 }
 
 void expect_all_succeeded(const std::vector<testing::ProcessOutcome>& outcomes) {
@@ -61,6 +64,27 @@ TEST_P(GlooBackendSweepTest, OneMillionElements) {
         testing::check_one_million(*connect(rank, size, dir));
       },
       seconds(150)));
+}
+
+// reduce_scatter has two algorithms; power-of-two groups run recursive halving by default.
+// Here every size runs the ring (halving_max_bytes = 0), and a size above the limit in a
+// split sub-group checks that split keeps the setting.
+TEST_P(GlooBackendSweepTest, ReduceScatterRingOnEveryGroupSize) {
+  const int size = GetParam();
+  expect_all_succeeded(testing::run_processes(
+      size,
+      [&](int rank, const std::string& dir) {
+        auto pg = connect(rank, size, dir, seconds(30), /*halving_max_bytes=*/0);
+        for (DType dtype : {DType::kF32, DType::kBF16, DType::kI64}) {
+          for (int64_t count : {0, 1, 7, 1000}) {
+            testing::check_reduce_scatter(*pg, dtype, count, false, ReduceOp::kSum);
+            testing::check_reduce_scatter(*pg, dtype, count, true, ReduceOp::kAvg);
+          }
+        }
+        auto sub = pg->split(0, rank);
+        testing::check_reduce_scatter(*sub, DType::kF32, 4096, true, ReduceOp::kMax);
+      },
+      seconds(90)));
 }
 
 TEST_P(GlooBackendSweepTest, SplitsIntoOddColours) {
