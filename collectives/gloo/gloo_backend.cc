@@ -343,7 +343,7 @@ class GlooBackend final : public Backend {
     uint8_t* received = scratch;
     uint8_t* partial[2] = {scratch + max_chunk, scratch + 2 * max_chunk};
     auto from_input = input_buffer(plan);
-    auto work = context_->createUnboundBuffer(scratch, scratch_bytes_);
+    auto& work = scratch_buffer_;
     const int right = (r + 1) % n, left = (r + n - 1) % n;
     for (int step = 0; step < n - 1; ++step) {
       const int send_chunk = ((r - step - 1) % n + n) % n;
@@ -379,7 +379,7 @@ class GlooBackend final : public Backend {
     uint8_t* scratch = scratch_for(2 * std::max<size_t>(half, 1));
     uint8_t* received = scratch + half;
     auto from_input = input_buffer(plan);
-    auto work = context_->createUnboundBuffer(scratch, scratch_bytes_);
+    auto& work = scratch_buffer_;
     const size_t work_base = plan.offset[(r & (n / 2)) != 0 ? n / 2 : 0];
     int lo = 0, hi = n, step = 0;
     bool sums_in_work = false;  // false: the current partial sums are the input itself
@@ -417,10 +417,13 @@ class GlooBackend final : public Backend {
   // Scratch memory of at least `bytes`, kept between calls: calls on a backend never overlap
   // (its group runs one at a time), and a fresh allocation per call page-faults (measured: a
   // quarter of a 4 MiB reduce_scatter).
+  // Its Gloo buffer (scratch_buffer_) is kept with it.
   uint8_t* scratch_for(size_t bytes) {
     if (bytes > scratch_bytes_) {
+      scratch_buffer_.reset();
       scratch_.reset(new uint8_t[bytes]);  // default-initialized: no zero fill
       scratch_bytes_ = bytes;
+      scratch_buffer_ = context_->createUnboundBuffer(scratch_.get(), scratch_bytes_);
     }
     return scratch_.get();
   }
@@ -431,6 +434,7 @@ class GlooBackend final : public Backend {
   const size_t halving_max_bytes_;
   std::unique_ptr<uint8_t[]> scratch_;
   size_t scratch_bytes_ = 0;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> scratch_buffer_;  // over scratch_
 };
 
 }  // namespace
