@@ -8,6 +8,8 @@
 //   bench_collectives --backend gloo --np 4 --full    # 1 KiB .. 256 MiB (default stops at 16 MiB)
 //   mpirun --allow-run-as-root --oversubscribe -np 2 bench_collectives --backend mpi
 // Each run ends with a 1 KiB all_reduce loop with the flight recorder on vs off.
+// --peer-vs-peer times the raw call against itself: the spread of those ratios around 1 is the
+// noise floor of this machine, against which the ours/raw ratios are read.
 //
 // Sizes are those of the full buffer: the all_reduce tensor, the all_gather output, the
 // reduce_scatter input. Gloo has no reduce_scatter in its options API; the peer there is its
@@ -55,6 +57,7 @@ struct Flags {
   int np = 2;
   bool full = false;
   int rounds = 7;  // alternating rounds per size (best and median reported)
+  bool peer_vs_peer = false;  // time the raw call against itself (the ratios' noise floor)
 };
 
 // One rank's view of the peer library: a raw call per op on raw pointers, and a barrier.
@@ -118,6 +121,23 @@ double framework_overhead_seconds() {
     best = std::min(best, watch.elapsed_seconds() / 20000);
   }
   return best;
+}
+
+// Calls per timed round: enough for the round to last about 20 ms (3 to 1000), so a scheduling
+// hiccup weighs little in it. Every rank must use the same count: the slowest rank's estimate
+// is agreed through the group (outside any timing).
+int calls_per_round(ProcessGroup& pg, const std::function<void()>& peer,
+                    const std::function<void()>& barrier) {
+  peer();  // first call: connections, page faults
+  barrier();
+  const tessel::Stopwatch watch;
+  for (int i = 0; i < 3; ++i) peer();
+  // Nanoseconds as an integer: the backends reduce i64 exactly.
+  Tensor per_call = tessel::from_vector<int64_t>(
+      {static_cast<int64_t>(watch.elapsed_seconds() / 3 * 1e9)});
+  pg.all_reduce(per_call, {.op = tessel::ReduceOp::kMax});
+  const double seconds = std::max<double>(per_call.data<int64_t>()[0], 1) * 1e-9;
+  return static_cast<int>(std::clamp(0.02 / seconds, 3.0, 1000.0));
 }
 
 std::string size_name(size_t bytes) {
@@ -187,9 +207,9 @@ void run_rank(ProcessGroup& pg, const Raw& raw, const Flags& flags) {
         ours = [&] { pg.reduce_scatter(big, part); };
         peer = [&] { raw.reduce_scatter(big.data<float>(), part.data<float>(), per_rank); };
       }
-      // About 256 MiB through each call site per round (3 to 1000 calls), so a round lasts
-      // milliseconds and a scheduling hiccup weighs little in it.
-      const int iters = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / bytes, 3, 1000));
+      // A/A: the peer against itself, to measure the noise floor of the ratios on this machine.
+      if (flags.peer_vs_peer) ours = peer;
+      const int iters = calls_per_round(pg, peer, raw.barrier);
       const PairTiming pair = time_pair(ours, peer, raw.barrier, iters, flags.rounds);
       const double t_ours = pair.ours, t_raw = pair.peer;
       const std::string at = std::string(op) + " " + size_name(full * sizeof(float));
@@ -357,11 +377,13 @@ int main(int argc, char** argv) {
       flags.np = std::atoi(argv[++i]);
     } else if (arg == "--full") {
       flags.full = true;
+    } else if (arg == "--peer-vs-peer") {
+      flags.peer_vs_peer = true;
     } else if (arg == "--rounds" && i + 1 < argc) {
       flags.rounds = std::max(1, std::atoi(argv[++i]));
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--backend gloo|mpi] [--np N (gloo)] [--full] [--rounds R]\n"
+                   "usage: %s [--backend gloo|mpi] [--np N (gloo)] [--full] [--rounds R] [--peer-vs-peer]\n"
                    "  mpi: mpirun --allow-run-as-root --oversubscribe -np N %s --backend mpi\n",
                    argv[0], argv[0]);
       return 2;
