@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include <atomic>
+#include <functional>
 
 #include "collective_checks.h"
 #include "fork_harness.h"
@@ -102,26 +103,28 @@ TEST_P(GlooBackendSweepTest, SplitsIntoOddColours) {
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooBackendSweepTest, ::testing::Values(1, 2, 3, 4),
                          [](const auto& info) { return "World" + std::to_string(info.param); });
 
-TEST(GlooBackendFaultTest, RankThatNeverCallsMakesOthersTimeOut) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+// The last rank never makes collective seq 2 (`op`); every other rank must get a Timeout naming
+// the group and seq within the timeout plus a margin, after the dump hook saw it.
+void expect_missing_rank_times_out(int size, const std::function<void(ProcessGroup&)>& op) {
   const auto timeout = seconds(2);
   auto outcomes = testing::run_processes(
-      3,
+      size,
       [&](int rank, const std::string& dir) {
-        auto pg = connect(rank, 3, dir, timeout);
+        auto pg = connect(rank, size, dir, timeout);
         pg->barrier();  // seq 1: everyone is connected
         auto store = std::make_shared<FileStore>(dir);
-        if (rank == 2) {  // never calls seq 2; leaves once the others have checked their errors
-          store->wait({"checked/0", "checked/1"}, seconds(30));
+        std::vector<std::string> checked;
+        for (int r = 0; r + 1 < size; ++r) checked.push_back("checked/" + std::to_string(r));
+        if (rank == size - 1) {  // never calls seq 2; leaves once the others checked their errors
+          store->wait(checked, seconds(30));
           return;
         }
         std::atomic<uint64_t> dumped_seq{0};
         Watchdog::global().set_dump_hook([&](const WatchdogEvent& e) { dumped_seq = e.seq; });
-        Tensor t = from_vector<float>({1, 2, 3});
         const Stopwatch watch;
         try {
-          pg->all_reduce(t);
-          throw testing::CheckFailure("all_reduce returned without rank 2");
+          op(*pg);
+          throw testing::CheckFailure("the collective returned without the last rank");
         } catch (const Timeout& e) {
           const std::string what = e.what();
           if (what.find("seq 2") == std::string::npos ||
@@ -140,6 +143,26 @@ TEST(GlooBackendFaultTest, RankThatNeverCallsMakesOthersTimeOut) {
       },
       seconds(40));
   expect_all_succeeded(outcomes);
+}
+
+TEST(GlooBackendFaultTest, RankThatNeverCallsMakesOthersTimeOut) {
+  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  expect_missing_rank_times_out(3, [](ProcessGroup& pg) {
+    Tensor t = from_vector<float>({1, 2, 3});
+    pg.all_reduce(t);
+  });
+}
+
+// Our reduce-scatter runs over Gloo's point-to-point buffers: both of its algorithms (the ring
+// on 3 ranks, recursive halving on 4) time out like Gloo's own collectives.
+TEST(GlooBackendFaultTest, RankThatNeverCallsReduceScatterMakesOthersTimeOut) {
+  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  for (int size : {3, 4}) {
+    expect_missing_rank_times_out(size, [size](ProcessGroup& pg) {
+      Tensor in = zeros({4 * size}), out = zeros({4});
+      pg.reduce_scatter(in, out);
+    });
+  }
 }
 
 TEST(GlooBackendFaultTest, KilledRankGivesOthersPeerLost) {
