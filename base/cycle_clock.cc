@@ -37,39 +37,44 @@ bool CycleClock::usable() {
   return usable;
 }
 
-CycleAnchor CycleClock::anchor() noexcept {
-  // The narrowest of a few brackets: a first call may fault in the clock's page, and any may be
-  // preempted, each widening the uncertainty of the midpoint.
-  CycleAnchor best;
+namespace {
+
+// The counter with CLOCK_MONOTONIC_RAW (and, when asked, CLOCK_MONOTONIC) read on either side
+// of it; each clock's time is the midpoint of its two readings. The narrowest of a few brackets
+// is kept: a first call may fault in the clock's page, and any may be preempted, each widening
+// the uncertainty of a midpoint.
+struct Reading {
+  CycleAnchor anchor;
+  int64_t mono_ns = 0;
+};
+
+Reading read_clocks(bool with_monotonic) noexcept {
+  Reading best;
   int64_t best_width = INT64_MAX;
   for (int attempt = 0; attempt < 4; ++attempt) {
-    const int64_t before = monotonic_raw_ns();
-    const int64_t tick = now();
-    const int64_t after = monotonic_raw_ns();
-    if (after - before < best_width) {
-      best_width = after - before;
-      best = CycleAnchor{tick, before + (after - before) / 2};
+    const int64_t mono_before = with_monotonic ? monotonic_ns() : 0;
+    const int64_t raw_before = monotonic_raw_ns();
+    const int64_t tick = CycleClock::now();
+    const int64_t raw_after = monotonic_raw_ns();
+    const int64_t mono_after = with_monotonic ? monotonic_ns() : 0;
+    const int64_t width = with_monotonic ? mono_after - mono_before : raw_after - raw_before;
+    if (width < best_width) {
+      best_width = width;
+      best.anchor = CycleAnchor{tick, raw_before + (raw_after - raw_before) / 2};
+      best.mono_ns = mono_before + (mono_after - mono_before) / 2;
     }
   }
   return best;
 }
 
+}  // namespace
+
+CycleAnchor CycleClock::anchor() noexcept { return read_clocks(false).anchor; }
+
 TickConverter::TickConverter(CycleAnchor start) noexcept : start_(start) {
-  // The monotonic time of the anchor: the midpoint of readings on either side of the counter
-  // (narrowest of a few tries, as in anchor()).
-  int64_t best_width = INT64_MAX;
-  for (int attempt = 0; attempt < 4; ++attempt) {
-    const int64_t mono_before = monotonic_ns();
-    const int64_t raw_before = monotonic_raw_ns();
-    const int64_t tick = CycleClock::now();
-    const int64_t raw_after = monotonic_raw_ns();
-    const int64_t mono_after = monotonic_ns();
-    if (mono_after - mono_before < best_width) {
-      best_width = mono_after - mono_before;
-      now_ = CycleAnchor{tick, raw_before + (raw_after - raw_before) / 2};
-      now_mono_ns_ = mono_before + (mono_after - mono_before) / 2;
-    }
-  }
+  const Reading now = read_clocks(true);
+  now_ = now.anchor;
+  now_mono_ns_ = now.mono_ns;
 }
 
 int64_t TickConverter::to_monotonic_ns(int64_t tick) const noexcept {

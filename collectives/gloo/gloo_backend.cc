@@ -192,7 +192,6 @@ class GlooBackend final : public Backend {
     ScatterPlan plan;
     plan.in = static_cast<const uint8_t*>(input.data_ptr());
     plan.out = static_cast<uint8_t*>(output.data_ptr());
-    plan.in_bytes = input.nbytes();
     plan.dtype = input.dtype();
     plan.op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
     plan.offset.assign(static_cast<size_t>(n) + 1, 0);
@@ -207,7 +206,7 @@ class GlooBackend final : public Backend {
     }
     const Deadline deadline = Deadline::after(ctx.timeout);
     gloo_call("reduce_scatter", [&] {
-      if ((n & (n - 1)) == 0 && plan.in_bytes <= halving_max_bytes_) {
+      if ((n & (n - 1)) == 0 && plan.offset.back() <= halving_max_bytes_) {
         reduce_scatter_halving(plan, ctx.seq, deadline);
       } else {
         reduce_scatter_ring(plan, ctx.seq, deadline);
@@ -294,7 +293,6 @@ class GlooBackend final : public Backend {
   struct ScatterPlan {
     const uint8_t* in = nullptr;
     uint8_t* out = nullptr;
-    size_t in_bytes = 0;
     DType dtype = DType::kF32;
     ReduceOp op = ReduceOp::kSum;  // avg is summed, then divided by the caller
     std::vector<size_t> offset;
@@ -309,8 +307,8 @@ class GlooBackend final : public Backend {
   std::unique_ptr<::gloo::transport::UnboundBuffer> input_buffer(const ScatterPlan& plan) {
     static uint8_t dummy = 0;
     return context_->createUnboundBuffer(
-        plan.in_bytes > 0 ? const_cast<uint8_t*>(plan.in) : &dummy,
-        std::max<size_t>(plan.in_bytes, 1));
+        plan.offset.back() > 0 ? const_cast<uint8_t*>(plan.in) : &dummy,
+        std::max<size_t>(plan.offset.back(), 1));
   }
 
   // out = a (op) b over `bytes` of the plan's dtype.
