@@ -6,24 +6,13 @@
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
-#include "tessel/collectives/backend.h"
+#include "tessel/collectives/comm_backend.h"
 #include "tessel/collectives/internal/group_worker.h"
 #include "tessel/collectives/watchdog.h"
 #include "tessel/flight_recorder/recorder.h"
 
 namespace tessel {
 namespace {
-
-fr::ReduceOp fr_reduce_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return fr::ReduceOp::kSum;
-    case ReduceOp::kAvg: return fr::ReduceOp::kAvg;
-    case ReduceOp::kMax: return fr::ReduceOp::kMax;
-    case ReduceOp::kMin: return fr::ReduceOp::kMin;
-    case ReduceOp::kProduct: return fr::ReduceOp::kProduct;
-  }
-  return fr::ReduceOp::kNone;
-}
 
 fr::TensorMeta meta_of(const Tensor& t) {
   const std::string_view name = dtype_name(t.dtype());
@@ -71,14 +60,12 @@ std::exception_ptr wrap_error(ErrorKind kind, const std::string& message) {
 
 }  // namespace
 
-std::string_view reduce_op_name(ReduceOp op) { return fr::reduce_op_name(fr_reduce_op(op)); }
-
-void Backend::check_device(const Tensor& tensor) const {
+void CommBackend::check_device(const Tensor& tensor) const {
   TESSEL_CHECK(tensor.device().is_cpu(), InvalidArgument,
                "the {} backend takes CPU tensors, got {}", name(), tensor.str());
 }
-std::vector<int> Backend::missing_ranks(uint64_t) const { return {}; }
-void Backend::abort(const std::string&) {}
+std::vector<int> CommBackend::missing_ranks(uint64_t) const { return {}; }
+void CommBackend::abort(const std::string&) {}
 
 struct ProcessGroup::Call {
   fr::RecordArgs record;
@@ -105,7 +92,7 @@ ProcessGroupOptions with_resolved_timeout(ProcessGroupOptions options) {
 }
 }  // namespace
 
-ProcessGroup::ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions options,
+ProcessGroup::ProcessGroup(std::unique_ptr<CommBackend> backend, ProcessGroupOptions options,
                            std::vector<int> global_ranks)
     : backend_(std::move(backend)),
       options_(with_resolved_timeout(std::move(options))),
@@ -279,7 +266,7 @@ Work ProcessGroup::all_reduce(Tensor& tensor, const AllReduceOptions& options) {
   check_tensor(tensor, "all_reduce");
   Call call;
   call.record.op = fr::OpType::kAllReduce;
-  call.record.reduce_op = fr_reduce_op(options.op);
+  call.record.reduce_op = options.op;
   call.record.input = call.record.output = meta_of(tensor);
   call.async = options.async;
   call.timeout = timeout_of(options.timeout);
@@ -343,7 +330,7 @@ Work ProcessGroup::reduce_scatter(const Tensor& input, Tensor& output,
                name(), rank_, output.numel(), counts[static_cast<size_t>(rank_)]);
   Call call;
   call.record.op = fr::OpType::kReduceScatter;
-  call.record.reduce_op = fr_reduce_op(options.op);
+  call.record.reduce_op = options.op;
   call.record.input = meta_of(input);
   call.record.output = meta_of(output);
   call.async = options.async;
@@ -479,7 +466,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key,
   TESSEL_CHECK(worker_->begin_inline_wait(request.options.timeout), Timeout,
                "split of group '{}': queued operations did not finish within {}", name(),
                format_duration(request.options.timeout));
-  std::unique_ptr<Backend> sub;
+  std::unique_ptr<CommBackend> sub;
   try {
     sub = backend_->split(request);
   } catch (...) {

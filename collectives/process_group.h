@@ -1,7 +1,7 @@
 #pragma once
 // ProcessGroup: a set of ranks that run collectives together (all_reduce, broadcast, all_gather,
 // reduce_scatter, all_to_all, send/recv, barrier) and split into sub-groups. One class for every
-// backend (threads, gloo, mpi, nccl, fake); the backend moves the bytes (collectives/backend.h).
+// backend (threads, gloo, mpi, nccl, fake); the backend moves the bytes (collectives/comm_backend.h).
 //
 //   std::shared_ptr<ProcessGroup> world = init_process_group();      // collectives/init.h
 //   Tensor grad = ...;                                                // contiguous CPU f32
@@ -35,18 +35,17 @@
 #include <vector>
 
 #include "tessel/base/clock.h"
+#include "tessel/base/reduce_op.h"
 #include "tessel/collectives/work.h"
 #include "tessel/tensor/tensor.h"
 
 namespace tessel {
 
-class Backend;
+class CommBackend;
 namespace internal {
 class GroupWorker;
 }
 
-enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kMin, kProduct };
-std::string_view reduce_op_name(ReduceOp op);  // "sum", "avg", ...
 
 // split(): the color of a rank that joins no new group.
 inline constexpr int kNoColor = -1;
@@ -125,7 +124,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // Made by the backends' factories (threads::create_world, gloo_create_process_group,
   // mpi_create_world, nccl_create_process_group, fake::create_process_group).
   // `global_ranks` lists the world rank of every member in group-rank order.
-  ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions options,
+  ProcessGroup(std::unique_ptr<CommBackend> backend, ProcessGroupOptions options,
                std::vector<int> global_ranks);
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
@@ -173,7 +172,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::shared_ptr<WorkState> running() const;
 
   // The transport behind this group (for backend tests and for run_ranks to abort it).
-  Backend& backend() const { return *backend_; }
+  CommBackend& backend() const { return *backend_; }
 
  private:
   struct Call;
@@ -188,7 +187,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // Both tensors valid for this backend and of one dtype.
   void check_pair(const Tensor& input, const Tensor& output, std::string_view op) const;
 
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<CommBackend> backend_;
   const ProcessGroupOptions options_;
   const std::vector<int> global_ranks_;
   const int rank_;

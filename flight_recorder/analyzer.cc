@@ -92,7 +92,7 @@ std::string ranks_verb(const std::vector<int>& ranks, std::string_view verb) {
 // Signature fields that every member of a collective must agree on.
 struct Signature {
   OpType op;
-  ReduceOp reduce_op;
+  std::optional<ReduceOp> reduce_op;
   int32_t root;
   std::string dtype;
   int64_t in_numel, out_numel;
@@ -104,7 +104,7 @@ struct Signature {
 };
 
 Signature signature_of(const TraceEntry& e) {
-  Signature s{e.op, ReduceOp::kNone, -1, e.input.dtype, -1, -1};
+  Signature s{e.op, std::nullopt, -1, e.input.dtype, -1, -1};
   if (e.op == OpType::kAllReduce || e.op == OpType::kReduceScatter) s.reduce_op = e.reduce_op;
   if (e.op == OpType::kBroadcast) s.root = e.root;
   // all_to_all may split unevenly; barrier carries no tensor.
@@ -121,8 +121,8 @@ std::string describe_difference(const Signature& mine, const Signature& theirs) 
                        op_name(theirs.op));
   }
   if (mine.reduce_op != theirs.reduce_op) {
-    return fmt::format("reduced with {} where the others used {}", reduce_op_name(mine.reduce_op),
-                       reduce_op_name(theirs.reduce_op));
+    return fmt::format("reduced with {} where the others used {}", reduce_op_text(mine.reduce_op),
+                       reduce_op_text(theirs.reduce_op));
   }
   if (mine.root != theirs.root) {
     return fmt::format("broadcast from root {} where the others used root {}", mine.root,

@@ -66,7 +66,7 @@ void format_entry(JsonSink& s, const Entry& e) noexcept {
   s.raw("\n{").key("record_id", true).u64(e.record_id);
   s.key("group_id").u64(e.group_id).key("seq").u64(e.seq);
   s.key("peer").i64(e.peer).key("p2p_seq").u64(e.p2p_seq);
-  s.key("op").str(op_name(e.op)).key("reduce_op").str(reduce_op_name(e.reduce_op));
+  s.key("op").str(op_name(e.op)).key("reduce_op").str(reduce_op_text(e.reduce_op));
   s.key("root").i64(e.root).key("state").str(state_name(e.state));
   s.key("coalesced_id").u64(e.coalesced_id).key("coalesced_index").u64(e.coalesced_index);
   s.key("callsite_id").u64(e.callsite_id).key("step").i64(e.step);

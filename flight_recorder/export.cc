@@ -60,7 +60,7 @@ std::string format_dump_table(const RankDump& d) {
         "{:>8} {:>10} {:>6} {:<14} {:>5} {:<10} {:<7} {:<16} {:>5} {:>11.3f}s {:>12}  {}\n",
         e.record_id, e.is_user_event() ? "-" : group_label(d, e.group_id),
         e.is_p2p() ? e.p2p_seq : e.seq, op_name(e.op), e.peer, state_name(e.state),
-        reduce_op_name(e.reduce_op), tensor_text(e.input), e.step, age / 1e9, duration, e.text);
+        reduce_op_text(e.reduce_op), tensor_text(e.input), e.step, age / 1e9, duration, e.text);
   }
   return out;
 }
@@ -111,7 +111,7 @@ std::string export_perfetto(const DumpSet& set) {
         args["p2p_seq"] = e.p2p_seq;
       }
       if (e.op == OpType::kAllReduce || e.op == OpType::kReduceScatter) {
-        args["reduce_op"] = reduce_op_name(e.reduce_op);
+        args["reduce_op"] = reduce_op_text(e.reduce_op);
       }
       if (e.op == OpType::kBroadcast) args["root"] = e.root;
       events.push_back({{"ph", "X"},

@@ -113,8 +113,6 @@ Enum parse_enum(const Fields& f, const char* key, std::string_view (*name)(Enum)
 constexpr OpType kOps[] = {OpType::kAllReduce,     OpType::kBroadcast, OpType::kAllGather,
                            OpType::kReduceScatter, OpType::kAllToAll,  OpType::kSend,
                            OpType::kRecv,          OpType::kBarrier,   OpType::kUserEvent};
-constexpr ReduceOp kReduceOps[] = {ReduceOp::kNone, ReduceOp::kSum, ReduceOp::kAvg,
-                                   ReduceOp::kMax,  ReduceOp::kMin, ReduceOp::kProduct};
 constexpr EntryState kStates[] = {EntryState::kScheduled, EntryState::kStarted,
                                   EntryState::kCompleted, EntryState::kFailed};
 
@@ -148,7 +146,10 @@ TraceEntry parse_entry(const Json& j, const std::string& file, size_t index) {
   e.peer = f.i32("peer");
   e.p2p_seq = f.u64("p2p_seq");
   e.op = parse_enum(f, "op", op_name, kOps, "an op name such as 'all_reduce'");
-  e.reduce_op = parse_enum(f, "reduce_op", reduce_op_name, kReduceOps, "a reduce op");
+  if (f.str("reduce_op") != "none") {
+    e.reduce_op = parse_enum(f, "reduce_op", reduce_op_name, kAllReduceOps,
+                             "a reduce op (none, sum, avg, max, min, product)");
+  }
   e.root = f.i32("root");
   e.state = parse_enum(f, "state", state_name, kStates, "scheduled/started/completed/failed");
   e.coalesced_id = f.u32("coalesced_id");

@@ -29,7 +29,7 @@ struct TraceEntry {
   int32_t peer = -1;  // send/recv: the peer's rank within the group
   uint64_t p2p_seq = 0;
   OpType op = OpType::kAllReduce;
-  ReduceOp reduce_op = ReduceOp::kNone;
+  std::optional<ReduceOp> reduce_op;
   EntryState state = EntryState::kScheduled;
   int32_t root = -1;
   uint32_t coalesced_id = 0, coalesced_index = 0, callsite_id = 0;

@@ -45,22 +45,8 @@ std::string_view op_name(OpType op) {
   return "unknown";
 }
 
-std::string_view reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kNone:
-      return "none";
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kAvg:
-      return "avg";
-    case ReduceOp::kMax:
-      return "max";
-    case ReduceOp::kMin:
-      return "min";
-    case ReduceOp::kProduct:
-      return "product";
-  }
-  return "unknown";
+std::string_view reduce_op_text(std::optional<ReduceOp> op) {
+  return op ? reduce_op_name(*op) : std::string_view("none");
 }
 
 std::string_view state_name(EntryState state) {
@@ -123,7 +109,7 @@ struct FlightRecorder::Record {
   uint32_t callsite_id;
   uint32_t thread_id;
   OpType op;
-  ReduceOp reduce_op;
+  std::optional<ReduceOp> reduce_op;
   EntryState state;
   uint8_t stack_depth;
   TensorMeta input, output;

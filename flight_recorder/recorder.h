@@ -21,12 +21,14 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "tessel/base/cycle_clock.h"
+#include "tessel/base/reduce_op.h"
 
 namespace tessel::fr {
 
@@ -41,11 +43,11 @@ enum class OpType : uint8_t {
   kBarrier,
   kUserEvent,
 };
-enum class ReduceOp : uint8_t { kNone, kSum, kAvg, kMax, kMin, kProduct };
 enum class EntryState : uint8_t { kScheduled, kStarted, kCompleted, kFailed };
 
 std::string_view op_name(OpType op);            // "all_reduce", "send", "user_event"
-std::string_view reduce_op_name(ReduceOp op);   // "none", "sum", ...
+// reduce_op_name(*op), or "none" for operations that reduce nothing.
+std::string_view reduce_op_text(std::optional<ReduceOp> op);
 std::string_view state_name(EntryState state);  // "scheduled", "started", "completed", "failed"
 
 inline constexpr int kMaxDims = 6;
@@ -70,7 +72,7 @@ struct RecordArgs {
   int32_t peer = -1;     // send/recv: the peer's rank in the group
   uint64_t p2p_seq = 0;  // send/recv: per-(group, peer, direction) sequence number
   OpType op = OpType::kAllReduce;
-  ReduceOp reduce_op = ReduceOp::kNone;
+  std::optional<ReduceOp> reduce_op;
   int32_t root = -1;          // broadcast root
   uint32_t coalesced_id = 0;  // non-zero when issued as part of a coalesced batch
   uint32_t coalesced_index = 0;
@@ -87,7 +89,7 @@ struct Entry {
   int32_t peer = -1;
   uint64_t p2p_seq = 0;
   OpType op = OpType::kAllReduce;
-  ReduceOp reduce_op = ReduceOp::kNone;
+  std::optional<ReduceOp> reduce_op;
   EntryState state = EntryState::kScheduled;
   int32_t root = -1;
   uint32_t coalesced_id = 0;

@@ -143,7 +143,7 @@ class Simulation {
   struct Pending {
     int rank = -1;  // -1: this side of a channel is not posted yet
     uint64_t record_id = 0;
-    std::tuple<OpType, ReduceOp, int, std::string, int64_t> signature;
+    std::tuple<OpType, std::optional<ReduceOp>, int, std::string, int64_t> signature;
   };
 
   // Runs rank r until it blocks or ends; true when it did anything.
@@ -188,7 +188,7 @@ class Simulation {
     a.group_id = op.group;
     a.seq = ++s.seq[op.group];
     a.op = op.op;
-    a.reduce_op = op.op == OpType::kAllReduce ? op.reduce : ReduceOp::kNone;
+    a.reduce_op = op.op == OpType::kAllReduce ? std::optional<ReduceOp>(op.reduce) : std::nullopt;
     a.root = op.root;
     const int64_t out = op.op == OpType::kAllGather ? op.numel * members.size() : op.numel;
     a.input = TensorMeta::make(op.dtype, {op.numel});

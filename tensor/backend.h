@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "tessel/base/reduce_op.h"
 #include "tessel/tensor/device.h"
 #include "tessel/tensor/tensor.h"
 
@@ -28,8 +29,6 @@ enum class BinaryOp : uint8_t {
   // Backward helpers: (grad, x) -> grad * f'(x).
   kGeluBackward, kGeluTanhBackward, kSiluBackward, kReluBackward,
 };
-
-enum class ReduceOp : uint8_t { kSum, kMax, kMin, kArgMax };
 
 enum class RandomDistribution : uint8_t {
   kUniform,    // uniform in [a, b)
@@ -64,10 +63,14 @@ class Backend {
   virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b,
                      const Tensor& out) = 0;
   // Reduces x over `dims` (sorted, unique) into out, whose shape is x's with those dims set to
-  // 1. out's dtype: x's for sum/max/min, i64 for argmax. Summation order is fixed by the shape
-  // alone (never by the thread count), so results are bitwise reproducible.
+  // 1 (any op of ReduceOp; kAvg divides the sum by the reduced count). out's dtype may differ
+  // from x's (an integer sum into i64). The combination order is fixed by the shape alone (never
+  // by the thread count), so results are bitwise reproducible. Max/min propagate NaN.
   virtual void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims,
                       const Tensor& out) = 0;
+  // out (i64, x's shape with `dim` set to 1) = index of the first largest element along dim
+  // (NaN counts as largest). The dim is not empty.
+  virtual void argmax(const Tensor& x, int64_t dim, const Tensor& out) = 0;
 
   // Row-wise over the last dim of a contiguous x: softmax or log_softmax.
   virtual void softmax(const Tensor& x, const Tensor& out, bool log) = 0;

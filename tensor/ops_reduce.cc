@@ -108,7 +108,10 @@ Tensor argmax(const Tensor& t, int64_t dim, bool keepdim) {
   const int64_t d = internal::wrap_dim(dim, t.dim());
   TESSEL_CHECK(t.shape()[d] > 0, InvalidArgument, "argmax over empty dim {} of shape {}", d,
                shape_str(t.shape()));
-  return run_reduce(ReduceOp::kArgMax, t, {d}, keepdim, DType::kI64);
+  Tensor out = empty(kept_shape(t.shape(), {d}), DType::kI64, t.device());
+  backend_of(t).argmax(t, d, out);
+  if (keepdim) return out;
+  return reshape(out, dropped_shape(t.shape(), {d}));
 }
 
 Tensor sum_to(const Tensor& t, const Shape& shape) {

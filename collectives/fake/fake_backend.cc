@@ -3,7 +3,7 @@
 #include <numeric>
 
 #include "tessel/base/error.h"
-#include "tessel/collectives/backend.h"
+#include "tessel/collectives/comm_backend.h"
 
 namespace tessel::fake {
 
@@ -26,7 +26,7 @@ int64_t FakeLog::total_bytes_sent() const {
 
 namespace {
 
-class FakeBackend final : public Backend {
+class FakeBackend final : public CommBackend {
  public:
   FakeBackend(int rank, int size, uint64_t group_id, std::shared_ptr<FakeLog> log)
       : rank_(rank), size_(size), group_id_(group_id), log_(std::move(log)) {}
@@ -67,7 +67,7 @@ class FakeBackend final : public Backend {
   void barrier(const OpContext& ctx) override { note(fr::OpType::kBarrier, ctx.seq, -1, 0); }
   // Only splits whose members were given (SplitOptions::members) reach here with a membership:
   // the colour exchange, an all_gather, moves no data on this backend.
-  std::unique_ptr<Backend> split(const SplitRequest& request) override {
+  std::unique_ptr<CommBackend> split(const SplitRequest& request) override {
     if (request.color == kNoColor) return nullptr;
     TESSEL_CHECK(request.members_given, NotImplemented,
                  "the fake backend cannot split by exchanging colours (no data moves); pass "

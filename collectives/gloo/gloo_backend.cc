@@ -24,7 +24,7 @@
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
-#include "tessel/collectives/backend.h"
+#include "tessel/collectives/comm_backend.h"
 #include "tessel/collectives/internal/reduce.h"
 
 namespace tessel {
@@ -128,7 +128,7 @@ constexpr uint64_t kP2pSlotPrefix = uint64_t{0x7e} << 56;
 constexpr uint64_t kReduceScatterSlotPrefix = uint64_t{0x7d} << 56;
 
 
-class GlooBackend final : public Backend {
+class GlooBackend final : public CommBackend {
  public:
   GlooBackend(std::shared_ptr<tessel::Store> store, std::shared_ptr<::gloo::Context> context,
               std::shared_ptr<::gloo::transport::Device> device, size_t halving_max_bytes)
@@ -260,7 +260,7 @@ class GlooBackend final : public Backend {
     gloo_call("barrier", [&] { ::gloo::barrier(o); });
   }
 
-  std::unique_ptr<Backend> split(const SplitRequest& request) override {
+  std::unique_ptr<CommBackend> split(const SplitRequest& request) override {
     if (request.color == kNoColor) return nullptr;
     auto store = std::make_shared<PrefixStore>(fmt::format("gloo/{}", request.options.id),
                                                store_);

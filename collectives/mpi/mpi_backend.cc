@@ -15,7 +15,7 @@
 
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
-#include "tessel/collectives/backend.h"
+#include "tessel/collectives/comm_backend.h"
 #include "tessel/collectives/internal/reduce.h"
 
 namespace tessel {
@@ -163,7 +163,7 @@ struct ByteLayout {
   }
 };
 
-class MpiBackend final : public Backend {
+class MpiBackend final : public CommBackend {
  public:
   explicit MpiBackend(std::unique_ptr<MpiComm> comm) : comm_(std::move(comm)) {
     mpi_check(MPI_Comm_rank(comm_->get(), &rank_), "MPI_Comm_rank");
@@ -250,7 +250,7 @@ class MpiBackend final : public Backend {
     mpi_check(MPI_Barrier(comm_->get()), "MPI_Barrier");
   }
 
-  std::unique_ptr<Backend> split(const SplitRequest& request) override {
+  std::unique_ptr<CommBackend> split(const SplitRequest& request) override {
     MPI_Comm sub = MPI_COMM_NULL;
     // MPI orders a colour's members by (key, old rank), exactly as ProcessGroup computed.
     mpi_check(MPI_Comm_split(comm_->get(),

@@ -15,7 +15,7 @@
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
-#include "tessel/collectives/backend.h"
+#include "tessel/collectives/comm_backend.h"
 
 namespace tessel {
 namespace {
@@ -136,7 +136,7 @@ ncclConfig_t nonblocking_config() {
   return config;
 }
 
-class NcclBackend final : public Backend {
+class NcclBackend final : public CommBackend {
  public:
   NcclBackend(std::unique_ptr<NcclComm> comm, int device, int rank, int size)
       : comm_(std::move(comm)), device_(device), rank_(rank), size_(size), stream_(device) {
@@ -257,7 +257,7 @@ class NcclBackend final : public Backend {
     });
   }
 
-  std::unique_ptr<Backend> split(const SplitRequest& request) override {
+  std::unique_ptr<CommBackend> split(const SplitRequest& request) override {
     ncclConfig_t config = nonblocking_config();
     // Sharing the parent's resources (NCCL >= 2.18) saves memory per mesh dimension, but the
     // groups then contend for the same channels: opt-in, since mesh dimensions run concurrently.

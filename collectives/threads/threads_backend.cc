@@ -13,7 +13,7 @@
 #include <fmt/ranges.h>
 
 #include "tessel/base/error.h"
-#include "tessel/collectives/backend.h"
+#include "tessel/collectives/comm_backend.h"
 #include "tessel/collectives/internal/reduce.h"
 
 namespace tessel::threads {
@@ -91,7 +91,7 @@ void Registry::abort_all(const std::string& reason) {
   for (const auto& s : live) break_group(*s, reason);
 }
 
-class ThreadsBackend final : public Backend {
+class ThreadsBackend final : public CommBackend {
  public:
   ThreadsBackend(std::shared_ptr<Shared> shared, int rank)
       : shared_(std::move(shared)), rank_(rank) {}
@@ -225,7 +225,7 @@ class ThreadsBackend final : public Backend {
     meet(ctx, Deadline::after(ctx.timeout), "barrier");
   }
 
-  std::unique_ptr<Backend> split(const SplitRequest& request) override {
+  std::unique_ptr<CommBackend> split(const SplitRequest& request) override {
     if (request.color == kNoColor) return nullptr;
     // The first member to arrive creates the sub-group's state; the last to fetch it removes
     // the registry entry.

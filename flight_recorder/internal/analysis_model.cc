@@ -309,7 +309,7 @@ std::string Model::describe_collective(uint64_t group, uint64_t seq, const Trace
     args = fmt::format(", {}[{}]", e.input.dtype, e.input.numel);
   }
   if (e.op == OpType::kAllReduce || e.op == OpType::kReduceScatter) {
-    args += fmt::format(", {}", reduce_op_name(e.reduce_op));
+    args += fmt::format(", {}", reduce_op_text(e.reduce_op));
   }
   if (e.op == OpType::kBroadcast) args += fmt::format(", root {}", e.root);
   return fmt::format("{} #{} of group '{}' ({}{})", op_name(e.op), seq, group_name(group),

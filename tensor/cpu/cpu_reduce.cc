@@ -1,4 +1,4 @@
-// CPU reductions (sum, max, min, argmax) over any set of dims. The summation order depends only
+// CPU reductions (sum, avg, max, min, product, argmax) over any set of dims. The summation order depends only
 // on the shape: rows are cut into fixed blocks of kBlock elements whose partial results are
 // combined in order, so results are identical whatever the thread count.
 #include <cmath>
@@ -18,6 +18,11 @@ template <typename C>
 struct SumOp {
   static C init() { return C(0); }
   static C combine(C a, C b) { return a + b; }
+};
+template <typename C>
+struct ProductOp {
+  static C init() { return C(1); }
+  static C combine(C a, C b) { return a * b; }
 };
 template <typename C>
 struct MaxOp {
@@ -54,8 +59,9 @@ Compute<T> reduce_block(const T* x, int64_t n) {
 }
 
 // out[o] = reduce(x[o * R, (o + 1) * R)) for contiguous x.
+// kAvg passes the reduced count as divisor; the others 1.
 template <typename Op, typename T, typename Out>
-void reduce_rows(const T* x, int64_t rows, int64_t r, Out* out) {
+void reduce_rows(const T* x, int64_t rows, int64_t r, Out* out, int64_t divisor) {
   using C = Compute<T>;
   const int64_t blocks = std::max<int64_t>((r + kBlock - 1) / kBlock, 1);
   std::vector<C> partial(static_cast<size_t>(rows * blocks));
@@ -75,13 +81,13 @@ void reduce_rows(const T* x, int64_t rows, int64_t r, Out* out) {
   for (int64_t row = 0; row < rows; ++row) {
     C acc = Op::init();
     for (int64_t blk = 0; blk < blocks; ++blk) acc = Op::combine(acc, partial[row * blocks + blk]);
-    out[row] = convert<Out>(acc);
+    out[row] = convert<Out>(divisor == 1 ? acc : acc / C(divisor));
   }
 }
 
 // out[j] = reduce_i x[i * cols + j] for contiguous x [r, cols] (reducing leading dims).
 template <typename Op, typename T, typename Out>
-void reduce_cols(const T* x, int64_t r, int64_t cols, Out* out) {
+void reduce_cols(const T* x, int64_t r, int64_t cols, Out* out, int64_t divisor) {
   using C = Compute<T>;
   parallel_for(0, cols, 256, [&](int64_t b, int64_t e) {
     std::vector<C> acc(static_cast<size_t>(e - b), Op::init());
@@ -89,7 +95,9 @@ void reduce_cols(const T* x, int64_t r, int64_t cols, Out* out) {
       const T* row = x + i * cols;
       for (int64_t j = b; j < e; ++j) acc[j - b] = Op::combine(acc[j - b], convert<C>(row[j]));
     }
-    for (int64_t j = b; j < e; ++j) out[j] = convert<Out>(acc[j - b]);
+    for (int64_t j = b; j < e; ++j) {
+      out[j] = convert<Out>(divisor == 1 ? acc[j - b] : acc[j - b] / C(divisor));
+    }
   });
 }
 
@@ -125,65 +133,89 @@ bool dims_are_prefix(const std::vector<int64_t>& dims) {
 
 }  // namespace
 
+namespace {
+
+// x laid out so that the reduced dims form contiguous rows (rows == true: one row of r
+// elements per output) or leading columns (rows == false: out[j] combines x[i * outputs + j]).
+struct ReduceLayout {
+  Tensor src;
+  bool rows = true;
+};
+
+ReduceLayout reduce_layout(const Tensor& x, const std::vector<int64_t>& dims) {
+  const int64_t rank = x.dim();
+  if (x.is_contiguous() && dims_are_suffix(dims, rank)) return {x, true};
+  if (x.is_contiguous() && dims_are_prefix(dims)) return {x, false};
+  // Move the reduced dims last and make the result contiguous: one row per output.
+  std::vector<int64_t> order;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (!std::binary_search(dims.begin(), dims.end(), d)) order.push_back(d);
+  }
+  order.insert(order.end(), dims.begin(), dims.end());
+  Shape shape;
+  Strides strides;
+  for (int64_t d : order) {
+    shape.push_back(x.shape()[d]);
+    strides.push_back(x.strides()[d]);
+  }
+  Tensor src = empty(shape, x.dtype());
+  cpu_backend().copy(x.as_strided(shape, strides, x.offset()), src);
+  return {src, true};
+}
+
+}  // namespace
+
 void CpuBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims,
                         const Tensor& out) {
-  const int64_t rank = x.dim();
   const int64_t outputs = out.numel();
   const int64_t r = outputs == 0 ? 0 : x.numel() / outputs;
   if (outputs == 0) return;
-  TESSEL_CHECK(r > 0 || op == ReduceOp::kSum, InvalidArgument,
-               "cannot take max/min/argmax over an empty dimension of {}", shape_str(x.shape()));
-  Tensor src = x;
-  bool rows = true;
-  if (!x.is_contiguous() || !(dims_are_suffix(dims, rank) || dims_are_prefix(dims))) {
-    // Move the reduced dims last and make the result contiguous: one row per output.
-    std::vector<int64_t> order;
-    for (int64_t d = 0; d < rank; ++d) {
-      if (!std::binary_search(dims.begin(), dims.end(), d)) order.push_back(d);
-    }
-    order.insert(order.end(), dims.begin(), dims.end());
-    Shape shape;
-    Strides strides;
-    for (int64_t d : order) {
-      shape.push_back(x.shape()[d]);
-      strides.push_back(x.strides()[d]);
-    }
-    src = empty(shape, x.dtype());
-    copy(x.as_strided(shape, strides, x.offset()), src);
-  } else if (!dims_are_suffix(dims, rank)) {
-    rows = false;
-  }
-  dispatch_all(src.dtype(), [&](auto tag) {
+  TESSEL_CHECK(r > 0 || op == ReduceOp::kSum || op == ReduceOp::kProduct, InvalidArgument,
+               "cannot take the {} over an empty dimension of {}", reduce_op_name(op),
+               shape_str(x.shape()));
+  const ReduceLayout layout = reduce_layout(x, dims);
+  dispatch_all(layout.src.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     using C = Compute<T>;
-    const T* px = static_cast<const T*>(src.data_ptr());
-    if (op == ReduceOp::kArgMax) {
-      int64_t* o = out.data<int64_t>();
-      const int64_t stride = rows ? 1 : outputs;
-      parallel_for(0, outputs, std::max<int64_t>(1, kBlock / std::max<int64_t>(r, 1)),
-                   [&](int64_t b, int64_t e) {
-                     for (int64_t j = b; j < e; ++j) {
-                       o[j] = argmax_strided(px + (rows ? j * r : j), r, stride);
-                     }
-                   });
-      return;
-    }
+    const T* px = static_cast<const T*>(layout.src.data_ptr());
     dispatch_all(out.dtype(), [&](auto out_tag) {
       using Out = typename decltype(out_tag)::type;
       Out* o = static_cast<Out*>(out.data_ptr());
       auto run = [&](auto op_tag) {
         using Op = typename decltype(op_tag)::type;
-        if (rows) {
-          reduce_rows<Op>(px, outputs, r, o);
+        const int64_t divisor = op == ReduceOp::kAvg ? r : 1;
+        if (layout.rows) {
+          reduce_rows<Op>(px, outputs, r, o, divisor);
         } else {
-          reduce_cols<Op>(px, r, outputs, o);
+          reduce_cols<Op>(px, r, outputs, o, divisor);
         }
       };
       switch (op) {
         case ReduceOp::kSum: run(TypeTag<SumOp<C>>{}); break;
+        case ReduceOp::kAvg: run(TypeTag<SumOp<C>>{}); break;
         case ReduceOp::kMax: run(TypeTag<MaxOp<C>>{}); break;
         case ReduceOp::kMin: run(TypeTag<MinOp<C>>{}); break;
-        case ReduceOp::kArgMax: break;
+        case ReduceOp::kProduct: run(TypeTag<ProductOp<C>>{}); break;
+      }
+    });
+  });
+}
+
+void CpuBackend::argmax(const Tensor& x, int64_t dim, const Tensor& out) {
+  const int64_t outputs = out.numel();
+  if (outputs == 0) return;
+  const int64_t r = x.shape()[dim];
+  TESSEL_CHECK(r > 0, InvalidArgument, "cannot take the argmax over an empty dimension of {}",
+               shape_str(x.shape()));
+  const ReduceLayout layout = reduce_layout(x, {dim});
+  dispatch_all(layout.src.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* px = static_cast<const T*>(layout.src.data_ptr());
+    int64_t* o = out.data<int64_t>();
+    const int64_t stride = layout.rows ? 1 : outputs;
+    parallel_for(0, outputs, std::max<int64_t>(1, kBlock / r), [&](int64_t b, int64_t e) {
+      for (int64_t j = b; j < e; ++j) {
+        o[j] = argmax_strided(px + (layout.rows ? j * r : j), r, stride);
       }
     });
   });

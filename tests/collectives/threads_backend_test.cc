@@ -74,7 +74,7 @@ TEST(ThreadsBackendTest, RecordsEveryCallInTheFlightRecorder) {
     if (e.op == fr::OpType::kAllReduce) {
       ++all_reduce;
       EXPECT_EQ(e.seq, 1u);
-      EXPECT_EQ(e.reduce_op, fr::ReduceOp::kMax);
+      EXPECT_EQ(e.reduce_op, ReduceOp::kMax);
     } else if (e.op == fr::OpType::kBroadcast) {
       ++broadcast;
       EXPECT_EQ(e.seq, 2u);

@@ -8,7 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 
-#include "tessel/collectives/backend.h"
+#include "tessel/collectives/comm_backend.h"
 #include "tessel/collectives/process_group.h"
 
 namespace tessel {
@@ -19,7 +19,7 @@ using std::chrono::seconds;
 
 // A backend whose calls block until it is aborted (bounded at 30 s), like an MPI call waiting
 // for a rank that never comes. It knows rank 1 is missing.
-class HangingBackend final : public Backend {
+class HangingBackend final : public CommBackend {
  public:
   std::string_view name() const override { return "hanging"; }
   int rank() const override { return 0; }
@@ -40,7 +40,7 @@ class HangingBackend final : public Backend {
   void send(const Tensor&, int, int, const OpContext&) override { block(); }
   void recv(Tensor&, int, int, const OpContext&) override { block(); }
   void barrier(const OpContext&) override { block(); }
-  std::unique_ptr<Backend> split(const SplitRequest&) override { return nullptr; }
+  std::unique_ptr<CommBackend> split(const SplitRequest&) override { return nullptr; }
   std::vector<int> missing_ranks(uint64_t) const override { return {1}; }
   void abort(const std::string&) override {
     {

@@ -68,7 +68,9 @@ TEST(RingFileTest, EntriesSurviveSigkillAndRecoverIntoADump) {
   for (size_t i = 0; i < entries.size(); ++i) {
     EXPECT_GE(entries[i].enqueued_ns, before_child - 2'000);
     EXPECT_LE(entries[i].enqueued_ns, after_child + 2'000);
-    if (i > 0) EXPECT_GE(entries[i].enqueued_ns, entries[i - 1].enqueued_ns);
+    if (i > 0) {
+      EXPECT_GE(entries[i].enqueued_ns, entries[i - 1].enqueued_ns);
+    }
   }
   EXPECT_EQ(entries[6].state, EntryState::kStarted);
   EXPECT_STREQ(entries[7].text, "step 17 begins");

@@ -1,5 +1,5 @@
 #pragma once
-// Backend: what a transport implements for ProcessGroup (threads/, gloo/, mpi/, nccl/, fake/).
+// CommBackend: what a transport implements for ProcessGroup (threads/, gloo/, mpi/, nccl/, fake/).
 // ProcessGroup validates arguments, numbers and records every call, and runs it on one thread at
 // a time; a backend only moves and reduces the bytes, blocking until done or until the call's
 // timeout. Sizes reaching a backend are already checked and every count vector is filled in.
@@ -39,9 +39,9 @@ struct SplitRequest {
   ProcessGroupOptions options;  // name, id and timeout of the new group
 };
 
-class Backend {
+class CommBackend {
  public:
-  virtual ~Backend() = default;
+  virtual ~CommBackend() = default;
 
   virtual std::string_view name() const = 0;
   virtual int rank() const = 0;
@@ -65,7 +65,7 @@ class Backend {
   virtual void recv(Tensor& tensor, int peer, int tag, const OpContext& ctx) = 0;
   virtual void barrier(const OpContext& ctx) = 0;
   // Called on every parent rank (also those with kNoColor, which get null back).
-  virtual std::unique_ptr<Backend> split(const SplitRequest& request) = 0;
+  virtual std::unique_ptr<CommBackend> split(const SplitRequest& request) = 0;
 
   // Group ranks known not to have reached collective `seq`; empty when unknown.
   virtual std::vector<int> missing_ranks(uint64_t seq) const;
