@@ -25,6 +25,18 @@ Error::Error(ErrorKind kind, const std::string& message)
       kind_(kind),
       message_(message) {}
 
+Error::~Error() = default;
+InvalidArgument::~InvalidArgument() = default;
+OutOfRange::~OutOfRange() = default;
+Timeout::~Timeout() = default;
+CommError::~CommError() = default;
+PeerLost::~PeerLost() = default;
+IoError::~IoError() = default;
+Unavailable::~Unavailable() = default;
+NotImplemented::~NotImplemented() = default;
+Internal::~Internal() = default;
+OutOfMemory::~OutOfMemory() = default;
+
 void throw_error(ErrorKind kind, const std::string& message) {
   switch (kind) {
     case ErrorKind::kInvalidArgument: throw InvalidArgument(message);

@@ -26,10 +26,12 @@ enum class ErrorKind {
 // "InvalidArgument", "Timeout", ... — the class name of each kind.
 std::string_view error_kind_name(ErrorKind kind);
 
-// Base of every exception tessel throws. what() is "<KindName>: <message>".
+// Base of every exception tessel throws. what() is "<KindName>: <message>". The destructors
+// are defined in error.cc, so each class's type information lives in libtessel_base alone.
 class Error : public std::runtime_error {
  public:
   Error(ErrorKind kind, const std::string& message);
+  ~Error() override;
 
   ErrorKind kind() const noexcept { return kind_; }
   // The message without the kind prefix.
@@ -44,6 +46,7 @@ class Error : public std::runtime_error {
   class Name : public Error {                                                              \
    public:                                                                                 \
     explicit Name(const std::string& message) : Error(ErrorKind::k##Name, message) {}      \
+    ~Name() override;                                                                      \
   };
 TESSEL_DEFINE_ERROR(InvalidArgument)
 TESSEL_DEFINE_ERROR(OutOfRange)

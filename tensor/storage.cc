@@ -279,7 +279,7 @@ Device Storage::device() const { return impl_ ? impl_->device : Device::cpu(); }
 bool Storage::is_pinned() const { return impl_ && impl_->pinned; }
 bool Storage::is_released() const { return impl_ && impl_->released; }
 
-void Storage::release() {
+void Storage::release() const {
   TESSEL_CHECK(impl_ != nullptr, InvalidArgument, "release() of an undefined storage");
   if (impl_->released || impl_->device.is_meta()) return;
   TESSEL_CHECK(impl_->allocator != nullptr, InvalidArgument,
@@ -288,7 +288,7 @@ void Storage::release() {
   impl_->released = true;
 }
 
-void Storage::refill() {
+void Storage::refill() const {
   TESSEL_CHECK(impl_ != nullptr, InvalidArgument, "refill() of an undefined storage");
   if (!impl_->released) return;
   impl_->data = impl_->allocator->allocate(impl_->bytes, current_stream(impl_->device));

@@ -107,10 +107,10 @@ class Storage {
 
   // Gives the memory back to the allocator now; views keep their shapes and reading them
   // throws until refill(). Idempotent. Throws InvalidArgument for wrapped memory.
-  void release();
+  void release() const;
   // Allocates fresh memory of bytes() for a released storage (contents undefined), on the
   // device's current stream. A no-op when not released.
-  void refill();
+  void refill() const;
   bool is_released() const;
   // Marks the memory as used by `stream` too, so the allocator does not hand it to another
   // stream before that stream's work on it is done (see Allocator).
