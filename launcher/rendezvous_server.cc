@@ -16,6 +16,8 @@
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
 #include "tessel/launcher/proto/rendezvous.grpc.pb.h"
+#include "tessel/collectives/grpc/connection_gate.h"
+#include "tessel/collectives/grpc/server_auth.h"
 #include "tessel/collectives/grpc/store_service.h"
 #include "tessel/launcher/token.h"
 
@@ -30,13 +32,6 @@ std::string peer_host(const std::string& peer) {
   std::string rest = peer.substr(peer.find(':') + 1);
   if (!rest.empty() && rest.front() == '[') return rest.substr(1, rest.find(']') - 1);
   return rest.substr(0, rest.rfind(':'));
-}
-
-bool authenticated(grpc::CallbackServerContext* ctx, const std::string& token) {
-  const auto& md = ctx->client_metadata();
-  auto it = md.find(std::string(kTokenMetadataKey));
-  if (it == md.end()) return false;
-  return tokens_equal(std::string_view(it->second.data(), it->second.size()), token);
 }
 
 grpc::Status unauthenticated() {
@@ -64,10 +59,24 @@ class RendezvousServer::State {
   explicit State(RendezvousServerOptions options) : options_(std::move(options)) {}
 
   const RendezvousServerOptions& options() const { return options_; }
+  void set_gate(internal::ConnectionGate* gate) { gate_ = gate; }
+
+  // The call carries the job token (network calls without it were refused on their headers;
+  // this check stays for defence in depth), and its connection is marked as authenticated.
+  bool authenticated(grpc::CallbackServerContext* ctx) {
+    const auto& md = ctx->client_metadata();
+    auto it = md.find(std::string(kTokenMetadataKey));
+    if (it == md.end() ||
+        !tokens_equal(std::string_view(it->second.data(), it->second.size()), options_.token)) {
+      return false;
+    }
+    if (gate_ != nullptr) gate_->authenticated(ctx->peer());
+    return true;
+  }
 
   grpc::ServerUnaryReactor* join(grpc::CallbackServerContext* ctx, const proto::JoinRequest* req,
                                  proto::JoinResponse* resp) {
-    if (!authenticated(ctx, options_.token)) return finish_now(ctx, unauthenticated());
+    if (!authenticated(ctx)) return finish_now(ctx, unauthenticated());
     std::unique_lock lock(mu_);
     if (phase_ == Phase::kFinished) {
       return finish_now(ctx, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -94,7 +103,7 @@ class RendezvousServer::State {
   grpc::ServerUnaryReactor* heartbeat(grpc::CallbackServerContext* ctx,
                                       const proto::HeartbeatRequest* req,
                                       proto::HeartbeatResponse* resp) {
-    if (!authenticated(ctx, options_.token)) return finish_now(ctx, unauthenticated());
+    if (!authenticated(ctx)) return finish_now(ctx, unauthenticated());
     std::lock_guard lock(mu_);
     resp->set_current_round(round_);
     grpc::Status status = check_member_locked(req->node_id(), req->round());
@@ -105,7 +114,7 @@ class RendezvousServer::State {
   grpc::ServerUnaryReactor* report_failure(grpc::CallbackServerContext* ctx,
                                            const proto::FailureRequest* req,
                                            proto::FailureResponse* resp) {
-    if (!authenticated(ctx, options_.token)) return finish_now(ctx, unauthenticated());
+    if (!authenticated(ctx)) return finish_now(ctx, unauthenticated());
     std::unique_lock lock(mu_);
     grpc::Status status = check_member_locked(req->node_id(), req->round());
     if (!status.ok()) return finish_now(ctx, status);
@@ -117,7 +126,7 @@ class RendezvousServer::State {
 
   grpc::ServerUnaryReactor* report_done(grpc::CallbackServerContext* ctx,
                                         const proto::DoneRequest* req, proto::DoneResponse*) {
-    if (!authenticated(ctx, options_.token)) return finish_now(ctx, unauthenticated());
+    if (!authenticated(ctx)) return finish_now(ctx, unauthenticated());
     std::unique_lock lock(mu_);
     grpc::Status status = check_member_locked(req->node_id(), req->round());
     if (!status.ok()) return finish_now(ctx, status);
@@ -131,9 +140,18 @@ class RendezvousServer::State {
     return finish_now(ctx, grpc::Status::OK);
   }
 
+  grpc::ServerUnaryReactor* ping(grpc::CallbackServerContext* ctx, const proto::PingRequest*,
+                                 proto::PingResponse* resp) {
+    if (!authenticated(ctx)) return finish_now(ctx, unauthenticated());
+    std::lock_guard lock(mu_);
+    resp->set_current_round(round_);
+    resp->set_finished(phase_ == Phase::kFinished);
+    return finish_now(ctx, grpc::Status::OK);
+  }
+
   grpc::ServerUnaryReactor* wait_event(grpc::CallbackServerContext* ctx,
                                        const proto::WaitEventRequest* req, JobEvent* resp) {
-    if (!authenticated(ctx, options_.token)) return finish_now(ctx, unauthenticated());
+    if (!authenticated(ctx)) return finish_now(ctx, unauthenticated());
     std::lock_guard lock(mu_);
     if (event_ready_locked(req->node_id(), req->round(), resp)) {
       return finish_now(ctx, grpc::Status::OK);
@@ -499,6 +517,7 @@ class RendezvousServer::State {
   }
 
   const RendezvousServerOptions options_;
+  internal::ConnectionGate* gate_ = nullptr;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   Phase phase_ = Phase::kJoining;
@@ -546,6 +565,10 @@ class RendezvousService final : public proto::Rendezvous::CallbackService {
                                       proto::JobEvent* r) override {
     return state_->wait_event(c, q, r);
   }
+  grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* c, const proto::PingRequest* q,
+                                 proto::PingResponse* r) override {
+    return state_->ping(c, q, r);
+  }
 
  private:
   RendezvousServer::State* state_;
@@ -556,6 +579,7 @@ class RendezvousService final : public proto::Rendezvous::CallbackService {
 struct RendezvousServer::Impl {
   std::unique_ptr<RendezvousService> service;
   std::unique_ptr<internal::StoreService> store_service;  // the job's Store, beside rendezvous
+  std::unique_ptr<internal::ConnectionGate> gate;
   std::unique_ptr<grpc::Server> server;
   std::thread monitor;
   std::string address;
@@ -570,14 +594,24 @@ RendezvousServer::RendezvousServer(RendezvousServerOptions options)
                "rendezvous needs 1 <= min_nodes <= max_nodes, got {}:{}", o.min_nodes,
                o.max_nodes);
   impl_->service = std::make_unique<RendezvousService>(state_.get());
+  StoreLimits store_limits;
+  try {
+    impl_->gate = std::make_unique<internal::ConnectionGate>(
+        o.bind_address, internal::connection_limits(store_limits));
+  } catch (const Error& e) {
+    throw CommError(fmt::format("cannot serve the rendezvous at {}: the address is in use or "
+                                "not local ({})", o.bind_address, e.message()));
+  }
+  impl_->port = impl_->gate->port();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(o.bind_address, grpc::InsecureServerCredentials(), &impl_->port);
+  impl_->gate->attach(builder, internal::token_server_credentials(o.token, o.tls));
+  state_->set_gate(impl_->gate.get());
   builder.RegisterService(impl_->service.get());
   if (o.host_store) {
-    impl_->store_service = std::make_unique<internal::StoreService>(o.token, StoreLimits{});
+    impl_->store_service = std::make_unique<internal::StoreService>(o.token, store_limits);
+    impl_->store_service->set_gate(impl_->gate.get());
     internal::add_store_service(builder, *impl_->store_service);
   }
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a second server must fail to bind
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   // Thousands of agent connections: small read buffers, no BDP probing (as the clients).
   builder.AddChannelArgument(GRPC_ARG_TCP_READ_CHUNK_SIZE, 4096);
@@ -589,9 +623,9 @@ RendezvousServer::RendezvousServer(RendezvousServerOptions options)
   builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   impl_->server = builder.BuildAndStart();
-  TESSEL_CHECK(impl_->server != nullptr && impl_->port != 0, CommError,
-               "cannot serve the rendezvous at {}: the address is in use or not local",
+  TESSEL_CHECK(impl_->server != nullptr, CommError, "cannot serve the rendezvous at {}",
                o.bind_address);
+  impl_->gate->start();
   impl_->address = o.bind_address.substr(0, o.bind_address.rfind(':') + 1) +
                    std::to_string(impl_->port);
   impl_->monitor = std::thread([this] { state_->monitor_loop(); });
@@ -617,6 +651,7 @@ size_t RendezvousServer::parked_calls() const { return state_->parked(); }
 void RendezvousServer::stop() {
   if (impl_->stopped) return;
   impl_->stopped = true;
+  impl_->gate->stop();  // no new connections
   state_->begin_stop();
   if (impl_->store_service) impl_->store_service->stop();  // parked store calls fail first
   impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));

@@ -22,13 +22,15 @@
 #include <memory>
 #include <string>
 
+#include "tessel/collectives/store_tls.h"
 #include "tessel/launcher/proto/rendezvous.pb.h"
 
 namespace tessel::launcher {
 
 struct RendezvousServerOptions {
   std::string bind_address;  // "HOST:PORT"; port 0 picks a free one. Only this address is bound.
-  std::string token;         // required on every RPC
+  std::string token;         // required on every RPC (checked on its headers)
+  TlsFiles tls;              // TLS when tls.cert is set; mutual TLS when tls.ca is set too
   int min_nodes = 1;
   int max_nodes = 1;
   int max_restarts = 0;

@@ -239,8 +239,8 @@ TEST(StoreAuthTest, WrongTokenIsRefusedWithoutEchoingIt) {
   StoreServer server(loopback_server_options());
   const std::string wrong = std::string(kTestToken) + "x";
   for (const std::string& token : {wrong, std::string(kTestToken).substr(1), std::string("zq-wrong-zq")}) {
-    StoreClient client(client_options_for(server.address(), token));
     try {
+      StoreClient client(client_options_for(server.address(), token));  // its first call fails
       client.set("k", "v");
       FAIL() << "a client with a wrong token was served";
     } catch (const CommError& e) {
