@@ -82,8 +82,32 @@ class RendezvousServer::State {
       return finish_now(ctx, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                                           "the job has already finished"));
     }
+    check_stall_locked(lock);
+    const std::string addr = req->addr().empty() ? peer_host(ctx->peer()) : req->addr();
+    if (grpc::Status taken = check_rank_free_locked(*req, addr); !taken.ok()) {
+      return finish_now(ctx, taken);
+    }
+    // A member of the running round joining again lost its link to the server (or its agent
+    // was stopped) long enough to give its round up: the round cannot go on without it.
+    if (auto m = members_.find(req->node_id());
+        m != members_.end() && phase_ == Phase::kRunning && !round_failed_ && !m->second.done) {
+      proto::Failure failure = node_failure_locked(
+          req->node_id(), "lost contact with the rendezvous server and rejoined");
+      fail_round_locked(std::move(failure), lock);
+    }
+    std::vector<Finisher> replaced;  // an earlier Join of the same agent (its link blipped)
+    for (auto it = joining_.begin(); it != joining_.end();) {
+      if (it->request.node_id() != req->node_id()) {
+        ++it;
+        continue;
+      }
+      replaced.push_back({it->call, grpc::Status(grpc::StatusCode::ABORTED,
+                                                 "replaced by a newer Join of the same agent")});
+      it = joining_.erase(it);
+    }
     auto* call = new ParkedCall(this);
-    joining_.push_back({*req, peer_host(ctx->peer()), call, resp});
+    joining_.push_back({*req, addr, call, resp});
+    finish_all(std::move(replaced), lock);
     log_info(kL, "node {} ({}) joined round {} ({} waiting, nnodes {}:{})", req->node_id(),
              req->host(), round_, joining_.size(), options_.min_nodes, options_.max_nodes);
     if (phase_ == Phase::kJoining) {
@@ -104,7 +128,8 @@ class RendezvousServer::State {
                                       const proto::HeartbeatRequest* req,
                                       proto::HeartbeatResponse* resp) {
     if (!authenticated(ctx)) return finish_now(ctx, unauthenticated());
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
+    check_stall_locked(lock);
     resp->set_current_round(round_);
     grpc::Status status = check_member_locked(req->node_id(), req->round());
     if (status.ok()) members_[req->node_id()].last_seen = SteadyClock::now();
@@ -120,6 +145,10 @@ class RendezvousServer::State {
     if (!status.ok()) return finish_now(ctx, status);
     proto::Failure failure = req->failure();
     failure.set_node_id(req->node_id());
+    if (auto m = members_.find(req->node_id()); m != members_.end()) {
+      failure.set_addr(m->second.assignment.addr());
+      failure.set_group_rank(m->second.assignment.group_rank());
+    }
     resp->set_root_cause(fail_round_locked(std::move(failure), lock));
     return finish_now(ctx, grpc::Status::OK);
   }
@@ -183,11 +212,8 @@ class RendezvousServer::State {
       waits_.erase(it);
       if (!stopping_ && phase_ == Phase::kRunning && round == round_ &&
           members_.count(node_id) != 0 && !members_[node_id].done) {
-        proto::Failure failure;
-        failure.set_node_id(node_id);
-        failure.set_host(members_[node_id].assignment.host());
-        failure.set_rank(-1);
-        failure.set_reason("node lost (its agent's connection closed)");
+        proto::Failure failure =
+            node_failure_locked(node_id, "node lost (its agent's connection closed)");
         members_[node_id].lost = true;
         fail_round_locked(std::move(failure), lock);
       }
@@ -206,16 +232,13 @@ class RendezvousServer::State {
         finish_all(form_round_locked(), lock);
         continue;
       }
+      if (check_stall_locked(lock)) continue;
       if (phase_ == Phase::kRunning && !round_failed_) {
         const auto bound = options_.heartbeat_interval * options_.heartbeat_misses;
         for (auto& [id, m] : members_) {
           if (m.done || now - m.last_seen <= bound) continue;
-          proto::Failure failure;
-          failure.set_node_id(id);
-          failure.set_host(m.assignment.host());
-          failure.set_rank(-1);
-          failure.set_reason(fmt::format("node lost (no heartbeat for {})",
-                                         format_duration(now - m.last_seen)));
+          proto::Failure failure = node_failure_locked(
+              id, fmt::format("node lost (no heartbeat for {})", format_duration(now - m.last_seen)));
           m.lost = true;
           fail_round_locked(std::move(failure), lock);
           break;
@@ -234,6 +257,7 @@ class RendezvousServer::State {
           log_error(kL, "gathering flight-recorder dumps failed: {}", e.what());
         }
         lock.lock();
+        last_tick_ = SteadyClock::now();  // busy gathering dumps, not stalled
         finish_all(end_round_locked(), lock);
         continue;
       }
@@ -254,6 +278,7 @@ class RendezvousServer::State {
       }
       auto wake = now + options_.heartbeat_interval;
       if (last_call_) wake = std::min(wake, *last_call_);
+      last_tick_ = SteadyClock::now();
       cv_.wait_until(lock, wake);
     }
   }
@@ -321,6 +346,7 @@ class RendezvousServer::State {
   struct Member {
     proto::NodeAssignment assignment;
     SteadyClock::time_point last_seen;
+    int requested_rank = -1;
     bool done = false;
     bool notified = false;
     bool lost = false;  // its agent is gone: nobody to notify
@@ -343,6 +369,74 @@ class RendezvousServer::State {
     lock.unlock();
     for (auto& f : calls) f.call->Finish(f.status);
     lock.lock();
+  }
+
+  // A whole node's failure, named by its address and group rank.
+  proto::Failure node_failure_locked(const std::string& node_id, const std::string& reason) {
+    proto::Failure failure;
+    failure.set_node_id(node_id);
+    failure.set_rank(-1);
+    failure.set_reason(reason);
+    if (auto m = members_.find(node_id); m != members_.end()) {
+      failure.set_host(m->second.assignment.host());
+      failure.set_addr(m->second.assignment.addr());
+      failure.set_group_rank(m->second.assignment.group_rank());
+    }
+    return failure;
+  }
+
+  // The server's own threads did not run for longer than the heartbeat bound (its node was
+  // stopped, or starved): every agent has given the running round up by now, and the fault
+  // is the server's, not the first node whose heartbeat looks stale. True when it failed the
+  // round.
+  bool check_stall_locked(std::unique_lock<std::mutex>& lock) {
+    const auto now = SteadyClock::now();
+    const auto gap = now - last_tick_;
+    const auto bound = options_.heartbeat_interval * options_.heartbeat_misses;
+    if (gap <= bound || stopping_) return false;
+    last_tick_ = now;
+    for (auto& [id, m] : members_) m.last_seen = now;  // their silence was ours
+    if (phase_ != Phase::kRunning || round_failed_) return false;
+    proto::Failure failure;
+    failure.set_rank(-1);
+    failure.set_host(options_.host_name);
+    failure.set_addr(options_.bind_address);
+    failure.set_group_rank(-1);
+    failure.set_reason(fmt::format("the rendezvous server did not run for {} (its node was "
+                                   "stopped or starved), longer than the heartbeat bound {}",
+                                   format_duration(gap), format_duration(bound)));
+    log_warn(kL, "{}", failure.reason());
+    fail_round_locked(std::move(failure), lock);
+    if (!lock.owns_lock()) lock.lock();
+    return true;
+  }
+
+  // Two nodes asking for the same --node-rank: the second is refused (ALREADY_EXISTS), unless
+  // it comes from the same host as the holder (an agent restarted there takes its place).
+  grpc::Status check_rank_free_locked(const proto::JoinRequest& req, const std::string& addr) {
+    const int r = req.requested_rank();
+    if (r < 0) return grpc::Status::OK;
+    for (const auto& j : joining_) {
+      if (j.request.requested_rank() == r && j.request.node_id() != req.node_id() &&
+          j.request.host() != req.host()) {
+        return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                            fmt::format("--node-rank {} is already taken by node {} ({}, host "
+                                        "{}); every node needs its own rank", r, j.addr,
+                                        j.request.node_id(), j.request.host()));
+      }
+    }
+    if (phase_ == Phase::kRunning && !round_failed_) {
+      for (const auto& [id, m] : members_) {
+        if (m.requested_rank == r && id != req.node_id() && m.assignment.host() != req.host()) {
+          return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                              fmt::format("--node-rank {} is already taken by node {} ({}, host "
+                                          "{}); every node needs its own rank", r,
+                                          m.assignment.addr(), id, m.assignment.host()));
+        }
+      }
+    }
+    (void)addr;
+    return grpc::Status::OK;
   }
 
   grpc::Status check_member_locked(const std::string& node_id, int64_t round) const {
@@ -384,7 +478,7 @@ class RendezvousServer::State {
       a.set_rank_offset(offset);
       offset += nodes[i].request.nproc();
       assignments.push_back(a);
-      members_[a.node_id()] = Member{a, SteadyClock::now()};
+      members_[a.node_id()] = Member{a, SteadyClock::now(), nodes[i].request.requested_rank()};
     }
     world_size_ = offset;
     const std::string master_addr =
@@ -416,6 +510,10 @@ class RendezvousServer::State {
   bool fail_round_locked(proto::Failure failure, std::unique_lock<std::mutex>& lock) {
     if (phase_ != Phase::kRunning || round_failed_) return false;
     round_failed_ = true;
+    if (auto m = members_.find(failure.node_id()); m != members_.end() && failure.addr().empty()) {
+      failure.set_addr(m->second.assignment.addr());
+      failure.set_group_rank(m->second.assignment.group_rank());
+    }
     failure.set_server_time_us(wall_time_us());
     failure.set_round(round_);
     root_ = std::move(failure);
@@ -532,6 +630,7 @@ class RendezvousServer::State {
   proto::Failure root_;
   JobOutcome outcome_;
   bool stopping_ = false;
+  SteadyClock::time_point last_tick_ = SteadyClock::now();  // the monitor's last pass
 };
 
 void ParkedCall::OnCancel() { state_->on_cancel(this); }

@@ -165,7 +165,10 @@ TEST_F(NetnsTest, KillingOneAgentStopsTheOthersWithinTheHeartbeatBound) {
 }
 
 TEST_F(NetnsTest, CutLinkIsDetectedWithinIntervalTimesMisses) {
-  const std::vector<std::string> flags = {"--monitor-interval", "100ms", "--heartbeat-misses", "5"};
+  // The cut node stops its workers within the bound, then waits --rdzv-connect-timeout for
+  // the link to come back before it gives up.
+  const std::vector<std::string> flags = {"--monitor-interval", "100ms", "--heartbeat-misses", "5",
+                                          "--rdzv-connect-timeout", "2s"};
   for (int i = 0; i < 3; ++i) start_node(i, flags, {"sleep"}, {"LAUNCH_TEST_MARKER=" + dir_});
   ASSERT_TRUE(testing::wait_until(
       [&] { return testing::pids_with_env("LAUNCH_TEST_MARKER=" + dir_).size() >= 9; }, 30s));
