@@ -58,6 +58,9 @@ struct StoreServerOptions {
 struct StoreServerStats {
   size_t keys = 0;     // keys held
   size_t waiters = 0;  // blocking calls parked
+  size_t connections = 0;                  // open now
+  size_t unauthenticated_connections = 0;  // open now, no call with the token yet
+  size_t refused_connections = 0;          // closed at once or later to stay within limits
 };
 
 // Thread-safe. Owns the gRPC server and its table of keys. Starts serving in the constructor;

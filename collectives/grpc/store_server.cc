@@ -75,7 +75,16 @@ const std::string& StoreServer::address() const { return impl_->address; }
 int StoreServer::port() const { return impl_->port; }
 const std::string& StoreServer::token() const { return impl_->options.token; }
 const StoreLimits& StoreServer::limits() const { return impl_->options.limits; }
-StoreServerStats StoreServer::stats() const { return impl_->service->stats(); }
+StoreServerStats StoreServer::stats() const {
+  StoreServerStats stats = impl_->service->stats();
+  if (impl_->connections) {
+    const internal::ConnectionGateStats gate = impl_->connections->stats();
+    stats.connections = gate.connections;
+    stats.unauthenticated_connections = gate.unauthenticated;
+    stats.refused_connections = gate.refused + gate.evicted;
+  }
+  return stats;
+}
 
 std::shared_ptr<Store> StoreServer::connect(Nanoseconds default_timeout) {
   std::lock_guard lock(impl_->stop_mutex);
