@@ -84,7 +84,7 @@ class RendezvousServer::State {
     }
     check_stall_locked(lock);
     const std::string addr = req->addr().empty() ? peer_host(ctx->peer()) : req->addr();
-    if (grpc::Status taken = check_rank_free_locked(*req, addr); !taken.ok()) {
+    if (grpc::Status taken = check_rank_free_locked(*req); !taken.ok()) {
       return finish_now(ctx, taken);
     }
     // A member of the running round joining again lost its link to the server (or its agent
@@ -411,14 +411,13 @@ class RendezvousServer::State {
     return true;
   }
 
-  // Two nodes asking for the same --node-rank: the second is refused (ALREADY_EXISTS), unless
-  // it comes from the same host as the holder (an agent restarted there takes its place).
-  grpc::Status check_rank_free_locked(const proto::JoinRequest& req, const std::string& addr) {
+  // Two nodes asking for the same --node-rank: the second is refused (ALREADY_EXISTS). (An
+  // agent that died is gone from these lists as soon as its connection closes.)
+  grpc::Status check_rank_free_locked(const proto::JoinRequest& req) {
     const int r = req.requested_rank();
     if (r < 0) return grpc::Status::OK;
     for (const auto& j : joining_) {
-      if (j.request.requested_rank() == r && j.request.node_id() != req.node_id() &&
-          j.request.host() != req.host()) {
+      if (j.request.requested_rank() == r && j.request.node_id() != req.node_id()) {
         return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
                             fmt::format("--node-rank {} is already taken by node {} ({}, host "
                                         "{}); every node needs its own rank", r, j.addr,
@@ -427,7 +426,7 @@ class RendezvousServer::State {
     }
     if (phase_ == Phase::kRunning && !round_failed_) {
       for (const auto& [id, m] : members_) {
-        if (m.requested_rank == r && id != req.node_id() && m.assignment.host() != req.host()) {
+        if (m.requested_rank == r && id != req.node_id()) {
           return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
                               fmt::format("--node-rank {} is already taken by node {} ({}, host "
                                           "{}); every node needs its own rank", r,
@@ -435,7 +434,6 @@ class RendezvousServer::State {
         }
       }
     }
-    (void)addr;
     return grpc::Status::OK;
   }
 
