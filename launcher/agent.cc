@@ -374,6 +374,7 @@ std::function<void(const proto::Failure&, int64_t, int)> hang_hook(
     StoreClientOptions client;
     client.address = *server_address;
     client.token = token;
+    client.tls = o.tls;
     client.connect_timeout = std::chrono::seconds(10);
     StoreDumpChannel channel(std::make_shared<StoreClient>(client));
     const std::string dir = fmt::format("{}/flight_recorder_round_{}", log_dir, round);
