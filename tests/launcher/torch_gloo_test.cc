@@ -37,7 +37,10 @@ TEST_F(TorchGlooTest, UnchangedProgramAllReducesOverGloo) {
          "dist.all_reduce(t)\n"
          "print(f'torch rank {dist.get_rank()} of {dist.get_world_size()} sum {int(t.item())}')\n"
          "dist.destroy_process_group()\n";
-  ChildProcess run({TESSEL_RUN_PATH, "--standalone", "--nproc-per-node", "3", "--log-dir",
+  // Importing torch in three processes saturates a 2-core machine: a heartbeat bound of 5 s
+  // (1 s x 5) keeps the agent's own heartbeats from looking lost meanwhile.
+  ChildProcess run({TESSEL_RUN_PATH, "--standalone", "--nproc-per-node", "3", "--monitor-interval",
+                    "1s", "--log-dir",
                     dir_ + "/logs", dir_ + "/train.py"},
                    {"TESSEL_PYTHON=" + kPython}, dir_ + "/run");
   ASSERT_EQ(run.wait(120s), 0) << run.err();
@@ -56,7 +59,8 @@ TEST_F(TorchGlooTest, RecordedExceptionReachesTheReport) {
          "    if os.environ['RANK'] == '1':\n"
          "        raise ValueError('loss became nan at step 7')\n"
          "main()\n";
-  ChildProcess run({TESSEL_RUN_PATH, "--standalone", "--nproc-per-node", "2", "--log-dir",
+  ChildProcess run({TESSEL_RUN_PATH, "--standalone", "--nproc-per-node", "2", "--monitor-interval",
+                    "1s", "--log-dir",
                     dir_ + "/logs", dir_ + "/fail.py"},
                    {"TESSEL_PYTHON=" + kPython}, dir_ + "/run");
   ASSERT_EQ(run.wait(120s), 1) << run.err();
