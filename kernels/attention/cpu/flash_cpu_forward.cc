@@ -4,8 +4,8 @@
 // (D x queries) — so that K and V are the GEMMs' broadcast operands, read where they lie (any
 // strides) for f32 inputs, with no per-call copy, and the softmax runs with vectors along the
 // queries. Two GEMM flavours share the softmax step: f32 (bf16 inputs converted once per
-// call) and, for bf16 inputs on CPUs with AVX512-BF16, bf16 pairs through vdpbf16ps (P is
-// rounded to bf16 before P V, as FlashAttention does on GPUs).
+// call) and, for bf16 inputs on CPUs with AVX512-BF16, bf16 pairs through vdpbf16ps or AMX
+// tiles (P is rounded to bf16 before P V, as FlashAttention does on GPUs).
 
 #include <algorithm>
 #include <cmath>
@@ -24,17 +24,6 @@ namespace tessel::kernels::attention {
 using namespace internal;
 
 namespace {
-
-// Raw bf16 bits of view[b, h, s, :] into dst[0..D); zeros in [D, ld).
-void load_bf16_bits(const AttentionView& view, int64_t b, int64_t h, int64_t s, uint16_t* dst,
-                    int64_t ld) {
-  const uint16_t* src = static_cast<const uint16_t*>(view.data) + view.offset(b, h, s, 0);
-  const int64_t d = view.head_dim(), ds = view.strides[3];
-  for (int64_t c = 0; c < d; ++c) dst[c] = src[c * ds];
-  std::fill(dst + d, dst + ld, uint16_t{0});
-}
-
-uint32_t pair(uint16_t lo, uint16_t hi) { return uint32_t{lo} | (uint32_t{hi} << 16); }
 
 // Queries per panel when a partial tile of a causal/window mask is computed panel by panel.
 constexpr int64_t kPanel = 32;
@@ -57,7 +46,9 @@ void panel_keys(const MaskEvaluator& mask, int64_t i_begin, int64_t i_end, int64
 // Where the GEMMs read K and V of one (batch, kv head): f32 element (j, c) of K at
 // k[j * k_row + c * k_col] (V likewise), in the inputs themselves when they are f32, else in
 // f32 copies made once per call. bf16 dot products: K as rows of pairs along D
-// (k_pairs[.][S_k][dp/2]), V paired along the keys (v_pairs[.][kv_blocks * bk / 2][dp]).
+// (k_pairs[.][S_k][dp/2]), V paired along the keys (v_pairs[.][kv_blocks * bk / 2][dp]); for
+// AMX, where V^T is the A operand, each key block of V^T as rows of pairs along the keys
+// (v_pairs[.][kv_blocks][dp][bk / 2]).
 struct KvOperands {
   const AttentionProblem* p = nullptr;
   int64_t kv_heads = 0;
@@ -81,7 +72,7 @@ struct KvOperands {
 };
 
 KvOperands prepare_kv(const AttentionProblem& p, const FlashPlan& plan, bool pairs,
-                      const ForkJoin& team) {
+                      bool amx, const ForkJoin& team) {
   KvOperands kv;
   kv.p = &p;
   kv.kv_heads = plan.kv_heads;
@@ -116,15 +107,20 @@ KvOperands prepare_kv(const AttentionProblem& p, const FlashPlan& plan, bool pai
     }
     // K: a bf16 row zero padded to dp is its row of pairs along D.
     uint16_t* k = reinterpret_cast<uint16_t*>(kv.k_pairs.data() + bh * kv.head + j0 * dp / 2);
-    for (int64_t r = 0; r < rows; ++r) load_bf16_bits(p.k, b, h, j0 + r, k + r * dp, dp);
+    for (int64_t r = 0; r < rows; ++r) load_row_bf16(p.k, b, h, j0 + r, k + r * dp, dp);
     std::fill(k + rows * dp, k + bk * dp, uint16_t{0});
     auto& vb = bits[worker];  // this block's V rows as bf16 bits, zero padded
     vb.assign(bk * dp, 0);
-    for (int64_t r = 0; r < rows; ++r) load_bf16_bits(p.v, b, h, j0 + r, vb.data() + r * dp, dp);
+    for (int64_t r = 0; r < rows; ++r) load_row_bf16(p.v, b, h, j0 + r, vb.data() + r * dp, dp);
     uint32_t* v = kv.v_pairs.data() + bh * kv.head + (j0 / 2) * dp;
     for (int64_t t = 0; t < bk / 2; ++t) {
       for (int64_t c = 0; c < dp; ++c) {
-        v[t * dp + c] = pair(vb[2 * t * dp + c], vb[(2 * t + 1) * dp + c]);
+        const uint32_t two = bf16_pair(vb[2 * t * dp + c], vb[(2 * t + 1) * dp + c]);
+        if (amx) {
+          v[c * (bk / 2) + t] = two;
+        } else {
+          v[t * dp + c] = two;
+        }
       }
     }
   });
@@ -157,7 +153,9 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
   const DropoutMask drop(p.dropout.p, p.dropout.seed, p.dropout.offset);
   const TileOps& ops = *plan.ops;
   const Bf16TileOps* bf16 = plan.bf16;  // null: f32 GEMMs
-  const KvOperands kv = plan.sk > 0 ? prepare_kv(p, plan, bf16 != nullptr, team) : KvOperands{};
+  const AmxTileOps* amx = plan.amx;     // with bf16: its GEMMs on AMX tiles
+  const KvOperands kv =
+      plan.sk > 0 ? prepare_kv(p, plan, bf16 != nullptr, amx != nullptr, team) : KvOperands{};
   const int64_t bq = plan.bq, bk = plan.bk, d = plan.d, dp = plan.dp;
   const int64_t n = round_up(bq, kTileWidth);
   // Scores in log2 units (the softmax uses exp2): the softmax step multiplies by
@@ -177,13 +175,14 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
     const int64_t bkv = b * plan.kv_heads + h / plan.group;
     const int64_t i0 = ib * bq, rows = std::min(bq, plan.sq - i0);
     ForwardScratch& w = scratch[worker];
+    const AmxTileScope tiles(amx);
     // Q^T, zero in the padding columns [rows, n) and rows [D, dp).
     if (bf16) {
       std::fill(w.qt_pairs.begin(), w.qt_pairs.end(), 0u);
       for (int64_t r = 0; r < rows; ++r) {
-        load_bf16_bits(p.q, b, h, i0 + r, w.bits.data(), dp);
+        load_row_bf16(p.q, b, h, i0 + r, w.bits.data(), dp);
         for (int64_t t = 0; t < dp / 2; ++t) {
-          w.qt_pairs[t * n + r] = pair(w.bits[2 * t], w.bits[2 * t + 1]);
+          w.qt_pairs[t * n + r] = bf16_pair(w.bits[2 * t], w.bits[2 * t + 1]);
         }
       }
     } else {
@@ -200,7 +199,7 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
         std::fill(w.qt.begin() + c * n + rows, w.qt.begin() + (c + 1) * n, 0.0f);
       }
     }
-    std::fill(w.ot.begin(), w.ot.begin() + d * n, 0.0f);
+    std::fill(w.ot.begin(), w.ot.end(), 0.0f);
     std::fill(w.m.begin(), w.m.end(), kNegInf);
     std::fill(w.l.begin(), w.l.end(), 0.0f);
 
@@ -223,6 +222,9 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
           ops.gemm(hi - lo, std::min(kPanel, n - q0), d, kv.k(bkv, j0 + lo), kv.k_row, kv.k_col,
                    w.qt.data() + q0, n, w.st.data() + lo * n + q0, n, false);
         }
+      } else if (amx) {  // whole tiles: the padding keys of K are zero
+        amx->gemm(bk, n, dp / 2, kv.k_pairs.data() + bkv * kv.head + j0 * dp / 2, dp / 2,
+                  w.qt_pairs.data(), n, w.st.data(), n, false);
       } else if (bf16) {
         bf16->gemm(cols, n, dp / 2, kv.k_pairs.data() + bkv * kv.head + j0 * dp / 2, dp / 2, 1,
                    w.qt_pairs.data(), n, w.st.data(), n, false);
@@ -252,8 +254,14 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
                               2 * t + 1 < cols ? w.st.data() + (2 * t + 1) * n : nullptr,
                               w.pt_pairs.data() + t * n, n);
         }
-        bf16->gemm(d, n, (cols + 1) / 2, kv.v_pairs.data() + bkv * kv.head + (j0 / 2) * dp, 1, dp,
-                   w.pt_pairs.data(), n, w.ot.data(), n, true);
+        if (amx) {  // whole tiles: pairs of keys past the block's end are zero
+          std::fill(w.pt_pairs.begin() + (cols + 1) / 2 * n, w.pt_pairs.end(), 0u);
+          amx->gemm(dp, n, bk / 2, kv.v_pairs.data() + bkv * kv.head + (j0 / 2) * dp, bk / 2,
+                    w.pt_pairs.data(), n, w.ot.data(), n, true);
+        } else {
+          bf16->gemm(d, n, (cols + 1) / 2, kv.v_pairs.data() + bkv * kv.head + (j0 / 2) * dp, 1,
+                     dp, w.pt_pairs.data(), n, w.ot.data(), n, true);
+        }
       } else if (by_panel) {
         for (int64_t q0 = 0, t = 0; q0 < n; q0 += kPanel, ++t) {
           const int64_t lo = w.panel_lo[t], hi = w.panel_hi[t];

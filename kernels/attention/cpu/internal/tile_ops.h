@@ -49,10 +49,30 @@ struct Bf16TileOps {
   void (*to_bf16_pairs)(const float* lo, const float* hi, uint32_t* dst, int64_t n);
 };
 
-// Tables per instruction set; each is safe to call only where the CPU supports that set.
+// bf16 GEMMs on AMX tiles (tdpbf16ps: a 16 x 16 f32 tile += 16 x 32 bf16 times 32 x 16 bf16).
+// A thread must call configure() before gemm() and release() when done (tilerelease returns
+// the tile state to its initial, cheap-to-switch state); between the two it must not run
+// other AMX code (oneDNN configures its own tiles).
+struct AmxTileOps {
+  void (*configure)();
+  void (*release)();
+  // C[m x n] (+)= A B with A row-major in pairs along the reduction dimension (row r at
+  // a + r * lda, k_pairs pairs) and B row-major in pairs (row p at b + p * ldb, n pairs; the
+  // "VNNI" layout); m, n and k_pairs multiples of 16; lda, ldb in pairs, ldc in floats.
+  void (*gemm)(int64_t m, int64_t n, int64_t k_pairs, const uint32_t* a, int64_t lda,
+               const uint32_t* b, int64_t ldb, float* c, int64_t ldc, bool accumulate);
+};
+
+// Tables per instruction set; each is safe to call only where the CPU supports that set (for
+// AMX: amx_tiles_usable()).
 const TileOps& tile_ops_avx512();
 const TileOps& tile_ops_avx2();
 const TileOps& tile_ops_scalar();
 const Bf16TileOps& tile_ops_avx512_bf16();
+const AmxTileOps& tile_ops_amx();
+
+// True when the CPU has AMX-BF16 (with AVX-512 BF16) and the OS lets this process use the tile
+// data; the first call asks the kernel for that permission (thread-safe, asked once).
+bool amx_tiles_usable();
 
 }  // namespace tessel::kernels::attention::internal

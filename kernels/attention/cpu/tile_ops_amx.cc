@@ -1,0 +1,108 @@
+// AMX-BF16 GEMM kernel for flash_cpu's bf16 tiles (compiled with -mamx-tile -mamx-bf16; called
+// only where amx_tiles_usable() says the CPU and the kernel allow it).
+//
+// Every thread uses one fixed tile configuration: eight 16-row x 64-byte tiles, tmm0..3 a 2 x 2
+// block of C (32 x 32 f32), tmm4..5 two A tiles (16 rows x 16 pairs each), tmm6..7 two B tiles
+// (16 pair-rows x 16 columns each). The operands are padded by the callers to whole tiles, so
+// no tile is ever partial and one configuration serves every call.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "tessel/kernels/attention/cpu/internal/tile_ops.h"
+
+namespace tessel::kernels::attention::internal {
+namespace amx {
+namespace {
+
+// The 64-byte operand of ldtilecfg (palette 1).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+void configure() {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.bytes_per_row[t] = 64;
+    config.rows[t] = 16;
+  }
+  // Not _tile_loadconfig: GCC 12's version tells the compiler it reads only a pointer's worth
+  // of the operand, so the stores of the rows and widths above were dropped as dead.
+  asm volatile("ldtilecfg %0" : : "m"(config));
+}
+
+void release() { _tile_release(); }
+
+// One (16 * MT) x (16 * NT) block of C over the whole reduction; MT, NT in {1, 2}. Tile numbers
+// must be compile-time constants, hence the template.
+template <int MT, int NT>
+void block(int64_t k_pairs, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
+           float* c, int64_t ldc, bool accumulate) {
+  const int64_t sa = lda * 4, sb = ldb * 4, sc = ldc * 4;  // strides in bytes
+  if (accumulate) {
+    _tile_loadd(0, c, sc);
+    if constexpr (NT == 2) _tile_loadd(1, c + 16, sc);
+    if constexpr (MT == 2) _tile_loadd(2, c + 16 * ldc, sc);
+    if constexpr (MT == 2 && NT == 2) _tile_loadd(3, c + 16 * ldc + 16, sc);
+  } else {
+    _tile_zero(0);
+    if constexpr (NT == 2) _tile_zero(1);
+    if constexpr (MT == 2) _tile_zero(2);
+    if constexpr (MT == 2 && NT == 2) _tile_zero(3);
+  }
+  for (int64_t p = 0; p < k_pairs; p += 16) {
+    _tile_loadd(4, a + p, sa);
+    _tile_loadd(6, b + p * ldb, sb);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NT == 2) {
+      _tile_loadd(7, b + p * ldb + 16, sb);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if constexpr (MT == 2) {
+      _tile_loadd(5, a + 16 * lda + p, sa);
+      _tile_dpbf16ps(2, 5, 6);
+    }
+    if constexpr (MT == 2 && NT == 2) _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, sc);
+  if constexpr (NT == 2) _tile_stored(1, c + 16, sc);
+  if constexpr (MT == 2) _tile_stored(2, c + 16 * ldc, sc);
+  if constexpr (MT == 2 && NT == 2) _tile_stored(3, c + 16 * ldc + 16, sc);
+}
+
+void gemm(int64_t m, int64_t n, int64_t k_pairs, const uint32_t* a, int64_t lda,
+          const uint32_t* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  for (int64_t i = 0; i < m; i += 32) {
+    const bool two_m = i + 16 < m;
+    for (int64_t j = 0; j < n; j += 32) {
+      const bool two_n = j + 16 < n;
+      const uint32_t* ai = a + i * lda;
+      const uint32_t* bj = b + j;
+      float* cij = c + i * ldc + j;
+      if (two_m && two_n) {
+        block<2, 2>(k_pairs, ai, lda, bj, ldb, cij, ldc, accumulate);
+      } else if (two_m) {
+        block<2, 1>(k_pairs, ai, lda, bj, ldb, cij, ldc, accumulate);
+      } else if (two_n) {
+        block<1, 2>(k_pairs, ai, lda, bj, ldb, cij, ldc, accumulate);
+      } else {
+        block<1, 1>(k_pairs, ai, lda, bj, ldb, cij, ldc, accumulate);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace amx
+
+const AmxTileOps& tile_ops_amx() {
+  static const AmxTileOps ops{&amx::configure, &amx::release, &amx::gemm};
+  return ops;
+}
+
+}  // namespace tessel::kernels::attention::internal
