@@ -147,7 +147,7 @@ void flash_cpu_backward_amx(const AttentionProblem& p, const FlashPlan& plan,
 
       // P = exp(scale * Q K^T - lse), masked; zero in the padding rows and keys (and so is
       // P_drop: the tiles of P_drop^T read all bq rows).
-      amx.gemm(bq, bk, dp / 2, q_rows, dp / 2, w.kt.data(), bk, w.p.data(), bk, false);
+      amx.gemm(bq, bk, dp / 2, q_rows, dp / 2, w.kt.data(), bk, 16, w.p.data(), bk, 16, false);
       const float* pdrop =
           backward_probabilities(ops, mask, drop, bt, lse + bh * plan.sq + i0, s_mul, bk,
                                  w.p.data(), w.keep.data(), w.pdrop.data());
@@ -157,8 +157,8 @@ void flash_cpu_backward_amx(const AttentionProblem& p, const FlashPlan& plan,
       for (int64_t u = 0; u < bq / 2; ++u) {
         bf16.to_bf16_pairs(pdrop + 2 * u * bk, pdrop + (2 * u + 1) * bk, w.pp.data() + u * bk, bk);
       }
-      amx.gemm(dp, bk, bq / 2, do_cols, bq / 2, w.pp.data(), bk, w.dvt.data(), bk, true);
-      amx.gemm(bq, bk, dp / 2, do_rows, dp / 2, w.vt.data(), bk, w.ds.data(), bk, false);
+      amx.gemm(dp, bk, bq / 2, do_cols, bq / 2, w.pp.data(), bk, 16, w.dvt.data(), bk, 16, true);
+      amx.gemm(bq, bk, dp / 2, do_rows, dp / 2, w.vt.data(), bk, 16, w.ds.data(), bk, 16, false);
       // Through dropout; dS = P * (dP - delta); zero in the padding rows.
       backward_ds(w.p.data(), drop.enabled() ? w.keep.data() : nullptr,
                   delta.data() + bh * plan.sq + i0, rows, bk, w.ds.data());
@@ -168,11 +168,11 @@ void flash_cpu_backward_amx(const AttentionProblem& p, const FlashPlan& plan,
         bf16.to_bf16_pairs(w.ds.data() + 2 * u * bk, w.ds.data() + (2 * u + 1) * bk,
                            w.dsp.data() + u * bk, bk);
       }
-      amx.gemm(dp, bk, bq / 2, q_cols, bq / 2, w.dsp.data(), bk, w.dkt.data(), bk, true);
+      amx.gemm(dp, bk, bq / 2, q_cols, bq / 2, w.dsp.data(), bk, 16, w.dkt.data(), bk, 16, true);
       bf16.to_bf16(w.ds.data(), reinterpret_cast<uint16_t*>(w.dsb.data()), bq * bk);
       std::lock_guard<std::mutex> lock(dq_locks[block]);
-      amx.gemm(bq, dp, bk / 2, w.dsb.data(), bk / 2, w.kp.data(), dp,
-               dq_acc.data() + block * bq * dp, dp, true);
+      amx.gemm(bq, dp, bk / 2, w.dsb.data(), bk / 2, w.kp.data(), dp, 16,
+               dq_acc.data() + block * bq * dp, dp, 16, true);
     });
     // dK and dV are the transposes of the accumulators.
     ops.transpose(w.dkt.data(), bk, d, cols, w.row.data(), dp, nullptr);

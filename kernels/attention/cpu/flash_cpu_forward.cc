@@ -135,11 +135,90 @@ struct ForwardScratch {
   std::vector<uint32_t> qt_pairs, pt_pairs;  // bf16 path: Q^T, P^T paired along D, the keys
   std::vector<uint16_t> bits;
   std::vector<int64_t> panel_lo, panel_hi;  // keys each query panel computes (partial tiles)
+  std::vector<float> keep_tile;  // AMX path with dropout: the keep mask of a tile, like st
   ForwardScratch(const FlashPlan& plan, int64_t n)
       : qt(plan.dp * n), st(plan.bk * n), ot(plan.dp * n), m(n), l(n), alpha(n), keep(plan.bk),
         rows(plan.bq * plan.dp), qt_pairs(plan.dp / 2 * n), pt_pairs(plan.bk / 2 * n),
-        bits(plan.dp), panel_lo(ceil_div(n, kPanel)), panel_hi(ceil_div(n, kPanel)) {}
+        bits(plan.dp), panel_lo(ceil_div(n, kPanel)), panel_hi(ceil_div(n, kPanel)),
+        keep_tile(plan.amx ? plan.bk * n : 0) {}
 };
+
+// Where one forward task works: batch, query head, its kv row (b * H_kv + kv head), and the
+// query rows [i0, i0 + rows).
+struct ForwardTask {
+  int64_t b, h, bkv, i0, rows;
+};
+
+// One forward task on AMX tiles. Every tile lies by column blocks of 16 queries, each block's
+// rows contiguous (see AmxTileOps::gemm): Q^T pairs [n / 16][dp / 2][16], S^T [n / 16][bk][16],
+// P^T pairs [n / 16][bk / 2][16], O^T [n / 16][dp][16]. The softmax step writes P^T as bf16
+// pairs directly (Bf16TileOps::softmax_pairs).
+void forward_task_amx(const AttentionProblem& p, const FlashPlan& plan, const KvOperands& kv,
+                      const MaskEvaluator& mask, const DropoutMask& drop, const ForwardTask& t,
+                      ForwardScratch& w, const AttentionView& out, float* lse) {
+  const AmxTileOps& amx = *plan.amx;
+  const Bf16TileOps& bf16 = *plan.bf16;
+  const int64_t bk = plan.bk, d = plan.d, dp = plan.dp, n = round_up(plan.bq, kTileWidth);
+  const int64_t q_tile = dp / 2 * 16, s_tile = bk * 16, p_tile = bk / 2 * 16, o_tile = dp * 16;
+  const float s_mul = plan.scale * kLog2e;
+  const AmxTileScope tiles(&amx);
+  std::fill(w.qt_pairs.begin(), w.qt_pairs.end(), 0u);
+  for (int64_t r = 0; r < t.rows; ++r) {
+    load_row_bf16(p.q, t.b, t.h, t.i0 + r, w.bits.data(), dp);
+    uint32_t* col = w.qt_pairs.data() + r / 16 * q_tile + r % 16;
+    for (int64_t u = 0; u < dp / 2; ++u) col[u * 16] = bf16_pair(w.bits[2 * u], w.bits[2 * u + 1]);
+  }
+  std::fill(w.ot.begin(), w.ot.end(), 0.0f);
+  std::fill(w.m.begin(), w.m.end(), kNegInf);
+  std::fill(w.l.begin(), w.l.end(), 0.0f);
+
+  for (int64_t kb = 0; kb < plan.kv_blocks; ++kb) {
+    const int64_t j0 = kb * bk, cols = std::min(bk, plan.sk - j0);
+    const TileClass tile = mask.is_dense() && p.mask.prefix_lengths.empty()
+                               ? TileClass::kFull
+                               : mask.classify(t.b, t.i0, t.i0 + t.rows, j0, j0 + cols);
+    if (tile == TileClass::kEmpty) continue;
+    // S^T = K Q^T over whole tiles (K's padding keys are zero).
+    amx.gemm(bk, n, dp / 2, kv.k_pairs.data() + t.bkv * kv.head + j0 * dp / 2, dp / 2,
+             w.qt_pairs.data(), 16, q_tile, w.st.data(), 16, s_tile, false);
+    if (tile == TileClass::kPartial) {
+      for (int64_t r = 0; r < t.rows; ++r) {
+        mask_tile_row(mask, t.b, t.h, t.i0 + r, j0, cols, w.st.data() + r / 16 * s_tile + r % 16,
+                      16);
+      }
+    }
+    if (drop.enabled()) {
+      for (int64_t r = 0; r < t.rows; ++r) {
+        drop.fill(t.b, t.h, t.i0 + r, j0, cols, w.keep.data());
+        float* col = w.keep_tile.data() + r / 16 * s_tile + r % 16;
+        for (int64_t c = 0; c < cols; ++c) col[c * 16] = w.keep[c];
+      }
+    }
+    // Online softmax (rescales O^T) into P^T pairs, then O^T += V^T P^T.
+    for (int64_t q = 0; q < n / 16; ++q) {
+      bf16.softmax_pairs(w.st.data() + q * s_tile, cols, s_mul,
+                         drop.enabled() ? w.keep_tile.data() + q * s_tile : nullptr,
+                         w.m.data() + q * 16, w.l.data() + q * 16, w.ot.data() + q * o_tile, d,
+                         w.alpha.data() + q * 16, w.pt_pairs.data() + q * p_tile, bk / 2);
+    }
+    amx.gemm(dp, n, bk / 2, kv.v_pairs.data() + t.bkv * kv.head + (j0 / 2) * dp, bk / 2,
+             w.pt_pairs.data(), 16, p_tile, w.ot.data(), 16, o_tile, true);
+  }
+
+  // out = (O^T)^T / l; rows that saw no key get 0.
+  const int64_t bh = t.b * plan.q_heads + t.h;
+  for (int64_t r = 0; r < t.rows; ++r) {
+    const float l = w.l[r];
+    w.alpha[r] = l > 0 ? 1.0f / l : 0.0f;
+    if (lse) lse[bh * plan.sq + t.i0 + r] = l > 0 ? w.m[r] * kLn2 + std::log(l) : kNegInf;
+  }
+  for (int64_t q = 0; q * 16 < t.rows; ++q) {
+    const int64_t count = std::min<int64_t>(16, t.rows - q * 16);
+    plan.ops->transpose(w.ot.data() + q * o_tile, 16, d, count, w.rows.data() + q * 16 * dp, dp,
+                        w.alpha.data() + q * 16);
+  }
+  for (int64_t r = 0; r < t.rows; ++r) store_row(out, t.b, t.h, t.i0 + r, w.rows.data() + r * dp);
+}
 
 }  // namespace
 
@@ -175,7 +254,10 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
     const int64_t bkv = b * plan.kv_heads + h / plan.group;
     const int64_t i0 = ib * bq, rows = std::min(bq, plan.sq - i0);
     ForwardScratch& w = scratch[worker];
-    const AmxTileScope tiles(amx);
+    if (amx) {
+      forward_task_amx(p, plan, kv, mask, drop, {b, h, bkv, i0, rows}, w, out, lse);
+      return;
+    }
     // Q^T, zero in the padding columns [rows, n) and rows [D, dp).
     if (bf16) {
       std::fill(w.qt_pairs.begin(), w.qt_pairs.end(), 0u);
@@ -199,7 +281,7 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
         std::fill(w.qt.begin() + c * n + rows, w.qt.begin() + (c + 1) * n, 0.0f);
       }
     }
-    std::fill(w.ot.begin(), w.ot.end(), 0.0f);
+    std::fill(w.ot.begin(), w.ot.begin() + d * n, 0.0f);
     std::fill(w.m.begin(), w.m.end(), kNegInf);
     std::fill(w.l.begin(), w.l.end(), 0.0f);
 
@@ -222,9 +304,6 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
           ops.gemm(hi - lo, std::min(kPanel, n - q0), d, kv.k(bkv, j0 + lo), kv.k_row, kv.k_col,
                    w.qt.data() + q0, n, w.st.data() + lo * n + q0, n, false);
         }
-      } else if (amx) {  // whole tiles: the padding keys of K are zero
-        amx->gemm(bk, n, dp / 2, kv.k_pairs.data() + bkv * kv.head + j0 * dp / 2, dp / 2,
-                  w.qt_pairs.data(), n, w.st.data(), n, false);
       } else if (bf16) {
         bf16->gemm(cols, n, dp / 2, kv.k_pairs.data() + bkv * kv.head + j0 * dp / 2, dp / 2, 1,
                    w.qt_pairs.data(), n, w.st.data(), n, false);
@@ -254,14 +333,8 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
                               2 * t + 1 < cols ? w.st.data() + (2 * t + 1) * n : nullptr,
                               w.pt_pairs.data() + t * n, n);
         }
-        if (amx) {  // whole tiles: pairs of keys past the block's end are zero
-          std::fill(w.pt_pairs.begin() + (cols + 1) / 2 * n, w.pt_pairs.end(), 0u);
-          amx->gemm(dp, n, bk / 2, kv.v_pairs.data() + bkv * kv.head + (j0 / 2) * dp, bk / 2,
-                    w.pt_pairs.data(), n, w.ot.data(), n, true);
-        } else {
-          bf16->gemm(d, n, (cols + 1) / 2, kv.v_pairs.data() + bkv * kv.head + (j0 / 2) * dp, 1,
-                     dp, w.pt_pairs.data(), n, w.ot.data(), n, true);
-        }
+        bf16->gemm(d, n, (cols + 1) / 2, kv.v_pairs.data() + bkv * kv.head + (j0 / 2) * dp, 1, dp,
+                   w.pt_pairs.data(), n, w.ot.data(), n, true);
       } else if (by_panel) {
         for (int64_t q0 = 0, t = 0; q0 < n; q0 += kPanel, ++t) {
           const int64_t lo = w.panel_lo[t], hi = w.panel_hi[t];

@@ -40,15 +40,16 @@ void release() { _tile_release(); }
 
 // One (16 * MT) x (16 * NT) block of C over the whole reduction; MT, NT in {1, 2}. Tile numbers
 // must be compile-time constants, hence the template.
+// b1 and c1 are the second column block of B and C.
 template <int MT, int NT>
-void block(int64_t k_pairs, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
-           float* c, int64_t ldc, bool accumulate) {
+void block(int64_t k_pairs, const uint32_t* a, int64_t lda, const uint32_t* b,
+           const uint32_t* b1, int64_t ldb, float* c, float* c1, int64_t ldc, bool accumulate) {
   const int64_t sa = lda * 4, sb = ldb * 4, sc = ldc * 4;  // strides in bytes
   if (accumulate) {
     _tile_loadd(0, c, sc);
-    if constexpr (NT == 2) _tile_loadd(1, c + 16, sc);
+    if constexpr (NT == 2) _tile_loadd(1, c1, sc);
     if constexpr (MT == 2) _tile_loadd(2, c + 16 * ldc, sc);
-    if constexpr (MT == 2 && NT == 2) _tile_loadd(3, c + 16 * ldc + 16, sc);
+    if constexpr (MT == 2 && NT == 2) _tile_loadd(3, c1 + 16 * ldc, sc);
   } else {
     _tile_zero(0);
     if constexpr (NT == 2) _tile_zero(1);
@@ -60,7 +61,7 @@ void block(int64_t k_pairs, const uint32_t* a, int64_t lda, const uint32_t* b, i
     _tile_loadd(6, b + p * ldb, sb);
     _tile_dpbf16ps(0, 4, 6);
     if constexpr (NT == 2) {
-      _tile_loadd(7, b + p * ldb + 16, sb);
+      _tile_loadd(7, b1 + p * ldb, sb);
       _tile_dpbf16ps(1, 4, 7);
     }
     if constexpr (MT == 2) {
@@ -70,28 +71,29 @@ void block(int64_t k_pairs, const uint32_t* a, int64_t lda, const uint32_t* b, i
     if constexpr (MT == 2 && NT == 2) _tile_dpbf16ps(3, 5, 7);
   }
   _tile_stored(0, c, sc);
-  if constexpr (NT == 2) _tile_stored(1, c + 16, sc);
+  if constexpr (NT == 2) _tile_stored(1, c1, sc);
   if constexpr (MT == 2) _tile_stored(2, c + 16 * ldc, sc);
-  if constexpr (MT == 2 && NT == 2) _tile_stored(3, c + 16 * ldc + 16, sc);
+  if constexpr (MT == 2 && NT == 2) _tile_stored(3, c1 + 16 * ldc, sc);
 }
 
 void gemm(int64_t m, int64_t n, int64_t k_pairs, const uint32_t* a, int64_t lda,
-          const uint32_t* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+          const uint32_t* b, int64_t ldb, int64_t b_block, float* c, int64_t ldc,
+          int64_t c_block, bool accumulate) {
   for (int64_t i = 0; i < m; i += 32) {
     const bool two_m = i + 16 < m;
     for (int64_t j = 0; j < n; j += 32) {
       const bool two_n = j + 16 < n;
       const uint32_t* ai = a + i * lda;
-      const uint32_t* bj = b + j;
-      float* cij = c + i * ldc + j;
+      const uint32_t* bj = b + j / 16 * b_block;
+      float* cij = c + i * ldc + j / 16 * c_block;
       if (two_m && two_n) {
-        block<2, 2>(k_pairs, ai, lda, bj, ldb, cij, ldc, accumulate);
+        block<2, 2>(k_pairs, ai, lda, bj, bj + b_block, ldb, cij, cij + c_block, ldc, accumulate);
       } else if (two_m) {
-        block<2, 1>(k_pairs, ai, lda, bj, ldb, cij, ldc, accumulate);
+        block<2, 1>(k_pairs, ai, lda, bj, bj, ldb, cij, cij, ldc, accumulate);
       } else if (two_n) {
-        block<1, 2>(k_pairs, ai, lda, bj, ldb, cij, ldc, accumulate);
+        block<1, 2>(k_pairs, ai, lda, bj, bj + b_block, ldb, cij, cij + c_block, ldc, accumulate);
       } else {
-        block<1, 1>(k_pairs, ai, lda, bj, ldb, cij, ldc, accumulate);
+        block<1, 1>(k_pairs, ai, lda, bj, bj, ldb, cij, cij, ldc, accumulate);
       }
     }
   }

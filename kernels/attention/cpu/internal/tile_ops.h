@@ -47,6 +47,14 @@ struct Bf16TileOps {
   // dst[j] = (bf16(lo[j]), bf16(hi[j])) as one pair (hi null: 0) for j < n, n a multiple of 16:
   // interleaves two rows so that pairs run along the row index.
   void (*to_bf16_pairs)(const float* lo, const float* hi, uint32_t* dst, int64_t n);
+  // TileOps::softmax_step for one column block of 16 queries (st: keys x 16, ot: out_rows x 16,
+  // m, l, alpha: 16 each), fused with the conversion of P for the AMX GEMM P V: st is left as
+  // it was and the probabilities, times keep[j * 16 + i] unless keep is null, go to pt as
+  // pairs of consecutive keys, pt[t * 16 + i] = (bf16(P[2t][i]), bf16(P[2t+1][i])), zero from
+  // pair ceil(keys / 2) to pairs. l sums the probabilities before the keep mask.
+  void (*softmax_pairs)(const float* st, int64_t keys, float mul, const float* keep, float* m,
+                        float* l, float* ot, int64_t out_rows, float* alpha, uint32_t* pt,
+                        int64_t pairs);
 };
 
 // bf16 GEMMs on AMX tiles (tdpbf16ps: a 16 x 16 f32 tile += 16 x 32 bf16 times 32 x 16 bf16).
@@ -57,10 +65,15 @@ struct AmxTileOps {
   void (*configure)();
   void (*release)();
   // C[m x n] (+)= A B with A row-major in pairs along the reduction dimension (row r at
-  // a + r * lda, k_pairs pairs) and B row-major in pairs (row p at b + p * ldb, n pairs; the
-  // "VNNI" layout); m, n and k_pairs multiples of 16; lda, ldb in pairs, ldc in floats.
+  // a + r * lda, k_pairs pairs) and B in pairs along it (the "VNNI" layout); m, n and k_pairs
+  // multiples of 16. B and C are stored by blocks of 16 columns: element (p, j) of B at
+  // b + (j / 16) * b_block + p * ldb + j % 16, (i, j) of C at c + (j / 16) * c_block +
+  // i * ldc + j % 16; row-major is b_block = c_block = 16, and ldb = ldc = 16 keeps each tile's
+  // rows contiguous (stores and loads of whole 1 KiB tiles are markedly faster than of rows
+  // far apart). lda, ldb, b_block in pairs; ldc, c_block in floats.
   void (*gemm)(int64_t m, int64_t n, int64_t k_pairs, const uint32_t* a, int64_t lda,
-               const uint32_t* b, int64_t ldb, float* c, int64_t ldc, bool accumulate);
+               const uint32_t* b, int64_t ldb, int64_t b_block, float* c, int64_t ldc,
+               int64_t c_block, bool accumulate);
 };
 
 // Tables per instruction set; each is safe to call only where the CPU supports that set (for
