@@ -136,12 +136,26 @@ struct ForwardScratch {
   std::vector<uint16_t> bits;
   std::vector<int64_t> panel_lo, panel_hi;  // keys each query panel computes (partial tiles)
   std::vector<float> keep_tile;  // AMX path with dropout: the keep mask of a tile, like st
+  // A task's start: O^T's first `out_rows` rows zero, no maximum, no sum.
+  void reset(int64_t out_rows, int64_t n) {
+    std::fill(ot.begin(), ot.begin() + out_rows * n, 0.0f);
+    std::fill(m.begin(), m.end(), kNegInf);
+    std::fill(l.begin(), l.end(), 0.0f);
+  }
   ForwardScratch(const FlashPlan& plan, int64_t n)
       : qt(plan.dp * n), st(plan.bk * n), ot(plan.dp * n), m(n), l(n), alpha(n), keep(plan.bk),
         rows(plan.bq * plan.dp), qt_pairs(plan.dp / 2 * n), pt_pairs(plan.bk / 2 * n),
         bits(plan.dp), panel_lo(ceil_div(n, kPanel)), panel_hi(ceil_div(n, kPanel)),
         keep_tile(plan.amx ? plan.bk * n : 0) {}
 };
+
+// The class of the tile of query rows [i0, i0 + rows) and keys [j0, j0 + cols) of batch b.
+TileClass forward_tile_class(const AttentionProblem& p, const MaskEvaluator& mask, int64_t b,
+                             int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+  return mask.is_dense() && p.mask.prefix_lengths.empty()
+             ? TileClass::kFull
+             : mask.classify(b, i0, i0 + rows, j0, j0 + cols);
+}
 
 // Where one forward task works: batch, query head, its kv row (b * H_kv + kv head), and the
 // query rows [i0, i0 + rows).
@@ -168,15 +182,11 @@ void forward_task_amx(const AttentionProblem& p, const FlashPlan& plan, const Kv
     uint32_t* col = w.qt_pairs.data() + r / 16 * q_tile + r % 16;
     for (int64_t u = 0; u < dp / 2; ++u) col[u * 16] = bf16_pair(w.bits[2 * u], w.bits[2 * u + 1]);
   }
-  std::fill(w.ot.begin(), w.ot.end(), 0.0f);
-  std::fill(w.m.begin(), w.m.end(), kNegInf);
-  std::fill(w.l.begin(), w.l.end(), 0.0f);
+  w.reset(dp, n);
 
   for (int64_t kb = 0; kb < plan.kv_blocks; ++kb) {
     const int64_t j0 = kb * bk, cols = std::min(bk, plan.sk - j0);
-    const TileClass tile = mask.is_dense() && p.mask.prefix_lengths.empty()
-                               ? TileClass::kFull
-                               : mask.classify(t.b, t.i0, t.i0 + t.rows, j0, j0 + cols);
+    const TileClass tile = forward_tile_class(p, mask, t.b, t.i0, t.rows, j0, cols);
     if (tile == TileClass::kEmpty) continue;
     // S^T = K Q^T over whole tiles (K's padding keys are zero).
     amx.gemm(bk, n, dp / 2, kv.k_pairs.data() + t.bkv * kv.head + j0 * dp / 2, dp / 2,
@@ -281,15 +291,11 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
         std::fill(w.qt.begin() + c * n + rows, w.qt.begin() + (c + 1) * n, 0.0f);
       }
     }
-    std::fill(w.ot.begin(), w.ot.begin() + d * n, 0.0f);
-    std::fill(w.m.begin(), w.m.end(), kNegInf);
-    std::fill(w.l.begin(), w.l.end(), 0.0f);
+    w.reset(d, n);
 
     for (int64_t kb = 0; kb < plan.kv_blocks; ++kb) {
       const int64_t j0 = kb * bk, cols = std::min(bk, plan.sk - j0);
-      const TileClass tile = mask.is_dense() && p.mask.prefix_lengths.empty()
-                                 ? TileClass::kFull
-                                 : mask.classify(b, i0, i0 + rows, j0, j0 + cols);
+      const TileClass tile = forward_tile_class(p, mask, b, i0, rows, j0, cols);
       if (tile == TileClass::kEmpty) continue;
       // S^T = K Q^T. A partial tile of a causal/window mask goes panel by panel over only the
       // keys the panel's queries see (about half of a diagonal tile is never computed); the
