@@ -79,8 +79,7 @@ void softmax_pairs(const float* st, int64_t keys, float mul, const float* keep, 
                    int64_t pairs) {
   using V = Vec512;
   const __m512 vmul = V::set1(mul);
-  __m512 mx = V::set1(-__builtin_huge_valf());
-  for (int64_t j = 0; j < keys; ++j) mx = V::max(mx, V::load(st + j * 16));
+  const __m512 mx = column_max<V>(st, keys, 16);
   const __m512 m_old = V::load(m);
   const __m512 m_new = V::max(m_old, V::mul(mx, vmul));
   // A query that sees no key yet keeps exponentials (and alpha) at 0 rather than NaN.
