@@ -26,6 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "bench_host.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/thread_pool.h"
 
@@ -97,28 +98,6 @@ std::vector<double> alternate(const std::vector<std::function<void()>>& fns, int
   return medians;
 }
 
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
-
-// The CPU's model and the matrix features oneDNN can use that it reports.
-std::string cpu_features() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line, model, flags;
-  while (std::getline(in, line) && (model.empty() || flags.empty())) {
-    if (line.rfind("model name", 0) == 0) model = line.substr(line.find(':') + 2);
-    if (line.rfind("flags", 0) == 0) flags = " " + line.substr(line.find(':') + 2) + " ";
-  }
-  std::string out = model + ";";
-  for (const char* f : {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}) {
-    if (flags.find(" " + std::string(f) + " ") != std::string::npos) out += " " + std::string(f);
-  }
-  return out;
-}
-
 const char* dnnl_isa_name(dnnl::cpu_isa isa) {
   switch (isa) {
     case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx (AMX)";
@@ -150,9 +129,11 @@ int main(int argc, char** argv) {
 
   std::printf("tessel matmul vs raw GEMM, %d threads (GFLOP/s; median of %d alternating rounds)\n",
               threads, rounds);
-  std::printf("CPU: %s; oneDNN %d.%d.%d, ISA %s; load average %s\n", cpu_features().c_str(),
+  const std::string cpu =
+      bench::cpu_features({"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"});
+  std::printf("CPU: %s; oneDNN %d.%d.%d, ISA %s; load average %s\n", cpu.c_str(),
               dnnl_version()->major, dnnl_version()->minor, dnnl_version()->patch,
-              dnnl_isa_name(dnnl::get_effective_cpu_isa()), load_average().c_str());
+              dnnl_isa_name(dnnl::get_effective_cpu_isa()), bench::load_average().c_str());
   std::printf("%-22s %-5s %10s %12s %8s %14s %16s\n", "M x K x N", "dtype", "tessel",
               "raw oneDNN", "ratio", "OpenBLAS sgemm", "bf16->f32+sgemm");
   for (const GemmShape& s : shapes) {
@@ -198,6 +179,6 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("ratio = raw oneDNN time / tessel time (target >= 0.95); load average %s\n",
-              load_average().c_str());
+              bench::load_average().c_str());
   return 0;
 }

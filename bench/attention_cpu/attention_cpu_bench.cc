@@ -38,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "../bench_host.h"
 #include "tessel/kernels/attention/attention_math.h"
 #include "tessel/kernels/attention/cpu/flash_cpu.h"
 
@@ -372,32 +373,6 @@ class TorchPeer {
   std::string dir_;
 };
 
-// "1.23 0.98 0.75" from /proc/loadavg (1, 5 and 15 minutes).
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  double a = 0, b = 0, c = 0;
-  in >> a >> b >> c;
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.2f %.2f %.2f", a, b, c);
-  return buf;
-}
-
-// The CPU's model name and which of the vector features the kernels can use it reports.
-std::string cpu_features() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line, model, flags;
-  while (std::getline(in, line) && (model.empty() || flags.empty())) {
-    if (line.rfind("model name", 0) == 0) model = line.substr(line.find(':') + 2);
-    if (line.rfind("flags", 0) == 0) flags = " " + line.substr(line.find(':') + 2) + " ";
-  }
-  std::string out = model + ";";
-  for (const char* f : {"avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile",
-                        "amx_bf16"}) {
-    if (flags.find(" " + std::string(f) + " ") != std::string::npos) out += " " + std::string(f);
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -466,12 +441,14 @@ int main(int argc, char** argv) {
               "alternating rounds (>= %d calls, >= %.2f s in all, after a warm-up call)\n",
               cores, fma_per_cpu_second, peak, rounds, iters, min_seconds);
   const FlashCpuOptions shown{.isa = isa, .block_q = block_q, .block_kv = block_kv};
-  std::printf("CPU features: %s; AMX tiles usable: %s\n", cpu_features().c_str(),
+  const std::string features = bench::cpu_features(
+      {"avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"});
+  std::printf("CPU features: %s; AMX tiles usable: %s\n", features.c_str(),
               cpu_isa_supported(CpuIsa::kAmx) ? "yes" : "no");
   std::printf("flash_cpu kernels: f32 %s, bf16 %s; load average %s\n",
               std::string(flash_cpu_kernel_name(DType::kF32, shown)).c_str(),
               std::string(flash_cpu_kernel_name(DType::kBF16, shown)).c_str(),
-              load_average().c_str());
+              bench::load_average().c_str());
   TorchPeer torch;
   bool with_torch = false;
   if (torch_python.empty()) {
@@ -555,7 +532,7 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf("\nload average %s\n", load_average().c_str());
+  std::printf("\nload average %s\n", bench::load_average().c_str());
   std::printf("TFLOP/s columns; 'x math' / 'x torch' = that backend's time / flash time; "
               "%%peak = flash forward / measured peak (wall clock); %%busy = flash forward (or "
               "forward+backward) flops per CPU-second of the process / the FMA loop's flops per "
