@@ -179,7 +179,7 @@ void flash_cpu_backward(const AttentionProblem& p, const AttentionView& out,
     }
   });
 
-  store_dq(dq, plan, dq_acc, team);
+  store_dq(dq, plan, dq_acc, team, /*column_blocks=*/false);
 }
 
 }  // namespace tessel::kernels::attention

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "tessel/kernels/attention/attention_dropout.h"
@@ -130,7 +131,8 @@ void flash_cpu_backward_amx(const AttentionProblem& p, const FlashPlan& plan,
     transpose_pairs(w.vbits.data(), bk, dp, w.vt.data());
     for (int64_t t = 0; t < bk / 2; ++t) {
       for (int64_t c = 0; c < dp; ++c) {
-        w.kp[t * dp + c] = bf16_pair(w.kbits[2 * t * dp + c], w.kbits[(2 * t + 1) * dp + c]);
+        w.kp[c / 16 * (bk / 2 * 16) + t * 16 + c % 16] =
+            bf16_pair(w.kbits[2 * t * dp + c], w.kbits[(2 * t + 1) * dp + c]);
       }
     }
     std::fill(w.dkt.begin(), w.dkt.end(), 0.0f);
@@ -154,36 +156,35 @@ void flash_cpu_backward_amx(const AttentionProblem& p, const FlashPlan& plan,
       std::fill(w.p.begin() + rows * bk, w.p.end(), 0.0f);
       std::fill(w.pdrop.begin() + rows * bk, w.pdrop.end(), 0.0f);
       // dV^T += dO^T P_drop; dP = dO V^T.
-      for (int64_t u = 0; u < bq / 2; ++u) {
-        bf16.to_bf16_pairs(pdrop + 2 * u * bk, pdrop + (2 * u + 1) * bk, w.pp.data() + u * bk, bk);
-      }
-      amx.gemm(dp, bk, bq / 2, do_cols, bq / 2, w.pp.data(), bk, 16, w.dvt.data(), bk, 16, true);
+      bf16.pair_rows_blocked(pdrop, bq, bk, w.pp.data());
+      amx.gemm(dp, bk, bq / 2, do_cols, bq / 2, w.pp.data(), 16, bq / 2 * 16, w.dvt.data(), 16,
+               dp * 16, true);
       amx.gemm(bq, bk, dp / 2, do_rows, dp / 2, w.vt.data(), bk, 16, w.ds.data(), bk, 16, false);
       // Through dropout; dS = P * (dP - delta); zero in the padding rows.
       backward_ds(w.p.data(), drop.enabled() ? w.keep.data() : nullptr,
                   delta.data() + bh * plan.sq + i0, rows, bk, w.ds.data());
       std::fill(w.ds.begin() + rows * bk, w.ds.end(), 0.0f);
       // dK^T += Q^T dS; dQ += dS K into the shared accumulator (scale applied when storing).
-      for (int64_t u = 0; u < bq / 2; ++u) {
-        bf16.to_bf16_pairs(w.ds.data() + 2 * u * bk, w.ds.data() + (2 * u + 1) * bk,
-                           w.dsp.data() + u * bk, bk);
-      }
-      amx.gemm(dp, bk, bq / 2, q_cols, bq / 2, w.dsp.data(), bk, 16, w.dkt.data(), bk, 16, true);
+      bf16.pair_rows_blocked(w.ds.data(), bq, bk, w.dsp.data());
+      amx.gemm(dp, bk, bq / 2, q_cols, bq / 2, w.dsp.data(), 16, bq / 2 * 16, w.dkt.data(), 16,
+               dp * 16, true);
       bf16.to_bf16(w.ds.data(), reinterpret_cast<uint16_t*>(w.dsb.data()), bq * bk);
       std::lock_guard<std::mutex> lock(dq_locks[block]);
-      amx.gemm(bq, dp, bk / 2, w.dsb.data(), bk / 2, w.kp.data(), dp, 16,
-               dq_acc.data() + block * bq * dp, dp, 16, true);
+      amx.gemm(bq, dp, bk / 2, w.dsb.data(), bk / 2, w.kp.data(), 16, bk / 2 * 16,
+               dq_acc.data() + block * bq * dp, 16, bq * 16, true);
     });
     // dK and dV are the transposes of the accumulators.
-    ops.transpose(w.dkt.data(), bk, d, cols, w.row.data(), dp, nullptr);
-    for (int64_t j = 0; j < cols; ++j) {
-      store_row(dk, b, hk, j0 + j, w.row.data() + j * dp, plan.scale);
+    for (auto [acc, view, scale] : {std::tuple{&w.dkt, &dk, plan.scale}, {&w.dvt, &dv, 1.0f}}) {
+      for (int64_t g = 0; g * 16 < cols; ++g) {
+        ops.transpose(acc->data() + g * dp * 16, 16, d, std::min<int64_t>(16, cols - g * 16),
+                      w.row.data() + g * 16 * dp, dp, nullptr);
+      }
+      for (int64_t j = 0; j < cols; ++j)
+        store_row(*view, b, hk, j0 + j, w.row.data() + j * dp, scale);
     }
-    ops.transpose(w.dvt.data(), bk, d, cols, w.row.data(), dp, nullptr);
-    for (int64_t j = 0; j < cols; ++j) store_row(dv, b, hk, j0 + j, w.row.data() + j * dp);
   });
 
-  store_dq(dq, plan, dq_acc, team);
+  store_dq(dq, plan, dq_acc, team, /*column_blocks=*/true);
 }
 
 }  // namespace tessel::kernels::attention::internal

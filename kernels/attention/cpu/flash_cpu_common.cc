@@ -223,12 +223,22 @@ void backward_ds(const float* p, const float* keep, const float* delta, int64_t 
 }
 
 void store_dq(const AttentionView& dq, const FlashPlan& plan, const std::vector<float>& dq_acc,
-              const ForkJoin& team) {
-  team.run(plan.batch * plan.q_heads, [&](int, int64_t bh) {
+              const ForkJoin& team, bool column_blocks) {
+  const int64_t bq = plan.bq, dp = plan.dp;
+  std::vector<std::vector<float>> rows(team.threads(), std::vector<float>(dp));
+  team.run(plan.batch * plan.q_heads, [&](int worker, int64_t bh) {
     const int64_t b = bh / plan.q_heads, h = bh % plan.q_heads;
     for (int64_t i = 0; i < plan.sq; ++i) {
-      store_row(dq, b, h, i, dq_acc.data() + (bh * plan.q_blocks * plan.bq + i) * plan.dp,
-                plan.scale);
+      const float* block = dq_acc.data() + (bh * plan.q_blocks + i / bq) * bq * dp;
+      const float* row = block + i % bq * dp;
+      if (column_blocks) {
+        float* gathered = rows[worker].data();
+        for (int64_t c = 0; c < dp; ++c) {
+          gathered[c] = block[c / 16 * bq * 16 + i % bq * 16 + c % 16];
+        }
+        row = gathered;
+      }
+      store_row(dq, b, h, i, row, plan.scale);
     }
   });
 }

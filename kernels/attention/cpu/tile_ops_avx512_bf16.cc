@@ -55,6 +55,18 @@ __m512i bf16_pairs(__m512 lo, __m512 hi) {
   return _mm512_permutexvar_epi16(interleave, halves);
 }
 
+// See Bf16TileOps::pair_rows_blocked.
+void pair_rows_blocked(const float* src, int64_t rows, int64_t n, uint32_t* dst) {
+  const int64_t block = rows / 2 * 16;
+  for (int64_t t = 0; t < rows / 2; ++t) {
+    const float* lo = src + 2 * t * n;
+    for (int64_t j = 0; j < n; j += 16) {
+      _mm512_storeu_si512(dst + j / 16 * block + t * 16,
+                          bf16_pairs(_mm512_loadu_ps(lo + j), _mm512_loadu_ps(lo + n + j)));
+    }
+  }
+}
+
 // 2^x for x <= 0 to 2.7e-6 relative (about 22 f32 ulps, like PyTorch's exp_u20), exactly 0 for
 // x < -126 and -inf: for probabilities that are rounded to bf16 (3.9e-3) right after. Cheaper
 // than Vec512::exp2: round to an integer by adding 1.5 * 2^23, a degree-4 polynomial (least
@@ -112,7 +124,7 @@ void softmax_pairs(const float* st, int64_t keys, float mul, const float* keep, 
 const Bf16TileOps& tile_ops_avx512_bf16() {
   static const Bf16TileOps ops{&avx512bf16::gemm<avx512bf16::PairVec, 6, 4>,
                                &avx512bf16::to_bf16, &avx512bf16::to_bf16_pairs,
-                               &avx512bf16::softmax_pairs};
+                               &avx512bf16::pair_rows_blocked, &avx512bf16::softmax_pairs};
   return ops;
 }
 

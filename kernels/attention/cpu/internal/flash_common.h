@@ -122,9 +122,11 @@ const float* backward_probabilities(const TileOps& ops, const MaskEvaluator& mas
 void backward_ds(const float* p, const float* keep, const float* delta, int64_t rows,
                  int64_t bk, float* dp);
 
-// dq = scale * the f32 accumulator ([B * H_q][q_blocks * bq][dp]), rounded to dq's dtype.
+// dq = scale * the f32 accumulator, rounded to dq's dtype. The accumulator holds per
+// (batch, head, query block) a bq x dp block, row-major, or with column_blocks by blocks of 16
+// columns ([dp / 16][bq][16], the AMX layout).
 void store_dq(const AttentionView& dq, const FlashPlan& plan, const std::vector<float>& dq_acc,
-              const ForkJoin& team);
+              const ForkJoin& team, bool column_blocks);
 
 // flash_cpu_backward for a plan with AMX tiles (plan.amx), after the arguments are checked.
 void flash_cpu_backward_amx(const AttentionProblem& problem, const FlashPlan& plan,

@@ -47,6 +47,10 @@ struct Bf16TileOps {
   // dst[j] = (bf16(lo[j]), bf16(hi[j])) as one pair (hi null: 0) for j < n, n a multiple of 16:
   // interleaves two rows so that pairs run along the row index.
   void (*to_bf16_pairs)(const float* lo, const float* hi, uint32_t* dst, int64_t n);
+  // Pairs of consecutive rows of src (rows x n, row-major; rows even, n a multiple of 16) as
+  // bf16, by column blocks of 16 for AMX B tiles: dst[(j / 16) * (rows / 2) * 16 + t * 16 +
+  // j % 16] = (bf16(src[2t][j]), bf16(src[2t + 1][j])).
+  void (*pair_rows_blocked)(const float* src, int64_t rows, int64_t n, uint32_t* dst);
   // TileOps::softmax_step for one column block of 16 queries (st: keys x 16, ot: out_rows x 16,
   // m, l, alpha: 16 each), fused with the conversion of P for the AMX GEMM P V: st is left as
   // it was and the probabilities, times keep[j * 16 + i] unless keep is null, go to pt as
