@@ -155,7 +155,7 @@ void flash_cpu_backward(const AttentionProblem& p, const AttentionView& out,
         ops.gemm(rows, bk, dp, g, ldo, 1, w.vt.data(), bk, w.ds.data(), bk, false);
       }
       // Through dropout; dS = P * (dP - delta).
-      backward_ds(w.p.data(), drop.enabled() ? w.keep.data() : nullptr,
+      ops.ds_rows(w.p.data(), drop.enabled() ? w.keep.data() : nullptr,
                   delta.data() + bh * plan.sq + i0, rows, bk, w.ds.data());
       // dK += dS^T Q; dQ += dS K straight into the shared accumulator (scale applied when
       // storing).

@@ -161,7 +161,7 @@ void flash_cpu_backward_amx(const AttentionProblem& p, const FlashPlan& plan,
                dp * 16, true);
       amx.gemm(bq, bk, dp / 2, do_rows, dp / 2, w.vt.data(), bk, 16, w.ds.data(), bk, 16, false);
       // Through dropout; dS = P * (dP - delta); zero in the padding rows.
-      backward_ds(w.p.data(), drop.enabled() ? w.keep.data() : nullptr,
+      ops.ds_rows(w.p.data(), drop.enabled() ? w.keep.data() : nullptr,
                   delta.data() + bh * plan.sq + i0, rows, bk, w.ds.data());
       std::fill(w.ds.begin() + rows * bk, w.ds.end(), 0.0f);
       // dK^T += Q^T dS; dQ += dS K into the shared accumulator (scale applied when storing).

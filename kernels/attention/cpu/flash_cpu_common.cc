@@ -208,20 +208,6 @@ const float* backward_probabilities(const TileOps& ops, const MaskEvaluator& mas
   return pdrop;
 }
 
-void backward_ds(const float* p, const float* keep, const float* delta, int64_t rows,
-                 int64_t bk, float* dp) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = dp + r * bk;
-    const float* prow = p + r * bk;
-    if (keep) {
-      const float* k = keep + r * bk;
-      for (int64_t c = 0; c < bk; ++c) row[c] = prow[c] * (row[c] * k[c] - delta[r]);
-    } else {
-      for (int64_t c = 0; c < bk; ++c) row[c] = prow[c] * (row[c] - delta[r]);
-    }
-  }
-}
-
 void store_dq(const AttentionView& dq, const FlashPlan& plan, const std::vector<float>& dq_acc,
               const ForkJoin& team, bool column_blocks) {
   const int64_t bq = plan.bq, dp = plan.dp;

@@ -117,11 +117,6 @@ const float* backward_probabilities(const TileOps& ops, const MaskEvaluator& mas
                                     const float* lse, float s_mul, int64_t bk, float* s,
                                     float* keep, float* pdrop);
 
-// In place of dP (rows x bk): dS = P * (dP * keep - delta[r]) (keep null without dropout);
-// delta points at the tile's first row.
-void backward_ds(const float* p, const float* keep, const float* delta, int64_t rows,
-                 int64_t bk, float* dp);
-
 // dq = scale * the f32 accumulator, rounded to dq's dtype. The accumulator holds per
 // (batch, head, query block) a bq x dp block, row-major, or with column_blocks by blocks of 16
 // columns ([dp / 16][bq][16], the AMX layout).

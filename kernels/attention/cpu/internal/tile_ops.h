@@ -28,6 +28,10 @@ struct TileOps {
   // alpha[i]. A query with m' = -inf (no visible key so far) gets zeros and alpha 0.
   void (*softmax_step)(float* st, int64_t keys, int64_t n, float mul, float* m, float* l,
                        float* ot, int64_t out_rows, float* alpha);
+  // The backward's dS in place of dP (rows x n, row-major, n a multiple of kTileWidth):
+  // dp[r][j] = p[r][j] * (dp[r][j] * keep[r][j] - delta[r]), keep null without dropout.
+  void (*ds_rows)(const float* p, const float* keep, const float* delta, int64_t rows, int64_t n,
+                  float* dp);
   // dst[c * ld_dst + r] = src[r * ld_src + c] * (col_scale ? col_scale[c] : 1) for r < rows,
   // c < cols (any sizes; src and dst must not overlap).
   void (*transpose)(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst,

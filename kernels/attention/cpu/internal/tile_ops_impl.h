@@ -139,6 +139,20 @@ void softmax_step(float* st, int64_t keys, int64_t n, float mul, float* m, float
   }
 }
 
+// See TileOps::ds_rows.
+template <class V>
+void ds_rows(const float* p, const float* keep, const float* delta, int64_t rows, int64_t n,
+             float* dp) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto d = V::set1(delta[r]);
+    for (int64_t j = r * n; j < (r + 1) * n; j += V::kWidth) {
+      auto g = V::load(dp + j);
+      if (keep) g = V::mul(g, V::load(keep + j));
+      V::store(dp + j, V::mul(V::load(p + j), V::sub(g, d)));
+    }
+  }
+}
+
 // See TileOps::transpose. Whole 16 x 16 blocks go through V::transpose_block where the vector
 // type has one; the edges (and every other ISA) element by element.
 template <class V>
@@ -189,7 +203,7 @@ struct F32Products : Base {
 template <class V, int MR, int NV>
 const TileOps& make_tile_ops(const char* name) {
   static const TileOps ops{name, &gemm<F32Products<V>, MR, NV>, &exp2_affine<V>,
-                           &softmax_step<V>, &transpose<V>};
+                           &softmax_step<V>, &ds_rows<V>, &transpose<V>};
   return ops;
 }
 
