@@ -265,10 +265,11 @@ for line in sys.stdin:
             F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal).backward(do)
         fn = fwd if cmd[0] == "fwd" else fb
         if warm: fn()
-        times = []
-        while len(times) < calls or sum(times) < min_seconds:
-            t0 = time.perf_counter(); fn(); times.append(time.perf_counter() - t0)
-        print(" ".join(repr(t) for t in times), flush=True)
+        walls, cpus = [], []
+        while len(walls) < calls or sum(walls) < min_seconds:
+            t0, c0 = time.perf_counter(), time.process_time(); fn()
+            walls.append(time.perf_counter() - t0); cpus.append(time.process_time() - c0)
+        print(" ".join(f"{w!r}:{c!r}" for w, c in zip(walls, cpus)), flush=True)
     else:
         break
 )PY";
@@ -325,7 +326,7 @@ class TorchPeer {
   }
 
   // One round like time_round's: >= calls calls lasting >= min_seconds, after a warm-up call
-  // the first time; appends the per-call seconds.
+  // the first time; appends the per-call wall and CPU seconds (of the whole child process).
   bool time_round(bool backward, int calls, double min_seconds, Calls& out) {
     if (!wait_until_quiet(pid_)) std::fprintf(stderr, "warning: background threads still busy\n");
     std::string line;
@@ -336,7 +337,10 @@ class TorchPeer {
     }
     out.warm = true;
     std::istringstream times(line);
-    for (double t; times >> t;) out.walls.push_back(t);
+    for (std::string pair; times >> pair;) {  // "wall:cpu" seconds per call
+      out.walls.push_back(std::stod(pair.substr(0, pair.find(':'))));
+      out.cpus.push_back(std::stod(pair.substr(pair.find(':') + 1)));
+    }
     return true;
   }
 
@@ -463,9 +467,9 @@ int main(int argc, char** argv) {
               "S", "D", "causal", "fwd flash", "fwd math", "fwd torch", "x math", "x torch",
               "%peak", "%busy", "f+b flash",
               "f+b math", "f+b torch", "x math", "x torch", "%busy");
-  std::printf("%-5s %6s %4s %6s | %9s %9s %9s %6s %7s %6s %6s | %9s %9s %9s %6s %6s %6s | %s\n", "",
-              "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "",
-              "fwd ms: min median max (calls)");
+  std::printf("%-5s %6s %4s %6s | %9s %9s %9s %6s %7s %6s %6s | %9s %9s %9s %6s %6s %6s | %s | %s\n",
+              "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "",
+              "x torch per CPU-s: fwd f+b", "fwd ms: min median max (calls)");
   for (const std::string& dtype : parse_words(dtypes)) {
     for (int64_t s : parse_list(seqs)) {
       for (int64_t d : parse_list(dims)) {
@@ -513,11 +517,12 @@ int main(int argc, char** argv) {
           const Timing flash_f = summarize(c_flash_f), flash_fb = summarize(c_flash_fb);
           const double tf = flash_f.wall, tfb = flash_fb.wall;
           const double tm = summarize(c_math_f).wall, tmb = summarize(c_math_fb).wall;
-          const double tt = torch_ok ? summarize(c_torch_f).wall : NAN;
-          const double ttb = torch_ok ? summarize(c_torch_fb).wall : NAN;
+          const Timing torch_f = summarize(c_torch_f), torch_fb = summarize(c_torch_fb);
+          const double tt = torch_ok ? torch_f.wall : NAN;
+          const double ttb = torch_ok ? torch_fb.wall : NAN;
           auto tflops = [](double flops, double sec) { return flops / sec / 1e12; };
           std::printf("%-5s %6lld %4lld %6s | %9.3f %9.3f %9.3f %6.2f %7.2f %5.1f%% %5.1f%% | "
-                      "%9.3f %9.3f %9.3f %6.2f %6.2f %5.1f%% | %.2f %.2f %.2f (%d)\n",
+                      "%9.3f %9.3f %9.3f %6.2f %6.2f %5.1f%% | %12.2f %6.2f | %.2f %.2f %.2f (%d)\n",
                       dtype.c_str(), static_cast<long long>(s), static_cast<long long>(d),
                       causal ? "yes" : "no", tflops(fwd_flops, tf), tflops(fwd_flops, tm),
                       tflops(fwd_flops, tt), tm / tf, tt / tf, 100.0 * fwd_flops / tf / 1e9 / peak,
@@ -525,7 +530,8 @@ int main(int argc, char** argv) {
                       tflops(both_flops, tfb), tflops(both_flops, tmb), tflops(both_flops, ttb),
                       tmb / tfb, ttb / tfb,
                       100.0 * both_flops / flash_fb.cpu / 1e9 / fma_per_cpu_second,
-                      1e3 * flash_f.wall_lo, 1e3 * flash_f.wall, 1e3 * flash_f.wall_hi,
+                      torch_ok ? torch_f.cpu / flash_f.cpu : NAN,
+                      torch_ok ? torch_fb.cpu / flash_fb.cpu : NAN, 1e3 * flash_f.wall_lo, 1e3 * flash_f.wall, 1e3 * flash_f.wall_hi,
                       flash_f.calls);
           std::fflush(stdout);
         }
@@ -536,6 +542,9 @@ int main(int argc, char** argv) {
   std::printf("TFLOP/s columns; 'x math' / 'x torch' = that backend's time / flash time; "
               "%%peak = flash forward / measured peak (wall clock); %%busy = flash forward (or "
               "forward+backward) flops per CPU-second of the process / the FMA loop's flops per "
-              "CPU-second (efficiency while running, insensitive to other load).\n");
+              "CPU-second (efficiency while running, insensitive to other load); 'x torch per "
+              "CPU-s' = PyTorch's CPU seconds per call (its whole process) / ours: with --threads "
+              "1 a comparison that other load hardly moves; with more threads OpenMP's "
+              "spin-waits count against PyTorch.\n");
   return 0;
 }
