@@ -3,6 +3,7 @@
 // checked against plain loops, so a chunk that reads or writes another chunk's data shows up.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,44 @@ TEST(CpuMatmulTest, EqualChunksMatchLoopsAtEveryThreadCount) {
           ASSERT_NEAR(got[i], expected[i], 1e-4 * static_cast<double>(c.a.back()))
               << shape_str(c.a) << " x " << shape_str(c.w) << "^T, threads " << threads
               << ", repetition " << rep << ", element " << i;
+        }
+      }
+    }
+  }
+}
+
+// Products with the same layout share one cached primitive, whose operand addresses change
+// per call: alternating between different tensors of one shape (f32 and bf16, 2-D and batched
+// with a broadcast batch dim, split across threads or not) must give each pair its own product.
+TEST(CpuMatmulTest, CachedPrimitivesTakeEachCallsOperands) {
+  ThreadCountGuard guard;
+  Generator gen(5);
+  const std::vector<Case> cases = {{{96, 40}, {24, 40}}, {{3, 70, 20}, {12, 20}}};
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (const Case& c : cases) {
+      Tensor a[2], w[2];
+      std::vector<double> expected[2];
+      for (int i = 0; i < 2; ++i) {
+        // Round to the dtype first, so the loops see the values the product sees.
+        a[i] = to(to(randn(c.a, gen), dtype), DType::kF32);
+        w[i] = to(to(randn(c.w, gen), dtype), DType::kF32);
+        expected[i] = product_by_loops(a[i], w[i]);
+      }
+      for (int threads : {1, 2}) {
+        set_num_threads(threads);
+        for (int rep = 0; rep < 6; ++rep) {
+          const int i = rep % 2;
+          const Tensor got = to(matmul(to(a[i], dtype), transpose(to(w[i], dtype), 0, 1)),
+                                DType::kF32);
+          const std::vector<float> values = to_vector<float>(got);
+          ASSERT_EQ(values.size(), expected[i].size());
+          // bf16 output: 8 bits of mantissa on sums of up to 40 products of unit normals.
+          const double tol = dtype == DType::kF32 ? 1e-3 : 0.1;
+          for (size_t e = 0; e < values.size(); ++e) {
+            ASSERT_NEAR(values[e], expected[i][e], tol * (1 + std::abs(expected[i][e])))
+                << dtype_name(dtype) << " " << shape_str(c.a) << ", operands " << i
+                << ", threads " << threads << ", element " << e;
+          }
         }
       }
     }
