@@ -15,6 +15,7 @@ std::string_view error_kind_name(ErrorKind kind) {
     case ErrorKind::kUnavailable: return "Unavailable";
     case ErrorKind::kNotImplemented: return "NotImplemented";
     case ErrorKind::kInternal: return "Internal";
+    case ErrorKind::kOutOfMemory: return "OutOfMemory";
   }
   return "Error";
 }
@@ -35,6 +36,7 @@ void throw_error(ErrorKind kind, const std::string& message) {
     case ErrorKind::kUnavailable: throw Unavailable(message);
     case ErrorKind::kNotImplemented: throw NotImplemented(message);
     case ErrorKind::kInternal: throw Internal(message);
+    case ErrorKind::kOutOfMemory: throw OutOfMemory(message);
   }
   throw Internal(fmt::format("unknown error kind {} for: {}", static_cast<int>(kind), message));
 }

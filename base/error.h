@@ -20,6 +20,7 @@ enum class ErrorKind {
   kUnavailable,      // a backend or feature not built in, or a device not present
   kNotImplemented,   // a valid request this build does not support yet
   kInternal,         // a broken invariant inside tessel: a bug
+  kOutOfMemory,      // an allocation the device (or host) could not satisfy
 };
 
 // "InvalidArgument", "Timeout", ... — the class name of each kind.
@@ -53,6 +54,7 @@ TESSEL_DEFINE_ERROR(IoError)
 TESSEL_DEFINE_ERROR(Unavailable)
 TESSEL_DEFINE_ERROR(NotImplemented)
 TESSEL_DEFINE_ERROR(Internal)
+TESSEL_DEFINE_ERROR(OutOfMemory)
 #undef TESSEL_DEFINE_ERROR
 
 // Throws the subclass of Error that matches `kind` (for errors that crossed a process or

@@ -305,7 +305,21 @@ void CpuBackend::rms_norm_backward(const Tensor& grad_y, const Tensor& x, const 
   });
 }
 
+namespace {
+
+// Every index in [0, limit) or equal to `allowed`; throws OutOfRange naming the first that is not.
+void check_indices(const char* op, const Tensor& indices, int64_t limit, int64_t allowed) {
+  const int64_t* p = indices.data<int64_t>();
+  for (int64_t i = 0; i < indices.numel(); ++i) {
+    TESSEL_CHECK((p[i] >= 0 && p[i] < limit) || p[i] == allowed, OutOfRange,
+                 "{}: index {} at position {} is out of range [0, {})", op, p[i], i, limit);
+  }
+}
+
+}  // namespace
+
 void CpuBackend::embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {
+  check_indices("embedding", indices, weight.size(0), INT64_MIN);  // no value is exempt
   dispatch_all(weight.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t dim = weight.size(1);
@@ -337,6 +351,7 @@ void CpuBackend::embedding_backward(const Tensor& grad, const Tensor& indices,
 
 void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                const Tensor& loss, const Tensor& lse) {
+  check_indices("cross_entropy target", target, logits.size(1), ignore_index);
   dispatch_floating(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t classes = logits.size(1);
