@@ -112,9 +112,10 @@ void run_matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   }
 }
 
-// t narrowed to [start, start + length) on dim d, unless it broadcasts there (size 1).
+// t narrowed to [start, start + length) on dim d, unless it broadcasts there (size 1: every
+// chunk uses its only index, also a chunk of length 1 that starts past 0).
 Tensor narrow_unless_broadcast(const Tensor& t, int64_t d, int64_t start, int64_t length) {
-  if (t.shape()[d] == 1 && length != 1) return t;
+  if (t.shape()[d] == 1) return t;
   Shape shape = t.shape();
   shape[d] = length;
   return t.as_strided(shape, t.strides(), t.offset() + start * t.strides()[d]);
