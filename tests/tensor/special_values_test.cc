@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "reference_math.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/backend.h"
 #include "tessel/tensor/ops.h"
@@ -35,61 +36,40 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kMax = std::numeric_limits<float>::max();
 constexpr float kMinNormal = std::numeric_limits<float>::min();
 constexpr float kMinDenormal = std::numeric_limits<float>::denorm_min();
-constexpr double kGeluTanhCoeff = 0.044715;
-const double kSqrt2OverPi = std::sqrt(2.0 / std::numbers::pi);
+using testing::ref_unary;
+using testing::ref_unary_backward;
+using testing::unary_flush_bound;
+using testing::unary_ulp_bound;
 
-// ---- References (double precision) -------------------------------------------------------------
-
-double ref_sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-double ref_gelu(double x) { return 0.5 * x * std::erfc(-x / std::numbers::sqrt2); }
-double ref_gelu_tanh_gate(double x) {  // (1 + tanh u) / 2 = sigmoid(2u), without cancellation
-  return ref_sigmoid(2.0 * kSqrt2OverPi * (x + kGeluTanhCoeff * x * x * x));
-}
-double ref_normal_pdf(double x) { return std::exp(-0.5 * x * x) / std::sqrt(2.0 * std::numbers::pi); }
-
-// One floating unary op: how tessel computes it, its reference, and the tolerance. A result
-// passes when it is within max_ulp of the reference rounded to f32, or within atol of it
-// (atol covers results that flush to 0 below the f32 range, documented per op). For gelu the
-// ulp bound grows in the lower tail with the function's condition number (exp of a rounded
-// argument): ulp_per_cond ulps per unit of it.
+// One floating unary op as users call it, and the UnaryOp whose reference and accuracy bounds
+// (reference_math.h) it is checked against: a result passes when it is within
+// unary_ulp_bound(op, x) ulp of the reference rounded to f32, or within unary_flush_bound(op)
+// of it.
 struct UnaryCase {
   const char* name;
   std::function<Tensor(const Tensor&)> op;
-  std::function<double(double)> ref;
-  int64_t max_ulp;
-  double atol;
-  std::function<double(double)> condition = [](double) { return 0.0; };
+  UnaryOp kind;
 
-  int64_t ulp_bound(double x) const {
-    return max_ulp + static_cast<int64_t>(std::isfinite(x) ? condition(x) : 0.0);
-  }
+  double ref(double x) const { return ref_unary(kind, x); }
+  int64_t ulp_bound(double x) const { return static_cast<int64_t>(unary_ulp_bound(kind, x)); }
+  double atol() const { return unary_flush_bound(kind); }
 };
 
 const std::vector<UnaryCase>& unary_cases() {
   static const std::vector<UnaryCase> cases = {
-      {"neg", [](const Tensor& t) { return neg(t); }, [](double x) { return -x; }, 0, 0},
-      {"abs", [](const Tensor& t) { return abs(t); }, [](double x) { return std::fabs(x); }, 0, 0},
-      {"relu", [](const Tensor& t) { return relu(t); },
-       [](double x) { return x <= 0 ? 0.0 : x; }, 0, 0},
-      {"sqrt", [](const Tensor& t) { return sqrt(t); }, [](double x) { return std::sqrt(x); }, 0, 0},
-      {"rsqrt", [](const Tensor& t) { return rsqrt(t); },
-       [](double x) { return 1.0 / std::sqrt(x); }, 1, 0},
-      {"log", [](const Tensor& t) { return log(t); }, [](double x) { return std::log(x); }, 1, 0},
-      {"exp", [](const Tensor& t) { return exp(t); }, [](double x) { return std::exp(x); }, 1, 0},
-      {"tanh", [](const Tensor& t) { return tanh(t); }, [](double x) { return std::tanh(x); }, 2, 0},
-      // 1 / (1 + exp(-x)) flushes to 0 below x = -88.72, where the true value is under 3e-39.
-      {"sigmoid", [](const Tensor& t) { return sigmoid(t); }, ref_sigmoid, 3, 3e-39},
-      // x sigmoid(x): the same flush, where |silu| < 89 * 3e-39.
-      {"silu", [](const Tensor& t) { return silu(t); },
-       [](double x) { return x * ref_sigmoid(x); }, 3, 2.7e-37},
-      // The lower tail is exp(-x^2 / 2) times a fit (3e-7 relative): rounding x^2 costs up to
-      // x^2 / 2 ulp. Below x = -13 (|gelu| < 1e-37) atol takes over.
-      {"gelu", [](const Tensor& t) { return gelu(t); }, ref_gelu, 8, 1e-37,
-       [](double x) { return x < 0 ? x * x / 2 : 0.0; }},
-      // x sigmoid(2u): the lower tail is exp(2u), with 2u rounded within 3 ulp: 3 |2u| ulp.
+      {"neg", [](const Tensor& t) { return neg(t); }, UnaryOp::kNeg},
+      {"abs", [](const Tensor& t) { return abs(t); }, UnaryOp::kAbs},
+      {"relu", [](const Tensor& t) { return relu(t); }, UnaryOp::kRelu},
+      {"sqrt", [](const Tensor& t) { return sqrt(t); }, UnaryOp::kSqrt},
+      {"rsqrt", [](const Tensor& t) { return rsqrt(t); }, UnaryOp::kRsqrt},
+      {"log", [](const Tensor& t) { return log(t); }, UnaryOp::kLog},
+      {"exp", [](const Tensor& t) { return exp(t); }, UnaryOp::kExp},
+      {"tanh", [](const Tensor& t) { return tanh(t); }, UnaryOp::kTanh},
+      {"sigmoid", [](const Tensor& t) { return sigmoid(t); }, UnaryOp::kSigmoid},
+      {"silu", [](const Tensor& t) { return silu(t); }, UnaryOp::kSilu},
+      {"gelu", [](const Tensor& t) { return gelu(t); }, UnaryOp::kGelu},
       {"gelu_tanh", [](const Tensor& t) { return gelu(t, GeluApproximation::kTanh); },
-       [](double x) { return x * ref_gelu_tanh_gate(x); }, 4, 1e-37,
-       [](double x) { return x < 0 ? -6.0 * kSqrt2OverPi * (x + kGeluTanhCoeff * x * x * x) : 0.0; }},
+       UnaryOp::kGeluTanh},
   };
   return cases;
 }
@@ -111,7 +91,8 @@ bool same_float(float got, float want) {
 
 // A double rounded to f32 as IEEE arithmetic would (inf beyond FLT_MAX + half an ulp).
 float round_to_float(double v) {
-  if (std::fabs(v) >= static_cast<double>(kMax) + std::ldexp(1.0, 103)) return std::copysign(kInf, static_cast<float>(v));
+  if (std::fabs(v) >= static_cast<double>(kMax) + std::ldexp(1.0, 103))
+    return std::copysign(kInf, static_cast<float>(v));
   return static_cast<float>(v);
 }
 float round_to_bf16(double v) { return static_cast<float>(BFloat16(round_to_float(v))); }
@@ -120,8 +101,7 @@ float round_to_bf16(double v) { return static_cast<float>(BFloat16(round_to_floa
 // results (NaN, infinities, zeros) must match exactly, signs included, unless atol allows a
 // flush. Returns the ulp distance of a finite match beyond atol (0 within atol), or -1 after
 // reporting a failure.
-int64_t check_value(const char* op, float x, float got, double want, int64_t max_ulp,
-                    double atol) {
+int64_t check_value(const char* op, float x, float got, double want, int64_t max_ulp, double atol) {
   const float want_f = round_to_float(want);
   const bool within_atol = std::isfinite(got) && std::fabs(got - want) <= atol;
   if (std::isnan(want_f) || std::isinf(want_f) || want_f == 0.0f) {
@@ -136,9 +116,8 @@ int64_t check_value(const char* op, float x, float got, double want, int64_t max
   const int64_t ulps = ulp_distance(got, want_f);
   if (within_atol) return 0;
   if (ulps > max_ulp) {
-    ADD_FAILURE() << op << "(" << x << ") = " << got << " is " << ulps
-                  << " ulp from the reference " << want << " (at most " << max_ulp
-                  << " ulp or " << atol << " absolute)";
+    ADD_FAILURE() << op << "(" << x << ") = " << got << " is " << ulps << " ulp from the reference "
+                  << want << " (at most " << max_ulp << " ulp or " << atol << " absolute)";
     return -1;
   }
   return ulps;
@@ -158,14 +137,14 @@ Tensor f32_tensor(const std::vector<float>& v) { return from_vector<float>(v); }
 // Inputs that sit on a rule or a threshold of some op.
 std::vector<float> special_inputs() {
   std::vector<float> v = {
-      kNaN, -kNaN, kInf, -kInf, 0.0f, -0.0f, kMinDenormal, -kMinDenormal,
-      kMinNormal * 0.75f, -kMinNormal * 0.75f, kMinNormal, -kMinNormal, kMax, -kMax,
-      1e-30f, -1e-30f, 1e-7f, -1e-7f, 1e-3f, -1e-3f, 0.5f, -0.5f, 1.0f, -1.0f, 2.0f, -2.0f,
+      kNaN, -kNaN, kInf, -kInf, 0.0f, -0.0f, kMinDenormal, -kMinDenormal, kMinNormal * 0.75f,
+      -kMinNormal * 0.75f, kMinNormal, -kMinNormal, kMax, -kMax, 1e-30f, -1e-30f, 1e-7f, -1e-7f,
+      1e-3f, -1e-3f, 0.5f, -0.5f, 1.0f, -1.0f, 2.0f, -2.0f,
       // exp: largest finite result just below 88.72284, inf just above; FLT_MIN at -87.33655;
       // the smallest denormal near -103.28; 0 below -103.97.
-      88.0f, 88.72f, 88.7228f, 88.72283f, 88.72284f, 88.7229f, 89.0f, 100.0f,
-      -87.0f, -87.33654f, -87.33655f, -87.5f, -88.72f, -90.0f, -100.0f, -103.0f, -103.27893f,
-      -103.9f, -103.97208f, -104.0f, -110.0f, -1000.0f,
+      88.0f, 88.72f, 88.7228f, 88.72283f, 88.72284f, 88.7229f, 89.0f, 100.0f, -87.0f, -87.33654f,
+      -87.33655f, -87.5f, -88.72f, -90.0f, -100.0f, -103.0f, -103.27893f, -103.9f, -103.97208f,
+      -104.0f, -110.0f, -1000.0f,
       // tanh switches formula at |x| = 0.625; sigmoid/tanh saturate near 9 and 17.
       0.625f, std::nextafter(0.625f, 0.0f), -0.625f, 9.0f, -9.0f, 17.0f, -17.0f, 20.0f, -20.0f,
       // gelu's lower tail.
@@ -189,8 +168,8 @@ TEST(SpecialValuesTest, IssueExamples) {
   EXPECT_EQ(one(exp_op, 88.73f), kInf);
   EXPECT_EQ(one(exp_op, -103.0f), static_cast<float>(std::exp(-103.0)));  // a denormal
   EXPECT_FLOAT_EQ(one([](const Tensor& t) { return tanh(t); }, 1e-7f), 1e-7f);
-  EXPECT_TRUE(std::isnan(item(cross_entropy(reshape(f32_tensor({kNaN, 0, 0, 0}), {1, 4}),
-                                            from_vector<int64_t>({1})))));
+  EXPECT_TRUE(std::isnan(item(
+      cross_entropy(reshape(f32_tensor({kNaN, 0, 0, 0}), {1, 4}), from_vector<int64_t>({1})))));
   EXPECT_TRUE(std::isnan(to_vector<float>(softmax(f32_tensor({1, kNaN, 2})))[0]));
 }
 
@@ -199,7 +178,8 @@ TEST(SpecialValuesTest, UnaryOpsF32) {
   for (const UnaryCase& c : unary_cases()) {
     SCOPED_TRACE(c.name);
     const std::vector<float> out = to_vector<float>(c.op(f32_tensor(in)));
-    for (size_t i = 0; i < in.size(); ++i) check_value(c.name, in[i], out[i], c.ref(in[i]), c.ulp_bound(in[i]), c.atol);
+    for (size_t i = 0; i < in.size(); ++i)
+      check_value(c.name, in[i], out[i], c.ref(in[i]), c.ulp_bound(in[i]), c.atol());
   }
 }
 
@@ -216,39 +196,17 @@ TEST(SpecialValuesTest, UnaryOpsBF16) {
     ASSERT_EQ(y.dtype(), DType::kBF16);
     const std::vector<float> out = to_vector<float>(y);
     for (size_t i = 0; i < in.size(); ++i) {
-      check_bf16(c.name, in[i], out[i], c.ref(in[i]), c.atol);
+      check_bf16(c.name, in[i], out[i], c.ref(in[i]), c.atol());
     }
   }
 }
 
-// The backward kernels (grad, x) -> grad * f'(x), called on the backend.
-struct BackwardCase {
-  const char* name;
-  BinaryOp op;
-  std::function<double(double)> derivative;
-  // relu's backward selects rather than multiplies (PyTorch's threshold_backward): x <= 0
-  // gives 0 even for a NaN gradient, and a NaN x passes the gradient.
-  bool selects = false;
-
-  double ref(double g, double x) const {
-    if (!selects) return g * derivative(x);
-    return x <= 0 ? 0.0 : g;
-  }
-};
-
 TEST(SpecialValuesTest, UnaryBackwardKernels) {
-  const std::vector<BackwardCase> cases = {
-      {"gelu_backward", BinaryOp::kGeluBackward,
-       [](double x) { return 0.5 * std::erfc(-x / std::numbers::sqrt2) + x * ref_normal_pdf(x); }},
-      {"gelu_tanh_backward", BinaryOp::kGeluTanhBackward,
-       [](double x) {
-         const double s = ref_gelu_tanh_gate(x);
-         return s + 2.0 * x * s * (1.0 - s) * kSqrt2OverPi * (1.0 + 3.0 * kGeluTanhCoeff * x * x);
-       }},
-      {"silu_backward", BinaryOp::kSiluBackward,
-       [](double x) { const double s = ref_sigmoid(x); return s * (1.0 + x * (1.0 - s)); }},
-      {"relu_backward", BinaryOp::kReluBackward, nullptr, true},
-  };
+  const std::pair<const char*, BinaryOp> cases[] = {
+      {"gelu_backward", BinaryOp::kGeluBackward},
+      {"gelu_tanh_backward", BinaryOp::kGeluTanhBackward},
+      {"silu_backward", BinaryOp::kSiluBackward},
+      {"relu_backward", BinaryOp::kReluBackward}};
   // Finite x with grad 1 and 0.5, plus NaN x and NaN grad. (At x = +-inf the formulas give
   // inf * 0 = NaN for gelu and silu, as PyTorch's; checked against the same double formulas.)
   std::vector<float> xs = special_inputs(), gs;
@@ -259,21 +217,21 @@ TEST(SpecialValuesTest, UnaryBackwardKernels) {
   xs.push_back(-1.0f);
   gs.push_back(kNaN);
   Backend& cpu = backend_for(Device::cpu());
-  for (const BackwardCase& c : cases) {
-    SCOPED_TRACE(c.name);
+  for (const auto& [name, op] : cases) {
+    SCOPED_TRACE(name);
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       const Tensor g = to(f32_tensor(gs), dtype), x = to(f32_tensor(xs), dtype);
       Tensor out = empty({static_cast<int64_t>(xs.size())}, dtype);
-      cpu.binary(c.op, g, x, out);
+      cpu.binary(op, g, x, out);
       const std::vector<float> got = to_vector<float>(out), xr = to_vector<float>(x);
       for (size_t i = 0; i < xs.size(); ++i) {
-        const double want = c.ref(gs[i], xr[i]);
+        const double want = ref_unary_backward(op, gs[i], xr[i]);
         if (dtype == DType::kF32) {
           // The derivative formulas lose relative accuracy where f' crosses 0 (near x = -0.75
           // for gelu, -1.28 for silu); 1e-6 absolute on top of 16 ulp covers it.
-          check_value(c.name, xr[i], got[i], want, 16, 1e-6);
+          check_value(name, xr[i], got[i], want, 16, 1e-6);
         } else {
-          check_bf16(c.name, xr[i], got[i], want, 1e-6);
+          check_bf16(name, xr[i], got[i], want, 1e-6);
         }
       }
     }
@@ -307,11 +265,11 @@ std::vector<std::vector<float>> special_rows() {
   std::vector<std::vector<float>> rows = {
       {1.0f, kNaN, 2.0f},
       {kNaN},
-      {-kInf, 0.0f, 1.0f, -kInf},                     // masked entries: probability exactly 0
-      {-kInf, -kInf, -kInf},                          // fully masked: NaN
-      {kInf, 0.0f},                                   // NaN (inf - inf)
-      {kMax, 0.0f, -kMax},                            // [1, 0, 0]
-      {kMinDenormal, 0.0f, -kMinDenormal},            // equal thirds
+      {-kInf, 0.0f, 1.0f, -kInf},           // masked entries: probability exactly 0
+      {-kInf, -kInf, -kInf},                // fully masked: NaN
+      {kInf, 0.0f},                         // NaN (inf - inf)
+      {kMax, 0.0f, -kMax},                  // [1, 0, 0]
+      {kMinDenormal, 0.0f, -kMinDenormal},  // equal thirds
       {100.0f, 0.0f, -100.0f, 12.0f},
       {0.0f},
   };
@@ -353,8 +311,8 @@ TEST(SpecialValuesTest, SoftmaxAndLogSoftmax) {
       }
       const Tensor x = to(f32_tensor(row), dtype);
       for (bool log : {false, true}) {
-        SCOPED_TRACE(std::string(log ? "log_softmax " : "softmax ") + std::string(dtype_name(dtype)) +
-                     " row of " + std::to_string(row.size()));
+        SCOPED_TRACE(std::string(log ? "log_softmax " : "softmax ") +
+                     std::string(dtype_name(dtype)) + " row of " + std::to_string(row.size()));
         const std::vector<float> got = to_vector<float>(log ? log_softmax(x) : softmax(x));
         check_softmax_row(row, got, log, dtype == DType::kBF16);
       }
@@ -365,13 +323,15 @@ TEST(SpecialValuesTest, SoftmaxAndLogSoftmax) {
 TEST(SpecialValuesTest, SoftmaxBackwardPropagatesNaN) {
   Backend& cpu = backend_for(Device::cpu());
   for (bool log : {false, true}) {
-    const Tensor y = log ? log_softmax(f32_tensor({1, 2, 3, 4})) : softmax(f32_tensor({1, 2, 3, 4}));
+    const Tensor y =
+        log ? log_softmax(f32_tensor({1, 2, 3, 4})) : softmax(f32_tensor({1, 2, 3, 4}));
     Tensor gx = empty({4});
     cpu.softmax_backward(f32_tensor({1, kNaN, 0, 0}), y, gx, log);
     for (float v : to_vector<float>(gx)) EXPECT_TRUE(std::isnan(v)) << "log " << log;
     // A masked entry (probability 0, log-probability -inf): softmax's gradient there is exactly
     // 0, log_softmax's is its own incoming gradient (d y_i / d x_i = 1 - p_i = 1).
-    const Tensor ym = log ? log_softmax(f32_tensor({-kInf, 0, 1})) : softmax(f32_tensor({-kInf, 0, 1}));
+    const Tensor ym =
+        log ? log_softmax(f32_tensor({-kInf, 0, 1})) : softmax(f32_tensor({-kInf, 0, 1}));
     Tensor gm = empty({3});
     cpu.softmax_backward(f32_tensor({1, 2, 3}), ym, gm, log);
     EXPECT_EQ(to_vector<float>(gm)[0], log ? 1.0f : 0.0f) << "log " << log;
@@ -383,8 +343,8 @@ TEST(SpecialValuesTest, CrossEntropyForwardAndBackward) {
     SCOPED_TRACE(dtype_name(dtype));
     // Rows: NaN logit; a -inf (masked) logit that is not the target; the target at -inf
     // (loss +inf); all -inf (NaN); an ignored row holding NaN (loss 0); an ordinary row.
-    const std::vector<float> v = {kNaN, 0, 1, 2,      -kInf, 0, 1, 2,  -kInf, 0, 1, 2,
-                                  -kInf, -kInf, -kInf, -kInf, kNaN, 0, 1, 2,  3, 0, 1, 2};
+    const std::vector<float> v = {kNaN,  0,     1,     2,     -kInf, 0, 1, 2, -kInf, 0, 1, 2,
+                                  -kInf, -kInf, -kInf, -kInf, kNaN,  0, 1, 2, 3,     0, 1, 2};
     const Tensor logits = reshape(to(f32_tensor(v), dtype), {6, 4});
     const Tensor target = from_vector<int64_t>({1, 2, 0, 1, -100, 3});
     const std::vector<float> loss =
@@ -444,7 +404,7 @@ TEST(SpecialValuesTest, AccuracyExhaustiveBF16) {
     const std::vector<float> out = to_vector<float>(c.op(x));
     for (size_t i = 0; i < in.size(); ++i) {
       if (::testing::Test::HasFailure()) return;  // one report is enough
-      check_bf16(c.name, in[i], out[i], c.ref(in[i]), c.atol);
+      check_bf16(c.name, in[i], out[i], c.ref(in[i]), c.atol());
     }
   }
 }
@@ -459,7 +419,8 @@ TEST(SpecialValuesTest, AccuracySweepF32) {
     int64_t worst = 0, worst_near = 0;  // over all inputs, over |x| <= 4
     float worst_x = 0;
     for (size_t i = 0; i < in.size(); ++i) {
-      const int64_t u = check_value(c.name, in[i], out[i], c.ref(in[i]), c.ulp_bound(in[i]), c.atol);
+      const int64_t u =
+          check_value(c.name, in[i], out[i], c.ref(in[i]), c.ulp_bound(in[i]), c.atol());
       if (u < 0) break;  // one report per op is enough
       if (u > worst) {
         worst = u;
