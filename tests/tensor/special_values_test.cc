@@ -70,6 +70,8 @@ const std::vector<UnaryCase>& unary_cases() {
       {"gelu", [](const Tensor& t) { return gelu(t); }, UnaryOp::kGelu},
       {"gelu_tanh", [](const Tensor& t) { return gelu(t, GeluApproximation::kTanh); },
        UnaryOp::kGeluTanh},
+      // NaN is not zero, so logical_not(NaN) is false (a bool result, compared as 0/1).
+      {"logical_not", [](const Tensor& t) { return logical_not(t); }, UnaryOp::kLogicalNot},
   };
   return cases;
 }
@@ -193,7 +195,7 @@ TEST(SpecialValuesTest, UnaryOpsBF16) {
   for (const UnaryCase& c : unary_cases()) {
     SCOPED_TRACE(c.name);
     const Tensor y = c.op(x);
-    ASSERT_EQ(y.dtype(), DType::kBF16);
+    ASSERT_EQ(y.dtype(), c.kind == UnaryOp::kLogicalNot ? DType::kBool : DType::kBF16);
     const std::vector<float> out = to_vector<float>(y);
     for (size_t i = 0; i < in.size(); ++i) {
       check_bf16(c.name, in[i], out[i], c.ref(in[i]), c.atol());
