@@ -349,12 +349,13 @@ inline void check_untouched(const Tensor& t, const std::vector<char>& before,
   }
 }
 
-// t (a view of CPU or device memory) with its whole storage copied to `device`, as the same view.
+// t (a view of CPU or device memory) with its whole storage copied to fresh memory on
+// `device` (also when it is t's own device), as the same view.
 inline Tensor transfer(const Tensor& t, Device device) {
   if (!t.defined()) return t;
   const int64_t elements = static_cast<int64_t>(t.storage().bytes() / t.element_size());
-  const Tensor whole = t.as_strided({elements}, {1}, 0);
-  const Tensor moved = to(whole, device);
+  const Tensor moved = empty({elements}, t.dtype(), device);
+  copy_(moved, t.as_strided({elements}, {1}, 0));
   return moved.as_strided(t.shape(), t.strides(), t.offset());
 }
 

@@ -614,6 +614,16 @@ TEST(BackendConformanceDevicesTest, EveryDeviceBackendMatchesCpu) {
   }
 }
 
+// The device path of the harness (moving problems to a device and results back, comparing with
+// the reference and the CPU), run with the CPU standing in for the device so that it is
+// exercised where no other device exists. A few iterations of every case.
+TEST(BackendConformanceDevicesTest, DevicePathWithTheCpuStandingIn) {
+  for (KernelCase c : all_cases()) {
+    c.iterations = 3;
+    check_device_backend(c, Device::cpu());
+  }
+}
+
 // The harness itself must be able to fail: a result one ulp off an exact kernel, or past the
 // tolerance of an inexact one, is reported.
 TEST(BackendConformanceHarnessTest, ReportsMismatches) {
