@@ -48,6 +48,7 @@ int64_t Tensor::stride(int64_t d) const { return impl().strides[wrap_dim(d, dim(
 
 bool Tensor::is_contiguous() const {
   const TensorImpl& t = impl();
+  if (shape_numel(t.shape) == 0) return true;  // no element: any strides describe it
   int64_t expected = 1;
   for (size_t i = t.shape.size(); i-- > 0;) {
     if (t.shape[i] == 1) continue;
