@@ -112,7 +112,8 @@ Enum parse_enum(const Fields& f, const char* key, std::string_view (*name)(Enum)
 
 constexpr OpType kOps[] = {OpType::kAllReduce,     OpType::kBroadcast, OpType::kAllGather,
                            OpType::kReduceScatter, OpType::kAllToAll,  OpType::kSend,
-                           OpType::kRecv,          OpType::kBarrier,   OpType::kUserEvent};
+                           OpType::kRecv,          OpType::kBarrier,   OpType::kUserEvent,
+                           OpType::kSplit};
 constexpr EntryState kStates[] = {EntryState::kScheduled, EntryState::kStarted,
                                   EntryState::kCompleted, EntryState::kFailed};
 
@@ -194,9 +195,11 @@ RankDump parse_dump(std::string_view text, const std::string& name) {
   if (format != kDumpFormatName)
     f.bad_value("format", fmt::format("'{}'", kDumpFormatName), format);
   d.version = static_cast<int>(f.i64("version"));
-  TESSEL_CHECK(d.version == kDumpFormatVersion, InvalidArgument,
-               "{}: dump format version {} is not supported; this reader understands version {}",
-               name, d.version, kDumpFormatVersion);
+  TESSEL_CHECK(d.version >= kOldestDumpFormatVersion && d.version <= kDumpFormatVersion,
+               InvalidArgument,
+               "{}: dump format version {} is not supported; this reader understands versions {} "
+               "to {}",
+               name, d.version, kOldestDumpFormatVersion, kDumpFormatVersion);
   d.rank = f.i32("rank");
   d.world_size = f.i32("world_size");
   TESSEL_CHECK(d.world_size > 0 && d.rank >= 0 && d.rank < d.world_size, InvalidArgument,
@@ -254,6 +257,36 @@ RankDump read_dump(const std::filesystem::path& file) {
   text << in.rdbuf();
   TESSEL_CHECK(!in.bad(), IoError, "{}: error while reading the dump", file.string());
   return parse_dump(text.str(), file.string());
+}
+
+std::string exits_to_json(const std::vector<ExitRecord>& exits) {
+  Json j = {{"format", "tessel-run-exits"}, {"exits", Json::array()}};
+  for (const auto& e : exits) {
+    j["exits"].push_back({{"rank", e.rank},
+                          {"exit_code", e.exit_code},
+                          {"signal", e.signal},
+                          {"wall_time_us", e.wall_time_us}});
+  }
+  return j.dump(2) + "\n";
+}
+
+std::vector<ExitRecord> parse_exits(std::string_view text, const std::string& name) {
+  Json j;
+  try {
+    j = Json::parse(text.begin(), text.end());
+  } catch (const Json::parse_error& e) {
+    throw InvalidArgument(fmt::format("{}: not valid JSON: {}", name, e.what()));
+  }
+  const Fields f(j, name, "");
+  const std::string format = f.str("format");
+  if (format != "tessel-run-exits") f.bad_value("format", "'tessel-run-exits'", format);
+  std::vector<ExitRecord> out;
+  const Json& exits = f.array("exits");
+  for (size_t i = 0; i < exits.size(); ++i) {
+    const Fields e(exits[i], name, fmt::format("exits[{}]", i));
+    out.push_back({e.i32("rank"), e.i32("exit_code"), e.i32("signal"), e.i64("wall_time_us")});
+  }
+  return out;
 }
 
 DumpSet read_dump_dir(const std::filesystem::path& dir) {
@@ -320,6 +353,17 @@ DumpSet read_dump_dir(const std::filesystem::path& dir) {
             [](const RankDump& a, const RankDump& b) { return a.rank < b.rank; });
   for (int r = 0; r < set.world_size; ++r) {
     if (!by_rank.count(r)) set.missing_ranks.push_back(r);
+  }
+  const auto exits = dir / kExitsFileName;
+  if (std::filesystem::exists(exits, ec)) {
+    try {
+      std::ifstream in(exits, std::ios::binary);
+      std::ostringstream text;
+      text << in.rdbuf();
+      set.exits = parse_exits(text.str(), exits.string());
+    } catch (const Error& e) {
+      set.problems.push_back({exits, e.message()});
+    }
   }
   return set;
 }

@@ -41,6 +41,8 @@ std::string_view op_name(OpType op) {
       return "barrier";
     case OpType::kUserEvent:
       return "user_event";
+    case OpType::kSplit:
+      return "split";
   }
   return "unknown";
 }
