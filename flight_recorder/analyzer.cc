@@ -386,11 +386,17 @@ class Analysis {
     return "";
   }
 
+  // A wait at or after a mismatch of its group is a consequence of the mismatch.
+  bool after_mismatch(uint64_t group, uint64_t seq) const {
+    const auto it = mismatched_.lower_bound({group, 0});
+    return it != mismatched_.end() && it->first == group && it->second <= seq;
+  }
+
   void collective_finding(const std::vector<int>& waiting, const internal::Wait& w) {
     const Op& op = w.op;
+    if (after_mismatch(op.group, op.seq)) return;
     const std::string where = m_.describe_collective(op.group, op.seq, *w.entry);
     if (w.missing.empty()) {
-      if (mismatched_.count({op.group, op.seq})) return;
       // Every member issued it: one that died in it holds it up.
       std::vector<int> dead;
       for (int r : m_.issued(op.group, op.seq)) {
@@ -476,7 +482,15 @@ class Analysis {
     f.waiting = waiting;
     f.summary = fmt::format("{} did not join {}; {} in it", ranks_phrase(sinks), where,
                             ranks_verb(waiting, "wait"));
-    for (int s : sinks) f.details.insert(f.details.begin(), culprit_detail(s));
+    for (int s : sinks) {
+      const auto dev = m_.deviations().find(s);
+      if (dev != m_.deviations().end() && dev->second.count < dev->second.norm &&
+          std::find(f.details.begin(), f.details.end(),
+                    "evidence: " + m_.describe_deviation(dev->second)) == f.details.end()) {
+        f.details.push_back("evidence: " + m_.describe_deviation(dev->second));
+      }
+      f.details.insert(f.details.begin(), culprit_detail(s));
+    }
     add_finding(std::move(f));
   }
 

@@ -242,30 +242,48 @@ void Model::find_deviations() {
     }
     counts[d.rank] = std::move(c);
   }
-  // (family, step) -> count -> ranks
-  std::map<std::pair<std::string, int64_t>, std::map<int64_t, std::vector<int>>> votes;
+  // Votes at (family, step): ranks that finished the step give their count; a rank now in the
+  // step gives a lower bound (it may issue more). A rank that finished the step with count c
+  // skipped a collective when a strict majority of the voters issued more than c, and added
+  // one when a strict majority finished the step with fewer.
+  struct Vote {
+    int rank;
+    int64_t count;
+    bool finished;
+  };
+  std::map<std::pair<std::string, int64_t>, std::vector<Vote>> votes;
   for (const auto& [rank, c] : counts) {
     for (const auto& family : c.families) {
-      for (int64_t s = c.lo; s < c.hi; ++s) {
+      for (int64_t s = c.lo; s <= c.hi; ++s) {
         const auto it = c.by_family_step.find({family, s});
-        votes[{family, s}][it == c.by_family_step.end() ? 0 : it->second].push_back(rank);
+        votes[{family, s}].push_back(
+            {rank, it == c.by_family_step.end() ? 0 : it->second, s < c.hi});
       }
     }
   }
-  for (const auto& [key, by_count] : votes) {
-    size_t total = 0;
-    for (const auto& [n, ranks] : by_count) total += ranks.size();
-    for (const auto& [norm, agreeing] : by_count) {
-      if (2 * agreeing.size() <= total) continue;
-      for (const auto& [n, ranks] : by_count) {
-        if (n == norm) continue;
-        for (int r : ranks) {
-          auto it = deviations_.find(r);
-          if (it != deviations_.end() && it->second.step <= key.second) continue;
-          deviations_[r] = {r, key.first.substr(0, key.first.find('\x1f')), key.second, n, norm,
-                            agreeing.size()};
+  for (const auto& [key, list] : votes) {
+    for (const Vote& v : list) {
+      if (!v.finished) continue;
+      std::map<int64_t, size_t> more, fewer;  // count -> voters
+      size_t n_more = 0, n_fewer = 0;
+      for (const Vote& o : list) {
+        if (o.count > v.count) {
+          ++more[o.count];
+          ++n_more;
+        } else if (o.finished && o.count < v.count) {
+          ++fewer[o.count];
+          ++n_fewer;
         }
       }
+      const auto& side = 2 * n_more > list.size() ? more : fewer;
+      if (2 * std::max(n_more, n_fewer) <= list.size()) continue;
+      const auto norm = std::max_element(side.begin(), side.end(), [](const auto& a, const auto& b) {
+        return a.second < b.second;
+      });
+      auto it = deviations_.find(v.rank);
+      if (it != deviations_.end() && it->second.step <= key.second) continue;
+      deviations_[v.rank] = {v.rank, key.first.substr(0, key.first.find('\x1f')), key.second,
+                             v.count, norm->first, std::max(n_more, n_fewer)};
     }
   }
 }
@@ -587,9 +605,10 @@ std::string Model::describe_p2p(const Op& op, bool as_recv) const {
 std::string Model::describe_deviation(const StepDeviation& d) const {
   return fmt::format(
       "rank {} issued {} collective{} on '{}' in step {}, where {} other member{} of '{}' "
-      "groups issued {}: it {} one there",
+      "groups issued {}{}: it {} one there",
       d.rank, d.count, d.count == 1 ? "" : "s", d.family, d.step, d.agreeing,
-      d.agreeing == 1 ? "" : "s", d.family, d.norm, d.count < d.norm ? "skipped" : "added");
+      d.agreeing == 1 ? "" : "s", d.family, d.count < d.norm ? "at least " : "", d.norm,
+      d.count < d.norm ? "skipped" : "added");
 }
 
 }  // namespace tessel::fr::internal
