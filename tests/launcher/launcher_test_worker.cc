@@ -18,6 +18,9 @@
 //   hang R                   Gloo world with a 2 s timeout; after one all_reduce, rank R stops
 //                            taking part (stays alive) and the others' next all_reduce times
 //                            out: they exit 124, the launcher's collective-timeout status
+//   fault KIND R             Gloo world with a 2 s timeout, one all_reduce, then rank R: stays
+//                            (KIND hang), dies of SIGSEGV (crash) or exits 0 (exit); the
+//                            others' next all_reduce fails: exit 124 on a timeout, 1 otherwise
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -184,6 +187,31 @@ int main(int argc, char** argv) {
     } catch (const tessel::Error& e) {
       std::fprintf(stderr, "hang rank %d: %s\n", rank, e.what());
       return 124;
+    }
+  }
+  if (mode == "fault" && argc >= 4) {
+    const std::string kind = argv[2];
+    const int culprit = std::atoi(argv[3]);
+    try {
+      tessel::InitOptions options;
+      options.backend = "gloo";
+      options.timeout = std::chrono::seconds(2);
+      auto world = tessel::init_process_group(options);
+      tessel::Tensor t = tessel::from_vector<float>({1.0f});
+      world->all_reduce(t);
+      if (rank == culprit) {
+        if (kind == "crash") raise(SIGSEGV);
+        if (kind == "exit") _exit(0);
+        sleep_forever();
+      }
+      world->all_reduce(t);
+      return 0;
+    } catch (const tessel::Timeout& e) {
+      std::fprintf(stderr, "fault rank %d: %s\n", rank, e.what());
+      return 124;
+    } catch (const tessel::Error& e) {
+      std::fprintf(stderr, "fault rank %d: %s\n", rank, e.what());
+      return 1;
     }
   }
   std::fprintf(stderr, "launcher_test_worker: unknown mode '%s'\n", mode.c_str());
