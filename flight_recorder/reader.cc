@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "tessel/base/error.h"
+#include "tessel/flight_recorder/pytorch_dump.h"
 
 namespace tessel::fr {
 namespace {
@@ -113,7 +114,8 @@ Enum parse_enum(const Fields& f, const char* key, std::string_view (*name)(Enum)
 constexpr OpType kOps[] = {OpType::kAllReduce,     OpType::kBroadcast, OpType::kAllGather,
                            OpType::kReduceScatter, OpType::kAllToAll,  OpType::kSend,
                            OpType::kRecv,          OpType::kBarrier,   OpType::kUserEvent,
-                           OpType::kSplit};
+                           OpType::kSplit,         OpType::kReduce,    OpType::kGather,
+                           OpType::kScatter};
 constexpr EntryState kStates[] = {EntryState::kScheduled, EntryState::kStarted,
                                   EntryState::kCompleted, EntryState::kFailed};
 
@@ -259,6 +261,49 @@ RankDump read_dump(const std::filesystem::path& file) {
   return parse_dump(text.str(), file.string());
 }
 
+namespace {
+
+std::string read_file_bytes(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  TESSEL_CHECK(in.good(), IoError, "{}: cannot open: {}", file.string(), std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A directory of PyTorch flight-recorder dumps (pytorch_dump.h): files that are not one are
+// ignored, files that claim to be one and do not parse are problems.
+DumpSet read_pytorch_dumps(const std::vector<std::filesystem::path>& files, int world_size_hint) {
+  DumpSet set;
+  std::map<int, std::filesystem::path> by_rank;
+  for (const auto& f : files) {
+    try {
+      const std::string bytes = read_file_bytes(f);
+      if (sniff_pytorch_dump(bytes) == ForeignFormat::kNone) continue;
+      const int rank = rank_from_dump_name(f.filename().string());
+      if (auto dup = by_rank.find(rank); dup != by_rank.end()) {
+        set.problems.push_back({f, fmt::format("{}: rank {} is also dumped in {}", f.string(),
+                                               rank, dup->second.string())});
+        continue;
+      }
+      by_rank[rank] = f;
+      set.dumps.push_back(parse_pytorch_dump(bytes, rank, f.string()));
+    } catch (const Error& e) {
+      set.problems.push_back({f, e.message()});
+    }
+  }
+  settle_pytorch_groups(set.dumps, world_size_hint);
+  std::sort(set.dumps.begin(), set.dumps.end(),
+            [](const RankDump& a, const RankDump& b) { return a.rank < b.rank; });
+  set.world_size = set.dumps.empty() ? world_size_hint : set.dumps.front().world_size;
+  for (int r = 0; r < set.world_size; ++r) {
+    if (!by_rank.count(r)) set.missing_ranks.push_back(r);
+  }
+  return set;
+}
+
+}  // namespace
+
 std::string exits_to_json(const std::vector<ExitRecord>& exits) {
   Json j = {{"format", "tessel-run-exits"}, {"exits", Json::array()}};
   for (const auto& e : exits) {
@@ -289,7 +334,7 @@ std::vector<ExitRecord> parse_exits(std::string_view text, const std::string& na
   return out;
 }
 
-DumpSet read_dump_dir(const std::filesystem::path& dir) {
+DumpSet read_dump_dir(const std::filesystem::path& dir, int world_size_hint) {
   std::error_code ec;
   TESSEL_CHECK(std::filesystem::is_directory(dir, ec), InvalidArgument,
                "'{}' is not a directory of flight-recorder dumps{}", dir.string(),
@@ -297,13 +342,18 @@ DumpSet read_dump_dir(const std::filesystem::path& dir) {
   std::vector<std::filesystem::path> files;
   std::filesystem::directory_iterator it(dir, ec);
   TESSEL_CHECK(!ec, IoError, "cannot list '{}': {}", dir.string(), ec.message());
+  std::vector<std::filesystem::path> others;  // may be PyTorch's dumps
   for (const auto& entry : it) {
     const std::string name = entry.path().filename().string();
     if (name.rfind("tessel_fr_", 0) == 0 && entry.path().extension() == ".json") {
       files.push_back(entry.path());
+    } else if (entry.is_regular_file() && name != kExitsFileName && rank_from_dump_name(name) >= 0) {
+      others.push_back(entry.path());
     }
   }
   std::sort(files.begin(), files.end());
+  std::sort(others.begin(), others.end());
+  if (files.empty() && !others.empty()) return read_pytorch_dumps(others, world_size_hint);
 
   // Parse in parallel: a thousand dumps are mostly JSON parsing.
   std::vector<std::optional<RankDump>> parsed(files.size());

@@ -109,9 +109,11 @@ std::string exits_to_json(const std::vector<ExitRecord>& exits);
 std::vector<ExitRecord> parse_exits(std::string_view text, const std::string& name);
 
 // Loads every `tessel_fr_*.json` of `dir` (in parallel). Files that fail to parse, that carry a
-// version other than kDumpFormatVersion, duplicate a rank, or disagree on the world size become
-// problems; the set never throws for them. Throws IoError when `dir` cannot be listed and
-// InvalidArgument when it is not a directory.
-DumpSet read_dump_dir(const std::filesystem::path& dir);
+// version this reader does not read, duplicate a rank, or disagree on the world size become
+// problems; the set never throws for them. A directory without tessel dumps is read as
+// PyTorch's flight-recorder dumps (files named <prefix><rank>, JSON or pickle: pytorch_dump.h);
+// `world_size_hint` gives their world size when the highest ranks left no dump. Throws IoError
+// when `dir` cannot be listed and InvalidArgument when it is not a directory.
+DumpSet read_dump_dir(const std::filesystem::path& dir, int world_size_hint = -1);
 
 }  // namespace tessel::fr

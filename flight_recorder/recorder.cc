@@ -43,6 +43,12 @@ std::string_view op_name(OpType op) {
       return "user_event";
     case OpType::kSplit:
       return "split";
+    case OpType::kReduce:
+      return "reduce";
+    case OpType::kGather:
+      return "gather";
+    case OpType::kScatter:
+      return "scatter";
   }
   return "unknown";
 }

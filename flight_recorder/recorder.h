@@ -43,6 +43,9 @@ enum class OpType : uint8_t {
   kBarrier,
   kUserEvent,
   kSplit,  // creation of a sub-group: a collective of the parent group (text: the new group's name)
+  kReduce,   // rooted collectives, as PyTorch dumps name them
+  kGather,
+  kScatter,
 };
 enum class EntryState : uint8_t { kScheduled, kStarted, kCompleted, kFailed };
 

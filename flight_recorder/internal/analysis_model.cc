@@ -585,10 +585,10 @@ std::string Model::describe_collective(uint64_t group, uint64_t seq, const Trace
   if (e.input.dtype[0] != '\0') {
     args = fmt::format(", {}[{}]", e.input.dtype, e.input.numel);
   }
-  if (e.op == OpType::kAllReduce || e.op == OpType::kReduceScatter) {
+  if ((e.op == OpType::kAllReduce || e.op == OpType::kReduceScatter) && e.reduce_op) {
     args += fmt::format(", {}", reduce_op_text(e.reduce_op));
   }
-  if (e.op == OpType::kBroadcast) args += fmt::format(", root {}", e.root);
+  if (e.op == OpType::kBroadcast && e.root >= 0) args += fmt::format(", root {}", e.root);
   return fmt::format("{} #{} of group '{}' ({}{})", op_name(e.op), seq, group_name(group),
                      e.step >= 0 ? fmt::format("step {}", e.step) : "no step", args);
 }
