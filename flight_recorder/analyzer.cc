@@ -103,9 +103,9 @@ struct Signature {
   OpType op;
   std::optional<ReduceOp> reduce_op;
   int32_t root;
-  std::string dtype;
+  std::string_view dtype;  // into the entry, which outlives the signature
   int64_t in_numel, out_numel;
-  std::string name;  // split: the requested name of the new group
+  std::string_view name;  // split: the requested name of the new group
   bool operator<(const Signature& o) const {
     return std::tie(op, reduce_op, root, dtype, in_numel, out_numel, name) <
            std::tie(o.op, o.reduce_op, o.root, o.dtype, o.in_numel, o.out_numel, o.name);
@@ -132,7 +132,7 @@ Signature signature_of(const TraceEntry& e, bool compare_names) {
       s.in_numel = e.input.numel;
       break;
     case OpType::kSplit:
-      s.dtype.clear();
+      s.dtype = {};
       if (compare_names) s.name = e.text;
       break;
     default:

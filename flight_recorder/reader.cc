@@ -101,164 +101,16 @@ class Fields {
   std::string where_;
 };
 
-template <typename Enum, size_t N>
-Enum parse_enum(const Fields& f, const char* key, std::string_view (*name)(Enum),
-                const Enum (&values)[N], std::string_view expected) {
-  const std::string text = f.str(key);
-  for (Enum v : values) {
-    if (name(v) == text) return v;
-  }
-  f.bad_value(key, expected, text);
-}
-
-constexpr OpType kOps[] = {OpType::kAllReduce,     OpType::kBroadcast, OpType::kAllGather,
-                           OpType::kReduceScatter, OpType::kAllToAll,  OpType::kSend,
-                           OpType::kRecv,          OpType::kBarrier,   OpType::kUserEvent,
-                           OpType::kSplit,         OpType::kReduce,    OpType::kGather,
-                           OpType::kScatter};
-constexpr EntryState kStates[] = {EntryState::kScheduled, EntryState::kStarted,
-                                  EntryState::kCompleted, EntryState::kFailed};
-
-TensorMeta parse_tensor(const Json& j, const std::string& file, const std::string& where) {
-  const Fields f(j, file, where);
-  TensorMeta t;
-  const std::string dtype = f.str("dtype");
-  if (dtype.size() >= sizeof(t.dtype)) f.bad_value("dtype", "a dtype name", dtype);
-  std::memcpy(t.dtype, dtype.data(), dtype.size());
-  const Json& shape = f.array("shape");
-  if (shape.size() > static_cast<size_t>(kMaxDims)) {
-    f.bad_value("shape", fmt::format("at most {} dimensions", kMaxDims),
-                std::to_string(shape.size()));
-  }
-  t.ndim = static_cast<uint8_t>(shape.size());
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (!shape[i].is_number_integer()) f.fail(fmt::format("shape[{}]", i), "an integer", shape[i]);
-    t.shape[i] = shape[i].get<int64_t>();
-  }
-  t.numel = f.i64("numel");
-  return t;
-}
-
-TraceEntry parse_entry(const Json& j, const std::string& file, size_t index) {
-  const std::string where = fmt::format("entries[{}]", index);
-  const Fields f(j, file, where);
-  TraceEntry e;
-  e.record_id = f.u64("record_id");
-  e.group_id = f.u64("group_id");
-  e.seq = f.u64("seq");
-  e.peer = f.i32("peer");
-  e.p2p_seq = f.u64("p2p_seq");
-  e.op = parse_enum(f, "op", op_name, kOps, "an op name such as 'all_reduce'");
-  if (f.str("reduce_op") != "none") {
-    e.reduce_op = parse_enum(f, "reduce_op", reduce_op_name, kAllReduceOps,
-                             "a reduce op (none, sum, avg, max, min, product)");
-  }
-  e.root = f.i32("root");
-  e.state = parse_enum(f, "state", state_name, kStates, "scheduled/started/completed/failed");
-  e.coalesced_id = f.u32("coalesced_id");
-  e.coalesced_index = f.u32("coalesced_index");
-  e.callsite_id = f.u32("callsite_id");
-  e.step = f.i64("step");
-  e.input = parse_tensor(f.at("input"), file, where + ".input");
-  e.output = parse_tensor(f.at("output"), file, where + ".output");
-  e.enqueued_ns = f.time("enqueued_ns", kMaxNanoseconds);
-  e.started_ns = f.time("started_ns", kMaxNanoseconds);
-  e.completed_ns = f.time("completed_ns", kMaxNanoseconds);
-  e.thread_id = f.u32("thread_id");
-  e.text = f.str("text");
-  const Json& stack = f.array("stack");
-  for (size_t i = 0; i < stack.size(); ++i) {
-    const std::string frame = stack[i].is_string() ? stack[i].get<std::string>() : "";
-    uint64_t address = 0;
-    const bool hex = frame.size() > 2 && frame.rfind("0x", 0) == 0 &&
-                     std::all_of(frame.begin() + 2, frame.end(), ::isxdigit) && frame.size() <= 18;
-    if (!hex) f.fail(fmt::format("stack[{}]", i), "a hex address string", stack[i]);
-    address = std::stoull(frame.substr(2), nullptr, 16);
-    e.stack.push_back(address);
-  }
-  return e;
-}
-
 }  // namespace
 
-RankDump parse_dump(std::string_view text, const std::string& name) {
-  Json j;
-  try {
-    j = Json::parse(text.begin(), text.end());
-  } catch (const Json::parse_error& e) {
-    throw InvalidArgument(
-        fmt::format("{}: not valid JSON (truncated or corrupt dump?) at byte {} of {}: {}", name,
-                    e.byte, text.size(), e.what()));
-  }
-  const Fields f(j, name, "");
-  RankDump d;
-  d.path = name;
-  const std::string format = f.str("format");
-  if (format != kDumpFormatName)
-    f.bad_value("format", fmt::format("'{}'", kDumpFormatName), format);
-  d.version = static_cast<int>(f.i64("version"));
-  TESSEL_CHECK(d.version >= kOldestDumpFormatVersion && d.version <= kDumpFormatVersion,
-               InvalidArgument,
-               "{}: dump format version {} is not supported; this reader understands versions {} "
-               "to {}",
-               name, d.version, kOldestDumpFormatVersion, kDumpFormatVersion);
-  d.rank = f.i32("rank");
-  d.world_size = f.i32("world_size");
-  TESSEL_CHECK(d.world_size > 0 && d.rank >= 0 && d.rank < d.world_size, InvalidArgument,
-               "{}: rank {} is not a rank of a world of size {} (was set_process_info called?)",
-               name, d.rank, d.world_size);
-  d.hostname = f.str("hostname");
-  d.pid = f.i32("pid");
-  const std::string trigger = f.str("trigger");
-  const auto t = parse_trigger(trigger);
-  if (!t) f.bad_value("trigger", "a dump trigger such as 'timeout'", trigger);
-  d.trigger = *t;
-  d.initiator = f.i32("initiator");
-  d.reason = f.str("reason");
-  d.wall_time_us = f.time("wall_time_us", kMaxNanoseconds / 1000);
-  d.monotonic_ns = f.time("monotonic_ns", kMaxNanoseconds);
-  d.capacity = f.u64("capacity");
-  d.recorded = f.u64("recorded");
-  d.step = f.i64("step");
-  d.stack_captured = f.boolean("stack_captured");
-  const Json& groups = f.array("groups");
-  for (size_t i = 0; i < groups.size(); ++i) {
-    const Fields g(groups[i], name, fmt::format("groups[{}]", i));
-    GroupInfo info;
-    info.id = g.u64("id");
-    info.name = g.str("name");
-    const Json& ranks = g.array("ranks");
-    for (size_t k = 0; k < ranks.size(); ++k) {
-      if (!ranks[k].is_number_integer()) g.fail(fmt::format("ranks[{}]", k), "a rank", ranks[k]);
-      const int64_t r = ranks[k].get<int64_t>();
-      if (r < 0 || r >= d.world_size) {
-        g.bad_value(fmt::format("ranks[{}]", k),
-                    fmt::format("a rank below the world size {}", d.world_size), std::to_string(r));
-      }
-      info.ranks.push_back(static_cast<int>(r));
-    }
-    d.groups.push_back(std::move(info));
-  }
-  std::sort(d.groups.begin(), d.groups.end(),
-            [](const GroupInfo& a, const GroupInfo& b) { return a.id < b.id; });
-  const Json& dropped = f.array("dropped");
-  for (size_t i = 0; i < dropped.size(); ++i) {
-    const Fields g(dropped[i], name, fmt::format("dropped[{}]", i));
-    d.dropped.push_back({g.u64("group_id"), g.u64("last_dropped_seq"), g.u64("dropped")});
-  }
-  const Json& entries = f.array("entries");
-  d.entries.reserve(entries.size());
-  for (size_t i = 0; i < entries.size(); ++i) d.entries.push_back(parse_entry(entries[i], name, i));
-  return d;
-}
-
 RankDump read_dump(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
+  std::ifstream in(file, std::ios::binary | std::ios::ate);
   TESSEL_CHECK(in.good(), IoError, "{}: cannot open dump: {}", file.string(), std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
+  std::string text(static_cast<size_t>(in.tellg()), '\0');
+  in.seekg(0);
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
   TESSEL_CHECK(!in.bad(), IoError, "{}: error while reading the dump", file.string());
-  return parse_dump(text.str(), file.string());
+  return parse_dump(text, file.string());
 }
 
 namespace {

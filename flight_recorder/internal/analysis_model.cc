@@ -215,19 +215,37 @@ void Model::find_wait(const RankDump& d) {
 // hold in part); a rank deviates where a strict majority of the family's members that finished
 // the step issued another count.
 void Model::find_deviations() {
+  // Families as small integers, so the per-step tallies key on numbers.
+  std::unordered_map<uint64_t, int> family_index;
+  std::vector<std::string> family_names;
+  std::unordered_map<std::string, int> by_name;
+  auto family_id = [&](uint64_t group) {
+    auto it = family_index.find(group);
+    if (it != family_index.end()) return it->second;
+    const std::string f = family_of(group);
+    auto [n, fresh] = by_name.emplace(f, static_cast<int>(family_names.size()));
+    if (fresh) family_names.push_back(f);
+    return family_index.emplace(group, n->second).first->second;
+  };
   struct Counts {
-    std::map<std::pair<std::string, int64_t>, int64_t> by_family_step;
-    int64_t lo = 0, hi = -1;  // finished steps [lo, hi)
-    std::set<std::string> families;
+    std::map<std::pair<int, int64_t>, int64_t> by_family_step;
+    int64_t lo = 0, hi = -1;  // finished steps [lo, hi); hi is the step the rank is in
+    std::set<int> families;
   };
   std::map<int, Counts> counts;
   for (const auto& d : set_.dumps) {
     if (stale_[d.rank]) continue;
     Counts c;
     int64_t min_step = INT64_MAX, max_step = std::max<int64_t>(d.step, -1);
+    uint64_t last_group = UINT64_MAX;
+    int last_family = -1;
     for (const auto& e : d.entries) {
       if (!e.is_collective() || e.step < 0) continue;
-      ++c.by_family_step[{family_of(e.group_id), e.step}];
+      if (e.group_id != last_group) {
+        last_group = e.group_id;
+        last_family = family_id(e.group_id);
+      }
+      ++c.by_family_step[{last_family, e.step}];
       min_step = std::min(min_step, e.step);
       max_step = std::max(max_step, e.step);
     }
@@ -237,7 +255,7 @@ void Model::find_deviations() {
     c.hi = max_step;
     for (const auto& g : d.groups) {
       if (std::find(g.ranks.begin(), g.ranks.end(), d.rank) != g.ranks.end()) {
-        c.families.insert(family_of(g.id));
+        c.families.insert(family_id(g.id));
       }
     }
     counts[d.rank] = std::move(c);
@@ -251,17 +269,26 @@ void Model::find_deviations() {
     int64_t count;
     bool finished;
   };
-  std::map<std::pair<std::string, int64_t>, std::vector<Vote>> votes;
+  std::map<std::pair<int, int64_t>, std::vector<Vote>> votes;
   for (const auto& [rank, c] : counts) {
-    for (const auto& family : c.families) {
+    for (int family : c.families) {
+      auto it = c.by_family_step.lower_bound({family, c.lo});
       for (int64_t s = c.lo; s <= c.hi; ++s) {
-        const auto it = c.by_family_step.find({family, s});
-        votes[{family, s}].push_back(
-            {rank, it == c.by_family_step.end() ? 0 : it->second, s < c.hi});
+        int64_t n = 0;
+        if (it != c.by_family_step.end() && it->first == std::make_pair(family, s)) {
+          n = it->second;
+          ++it;
+        }
+        votes[{family, s}].push_back({rank, n, s < c.hi});
       }
     }
   }
   for (const auto& [key, list] : votes) {
+    // Fast path: everyone agrees.
+    if (std::all_of(list.begin(), list.end(),
+                    [&](const Vote& v) { return v.count == list.front().count; })) {
+      continue;
+    }
     for (const Vote& v : list) {
       if (!v.finished) continue;
       std::map<int64_t, size_t> more, fewer;  // count -> voters
@@ -282,8 +309,9 @@ void Model::find_deviations() {
       });
       auto it = deviations_.find(v.rank);
       if (it != deviations_.end() && it->second.step <= key.second) continue;
-      deviations_[v.rank] = {v.rank, key.first.substr(0, key.first.find('\x1f')), key.second,
-                             v.count, norm->first, std::max(n_more, n_fewer)};
+      const std::string& f = family_names[static_cast<size_t>(key.first)];
+      deviations_[v.rank] = {v.rank, f.substr(0, f.find('\x1f')), key.second, v.count,
+                             norm->first, std::max(n_more, n_fewer)};
     }
   }
 }
@@ -516,13 +544,16 @@ std::vector<StragglerStats> Model::stragglers() const {
     int rank;
   };
   std::vector<Arrival> arrivals;
-  // How long each rank spent in its previous operation before each entry.
-  std::map<std::pair<int, uint64_t>, int64_t> previous_wait;  // (rank, record id) -> ns
+  // How long each rank spent in its previous operation before each entry (by entry index).
+  std::vector<std::vector<int64_t>> previous_wait(world_size_);
   for (const auto& d : set_.dumps) {
+    auto& waits = previous_wait[d.rank];
+    waits.resize(d.entries.size());
     int64_t prev = 0;
-    for (const auto& e : d.entries) {
+    for (size_t i = 0; i < d.entries.size(); ++i) {
+      const auto& e = d.entries[i];
       if (e.is_user_event()) continue;
-      previous_wait[{d.rank, e.record_id}] = prev;
+      waits[i] = prev;
       if (e.completed_ns != 0) prev = e.completed_ns - e.enqueued_ns;
     }
   }
@@ -536,7 +567,8 @@ std::vector<StragglerStats> Model::stragglers() const {
       for (const auto& [rank, e] : members) {
         if (e->state != EntryState::kCompleted) complete = false;
         const RankDump& d = *by_rank_[rank];
-        arrivals.push_back({d.to_wall_ns(e->enqueued_ns), previous_wait.at({rank, e->record_id}),
+        const size_t index = static_cast<size_t>(e - d.entries.data());
+        arrivals.push_back({d.to_wall_ns(e->enqueued_ns), previous_wait[rank][index],
                             d.to_wall_ns(e->completed_ns), rank});
       }
       if (!complete) continue;

@@ -266,6 +266,11 @@ TEST(FlightRecorderFaultTest, SendWithoutItsRecvBlamesTheReceiver) {
       {}, /*api_dump=*/false);
   expect_all_exited(job);
   expect_culprits(job.verdict, {2}, fr::FindingKind::kUnmatchedSend);
+  const std::string text = fr::format_verdict(job.verdict);
+  EXPECT_NE(text.find("send #1 from rank 0 to rank 2 in group 'world' has no matching recv: rank "
+                      "2 never posted it"),
+            std::string::npos)
+      << text;
 }
 
 TEST(FlightRecorderFaultTest, RecvWithoutItsSendBlamesTheSender) {
@@ -282,6 +287,12 @@ TEST(FlightRecorderFaultTest, RecvWithoutItsSendBlamesTheSender) {
       {}, /*api_dump=*/false);
   expect_all_exited(job);
   expect_culprits(job.verdict, {1}, fr::FindingKind::kUnmatchedRecv);
+  // A receive is described as a receive, from the side that waits in it.
+  const std::string text = fr::format_verdict(job.verdict);
+  EXPECT_NE(text.find("recv #1 at rank 2 from rank 1 in group 'world' has no matching send: rank "
+                      "1 never posted it"),
+            std::string::npos)
+      << text;
 }
 
 // The receiver that never posted its recv moves on to the next all_reduce, which the sender,

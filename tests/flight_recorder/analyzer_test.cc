@@ -259,6 +259,38 @@ TEST(AnalyzerTest, CoalescedOpsAlignByIndexWithinTheirSeq) {
   EXPECT_EQ(v.status, VerdictStatus::kHealthy) << format_verdict(v);
 }
 
+// The numbers a verdict quotes belong to the right ranks: the collective is described by the
+// majority's arguments, the culprit's own ones are in its detail (rank 0 is the first member, so
+// describing "the first entry" would have quoted the culprit's).
+TEST(AnalyzerTest, MismatchQuotesTheMajoritysArgumentsAndTheCulpritsOwn) {
+  SynthOptions o;
+  o.ranks = 4;
+  o.culprit = 0;
+  const Verdict v = run_scenario("size_mismatch", o);
+  const std::string text = format_verdict(v);
+  EXPECT_NE(text.find("argument mismatch in all_reduce #7 of group 'world' (step 6, f32[1024], "
+                      "sum): rank 0 disagrees with the other 3\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("rank 0 passed 2048 input / 2048 output elements where the others passed "
+                      "1024 / 1024"),
+            std::string::npos)
+      << text;
+}
+
+TEST(AnalyzerTest, SendWithoutRecvIsDescribedFromTheSender) {
+  SynthOptions o;
+  o.ranks = 4;
+  o.culprit = 1;
+  o.partner = 3;
+  const Verdict v = run_scenario("send_without_recv", o);
+  const std::string text = format_verdict(v);
+  EXPECT_NE(text.find("[unmatched_send] send #1 from rank 3 to rank 1 in group 'world' has no "
+                      "matching recv: rank 1 never posted it"),
+            std::string::npos)
+      << text;
+}
+
 TEST(AnalyzerTest, FormatsRankLists) {
   EXPECT_EQ(format_rank_list({}), "");
   EXPECT_EQ(format_rank_list({4}), "4");
