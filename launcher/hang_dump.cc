@@ -94,6 +94,13 @@ std::optional<CollectiveFailure> StoreDumpChannel::failure_of(int rank) {
   }
 }
 
+void StoreDumpChannel::clear_failures(int world_size) {
+  for (int r = 0; r < world_size; ++r) {
+    store_->delete_key(fr::store_failure_key(r));
+    store_->delete_key(fr::store_final_dump_key(r));
+  }
+}
+
 std::string store_exit_key(int64_t round, int rank) {
   return fmt::format("tessel/run/exit/{}/{}", round, rank);
 }
@@ -234,6 +241,7 @@ HangReport gather_flight_recorder_dumps(DumpChannel& channel, int world_size, in
     }
     if (auto f = channel.failure_of(r)) report.failures.push_back(std::move(*f));
   }
+  channel.clear_failures(world_size);
   std::sort(report.failures.begin(), report.failures.end(),
             [](const CollectiveFailure& a, const CollectiveFailure& b) {
               return a.wall_time_us < b.wall_time_us;

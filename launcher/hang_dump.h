@@ -59,6 +59,9 @@ class DumpChannel {
   virtual std::optional<std::string> final_dump(int /*rank*/) { return std::nullopt; }
   // The rank's first collective failure, by its own clock.
   virtual std::optional<CollectiveFailure> failure_of(int /*rank*/) { return std::nullopt; }
+  // Forgets the ranks' failure records and final dumps once a round's have been read, so the
+  // next round (after a restart) starts clean.
+  virtual void clear_failures(int /*world_size*/) {}
 };
 
 // DumpChannel over a Store with the keys above. Shares ownership of the store.
@@ -71,6 +74,7 @@ class StoreDumpChannel final : public DumpChannel {
   std::optional<WorkerExitRecord> exit_of(int64_t round, int rank) override;
   std::optional<std::string> final_dump(int rank) override;
   std::optional<CollectiveFailure> failure_of(int rank) override;
+  void clear_failures(int world_size) override;
 
  private:
   std::shared_ptr<Store> store_;
