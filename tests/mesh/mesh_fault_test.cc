@@ -317,6 +317,55 @@ TEST(MeshFaultTest, SlowRankWithinTheTimeoutIsHealthy) {
   for (const auto& s : job.verdict.stragglers) EXPECT_EQ(s.rank, 2) << job.text;
 }
 
+// A 2x2 mesh where rank 3 is SIGKILLed in step 2: no dump; its tp and dp peers wait for it.
+TEST(MeshFaultTest, KilledRankIsTheOnlyCulprit) {
+  TESSEL_REQUIRE_GLOO();
+  const auto job = run_mesh_job("kill", {{2, 2}, {"dp", "tp"}, {0, 1, 2}},
+                                [](int rank, DeviceMesh& mesh, ProcessGroup&) {
+                                  for (int s = 0; s < kSteps; ++s) {
+                                    fr::FlightRecorder::global().set_step(s);
+                                    if (rank == 3 && s == 2) ::raise(SIGKILL);
+                                    step_all_reduces(mesh, {"tp", "dp"});
+                                  }
+                                });
+  EXPECT_EQ(job.outcomes[3].signal, SIGKILL) << testing::describe(job.outcomes[3]);
+  expect_verdict(job, {3}, fr::FindingKind::kNotJoined,
+                 {"verdict: CULPRIT FOUND: rank 3\n", "rank 3: no dump"});
+}
+
+// A size mismatch in a two-rank dp group of a 2x2 mesh (1:1 inside the group): the sibling dp
+// group passes what rank 0 passes, so rank 2 is the one that disagrees.
+TEST(MeshFaultTest, MismatchInATwoRankGroupIsSettledBySiblings) {
+  TESSEL_REQUIRE_GLOO();
+  const auto job = run_mesh_job("dp_size", {{2, 2}, {"dp", "tp"}},
+                                [](int rank, DeviceMesh& mesh, ProcessGroup&) {
+                                  for (int s = 0; s < kSteps; ++s) {
+                                    fr::FlightRecorder::global().set_step(s);
+                                    Tensor t = zeros({rank == 2 && s == 1 ? 8 : 4});
+                                    mesh.group("dp")->all_reduce(t);
+                                  }
+                                });
+  expect_verdict(job, {2}, fr::FindingKind::kMismatch,
+                 {"verdict: CULPRIT FOUND: rank 2\n",
+                  "rank 2 passed 8 input / 8 output elements where the others in 'dp' groups "
+                  "passed 4 / 4"});
+}
+
+// A 2x4 mesh: rank 6 issues one tp all_reduce more than the others at the end of the job.
+TEST(MeshFaultTest, ExtraCollectiveOnASubGroupIsNamed) {
+  TESSEL_REQUIRE_GLOO();
+  const auto job = run_mesh_job("extra", {{2, 4}, {"dp", "tp"}},
+                                [](int rank, DeviceMesh& mesh, ProcessGroup&) {
+                                  for (int s = 0; s < kSteps; ++s) {
+                                    fr::FlightRecorder::global().set_step(s);
+                                    step_all_reduces(mesh, {"tp", "dp"});
+                                  }
+                                  if (rank == 6) step_all_reduces(mesh, {"tp"});
+                                });
+  expect_verdict(job, {6}, fr::FindingKind::kExtraCollective,
+                 {"verdict: CULPRIT FOUND: rank 6\n", "rank 6 issued all_reduce #5 of group 'tp'"});
+}
+
 // Mesh groups created in different orders: rank 4 asks for dp before tp, the other five for tp
 // before dp. The world's split #1 is a mismatch in the name of the group made.
 TEST(MeshFaultTest, GroupCreationInAnotherOrderIsAMismatch) {
