@@ -314,6 +314,55 @@ void Model::find_deviations() {
                              norm->first, std::max(n_more, n_fewer)};
     }
   }
+  // No majority (two ranks, or an even split): a rank that broke its own rhythm in this step
+  // (it issued the same count in each of at least three other finished steps) while every other
+  // voter kept its own, deviated.
+  auto rhythm = [&](int rank, int family, int64_t skip_step) -> std::optional<std::pair<int64_t, size_t>> {
+    const Counts& c = counts.at(rank);
+    std::optional<int64_t> value;
+    size_t n = 0;
+    for (int64_t s = c.lo; s < c.hi; ++s) {
+      if (s == skip_step) continue;
+      const auto it = c.by_family_step.find({family, s});
+      const int64_t k = it == c.by_family_step.end() ? 0 : it->second;
+      if (value && *value != k) return std::nullopt;
+      value = k;
+      ++n;
+    }
+    if (!value || n < 3) return std::nullopt;
+    return std::make_pair(*value, n);
+  };
+  for (const auto& [key, list] : votes) {
+    if (list.size() < 2 || std::all_of(list.begin(), list.end(), [&](const Vote& v) {
+          return v.count == list.front().count;
+        })) {
+      continue;
+    }
+    const Vote* odd = nullptr;
+    std::pair<int64_t, size_t> odd_rhythm;
+    bool settled = true;
+    for (const Vote& v : list) {
+      const auto r = rhythm(v.rank, key.first, key.second);
+      if (!r) {
+        settled = false;
+        break;
+      }
+      const bool keeps = v.finished ? v.count == r->first : v.count <= r->first;
+      if (keeps) continue;
+      if (odd != nullptr || !v.finished) {
+        settled = false;
+        break;
+      }
+      odd = &v;
+      odd_rhythm = *r;
+    }
+    if (!settled || odd == nullptr) continue;
+    auto it = deviations_.find(odd->rank);
+    if (it != deviations_.end() && it->second.step <= key.second) continue;
+    const std::string& f = family_names[static_cast<size_t>(key.first)];
+    deviations_[odd->rank] = {odd->rank, f.substr(0, f.find('\x1f')), key.second, odd->count,
+                              odd_rhythm.first, odd_rhythm.second, true};
+  }
 }
 
 RankPosition Model::position(int rank) const {
@@ -635,6 +684,13 @@ std::string Model::describe_p2p(const Op& op, bool as_recv) const {
 }
 
 std::string Model::describe_deviation(const StepDeviation& d) const {
+  if (d.own_rhythm) {
+    return fmt::format(
+        "rank {} issued {} collective{} on '{}' in step {}, where it issued {} in each of its {} "
+        "other finished steps and the other members kept their own rhythm: it {} one there",
+        d.rank, d.count, d.count == 1 ? "" : "s", d.family, d.step, d.norm, d.agreeing,
+        d.count < d.norm ? "skipped" : "added");
+  }
   return fmt::format(
       "rank {} issued {} collective{} on '{}' in step {}, where {} other member{} of '{}' "
       "groups issued {}{}: it {} one there",

@@ -58,6 +58,9 @@ struct StepDeviation {
   int64_t count = 0;   // what the rank issued
   int64_t norm = 0;    // what the majority issued
   size_t agreeing = 0;  // ranks that issued `norm`
+  // Settled by the rank's own rhythm (no majority among ranks): it issued `norm` in each of its
+  // `agreeing` other finished steps, and the other side kept its own rhythm in this step.
+  bool own_rhythm = false;
 };
 
 struct StragglerStats {

@@ -317,6 +317,24 @@ TEST(MeshFaultTest, SlowRankWithinTheTimeoutIsHealthy) {
   for (const auto& s : job.verdict.stragglers) EXPECT_EQ(s.rank, 2) << job.text;
 }
 
+// Two ranks, no siblings: rank 1 skips the all_reduce of step 2 of 6 and goes on (the job
+// shifts, and at the end rank 0 waits alone). Rank 1 broke its own rhythm of one all_reduce per
+// step while rank 0 kept its: that settles the 1:1 wait.
+TEST(MeshFaultTest, TwoRankSkipIsSettledByTheSkippersOwnRhythm) {
+  TESSEL_REQUIRE_GLOO();
+  const auto job = run_mesh_job("two_rank", {{2}, {"dp"}},
+                                [](int rank, DeviceMesh& mesh, ProcessGroup&) {
+                                  for (int s = 0; s < 6; ++s) {
+                                    fr::FlightRecorder::global().set_step(s);
+                                    step_all_reduces(mesh, {"dp"}, rank == 1 && s == 2 ? "dp" : "");
+                                  }
+                                });
+  expect_verdict(job, {1}, fr::FindingKind::kNotJoined,
+                 {"verdict: CULPRIT FOUND: rank 1\n",
+                  "rank 1 issued 0 collectives on 'dp' in step 2, where it issued 1 in each of its "
+                  "4 other finished steps"});
+}
+
 // A 2x2 mesh where rank 3 is SIGKILLed in step 2: no dump; its tp and dp peers wait for it.
 TEST(MeshFaultTest, KilledRankIsTheOnlyCulprit) {
   TESSEL_REQUIRE_GLOO();
