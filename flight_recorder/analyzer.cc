@@ -315,6 +315,21 @@ class Analysis {
         unexplained.push_back(r);
       }
     }
+    // Deviations no wait points at (yet): a rank that skipped or added a collective its own
+    // group's members issued otherwise, while another fault holds the job up first.
+    for (const auto& [r, dev] : m_.deviations()) {
+      if (blamed_.count(r) || suspects_.count(r) || !dev.in_group) continue;
+      Finding f;
+      f.kind = dev.count < dev.norm ? FindingKind::kNotJoined : FindingKind::kExtraCollective;
+      f.culprits = {r};
+      f.summary = fmt::format(
+          "rank {} {} a collective of its '{}' group in step {} (the group's later collectives "
+          "then paired with the wrong ones; no rank waits on it yet)",
+          r, dev.count < dev.norm ? "skipped" : "added", dev.family, dev.step);
+      f.details.push_back(culprit_detail(r));
+      f.details.push_back("evidence: " + m_.describe_deviation(dev));
+      add_finding(std::move(f));
+    }
     for (int r : crashed) {
       const TraceEntry* in = m_.crash_op(r);
       if (in != nullptr && in->is_collective() && mismatched_.count({in->group_id, in->seq})) {

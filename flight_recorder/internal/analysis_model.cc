@@ -260,6 +260,25 @@ void Model::find_deviations() {
     }
     counts[d.rank] = std::move(c);
   }
+  // Whether a member of `rank`'s own group of `family` issued, in `step`, more (skipped) or, with
+  // the step finished, fewer (added) collectives than `count`.
+  auto group_disagrees = [&](int rank, int family, int64_t step, int64_t count, bool skipped) {
+    const RankDump* d = dump_of(rank);
+    for (const auto& g : d->groups) {
+      if (family_id(g.id) != family ||
+          std::find(g.ranks.begin(), g.ranks.end(), rank) == g.ranks.end()) {
+        continue;
+      }
+      for (int m : g.ranks) {
+        const auto it = counts.find(m);
+        if (m == rank || it == counts.end() || step < it->second.lo || step > it->second.hi) continue;
+        const auto n = it->second.by_family_step.find({family, step});
+        const int64_t k = n == it->second.by_family_step.end() ? 0 : n->second;
+        if (skipped ? k > count : (step < it->second.hi && k < count)) return true;
+      }
+    }
+    return false;
+  };
   // Votes at (family, step): ranks that finished the step give their count; a rank now in the
   // step gives a lower bound (it may issue more). A rank that finished the step with count c
   // skipped a collective when a strict majority of the voters issued more than c, and added
@@ -310,8 +329,12 @@ void Model::find_deviations() {
       auto it = deviations_.find(v.rank);
       if (it != deviations_.end() && it->second.step <= key.second) continue;
       const std::string& f = family_names[static_cast<size_t>(key.first)];
-      deviations_[v.rank] = {v.rank, f.substr(0, f.find('\x1f')), key.second, v.count,
-                             norm->first, std::max(n_more, n_fewer)};
+      deviations_[v.rank] = {v.rank,        f.substr(0, f.find('\x1f')),
+                             key.second,    v.count,
+                             norm->first,   std::max(n_more, n_fewer),
+                             false,
+                             group_disagrees(v.rank, key.first, key.second, v.count,
+                                             v.count < norm->first)};
     }
   }
   // No majority (two ranks, or an even split): a rank that broke its own rhythm in this step
@@ -360,8 +383,15 @@ void Model::find_deviations() {
     auto it = deviations_.find(odd->rank);
     if (it != deviations_.end() && it->second.step <= key.second) continue;
     const std::string& f = family_names[static_cast<size_t>(key.first)];
-    deviations_[odd->rank] = {odd->rank, f.substr(0, f.find('\x1f')), key.second, odd->count,
-                              odd_rhythm.first, odd_rhythm.second, true};
+    deviations_[odd->rank] = {odd->rank,
+                              f.substr(0, f.find('\x1f')),
+                              key.second,
+                              odd->count,
+                              odd_rhythm.first,
+                              odd_rhythm.second,
+                              true,
+                              group_disagrees(odd->rank, key.first, key.second, odd->count,
+                                              odd->count < odd_rhythm.first)};
   }
 }
 

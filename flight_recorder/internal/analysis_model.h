@@ -61,6 +61,9 @@ struct StepDeviation {
   // Settled by the rank's own rhythm (no majority among ranks): it issued `norm` in each of its
   // `agreeing` other finished steps, and the other side kept its own rhythm in this step.
   bool own_rhythm = false;
+  // A member of the rank's own group (not only of a sibling group) issued a different count in
+  // that step: the deviation broke its group's program, whatever the siblings do.
+  bool in_group = false;
 };
 
 struct StragglerStats {

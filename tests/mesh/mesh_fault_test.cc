@@ -335,6 +335,25 @@ TEST(MeshFaultTest, TwoRankSkipIsSettledByTheSkippersOwnRhythm) {
                   "4 other finished steps"});
 }
 
+// Two faults at once in a 2x4 mesh: rank 1 skips a tp all_reduce in step 1 and rank 6 a dp
+// all_reduce in step 2. Both are named, and nobody else.
+TEST(MeshFaultTest, TwoSkipsInDifferentDimensionsNameBothRanks) {
+  TESSEL_REQUIRE_GLOO();
+  const auto job = run_mesh_job("two_skips", {{2, 4}, {"dp", "tp"}},
+                                [](int rank, DeviceMesh& mesh, ProcessGroup&) {
+                                  for (int s = 0; s < kSteps; ++s) {
+                                    fr::FlightRecorder::global().set_step(s);
+                                    const std::string skip = rank == 1 && s == 1   ? "tp"
+                                                             : rank == 6 && s == 2 ? "dp"
+                                                                                   : "";
+                                    step_all_reduces(mesh, {"tp", "dp"}, skip);
+                                  }
+                                });
+  const fr::Verdict& v = job.verdict;
+  EXPECT_EQ(v.status, fr::VerdictStatus::kCulpritFound) << job.text;
+  EXPECT_EQ(v.culprits, (std::vector<int>{1, 6})) << job.text;
+}
+
 // A 2x2 mesh where rank 3 is SIGKILLed in step 2: no dump; its tp and dp peers wait for it.
 TEST(MeshFaultTest, KilledRankIsTheOnlyCulprit) {
   TESSEL_REQUIRE_GLOO();
