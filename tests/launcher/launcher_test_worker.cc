@@ -19,7 +19,8 @@
 //                            taking part (stays alive) and the others' next all_reduce times
 //                            out: they exit 124, the launcher's collective-timeout status
 //   fault KIND R             Gloo world with a 2 s timeout, one all_reduce, then rank R: stays
-//                            (KIND hang), dies of SIGSEGV (crash) or exits 0 (exit); the
+//                            (KIND hang), dies of SIGSEGV (crash) or SIGKILL (kill), or exits
+//                            0 (exit); the
 //                            others' next all_reduce fails: exit 124 on a timeout, 1 otherwise
 #include <signal.h>
 #include <time.h>
@@ -201,6 +202,7 @@ int main(int argc, char** argv) {
       world->all_reduce(t);
       if (rank == culprit) {
         if (kind == "crash") raise(SIGSEGV);
+        if (kind == "kill") raise(SIGKILL);
         if (kind == "exit") _exit(0);
         sleep_forever();
       }

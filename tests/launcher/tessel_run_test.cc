@@ -149,7 +149,8 @@ TEST(TesselRunTest, HungRankIsNamedByTheLaunchersVerdict) {
 // Every launcher path of a hang prints a verdict naming the rank at fault, without waiting for
 // ranks known to be dead: a rank that stays out (its peers time out, exit 124, or lose it, exit
 // 1, in either reaping order), one that crashes (its fatal-signal dump, posted by its agent,
-// says so), and one that exits cleanly too early. The hang-dump timeout is 30 s; the job must
+// says so), one that is SIGKILLed (no dump; its agent's exit record says so), and one that
+// exits cleanly too early. The hang-dump timeout is 30 s; the job must
 // end well before it.
 TEST(TesselRunTest, EveryHangPathPrintsAVerdictWithoutWaitingForTheDead) {
   struct Case {
@@ -160,6 +161,8 @@ TEST(TesselRunTest, EveryHangPathPrintsAVerdictWithoutWaitingForTheDead) {
   for (const Case& c :
        {Case{"hang", {"verdict: CULPRIT FOUND: rank 1\n", "[not_joined] rank 1"}, 124},
         Case{"crash", {"verdict: CULPRIT FOUND: rank 1\n", "crashed (SIGSEGV)"}, 128 + SIGSEGV},
+        Case{"kill", {"verdict: CULPRIT FOUND: rank 1\n", "rank 1: killed by SIGKILL, no dump"},
+             128 + SIGKILL},
         Case{"exit", {"verdict: CULPRIT FOUND: rank 1\n", "rank 1: exited with status 0, no dump"},
              1}}) {
     const std::string dir = testing::make_temp_dir("hangpath_" + c.kind);
