@@ -318,7 +318,7 @@ class Analysis {
     // Deviations no wait points at (yet): a rank that skipped or added a collective its own
     // group's members issued otherwise, while another fault holds the job up first.
     for (const auto& [r, dev] : m_.deviations()) {
-      if (blamed_.count(r) || suspects_.count(r) || !dev.in_group) continue;
+      if (blamed_.count(r) || suspects_.count(r)) continue;
       Finding f;
       f.kind = dev.count < dev.norm ? FindingKind::kNotJoined : FindingKind::kExtraCollective;
       f.culprits = {r};

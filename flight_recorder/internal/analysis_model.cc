@@ -393,6 +393,10 @@ void Model::find_deviations() {
                               group_disagrees(odd->rank, key.first, key.second, odd->count,
                                               odd->count < odd_rhythm.first)};
   }
+  // Only deviations that broke the rank's own group count as evidence: sibling groups may run
+  // different numbers of collectives legitimately (pipeline stages of unequal size), the
+  // members of one group never.
+  std::erase_if(deviations_, [](const auto& kv) { return !kv.second.in_group; });
 }
 
 RankPosition Model::position(int rank) const {

@@ -117,7 +117,8 @@ class Model {
   // The entries of sibling groups at `seq`, for majorities that span a mesh dimension.
   Members sibling_entries(uint64_t group, const SeqKey& key) const;
   bool has_siblings(uint64_t group) const;
-  // Earliest per-step deviation of each rank, by rank.
+  // Earliest per-step deviation of each rank, by rank; only those its own group's members
+  // contradict (StepDeviation::in_group).
   const std::map<int, StepDeviation>& deviations() const { return deviations_; }
   // Which of two operations the ranks that issue both (or their siblings' equivalents) issue
   // first: the votes for `a` first and for `b` first.
