@@ -166,7 +166,7 @@ RankDump parse_pytorch_dump(std::string_view bytes, int rank, const std::string&
   if (!j.is_object()) bad(name, "top level", "expected a dict");
   RankDump d;
   d.path = name;
-  d.version = 0;
+  d.version = 0;  // not a tessel dump: the analyzer counts every pending entry as hung
   d.rank = rank;
   d.hostname = "";
   d.trigger = DumpTrigger::kApi;
@@ -236,7 +236,6 @@ RankDump parse_pytorch_dump(std::string_view bytes, int rank, const std::string&
   d.wall_time_us = newest / 1000;
   d.recorded = d.entries.size();
   d.capacity = d.entries.size();
-  d.trigger = DumpTrigger::kTimeout;  // taken of a hung job: every pending entry counts
   return d;
 }
 

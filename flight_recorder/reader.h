@@ -49,7 +49,7 @@ struct TraceEntry {
 // One rank's dump.
 struct RankDump {
   std::filesystem::path path;
-  int version = 0;
+  int version = 0;  // 0: read from another tool's format (PyTorch's)
   int rank = -1, world_size = -1;
   std::string hostname;
   int pid = 0;

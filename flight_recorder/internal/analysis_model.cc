@@ -24,7 +24,9 @@ Model::Model(const DumpSet& set, const AnalyzerOptions& options) : set_(set), op
   for (const auto& d : set.dumps) {
     by_rank_[d.rank] = &d;
     newest_wall_us_ = std::max(newest_wall_us_, d.wall_time_us);
-    timed_out |= d.trigger == DumpTrigger::kTimeout;
+    // PyTorch's dumps (version 0 here) carry no time of their own: "now" is their newest
+    // stamp, so they are taken as dumps of a hung job.
+    timed_out |= d.trigger == DumpTrigger::kTimeout || d.version == 0;
   }
   // A watchdog timeout already says the job hangs; otherwise young pending ops are in flight.
   threshold_ns_ = timed_out ? 0 : options.min_wait.count();

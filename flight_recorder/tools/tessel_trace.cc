@@ -12,14 +12,17 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
 #include "tessel/flight_recorder/analyzer.h"
 #include "tessel/flight_recorder/dump.h"
 #include "tessel/flight_recorder/export.h"
+#include "tessel/flight_recorder/pytorch_dump.h"
 #include "tessel/flight_recorder/reader.h"
 #include "tessel/flight_recorder/synth.h"
 
@@ -119,7 +122,8 @@ int main(int argc, char** argv) {
                           "ranks in the job, for PyTorch dumps whose highest ranks left none");
 
   auto* show_cmd = app.add_subcommand("show", "one rank's entries as a table");
-  show_cmd->add_option("FILE", file, "a tessel_fr_rank<R>.json file")->required();
+  show_cmd->add_option("FILE", file, "a tessel_fr_rank<R>.json file (or one PyTorch dump)")
+      ->required();
 
   auto* export_cmd = app.add_subcommand("export", "Chrome trace event JSON (Perfetto)");
   export_cmd->add_option("DIR", dir, "directory of dumps")->required();
@@ -163,6 +167,16 @@ int main(int argc, char** argv) {
       return run_analyze(dir, json, skip_bad, world_size, options);
     }
     if (*show_cmd) {
+      std::ifstream in(file, std::ios::binary);
+      const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (in.good() && sniff_pytorch_dump(bytes) != ForeignFormat::kNone) {
+        const int rank = rank_from_dump_name(std::filesystem::path(file).filename().string());
+        std::vector<RankDump> one;
+        one.push_back(parse_pytorch_dump(bytes, rank, file));
+        settle_pytorch_groups(one, -1);
+        std::cout << format_dump_table(one.front());
+        return 0;
+      }
       std::cout << format_dump_table(read_dump(file));
       return 0;
     }
