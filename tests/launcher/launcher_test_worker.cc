@@ -15,9 +15,9 @@
 //   all_reduce               join the job's Gloo world through the job's store (the launcher's
 //                            TESSEL_STORE_ADDR + token), all_reduce rank+1 and print
 //                            "all_reduce rank R of W sum S"; exit 1 when S is not W(W+1)/2
-//   hang R                   Gloo world with a 2 s timeout; after one all_reduce, rank R stops
-//                            taking part (stays alive) and the others' next all_reduce times
-//                            out: they exit 124, the launcher's collective-timeout status
+//   hang R                   fault hang R: after one all_reduce rank R stops taking part (stays
+//                            alive) and the others' next all_reduce times out: they exit 124,
+//                            the launcher's collective-timeout status
 //   fault KIND R             Gloo world with a 2 s timeout, one all_reduce, then rank R: stays
 //                            (KIND hang), dies of SIGSEGV (crash) or SIGKILL (kill), or exits
 //                            0 (exit); the
@@ -173,26 +173,9 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  if (mode == "hang" && argc >= 3) {
-    const int culprit = std::atoi(argv[2]);
-    try {
-      tessel::InitOptions options;
-      options.backend = "gloo";
-      options.timeout = std::chrono::seconds(2);
-      auto world = tessel::init_process_group(options);
-      tessel::Tensor t = tessel::from_vector<float>({1.0f});
-      world->all_reduce(t);
-      if (rank == culprit) sleep_forever();
-      world->all_reduce(t);
-      return 0;
-    } catch (const tessel::Error& e) {
-      std::fprintf(stderr, "hang rank %d: %s\n", rank, e.what());
-      return 124;
-    }
-  }
-  if (mode == "fault" && argc >= 4) {
-    const std::string kind = argv[2];
-    const int culprit = std::atoi(argv[3]);
+  if ((mode == "fault" && argc >= 4) || (mode == "hang" && argc >= 3)) {
+    const std::string kind = mode == "hang" ? "hang" : argv[2];
+    const int culprit = std::atoi(argv[mode == "hang" ? 2 : 3]);
     try {
       tessel::InitOptions options;
       options.backend = "gloo";
