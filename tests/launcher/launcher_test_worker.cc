@@ -18,6 +18,9 @@
 //   hang R                   fault hang R: after one all_reduce rank R stops taking part (stays
 //                            alive) and the others' next all_reduce times out: they exit 124,
 //                            the launcher's collective-timeout status
+//   mesh-skip R              a 2x2 (dp, tp) mesh over a Gloo world with a 2 s timeout, four
+//                            steps of a tp then a dp all_reduce; rank R leaves out its tp
+//                            all_reduce in step 2. Exit 124 on a timeout, 1 on another error
 //   fault KIND R             Gloo world with a 2 s timeout, one all_reduce, then rank R: stays
 //                            (KIND hang), dies of SIGSEGV (crash) or SIGKILL (kill), or exits
 //                            0 (exit); the
@@ -33,6 +36,8 @@
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/init.h"
+#include "tessel/flight_recorder/recorder.h"
+#include "tessel/mesh/device_mesh.h"
 
 extern char** environ;
 
@@ -170,6 +175,29 @@ int main(int argc, char** argv) {
       return sum == w * (w + 1) / 2 ? 0 : 1;
     } catch (const tessel::Error& e) {
       std::fprintf(stderr, "all_reduce rank %d: %s\n", rank, e.what());
+      return 1;
+    }
+  }
+  if (mode == "mesh-skip" && argc >= 3) {
+    const int culprit = std::atoi(argv[2]);
+    try {
+      tessel::InitOptions options;
+      options.backend = "gloo";
+      options.timeout = std::chrono::seconds(2);
+      auto mesh = tessel::init_device_mesh(tessel::init_process_group(options), {2, 2},
+                                           {"dp", "tp"}, {.eager = true});
+      for (int step = 0; step < 4; ++step) {
+        tessel::fr::FlightRecorder::global().set_step(step);
+        tessel::Tensor t = tessel::from_vector<float>({1.0f, 2.0f});
+        if (!(rank == culprit && step == 2)) mesh.group("tp")->all_reduce(t);
+        mesh.group("dp")->all_reduce(t);
+      }
+      return 0;
+    } catch (const tessel::Timeout& e) {
+      std::fprintf(stderr, "mesh-skip rank %d: %s\n", rank, e.what());
+      return 124;
+    } catch (const tessel::Error& e) {
+      std::fprintf(stderr, "mesh-skip rank %d: %s\n", rank, e.what());
       return 1;
     }
   }

@@ -180,6 +180,23 @@ TEST(TesselRunTest, EveryHangPathPrintsAVerdictWithoutWaitingForTheDead) {
   }
 }
 
+// The whole path on a mesh: four workers form a 2x2 (dp, tp) mesh and rank 1 leaves out a tp
+// all_reduce in step 2. The job shifts and hangs at its end; the printed verdict names rank 1
+// only, with its step evidence.
+TEST(TesselRunTest, MeshSkipIsNamedByTheLaunchersVerdict) {
+  const std::string dir = testing::make_temp_dir("meshskip");
+  ChildProcess run(run_args({"--standalone", "--nproc-per-node", "4", "--log-dir", dir,
+                             "--hang-dump-timeout", "30s"},
+                            {"mesh-skip", "1"}),
+                   {"TESSEL_FR_DUMP_DIR=" + dir + "/fr"}, dir + "/run");
+  EXPECT_NE(run.wait(90s).value_or(-1), 0) << run.err();
+  for (const char* words :
+       {"verdict: CULPRIT FOUND: rank 1\n",
+        "rank 1 issued 0 collectives on 'tp' in step 2, where 3 other members of 'tp' groups"}) {
+    EXPECT_NE(run.err().find(words), std::string::npos) << words << "\n" << run.err();
+  }
+}
+
 // Elastic scale-up: a 1:2 job runs on one node; a second node arriving ends that round and the
 // next one runs on both (WORLD_SIZE 2 everywhere), without spending the restart budget.
 TEST(TesselRunTest, ArrivingNodeScalesTheJobUp) {
