@@ -339,9 +339,9 @@ void Model::find_deviations() {
                                              v.count < norm->first)};
     }
   }
-  // No majority (two ranks, or an even split): a rank that broke its own rhythm in this step
-  // (it issued the same count in each of at least three other finished steps) while every other
-  // voter kept its own, deviated.
+  // No majority (two ranks, or an even split): ranks that broke their own rhythm in this step
+  // (each issued the same count in each of at least three other finished steps) while every
+  // other voter kept its own, deviated.
   auto rhythm = [&](int rank, int family, int64_t skip_step) -> std::optional<std::pair<int64_t, size_t>> {
     const Counts& c = counts.at(rank);
     std::optional<int64_t> value;
@@ -363,8 +363,7 @@ void Model::find_deviations() {
         })) {
       continue;
     }
-    const Vote* odd = nullptr;
-    std::pair<int64_t, size_t> odd_rhythm;
+    std::vector<std::pair<const Vote*, std::pair<int64_t, size_t>>> odd;
     bool settled = true;
     for (const Vote& v : list) {
       const auto r = rhythm(v.rank, key.first, key.second);
@@ -374,26 +373,27 @@ void Model::find_deviations() {
       }
       const bool keeps = v.finished ? v.count == r->first : v.count <= r->first;
       if (keeps) continue;
-      if (odd != nullptr || !v.finished) {
+      if (!v.finished) {
         settled = false;
         break;
       }
-      odd = &v;
-      odd_rhythm = *r;
+      odd.emplace_back(&v, *r);
     }
-    if (!settled || odd == nullptr) continue;
-    auto it = deviations_.find(odd->rank);
-    if (it != deviations_.end() && it->second.step <= key.second) continue;
-    const std::string& f = family_names[static_cast<size_t>(key.first)];
-    deviations_[odd->rank] = {odd->rank,
+    if (!settled || odd.empty() || odd.size() == list.size()) continue;
+    for (const auto& [v, r] : odd) {
+      auto it = deviations_.find(v->rank);
+      if (it != deviations_.end() && it->second.step <= key.second) continue;
+      const std::string& f = family_names[static_cast<size_t>(key.first)];
+      deviations_[v->rank] = {v->rank,
                               f.substr(0, f.find('\x1f')),
                               key.second,
-                              odd->count,
-                              odd_rhythm.first,
-                              odd_rhythm.second,
+                              v->count,
+                              r.first,
+                              r.second,
                               true,
-                              group_disagrees(odd->rank, key.first, key.second, odd->count,
-                                              odd->count < odd_rhythm.first)};
+                              group_disagrees(v->rank, key.first, key.second, v->count,
+                                              v->count < r.first)};
+    }
   }
   // Only deviations that broke the rank's own group count as evidence: sibling groups may run
   // different numbers of collectives legitimately (pipeline stages of unequal size), the

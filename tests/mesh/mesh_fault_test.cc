@@ -354,6 +354,23 @@ TEST(MeshFaultTest, TwoSkipsInDifferentDimensionsNameBothRanks) {
   EXPECT_EQ(v.culprits, (std::vector<int>{1, 6})) << job.text;
 }
 
+// Both tp groups of a 2x2 mesh lose a member's all_reduce in the same step (ranks 1 and 3): an
+// even split, no majority; each skipper broke its own rhythm while its peer kept its own.
+TEST(MeshFaultTest, SkipsInBothSiblingGroupsNameBothSkippers) {
+  TESSEL_REQUIRE_GLOO();
+  const auto job = run_mesh_job("both_tp", {{2, 2}, {"dp", "tp"}},
+                                [](int rank, DeviceMesh& mesh, ProcessGroup&) {
+                                  for (int s = 0; s < 6; ++s) {
+                                    fr::FlightRecorder::global().set_step(s);
+                                    step_all_reduces(mesh, {"tp", "dp"},
+                                                     (rank == 1 || rank == 3) && s == 2 ? "tp" : "");
+                                  }
+                                });
+  const fr::Verdict& v = job.verdict;
+  EXPECT_EQ(v.status, fr::VerdictStatus::kCulpritFound) << job.text;
+  EXPECT_EQ(v.culprits, (std::vector<int>{1, 3})) << job.text;
+}
+
 // A 2x2 mesh where rank 3 is SIGKILLed in step 2: no dump; its tp and dp peers wait for it.
 TEST(MeshFaultTest, KilledRankIsTheOnlyCulprit) {
   TESSEL_REQUIRE_GLOO();
