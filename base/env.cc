@@ -53,11 +53,19 @@ constexpr std::array<EnvKnobInfo, static_cast<size_t>(EnvKnob::kCount)> kKnobs =
     {EnvKnob::kStoreDir, "TESSEL_STORE_DIR", "",
      "shared directory used as the job's store (FileStore) when no store server is given"},
     {EnvKnob::kGlooIface, "TESSEL_GLOO_IFACE", "",
-     "network interface Gloo binds (default: the address of the host name, or loopback)"},
+     "network interface Gloo binds (default: the one that reaches the job's store; tessel-run "
+     "sets it for its workers)"},
     {EnvKnob::kNcclSplitShare, "TESSEL_NCCL_SPLIT_SHARE", "0",
      "NCCL groups made by split share the parent's resources (less memory; 1 to enable)"},
     {EnvKnob::kRdzvToken, "TESSEL_RDZV_TOKEN", "",
      "tessel-run's job token for multi-node rendezvous (or --rdzv-token-file)", true},
+    {EnvKnob::kTlsCert, "TESSEL_TLS_CERT", "",
+     "PEM certificate: the store/rendezvous server's (turns TLS on), or a client's for mutual TLS"},
+    {EnvKnob::kTlsKey, "TESSEL_TLS_KEY", "", "PEM private key of TESSEL_TLS_CERT"},
+    {EnvKnob::kTlsCa, "TESSEL_TLS_CA", "",
+     "PEM CA: clients verify the server with it; a server given one requires client certificates"},
+    {EnvKnob::kPython, "TESSEL_PYTHON", "python3",
+     "interpreter tessel-run runs .py programs, -m modules and --run-path scripts with"},
 }};
 
 // The table must list every enum value, in order; checked once at compile time.

@@ -37,6 +37,10 @@ enum class EnvKnob {
   kGlooIface,       // TESSEL_GLOO_IFACE
   kNcclSplitShare,  // TESSEL_NCCL_SPLIT_SHARE
   kRdzvToken,       // TESSEL_RDZV_TOKEN
+  kTlsCert,         // TESSEL_TLS_CERT
+  kTlsKey,          // TESSEL_TLS_KEY
+  kTlsCa,           // TESSEL_TLS_CA
+  kPython,          // TESSEL_PYTHON
   kCount,
 };
 

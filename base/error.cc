@@ -15,6 +15,7 @@ std::string_view error_kind_name(ErrorKind kind) {
     case ErrorKind::kUnavailable: return "Unavailable";
     case ErrorKind::kNotImplemented: return "NotImplemented";
     case ErrorKind::kInternal: return "Internal";
+    case ErrorKind::kOutOfMemory: return "OutOfMemory";
   }
   return "Error";
 }
@@ -23,6 +24,18 @@ Error::Error(ErrorKind kind, const std::string& message)
     : std::runtime_error(fmt::format("{}: {}", error_kind_name(kind), message)),
       kind_(kind),
       message_(message) {}
+
+Error::~Error() = default;
+InvalidArgument::~InvalidArgument() = default;
+OutOfRange::~OutOfRange() = default;
+Timeout::~Timeout() = default;
+CommError::~CommError() = default;
+PeerLost::~PeerLost() = default;
+IoError::~IoError() = default;
+Unavailable::~Unavailable() = default;
+NotImplemented::~NotImplemented() = default;
+Internal::~Internal() = default;
+OutOfMemory::~OutOfMemory() = default;
 
 void throw_error(ErrorKind kind, const std::string& message) {
   switch (kind) {
@@ -35,6 +48,7 @@ void throw_error(ErrorKind kind, const std::string& message) {
     case ErrorKind::kUnavailable: throw Unavailable(message);
     case ErrorKind::kNotImplemented: throw NotImplemented(message);
     case ErrorKind::kInternal: throw Internal(message);
+    case ErrorKind::kOutOfMemory: throw OutOfMemory(message);
   }
   throw Internal(fmt::format("unknown error kind {} for: {}", static_cast<int>(kind), message));
 }

@@ -20,15 +20,18 @@ enum class ErrorKind {
   kUnavailable,      // a backend or feature not built in, or a device not present
   kNotImplemented,   // a valid request this build does not support yet
   kInternal,         // a broken invariant inside tessel: a bug
+  kOutOfMemory,      // an allocation the device (or host) could not satisfy
 };
 
 // "InvalidArgument", "Timeout", ... — the class name of each kind.
 std::string_view error_kind_name(ErrorKind kind);
 
-// Base of every exception tessel throws. what() is "<KindName>: <message>".
+// Base of every exception tessel throws. what() is "<KindName>: <message>". The destructors
+// are defined in error.cc, so each class's type information lives in libtessel_base alone.
 class Error : public std::runtime_error {
  public:
   Error(ErrorKind kind, const std::string& message);
+  ~Error() override;
 
   ErrorKind kind() const noexcept { return kind_; }
   // The message without the kind prefix.
@@ -43,6 +46,7 @@ class Error : public std::runtime_error {
   class Name : public Error {                                                              \
    public:                                                                                 \
     explicit Name(const std::string& message) : Error(ErrorKind::k##Name, message) {}      \
+    ~Name() override;                                                                      \
   };
 TESSEL_DEFINE_ERROR(InvalidArgument)
 TESSEL_DEFINE_ERROR(OutOfRange)
@@ -53,6 +57,7 @@ TESSEL_DEFINE_ERROR(IoError)
 TESSEL_DEFINE_ERROR(Unavailable)
 TESSEL_DEFINE_ERROR(NotImplemented)
 TESSEL_DEFINE_ERROR(Internal)
+TESSEL_DEFINE_ERROR(OutOfMemory)
 #undef TESSEL_DEFINE_ERROR
 
 // Throws the subclass of Error that matches `kind` (for errors that crossed a process or

@@ -3,6 +3,7 @@
 //
 //   store_load                                   # 4 processes x 500 clients, 5 rounds
 //   store_load --processes 8 --clients 1000 --rounds 20 --value-bytes 1024
+//   store_load --hostile                         # one client's latency, quiet vs under attack
 //
 // Every client has its own gRPC channel (its own connection). First every client parks a
 // wait on one key and a single set releases them all ("wake": time from that set to each
@@ -19,6 +20,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <latch>
 #include <mutex>
 #include <sstream>
@@ -473,6 +475,55 @@ Summary run_memory(const Config& config, int threads) {
 
 std::string us(int64_t ns) { return fmt::format("{:.1f}", static_cast<double>(ns) / 1000.0); }
 
+// set + get round trips of one client until `until` says stop; nanoseconds each.
+std::vector<int64_t> probe_latency(StoreClient& client, const std::function<bool()>& until) {
+  std::vector<int64_t> samples;
+  for (long i = 0; !until(); ++i) {
+    const auto t0 = SteadyClock::now();
+    client.set("probe", std::to_string(i));
+    client.get("probe", 30s);
+    samples.push_back((SteadyClock::now() - t0).count());
+    std::this_thread::sleep_for(1ms);
+  }
+  return samples;
+}
+
+int run_hostile() {
+  StoreServer server(StoreServerOptions{});
+  StoreClientOptions options;
+  options.address = server.address();
+  options.token = server.token();
+  StoreClient client(options);
+  const double rss_before = proc_status_mib("VmHWM:");
+  const Deadline quiet_end = Deadline::after(3s);
+  std::vector<int64_t> quiet = probe_latency(client, [&] { return quiet_end.expired(); });
+  // The attack runs in its own process; this one keeps measuring until it exits.
+  const pid_t attacker = fork();
+  if (attacker == 0) {
+    const std::string target = server.address();
+    execl(HOSTILE_CLIENT_PATH, HOSTILE_CLIENT_PATH, "--target", target.c_str(), "--big", "8",
+          "--big-mib", "250", "--flood", "2000", "--calls", "10:40", "--seconds", "20", nullptr);
+    _exit(127);
+  }
+  int status = 0;
+  std::vector<int64_t> attack = probe_latency(client, [&] {
+    return waitpid(attacker, &status, WNOHANG) == attacker;
+  });
+  const double rss_after = proc_status_mib("VmHWM:");
+  std::printf("\nstore_load --hostile: one client's set+get round trip, same server, same run\n");
+  std::printf("%-34s %8s %10s %10s %10s\n", "phase", "samples", "p50 us", "p99 us", "max us");
+  for (auto [name, v] : {std::pair{"alone (3 s)", &quiet},
+                         {"under hostile load (until it ends)", &attack}}) {
+    const int64_t max = v->empty() ? 0 : *std::max_element(v->begin(), v->end());
+    std::printf("%-34s %8zu %10s %10s %10s\n", name, v->size(), us(percentile(*v, 0.5)).c_str(),
+                us(percentile(*v, 0.99)).c_str(), us(max).c_str());
+  }
+  std::printf("peak RSS of this process (server + the one client): %.1f MiB before the attack, "
+              "%.1f MiB after; attacker exit status %d\n",
+              rss_before, rss_after, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  return 0;
+}
+
 int run_parent(const Config& config, int peer_threads) {
   const int total = config.processes * config.clients;
   std::printf("store_load: %d processes x %d clients = %d clients (one channel each), %d rounds "
@@ -550,8 +601,12 @@ int main(int argc, char** argv) {
   app.add_option("--solo-ops", config.solo_ops, "sequential ops of the lone client")
       ->check(CLI::Range(1, 1000000));
   app.add_option("--worker", worker, "internal: run as client process N")->group("");
+  bool hostile = false;
+  app.add_flag("--hostile", hostile,
+               "one client's latency alone and under wrong-token load (hostile_client)");
   CLI11_PARSE(app, argc, argv);
   try {
+    if (hostile) return tessel::run_hostile();
     if (worker >= 0) {
       const auto options = tessel::store_client_options_from_env();
       return tessel::Worker(config, worker).run(options.address, options.token);

@@ -1,20 +1,32 @@
 // matmul through tessel vs the raw GEMM calls on the same shapes, f32 and bf16.
-// Peers: a pre-built oneDNN matmul primitive (what tessel calls), OpenBLAS cblas_sgemm, and for
-// bf16 the alternative of converting to f32 and calling sgemm (OpenBLAS 0.3.21 has no bf16 GEMM).
+// Peers: a pre-built oneDNN matmul primitive (what tessel calls) run on its own OpenMP team, and
+// OpenBLAS cblas_sgemm; for bf16 also the alternative of converting to f32 and calling sgemm
+// (OpenBLAS 0.3.21 has no bf16 GEMM).
 //
-//   build/rel/bench/tensor_matmul            # GPT-sized shapes, ~20 s
-//   build/rel/bench/tensor_matmul --full     # adds larger shapes
-//   build/rel/bench/tensor_matmul --threads 1
+//   build/release/bench/tensor_matmul            # GPT-sized shapes, ~30 s
+//   build/release/bench/tensor_matmul --full     # adds larger shapes
+//   build/release/bench/tensor_matmul --threads 1 --rounds 15
+//
+// Each figure is the median over --rounds rounds that alternate tessel, raw oneDNN and the BLAS
+// path (so all share whatever else runs on the machine alike); a round's sample of one of them
+// is the mean of as many calls as last >= 30 ms. Between samples the bench sleeps 20 ms, so that
+// a team that spins after its calls (OpenMP, OpenBLAS) does not run into the next sample.
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <dnnl.hpp>
+#include <fstream>
+#include <functional>
 #include <string>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
-#include "bench_timer.h"
+#include "bench_host.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/thread_pool.h"
 
@@ -55,13 +67,57 @@ class RawDnnl {
 
 double gflops(const GemmShape& s, double seconds) { return 2.0 * s.m * s.n * s.k / seconds / 1e9; }
 
+// Median seconds per call of each function, over `rounds` rounds that run them in turn.
+std::vector<double> alternate(const std::vector<std::function<void()>>& fns, int rounds) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<int> calls(fns.size(), 1);
+  for (size_t f = 0; f < fns.size(); ++f) {  // warm up, and size each sample to >= 30 ms
+    fns[f]();
+    for (;;) {
+      const auto start = Clock::now();
+      for (int i = 0; i < calls[f]; ++i) fns[f]();
+      if (Clock::now() - start >= std::chrono::milliseconds(30) || calls[f] >= (1 << 20)) break;
+      calls[f] *= 2;
+    }
+  }
+  std::vector<std::vector<double>> samples(fns.size());
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t f = 0; f < fns.size(); ++f) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const auto start = Clock::now();
+      for (int i = 0; i < calls[f]; ++i) fns[f]();
+      samples[f].push_back(std::chrono::duration<double>(Clock::now() - start).count() /
+                           calls[f]);
+    }
+  }
+  std::vector<double> medians;
+  for (auto& s : samples) {
+    std::sort(s.begin(), s.end());
+    medians.push_back(s[s.size() / 2]);
+  }
+  return medians;
+}
+
+const char* dnnl_isa_name(dnnl::cpu_isa isa) {
+  switch (isa) {
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx (AMX)";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    default: return "other";
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool full = false;
+  int rounds = 9;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--full") == 0) full = true;
     if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) set_num_threads(std::atoi(argv[++i]));
+    if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = std::max(1, std::atoi(argv[++i]));
   }
   const int threads = num_threads();
   omp_set_num_threads(threads);
@@ -71,7 +127,13 @@ int main(int argc, char** argv) {
                                    {2048, 768, 3072, true}};
   if (full) shapes.push_back({4096, 4096, 4096, false});
 
-  std::printf("tessel matmul vs raw GEMM, %d threads (GFLOP/s; median of 7)\n", threads);
+  std::printf("tessel matmul vs raw GEMM, %d threads (GFLOP/s; median of %d alternating rounds)\n",
+              threads, rounds);
+  const std::string cpu =
+      bench::cpu_features({"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"});
+  std::printf("CPU: %s; oneDNN %d.%d.%d, ISA %s; load average %s\n", cpu.c_str(),
+              dnnl_version()->major, dnnl_version()->minor, dnnl_version()->patch,
+              dnnl_isa_name(dnnl::get_effective_cpu_isa()), bench::load_average().c_str());
   std::printf("%-22s %-5s %10s %12s %8s %14s %16s\n", "M x K x N", "dtype", "tessel",
               "raw oneDNN", "ratio", "OpenBLAS sgemm", "bf16->f32+sgemm");
   for (const GemmShape& s : shapes) {
@@ -85,36 +147,38 @@ int main(int argc, char** argv) {
       const Tensor raw_c = empty({s.m, s.n}, dtype);
       RawDnnl raw(s, dtype == DType::kF32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16,
                   a.data_ptr(), bstore.data_ptr(), raw_c.data_ptr());
-      const double t_tessel = bench::median_seconds([&] { c = matmul(a, b); });
-      const double t_raw = bench::median_seconds([&] { raw.run(); });
       std::vector<float> c32(static_cast<size_t>(s.m * s.n));
       const auto trans_b = s.transpose_b ? CblasTrans : CblasNoTrans;
       const int ldb = static_cast<int>(s.transpose_b ? s.k : s.n);
-      double t_blas = 0;
+      std::function<void()> blas;
       if (dtype == DType::kF32) {
-        t_blas = bench::median_seconds([&] {
+        blas = [&] {
           cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b, s.m, s.n, s.k, 1.0f, a.data<float>(),
                       s.k, bstore.data<float>(), ldb, 0.0f, c32.data(), s.n);
-        });
+        };
       } else {
         // The alternative bf16 path: widen both operands to f32, sgemm, narrow the result.
-        t_blas = bench::median_seconds([&] {
+        blas = [&] {
           const Tensor af = to(a, DType::kF32), bf = to(bstore, DType::kF32);
           Tensor cf = empty({s.m, s.n});
           cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b, s.m, s.n, s.k, 1.0f, af.data<float>(),
                       s.k, bf.data<float>(), ldb, 0.0f, cf.data<float>(), s.n);
           c = to(cf, DType::kBF16);
-        });
+        };
       }
+      const std::vector<double> t =
+          alternate({[&] { c = matmul(a, b); }, [&] { raw.run(); }, blas}, rounds);
       const std::string name = std::to_string(s.m) + " x " + std::to_string(s.k) + " x " +
                                 std::to_string(s.n) + (s.transpose_b ? " (B^T)" : "");
       std::printf("%-22s %-5s %10.1f %12.1f %7.2fx %14s %16s\n", name.c_str(),
-                  std::string(dtype_name(dtype)).c_str(), gflops(s, t_tessel), gflops(s, t_raw),
-                  t_raw / t_tessel,
-                  dtype == DType::kF32 ? std::to_string(int(gflops(s, t_blas))).c_str() : "-",
-                  dtype == DType::kBF16 ? std::to_string(int(gflops(s, t_blas))).c_str() : "-");
+                  std::string(dtype_name(dtype)).c_str(), gflops(s, t[0]), gflops(s, t[1]),
+                  t[1] / t[0],
+                  dtype == DType::kF32 ? std::to_string(int(gflops(s, t[2]))).c_str() : "-",
+                  dtype == DType::kBF16 ? std::to_string(int(gflops(s, t[2]))).c_str() : "-");
+      std::fflush(stdout);
     }
   }
-  std::printf("ratio = raw oneDNN time / tessel time (target >= 0.95)\n");
+  std::printf("ratio = raw oneDNN time / tessel time (target >= 0.95); load average %s\n",
+              bench::load_average().c_str());
   return 0;
 }

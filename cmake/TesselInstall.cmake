@@ -11,10 +11,11 @@ install(TARGETS ${_libs} EXPORT TesselTargets
 if(_tools)
   install(TARGETS ${_tools} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
-foreach(folder base tensor kernels nn flight_recorder collectives mesh parallel launcher)
+# Public headers only: internal/ folders (private to their library) and tools/ stay behind.
+foreach(folder IN LISTS TESSEL_LIBRARY_FOLDERS)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${folder}/
           DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tessel/${folder}
-          FILES_MATCHING PATTERN "*.h" PATTERN "tools" EXCLUDE)
+          FILES_MATCHING PATTERN "*.h" PATTERN "tools" EXCLUDE PATTERN "internal" EXCLUDE)
 endforeach()
 if(EXISTS ${CMAKE_BINARY_DIR}/gen/tessel)
   install(DIRECTORY ${CMAKE_BINARY_DIR}/gen/tessel/

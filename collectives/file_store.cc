@@ -1,4 +1,5 @@
 #include "tessel/collectives/file_store.h"
+#include "tessel/collectives/memory_store.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -126,7 +127,7 @@ int64_t FileStore::add(const std::string& key, int64_t delta) {
     TESSEL_CHECK(ec == std::errc() && end == text->data() + text->size(), InvalidArgument,
                  "FileStore::add: key '{}' holds '{}', not a decimal integer", key, *text);
   }
-  value += delta;
+  value = add_store_counter(key, value, delta);
   write_atomically(key, std::to_string(value));
   return value;
 }

@@ -86,6 +86,7 @@ std::shared_ptr<Store> connect_job_store(const LaunchEnv& env, const std::string
   StoreClientOptions client;
   client.address = addr;
   client.token = store_token_from_env(addr);
+  client.tls = tls_files_from_env();
   client.default_timeout = timeout;
   return std::make_shared<StoreClient>(std::move(client));
 }

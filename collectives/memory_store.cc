@@ -15,6 +15,14 @@ int64_t parse_store_counter(const std::string& key, const std::string& value) {
   return n;
 }
 
+int64_t add_store_counter(const std::string& key, int64_t value, int64_t delta) {
+  int64_t sum = 0;
+  TESSEL_CHECK(!__builtin_add_overflow(value, delta, &sum), InvalidArgument,
+               "store add of {} to key '{}' (holding {}) overflows a 64-bit counter", delta,
+               key.size() > 64 ? key.substr(0, 64) + "..." : key, value);
+  return sum;
+}
+
 void MemoryStore::set(const std::string& key, const std::string& value) {
   {
     std::lock_guard lock(mutex_);
@@ -58,7 +66,7 @@ int64_t MemoryStore::add(const std::string& key, int64_t delta) {
     std::lock_guard lock(mutex_);
     auto it = data_.find(key);
     if (it != data_.end()) value = parse_store_counter(key, it->second);
-    value += delta;
+    value = add_store_counter(key, value, delta);
     data_[key] = std::to_string(value);
   }
   changed_.notify_all();

@@ -45,6 +45,8 @@ class MemoryStore final : public Store {
 };
 
 // Parses a store counter value (decimal int64); throws InvalidArgument naming key and value.
+// value + delta for add(); throws InvalidArgument naming the key when it would overflow int64.
+int64_t add_store_counter(const std::string& key, int64_t value, int64_t delta);
 int64_t parse_store_counter(const std::string& key, const std::string& value);
 
 }  // namespace tessel

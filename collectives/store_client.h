@@ -17,12 +17,14 @@
 #include <string>
 
 #include "tessel/collectives/store.h"
+#include "tessel/collectives/store_tls.h"
 
 namespace tessel {
 
 struct StoreClientOptions {
   std::string address;  // host:port of the StoreServer
   std::string token;    // the job's token
+  TlsFiles tls;         // TLS when ca or cert is set (TESSEL_TLS_* in the worker environment)
   // Connecting: attempts up to connect_timeout in all, each waiting a little longer
   // (connect_backoff doubling, capped at max_connect_backoff) before the next.
   std::chrono::nanoseconds connect_timeout = std::chrono::seconds(60);
@@ -75,8 +77,8 @@ class StoreClient final : public Store {
 // Throws InvalidArgument naming both variables (and `address`, for context) when neither is set.
 std::string store_token_from_env(const std::string& address);
 
-// Options from the worker environment: TESSEL_STORE_ADDR, and the token from
-// TESSEL_STORE_TOKEN or else the file named by TESSEL_STORE_TOKEN_FILE. Throws
+// Options from the worker environment: TESSEL_STORE_ADDR, the token from TESSEL_STORE_TOKEN or
+// else the file named by TESSEL_STORE_TOKEN_FILE, and TLS from TESSEL_TLS_*. Throws
 // InvalidArgument naming the variable that is missing.
 StoreClientOptions store_client_options_from_env();
 // A connected client for this worker (store_client_options_from_env()).

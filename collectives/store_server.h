@@ -19,6 +19,7 @@
 #include <string>
 
 #include "tessel/collectives/store.h"
+#include "tessel/collectives/store_tls.h"
 
 namespace tessel {
 
@@ -31,6 +32,12 @@ struct StoreLimits {
   size_t max_keys_per_call = 65536;           // keys in one multi_get / multi_set / wait / check
   size_t max_waiters = 65536;                 // blocking calls parked at once
   size_t max_request_bytes = size_t{256} << 20;  // one request on the wire (e.g. a multi_set)
+  // Connections that have not yet made a call with the token (whose calls are refused on their
+  // headers, bodies unread): at most this many from one address, and in all. Past a limit the
+  // oldest such connection of that address is closed once it had a second to authenticate,
+  // else the new one is refused. Connections that authenticated are never limited.
+  size_t max_unauthenticated_connections_per_peer = 64;
+  size_t max_unauthenticated_connections = 1024;
 };
 
 struct StoreServerOptions {
@@ -41,6 +48,8 @@ struct StoreServerOptions {
   // The job's shared secret, sent by every client. Empty: the server makes a random one.
   std::string token;
   StoreLimits limits;
+  // TLS (cert + key; + ca for mutual TLS). Off when cert is empty.
+  TlsFiles tls;
   // How long stop() lets in-flight calls finish before cancelling them.
   std::chrono::nanoseconds shutdown_grace = std::chrono::seconds(1);
 };
@@ -49,6 +58,9 @@ struct StoreServerOptions {
 struct StoreServerStats {
   size_t keys = 0;     // keys held
   size_t waiters = 0;  // blocking calls parked
+  size_t connections = 0;                  // open now
+  size_t unauthenticated_connections = 0;  // open now, no call with the token yet
+  size_t refused_connections = 0;          // closed at once or later to stay within limits
 };
 
 // Thread-safe. Owns the gRPC server and its table of keys. Starts serving in the constructor;

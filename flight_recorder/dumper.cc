@@ -178,8 +178,8 @@ void Dumper::start() {
     g_owner.store(nullptr);
     throw_system_error("flight-recorder dumper: pipe2", err);
   }
-  wake_read_ = internal::UniqueFd(fds[0]);
-  wake_write_ = internal::UniqueFd(fds[1]);
+  wake_read_ = UniqueFd(fds[0]);
+  wake_write_ = UniqueFd(fds[1]);
   g_wake_fd.store(wake_write_.get(), std::memory_order_release);
   stopping_ = false;
   running_ = true;

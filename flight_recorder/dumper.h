@@ -30,7 +30,7 @@
 #include <thread>
 
 #include "tessel/flight_recorder/dump.h"
-#include "tessel/flight_recorder/internal/unique_fd.h"
+#include "tessel/base/unique_fd.h"
 #include "tessel/flight_recorder/recorder.h"
 
 namespace tessel::fr {
@@ -134,8 +134,8 @@ class Dumper {
   std::string last_error_;
   bool running_ = false;
   bool stopping_ = false;
-  internal::UniqueFd wake_read_;   // the dumper thread polls this end
-  internal::UniqueFd wake_write_;  // request_dump and the signal handler write a byte here
+  UniqueFd wake_read_;   // the dumper thread polls this end
+  UniqueFd wake_write_;  // request_dump and the signal handler write a byte here
   std::thread thread_;
 };
 

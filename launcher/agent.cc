@@ -16,12 +16,18 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <mutex>
 #include <optional>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "tessel/base/clock.h"
 #include "tessel/base/env.h"
+#include "tessel/collectives/gloo/network_interface.h"
 #include "tessel/base/logging.h"
 #include "tessel/collectives/store.h"
 #include "tessel/launcher/failure_report.h"
@@ -119,8 +125,9 @@ std::string make_log_dir(const LaunchOptions& o) {
     make_dir(o.log_dir);
     return o.log_dir;
   }
-  const char* tmp = std::getenv("TMPDIR");
-  std::string templ = fmt::format("{}/tessel-run-{}-XXXXXX", tmp ? tmp : "/tmp", o.rdzv_id);
+  const std::string root = default_log_root(current_environment());
+  if (mkdir(root.c_str(), 0700) != 0 && errno != EEXIST) throw_system_error("mkdir " + root, errno);
+  std::string templ = fmt::format("{}/{}-XXXXXX", root, o.rdzv_id);
   if (mkdtemp(templ.data()) == nullptr) throw_system_error("mkdtemp " + templ, errno);
   return templ;
 }
@@ -182,10 +189,18 @@ class RoundControl {
 
   void heartbeat_loop() {
     auto last_ok = SteadyClock::now();
+    auto last_pass = last_ok;
     const auto bound = interval_ * misses_;
     std::unique_lock lock(mu_);
     while (!cv_.wait_for(lock, interval_, [&] { return stopped_; })) {
       lock.unlock();
+      if (const auto gap = SteadyClock::now() - last_pass; gap > bound) {
+        // Our own silence (SIGSTOP, a paused VM, CPU starvation), not the server's.
+        log_warn(kL, "this node did not run for {} (stopped or starved), longer than the "
+                     "heartbeat bound {}: the rendezvous server may have declared it lost",
+                 format_duration(gap), format_duration(bound));
+        last_ok = SteadyClock::now();
+      }
       bool stale = false;
       try {
         client_.heartbeat(node_id_, round_, std::max(interval_, std::chrono::milliseconds(200)));
@@ -194,9 +209,11 @@ class RoundControl {
         stale = e.code() == grpc::StatusCode::FAILED_PRECONDITION;
         if (e.code() == grpc::StatusCode::UNAUTHENTICATED) stale = true;
       }
+      last_pass = SteadyClock::now();
       if (!stale && SteadyClock::now() - last_ok > bound) {
-        log_error(kL, "rendezvous server {} lost: no answer for {}", client_.endpoint(),
-                  format_duration(SteadyClock::now() - last_ok));
+        log_warn(kL, "no answer from the rendezvous server {} for {} (the heartbeat bound): "
+                     "stopping this node's workers and joining the job again",
+                 client_.endpoint(), format_duration(SteadyClock::now() - last_ok));
         push({.server_lost = true, .event = {}});
         lock.lock();
         return;
@@ -244,6 +261,89 @@ class RoundControl {
   std::thread heartbeat_;
   std::thread watcher_;
 };
+
+// What a worker wrote to TORCHELASTIC_ERROR_FILE (torchrun's @record format: {"message":
+// {"message": "...", "extraInfo": {"py_callstack": "..."}}}), as a few lines for the report;
+// "" when it wrote nothing.
+std::string error_file_summary(const std::string& path) {
+  std::ifstream in(path);
+  if (!in.good()) return "";
+  std::stringstream text;
+  text << in.rdbuf();
+  const auto last_lines = [](const std::string& t, size_t n) {
+    std::vector<std::string> lines;
+    std::istringstream s(t);
+    for (std::string line; std::getline(s, line);) lines.push_back(line);
+    std::string out;
+    for (size_t i = lines.size() > n ? lines.size() - n : 0; i < lines.size(); ++i) {
+      out += lines[i] + (i + 1 < lines.size() ? "\n" : "");
+    }
+    return out;
+  };
+  try {
+    const auto j = nlohmann::json::parse(text.str());
+    const auto& m = j.contains("message") ? j["message"] : j;
+    if (m.is_string()) return m.get<std::string>();
+    std::string out = m.value("message", std::string());
+    if (m.contains("extraInfo") && m["extraInfo"].contains("py_callstack")) {
+      out += "\n" + last_lines(m["extraInfo"]["py_callstack"].get<std::string>(), 8);
+    }
+    return out;
+  } catch (const std::exception&) {
+    return last_lines(text.str(), 8);
+  }
+}
+
+// How PROGRAM is started: itself, or with the Python interpreter as torchrun does (.py files,
+// -m modules, --run-path scripts; -u for unbuffered output). Throws ProgramError (127/126).
+std::pair<std::string, std::vector<std::string>> program_command(const LaunchOptions& o) {
+  const char* path_env = std::getenv("PATH");
+  const std::string path = path_env ? path_env : "/usr/bin:/bin";
+  const bool py_file = o.program.size() > 3 && o.program.ends_with(".py");
+  const bool python = o.module || o.run_path || (py_file && !o.no_python);
+  if (!python) return {resolve_program(o.program, path), o.program_args};
+  std::string interpreter;
+  try {
+    interpreter = resolve_program(env_string(EnvKnob::kPython), path);
+  } catch (const ProgramError& e) {
+    throw ProgramError(fmt::format("{} runs with Python, but {} (TESSEL_PYTHON; --no-python "
+                                   "runs it directly)", o.program, e.message()),
+                       e.exit_status());
+  }
+  std::vector<std::string> args = {"-u"};
+  if (o.module) {
+    args.insert(args.end(), {"-m", o.program});
+  } else {
+    struct stat st {};
+    if (stat(o.program.c_str(), &st) != 0) {
+      throw ProgramError(fmt::format("program '{}' does not exist", o.program), 127);
+    }
+    if (o.run_path) {
+      args.insert(args.end(), {"-c",
+                               "import runpy, sys; sys.argv = sys.argv[1:]; "
+                               "runpy.run_path(sys.argv[0], run_name='__main__')"});
+    }
+    args.push_back(o.program);
+  }
+  args.insert(args.end(), o.program_args.begin(), o.program_args.end());
+  return {interpreter, args};
+}
+
+// A run id for --standalone (torchrun generates one too): 8-4-4-4-12 random hex digits.
+std::string generate_run_id() {
+  const std::string hex = generate_token();
+  return fmt::format("{}-{}-{}-{}-{}", hex.substr(0, 8), hex.substr(8, 4), hex.substr(12, 4),
+                     hex.substr(16, 4), hex.substr(20, 12));
+}
+
+bool is_loopback_host(const std::string& host) {
+  if (host == "localhost") return true;
+  try {
+    return network_route_to(host).interface == "lo";
+  } catch (const Error&) {
+    return false;
+  }
+}
 
 // The trace tool to run: as given when it names a path or is on PATH; the default
 // `tessel-trace` is also looked for beside tessel-run (installed layout) and in the build
@@ -309,11 +409,13 @@ std::optional<proto::Failure> first_failure_root_cause(const proto::Failure& roo
 
 // The store client an agent records its workers' exits with; null (logged) when the store
 // cannot be reached.
-std::unique_ptr<WorkerExitLog> make_exit_log(const std::string& endpoint, const std::string& token) {
+std::unique_ptr<WorkerExitLog> make_exit_log(const std::string& endpoint, const std::string& token,
+                                             const TlsFiles& tls) {
   try {
     StoreClientOptions client;
     client.address = endpoint;
     client.token = token;
+    client.tls = tls;
     client.connect_timeout = std::chrono::seconds(5);
     client.rpc_timeout = std::chrono::seconds(2);
     return std::make_unique<WorkerExitLog>(std::make_shared<StoreClient>(client),
@@ -335,6 +437,7 @@ std::function<std::optional<proto::Failure>(const proto::Failure&, int64_t, int)
     StoreClientOptions client;
     client.address = *server_address;
     client.token = token;
+    client.tls = o.tls;
     client.connect_timeout = std::chrono::seconds(10);
     StoreDumpChannel channel(std::make_shared<StoreClient>(client));
     const std::string dir = fmt::format("{}/flight_recorder_round_{}", log_dir, round);
@@ -360,6 +463,8 @@ RendezvousServerOptions server_options(const LaunchOptions& o, const std::string
   s.master_addr = o.master_addr;
   s.master_port = o.master_port;
   s.dump_on_hang = o.dump_on_hang;
+  s.tls = o.tls;
+  s.host_name = hostname();
   return s;
 }
 
@@ -374,7 +479,7 @@ std::map<std::string, std::string> worker_environment(const LaunchOptions& o,
       {"LOCAL_RANK", std::to_string(local_rank)},
       {"GROUP_RANK", std::to_string(r.group_rank())},
       {"ROLE_RANK", std::to_string(rank)},
-      {"ROLE_NAME", "default"},
+      {"ROLE_NAME", o.role},
       {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
       {"WORLD_SIZE", std::to_string(r.world_size())},
       {"GROUP_WORLD_SIZE", std::to_string(r.group_world_size())},
@@ -404,6 +509,13 @@ struct NodeAgent::Impl {
   std::unique_ptr<WorkerGroup> workers;
   std::unique_ptr<WorkerExitLog> exit_log;  // null when the job's store cannot be reached
   std::string endpoint;
+  NetworkRoute route;               // this node's worker-facing address and its interface
+  std::string attempt_dir;
+  bool default_log_dir = false;     // made by us: removed after success unless --keep-logs
+  std::string local_token_dir;      // set when the token is a local one (every node here)
+  int local_token_port = 0;
+  bool published_token = false;
+  std::optional<proto::Failure> last_root_cause;  // of the last failed round, for every exit
 
   std::vector<std::string> base_environment() const {
     std::vector<std::string> env;
@@ -423,24 +535,41 @@ struct NodeAgent::Impl {
       vars["TESSEL_STORE_ADDR"] = endpoint;
       vars["TESSEL_STORE_TOKEN"] = token;
       vars["TESSEL_AGENT_ID"] = node_id;
+      vars["TORCHELASTIC_ERROR_FILE"] = error_file(r.rank_offset() + local);
+      if (!o.tls.cert.empty()) vars["TESSEL_TLS_CERT"] = o.tls.cert;
+      if (!o.tls.key.empty()) vars["TESSEL_TLS_KEY"] = o.tls.key;
+      if (!o.tls.ca.empty()) vars["TESSEL_TLS_CA"] = o.tls.ca;
       WorkerSpec s{local, r.rank_offset() + local, {}};
-      bool omp_set = false;
+      std::set<std::string> inherited;
       for (const auto& e : base) {
         const std::string name = e.substr(0, e.find('='));
         if (vars.count(name) != 0) continue;
-        omp_set |= name == "OMP_NUM_THREADS";
+        inherited.insert(name);
         s.env.push_back(e);
       }
       // torchrun sets OMP_NUM_THREADS=1 for several workers per node unless the user did.
-      if (!omp_set && o.nproc_per_node > 1) s.env.push_back("OMP_NUM_THREADS=1");
+      if (!inherited.count("OMP_NUM_THREADS") && o.nproc_per_node > 1) {
+        s.env.push_back("OMP_NUM_THREADS=1");
+      }
+      // Gloo (ours, and PyTorch's) binds the interface that reaches the rendezvous, unless the
+      // user chose one: a host name resolving to 127.0.1.1 must not send peers to loopback.
+      if (!route.interface.empty()) {
+        if (!inherited.count("TESSEL_GLOO_IFACE")) s.env.push_back("TESSEL_GLOO_IFACE=" + route.interface);
+        if (!inherited.count("GLOO_SOCKET_IFNAME")) s.env.push_back("GLOO_SOCKET_IFNAME=" + route.interface);
+      }
       for (const auto& [k, v] : vars) s.env.push_back(k + "=" + v);
       out.push_back(std::move(s));
     }
     return out;
   }
 
+  std::string error_file(int rank) const {
+    return fmt::format("{}/rank_{}.error.json", attempt_dir, rank);
+  }
+
   proto::Failure failure_of(const WorkerExit& e, const proto::JoinResponse& r) const {
     proto::Failure f;
+    f.set_error_file(error_file_summary(error_file(e.global_rank)));
     f.set_node_id(node_id);
     f.set_host(host);
     f.set_rank(e.global_rank);
@@ -455,7 +584,7 @@ struct NodeAgent::Impl {
     return f;
   }
 
-  enum class RoundEnd { kRestart, kFinal, kServerLost };
+  enum class RoundEnd { kRestart, kFinal, kLinkLost };
 
   // Supervises one round's workers until the server's event for the round arrives.
   RoundEnd supervise(const proto::JoinResponse& r, RoundControl& control, proto::JobEvent* out) {
@@ -546,7 +675,7 @@ struct NodeAgent::Impl {
           (void)!::read(event_fd, &n, sizeof(n));
           while (auto e = control.take()) {
             if (!e->server_lost) *out = e->event;
-            end = e->server_lost ? RoundEnd::kServerLost
+            end = e->server_lost ? RoundEnd::kLinkLost
                   : e->event.kind() == proto::JobEvent::RESTART ? RoundEnd::kRestart
                                                                 : RoundEnd::kFinal;
             if (!stopping || holding) {
@@ -567,45 +696,136 @@ struct NodeAgent::Impl {
 
   int interrupt_signal = 0;
 
-  // Joins on a scoped thread while this thread watches the signal fd: SIGINT/SIGTERM while
-  // waiting for a round cancels the join. False when interrupted.
-  bool join_interruptibly(const proto::JoinRequest& join, proto::JoinResponse* response) {
-    grpc::ClientContext context;
-    std::exception_ptr error;
-    const int done_fd = eventfd(0, EFD_CLOEXEC);
-    if (done_fd < 0) throw_system_error("eventfd", errno);
-    std::thread joiner([&] {
-      try {
-        *response = client->join(join, o.rdzv_timeout, &context);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      const uint64_t one = 1;
-      (void)!::write(done_fd, &one, sizeof(one));
-    });
-    for (;;) {
-      pollfd fds[2] = {{done_fd, POLLIN, 0}, {signal_fd, POLLIN, 0}};
-      if (::poll(fds, 2, -1) < 0 && errno == EINTR) continue;
-      if (fds[0].revents != 0) break;
-      signalfd_siginfo info{};
-      if (::read(signal_fd, &info, sizeof(info)) == sizeof(info) &&
-          (info.ssi_signo == SIGINT || info.ssi_signo == SIGTERM || info.ssi_signo == SIGHUP)) {
-        interrupt_signal = static_cast<int>(info.ssi_signo);
-        context.TryCancel();
-      }
-    }
-    joiner.join();
-    ::close(done_fd);
-    if (interrupt_signal != 0) return false;
-    if (error) std::rethrow_exception(error);
-    return true;
+  // " The last failed round: ..." for exits that are not the job's failure itself.
+  std::string root_cause_note() const {
+    if (!last_root_cause) return "";
+    return "; the job's last failure was " + one_line_root_cause(*last_root_cause);
   }
 
-  AgentResult interrupted_result() const {
-    return {128 + interrupt_signal,
-            fmt::format("tessel-run: {} while waiting for the rendezvous round; no workers ran\n",
-                        signal_name(interrupt_signal)),
-            log_dir};
+  AgentResult error_with_cause(ExitCode code, const std::string& message) const {
+    AgentResult r = error_result(code, message + root_cause_note());
+    r.log_dir = log_dir;
+    return r;
+  }
+
+  // How join_round ended.
+  struct Joined {
+    std::optional<proto::JoinResponse> round = std::nullopt;  // joined
+    std::optional<proto::JobEvent> finished = std::nullopt;   // the job had ended: its outcome
+    std::optional<AgentResult> exit = std::nullopt;  // interrupted, unreachable, timed out...
+  };
+
+  // Joins the next round. The Join waits on a scoped thread; this thread watches the signal
+  // fd and pings the server every --monitor-interval: a server that stops answering is
+  // reported within the heartbeat bound, and given up after --rdzv-connect-timeout (a link
+  // that comes back in time keeps the node in the job). A broken Join is retried.
+  Joined join_round(const proto::JoinRequest& join) {
+    const auto bound = o.monitor_interval * o.heartbeat_misses;
+    const auto started = SteadyClock::now();
+    auto last_contact = started;
+    bool warned = false;
+    for (;;) {
+      grpc::ClientContext context;
+      std::exception_ptr error;
+      proto::JoinResponse response;
+      const int done_fd = eventfd(0, EFD_CLOEXEC);
+      if (done_fd < 0) throw_system_error("eventfd", errno);
+      const auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(
+          o.rdzv_timeout - (SteadyClock::now() - started));
+      std::thread joiner([&] {
+        try {
+          response = client->join(join, std::max(remaining, std::chrono::milliseconds(1)), &context);
+        } catch (...) {
+          error = std::current_exception();
+        }
+        const uint64_t one = 1;
+        (void)!::write(done_fd, &one, sizeof(one));
+      });
+      bool silent_too_long = false;
+      for (;;) {
+        pollfd fds[2] = {{done_fd, POLLIN, 0}, {signal_fd, POLLIN, 0}};
+        const int n = ::poll(fds, 2, static_cast<int>(o.monitor_interval.count()));
+        if (n < 0 && errno == EINTR) continue;
+        if (fds[0].revents != 0) break;
+        if (fds[1].revents != 0) {
+          signalfd_siginfo info{};
+          if (::read(signal_fd, &info, sizeof(info)) == sizeof(info) &&
+              (info.ssi_signo == SIGINT || info.ssi_signo == SIGTERM ||
+               info.ssi_signo == SIGHUP)) {
+            interrupt_signal = static_cast<int>(info.ssi_signo);
+            context.TryCancel();
+          }
+          continue;
+        }
+        if (silent_too_long || interrupt_signal != 0) continue;  // cancelled; joiner ends
+        try {
+          client->ping(node_id, o.monitor_interval);
+          if (warned) log_warn(kL, "rendezvous server {} answers again", endpoint);
+          warned = false;
+          last_contact = SteadyClock::now();
+        } catch (const RpcError&) {
+          const auto silent = SteadyClock::now() - last_contact;
+          if (silent > bound && !warned) {
+            warned = true;
+            log_warn(kL, "rendezvous server {} has not answered for {} (the heartbeat bound); "
+                         "waiting up to --rdzv-connect-timeout {} for it",
+                     endpoint, format_duration(silent), format_duration(o.rdzv_connect_timeout));
+          }
+          if (silent > o.rdzv_connect_timeout) {
+            silent_too_long = true;
+            context.TryCancel();
+          }
+        }
+      }
+      joiner.join();
+      ::close(done_fd);
+      if (interrupt_signal != 0) {
+        return {.exit = AgentResult{
+                    128 + interrupt_signal,
+                    fmt::format("tessel-run: {} while waiting for the rendezvous round; no "
+                                "workers ran{}\n", signal_name(interrupt_signal), root_cause_note()),
+                    log_dir}};
+      }
+      if (silent_too_long) {
+        return {.exit = error_with_cause(
+                    ExitCode::kRendezvousUnreachable,
+                    fmt::format("lost the rendezvous server {}: no answer for {} "
+                                "(--rdzv-connect-timeout); workers stopped",
+                                endpoint, format_duration(o.rdzv_connect_timeout)))};
+      }
+      if (!error) return {.round = response};
+      try {
+        std::rethrow_exception(error);
+      } catch (const RpcError& e) {
+        switch (e.code()) {
+          case grpc::StatusCode::FAILED_PRECONDITION: {  // the job ended meanwhile
+            grpc::ClientContext outcome;
+            return {.finished = client->wait_event(node_id, -1, kRpcTimeout, &outcome)};
+          }
+          case grpc::StatusCode::ALREADY_EXISTS:
+            return {.exit = error_result(ExitCode::kInvalidConfig, e.message())};
+          case grpc::StatusCode::UNAUTHENTICATED:
+            return {.exit = error_result(ExitCode::kUnauthenticated, e.message())};
+          case grpc::StatusCode::DEADLINE_EXCEEDED:
+            return {.exit = error_with_cause(
+                        ExitCode::kRendezvousTimeout,
+                        fmt::format("round did not form within --rdzv-timeout {} ({} nodes "
+                                    "wanted)", format_duration(o.rdzv_timeout),
+                                    o.min_nodes == o.max_nodes
+                                        ? std::to_string(o.min_nodes)
+                                        : fmt::format("{}:{}", o.min_nodes, o.max_nodes)))};
+          default:  // the connection broke (ABORTED: replaced by a newer Join): try again
+            if (SteadyClock::now() - last_contact > o.rdzv_connect_timeout) {
+              return {.exit = error_with_cause(
+                          ExitCode::kRendezvousUnreachable,
+                          fmt::format("lost the rendezvous server {}: {}", endpoint,
+                                      e.message()))};
+            }
+            pollfd p{signal_fd, 0, 0};
+            ::poll(&p, 1, static_cast<int>(o.monitor_interval.count()));
+        }
+      }
+    }
   }
 
   AgentResult final_result(const proto::JobEvent& event) {
@@ -624,49 +844,113 @@ struct NodeAgent::Impl {
     return result;
   }
 
+  // The token, and whether this agent serves the rendezvous; starts the server if so.
+  void start_rendezvous() {
+    auto server_address = std::make_shared<std::string>();
+    const auto start_server = [&](const std::string& bind) {
+      auto so = server_options(o, bind, token);
+      so.on_hang = hang_hook(o, server_address, token, log_dir);
+      server = std::make_unique<RendezvousServer>(so);
+      *server_address = server->address();
+    };
+    if (o.standalone) {
+      token = generate_token();
+      start_server("127.0.0.1:0");
+      endpoint = server->address();
+      return;
+    }
+    endpoint = o.rdzv_endpoint;
+    const std::string host = endpoint_host(endpoint);
+    const bool token_given = !o.rdzv_token_file.empty() || !env_string(EnvKnob::kRdzvToken).empty();
+    const bool hosting = o.is_host.value_or(endpoint_is_local(endpoint) && !endpoint_in_use(endpoint));
+    // Every node on this host (a loopback endpoint), or a one-node job serving itself: no
+    // token from the user; the serving agent publishes one for the others on this host.
+    const bool local_token = !token_given && (is_loopback_host(host) || (o.max_nodes == 1 && hosting));
+    token = local_token ? generate_token() : load_token(o.rdzv_token_file);
+    if (hosting) {
+      try {
+        start_server(endpoint);
+      } catch (const CommError& e) {
+        if (o.is_host.value_or(false)) throw;
+        log_info(kL, "not hosting the rendezvous ({}); joining as a client", e.message());
+      }
+    }
+    if (local_token) {
+      local_token_dir = default_log_root(current_environment());
+      local_token_port = std::atoi(endpoint.c_str() + endpoint.rfind(':') + 1);
+      if (server) {
+        publish_local_token(local_token_dir, local_token_port, token);
+        published_token = true;
+      } else {
+        token.clear();  // read from the serving agent's file when connecting
+      }
+    }
+  }
+
+  // Connects to the rendezvous (reading the local token when another agent here publishes it).
+  void connect() {
+    RendezvousClientOptions co;
+    co.tls = o.tls;
+    if (token.empty() && local_token_port != 0) {
+      const Deadline give_up = Deadline::after(o.rdzv_connect_timeout);
+      for (;;) {
+        token = read_local_token(local_token_dir, local_token_port);
+        if (!token.empty()) {
+          client = std::make_unique<RendezvousClient>(endpoint, token, co);
+          try {
+            client->wait_connected(std::min<std::chrono::milliseconds>(
+                std::chrono::seconds(2), std::chrono::ceil<std::chrono::milliseconds>(give_up.remaining())));
+            return;
+          } catch (const Error&) {  // not served yet, or a token left by an earlier job
+          }
+        }
+        if (give_up.expired()) {
+          throw Unavailable(fmt::format(
+              "rendezvous endpoint {} unreachable within {}: no agent on this host serves it "
+              "(looked for its token at {})", endpoint, format_duration(o.rdzv_connect_timeout),
+              local_token_path(local_token_dir, local_token_port)));
+        }
+        pollfd p{signal_fd, 0, 0};
+        ::poll(&p, 1, 100);
+      }
+    }
+    client = std::make_unique<RendezvousClient>(endpoint, token, co);
+    client->wait_connected(o.rdzv_connect_timeout);
+  }
+
   AgentResult run() {
-    const char* path = std::getenv("PATH");
-    const std::string program = resolve_program(o.program, path ? path : "/usr/bin:/bin");
-    token = o.standalone ? generate_token() : load_token(o.rdzv_token_file);
+    const auto [program, program_args] = program_command(o);
+    for (const std::string& note : o.notes) std::fprintf(stderr, "tessel-run: note: %s\n", note.c_str());
+    if (o.standalone && !o.rdzv_id_given) o.rdzv_id = generate_run_id();
     char nonce[16];
     snprintf(nonce, sizeof(nonce), "%08x", static_cast<unsigned>(std::hash<std::string>{}(
                                                 generate_token())));
     node_id = fmt::format("{}:{}:{}", host, getpid(), nonce);
     guard = std::make_unique<OrphanGuard>(node_id);  // before any thread
+    default_log_dir = o.log_dir.empty();
     log_dir = make_log_dir(o);
 
-    auto server_address = std::make_shared<std::string>();
-    if (o.standalone) {
-      auto so = server_options(o, "127.0.0.1:0", token);
-      so.on_hang = hang_hook(o, server_address, token, log_dir);
-      server = std::make_unique<RendezvousServer>(so);
-      endpoint = server->address();
-    } else {
-      endpoint = o.rdzv_endpoint;
-      if (endpoint_is_local(endpoint) && !endpoint_in_use(endpoint)) {
-        try {
-          auto so = server_options(o, endpoint, token);
-          so.on_hang = hang_hook(o, server_address, token, log_dir);
-          server = std::make_unique<RendezvousServer>(so);
-        } catch (const CommError& e) {
-          log_info(kL, "not hosting the rendezvous ({}); joining as a client", e.message());
-        }
-      }
+    start_rendezvous();
+    // The worker-facing address: the one that reaches the rendezvous (or --local-addr).
+    route = network_route_to(endpoint_host(endpoint));
+    if (!o.local_addr.empty()) {
+      route = {o.local_addr, interface_with_address(o.local_addr)};
+      TESSEL_CHECK(!route.interface.empty(), InvalidArgument,
+                   "--local-addr {} is not an address of this host", o.local_addr);
     }
-    if (server) *server_address = server->address();
-    client = std::make_unique<RendezvousClient>(endpoint, token);
-    client->wait_connected(o.rdzv_connect_timeout);
+    connect();
 
     LogMuxOptions mo;
     mo.prefix_format = o.log_prefix;
     mo.host = host;
+    mo.role = o.role;
     mo.redirects = o.redirects;
     mo.console_local_ranks = o.local_ranks_filter;
     mux = std::make_unique<LogMux>(mo);
     event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (event_fd < 0) throw_system_error("eventfd", errno);
-    workers = std::make_unique<WorkerGroup>(program, o.program_args, mux.get(), guard.get());
-    exit_log = make_exit_log(endpoint, token);
+    workers = std::make_unique<WorkerGroup>(program, program_args, mux.get(), guard.get());
+    exit_log = make_exit_log(endpoint, token, o.tls);
     workers->add_external_fd(signal_fd);
     workers->add_external_fd(event_fd);
 
@@ -677,12 +961,15 @@ struct NodeAgent::Impl {
       join.set_nproc(o.nproc_per_node);
       join.set_requested_rank(o.node_rank);
       join.set_master_port(free_port());
-      proto::JoinResponse r;
-      if (!join_interruptibly(join, &r)) return interrupted_result();
+      join.set_addr(route.address);
+      Joined joined = join_round(join);
+      if (joined.exit) return *joined.exit;
+      if (joined.finished) return final_result(*joined.finished);
+      const proto::JoinResponse& r = *joined.round;
       log_info(kL, "round {}: group rank {} of {}, ranks {}..{} of {}", r.round(), r.group_rank(),
                r.group_world_size(), r.rank_offset(), r.rank_offset() + o.nproc_per_node - 1,
                r.world_size());
-      const std::string attempt_dir = fmt::format("{}/attempt_{}", log_dir, r.restart_count());
+      attempt_dir = fmt::format("{}/attempt_{}", log_dir, r.restart_count());
       make_dir(attempt_dir);
       std::vector<int> ranks;
       for (int i = 0; i < o.nproc_per_node; ++i) ranks.push_back(r.rank_offset() + i);
@@ -693,13 +980,11 @@ struct NodeAgent::Impl {
       proto::JobEvent event;
       const RoundEnd end = supervise(r, control, &event);
       control.stop();
-      if (end == RoundEnd::kRestart) continue;
-      if (end == RoundEnd::kServerLost) {
-        return error_result(ExitCode::kRendezvousUnreachable,
-                            fmt::format("lost the rendezvous server {} (no heartbeat answer for "
-                                        "{} x {}); workers stopped", endpoint,
-                                        o.heartbeat_misses, format_duration(o.monitor_interval)));
+      if (end == RoundEnd::kRestart) {
+        last_root_cause = event.root_cause();
+        continue;
       }
+      if (end == RoundEnd::kLinkLost) continue;  // workers stopped; join the job again
       return final_result(event);
     }
   }
@@ -714,10 +999,26 @@ NodeAgent::~NodeAgent() {
   if (impl_->workers) impl_->workers->kill_all();
   impl_->workers.reset();
   if (impl_->server) impl_->server->stop();
+  if (impl_->published_token) {
+    withdraw_local_token(impl_->local_token_dir, impl_->local_token_port, impl_->token);
+  }
   if (impl_->event_fd >= 0) ::close(impl_->event_fd);
 }
 
 AgentResult NodeAgent::run() {
+  AgentResult result = run_guarded();
+  // A default log directory goes once the job succeeded (failures keep theirs: the report
+  // points into it); --log-dir and --keep-logs keep it.
+  if (result.exit_status == 0 && impl_->default_log_dir && !impl_->o.keep_logs &&
+      !impl_->log_dir.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(impl_->log_dir, ignored);
+    result.log_dir.clear();
+  }
+  return result;
+}
+
+AgentResult NodeAgent::run_guarded() {
   try {
     return impl_->run();
   } catch (const ProgramError& e) {
@@ -743,6 +1044,10 @@ AgentResult NodeAgent::run() {
     const bool token = e.message().find("token") != std::string::npos;
     return error_result(token ? ExitCode::kUnauthenticated : ExitCode::kInvalidConfig,
                         e.message());
+  } catch (const IoError& e) {
+    // A token file that cannot be read is a missing token, not an internal failure.
+    const bool token = e.message().find("token") != std::string::npos;
+    return error_result(token ? ExitCode::kUnauthenticated : ExitCode::kInternal, e.message());
   } catch (const std::exception& e) {
     return error_result(ExitCode::kInternal, e.what());
   }

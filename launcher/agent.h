@@ -45,6 +45,7 @@ class NodeAgent {
   AgentResult run();
 
  private:
+  AgentResult run_guarded();
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -46,16 +46,40 @@ std::string utc_time(int64_t us) {
 
 }  // namespace
 
+std::string node_label(const proto::Failure& f) {
+  if (f.addr().empty()) return fmt::format("host {}", f.host());
+  if (f.group_rank() < 0) return fmt::format("{} (host {})", f.addr(), f.host());
+  return fmt::format("node {} ({}, host {})", f.group_rank(), f.addr(), f.host());
+}
+
+std::string one_line_root_cause(const proto::Failure& f) {
+  if (f.rank() >= 0) {
+    return fmt::format("round {}: rank {} (local rank {}) on {}, pid {}: {}", f.round(), f.rank(),
+                       f.local_rank(), node_label(f), f.pid(), what_happened(f));
+  }
+  return fmt::format("round {}: {}: {}", f.round(), node_label(f), what_happened(f));
+}
+
 std::string format_failure_report(const proto::Failure& f, int restart_count, int max_restarts) {
   std::string out = fmt::format(
       "tessel-run: job failed after {} of {} restarts; root cause (first failure by the "
       "server's clock, {}, round {}):\n",
       restart_count, max_restarts, utc_time(f.server_time_us()), f.round());
   if (f.rank() >= 0) {
-    out += fmt::format("  rank {} (local rank {}) on host {}, pid {}: {}\n", f.rank(),
-                       f.local_rank(), f.host(), f.pid(), what_happened(f));
+    out += fmt::format("  rank {} (local rank {}) on {}, pid {}: {}\n", f.rank(), f.local_rank(),
+                       node_label(f), f.pid(), what_happened(f));
   } else {
-    out += fmt::format("  node {} (host {}): {}\n", f.node_id(), f.host(), what_happened(f));
+    out += fmt::format("  {}: {}\n", node_label(f), what_happened(f));
+  }
+  if (!f.error_file().empty()) {
+    out += "  its error file (TORCHELASTIC_ERROR_FILE):\n";
+    size_t pos = 0;
+    const std::string& t = f.error_file();
+    while (pos < t.size()) {
+      const size_t nl = std::min(t.find('\n', pos), t.size());
+      out += "    | " + t.substr(pos, nl - pos) + "\n";
+      pos = nl + 1;
+    }
   }
   if (!f.stderr_tail().empty()) {
     out += "  last lines of its stderr:\n";
@@ -75,6 +99,9 @@ std::string failure_report_json(const proto::Failure& f, int restart_count) {
   nlohmann::json j = {
       {"host", f.host()},
       {"node_id", f.node_id()},
+      {"addr", f.addr()},
+      {"group_rank", f.addr().empty() ? -1 : f.group_rank()},
+      {"error_file", f.error_file()},
       {"rank", f.rank()},
       {"local_rank", f.local_rank()},
       {"pid", f.pid()},

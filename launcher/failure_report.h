@@ -15,6 +15,12 @@ std::string signal_name(int signal);
 // worker (or interrupted the job), else the worker's exit code; 1 when a whole node was lost.
 int root_cause_exit_status(const proto::Failure& root_cause);
 
+// "node 1 (10.0.0.2, host node-b)": how reports name a node (address and group rank).
+std::string node_label(const proto::Failure& failure);
+// The root cause in one line, for messages of exits that are not the job's failure itself
+// (a rendezvous timeout after a restart, a lost server): "round 0: node 2 (...): node lost ...".
+std::string one_line_root_cause(const proto::Failure& failure);
+
 // The report people read:
 //   tessel-run: job failed (root cause, first by the server's clock at 2026-...):
 //     rank 3 (local 1) on host node-b, pid 4242: exited with code 1
@@ -22,7 +28,7 @@ int root_cause_exit_status(const proto::Failure& root_cause);
 std::string format_failure_report(const proto::Failure& root_cause, int restart_count,
                                   int max_restarts);
 
-// The same as a JSON object (keys: host, node_id, rank, local_rank, pid, exit_code, signal,
+// The same as a JSON object (keys: host, node_id, addr, group_rank, error_file, rank, local_rank, pid, exit_code, signal,
 // signal_name, reason, stderr_tail, server_time_us, round, restart_count, exit_status).
 std::string failure_report_json(const proto::Failure& root_cause, int restart_count);
 

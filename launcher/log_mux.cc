@@ -85,6 +85,8 @@ std::string LogMux::prefix(int local_rank, int global_rank, WorkerStream stream)
       out += std::to_string(local_rank), i += 12;
     } else if (token("{host}")) {
       out += options_.host, i += 6;
+    } else if (token("{role}")) {
+      out += options_.role, i += 6;
     } else if (token("{stream}")) {
       out += stream == WorkerStream::kStdout ? "out" : "err", i += 8;
     } else {

@@ -46,9 +46,11 @@ struct StreamSelection {
 };
 
 struct LogMuxOptions {
-  std::string prefix_format = "[{node}:{rank}]";  // {node} {rank} {local_rank} {host} {stream}
+  // {node} {rank} {local_rank} {host} {role} {stream}
+  std::string prefix_format = "[{node}:{rank}]";
   int node_rank = 0;
   std::string host;
+  std::string role = "default";
   StreamSelection redirects;  // streams kept in files only, off the console (--redirects)
   std::optional<std::set<int>> console_local_ranks;  // --local-ranks-filter
   int console_stdout_fd = 1;

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "tessel/collectives/store_tls.h"
 #include "tessel/launcher/exit_codes.h"
-
 #include "tessel/launcher/log_mux.h"
 
 namespace tessel::launcher {
@@ -26,11 +26,17 @@ struct LaunchOptions {
   int nproc_per_node = 1;
   bool standalone = false;
   std::string rdzv_endpoint;              // HOST:PORT; empty under --standalone
-  std::string rdzv_id = "none";           // TORCHELASTIC_RUN_ID
+  std::string rdzv_id = "none";           // TORCHELASTIC_RUN_ID ("none": generated if standalone)
+  bool rdzv_id_given = false;
+  std::string rdzv_backend = "static";     // accepted; tessel-run has one rendezvous
+  std::map<std::string, std::string> rdzv_conf;  // --rdzv-conf key=value,... as given
   int node_rank = -1;                     // -1: assigned by the rendezvous
   std::string master_addr;                // empty: the address of group rank 0's node
   int master_port = 0;                    // 0: a free port on group rank 0's node
   bool rdzv_server_only = false;          // --rdzv-server: run only the rendezvous server
+  std::string local_addr;                 // --local-addr: this node's worker-facing address
+  TlsFiles tls;                           // --rdzv-tls-cert/-key/-ca (or TESSEL_TLS_*)
+  std::optional<bool> is_host;            // --rdzv-conf is_host=: serve the rendezvous or not
 
   // Supervision.
   int max_restarts = 0;
@@ -47,16 +53,25 @@ struct LaunchOptions {
   std::string trace_tool = "tessel-trace";            // run as `<tool> analyze DIR`
 
   // Logs.
-  std::string log_dir;                    // empty: a fresh directory under $TMPDIR
+  std::string log_dir;                    // empty: a fresh one under default_log_root()
+  bool keep_logs = false;                 // keep a default log directory after success
   std::string log_prefix = "[{node}:{rank}]";
   StreamSelection redirects;              // streams kept off the console
   StreamSelection tee;                    // accepted for torchrun compatibility
   std::optional<std::set<int>> local_ranks_filter;  // console output only from these
   std::string rdzv_token_file;
 
-  // The program and its arguments.
+  // The program and its arguments, and how it is started: .py files, -m modules and
+  // --run-path scripts run with the Python interpreter (TESSEL_PYTHON), unless --no-python.
   std::string program;
   std::vector<std::string> program_args;
+  bool module = false;                    // -m/--module: python -m PROGRAM
+  bool no_python = false;                 // --no-python: execute PROGRAM itself
+  bool run_path = false;                  // --run-path: runpy.run_path(PROGRAM)
+  std::string role = "default";           // --role: ROLE_NAME
+
+  // One line each for torchrun flags that were given and mean nothing here (printed at start).
+  std::vector<std::string> notes;
 
   // Where values came from, for the start-up log line ("mpirun", "slurm", "flags").
   std::string topology_source = "flags";
@@ -80,6 +95,13 @@ Environment current_environment();
 // or Slurm (SLURM_*) provide, then the defaults shown by --help. Never throws for bad input:
 // errors come back with ExitCode::kUsage (syntax) or kInvalidConfig (values that cannot work).
 ParseResult parse_launch_options(int argc, const char* const* argv, const Environment& env);
+
+// Where default log directories go: $TMPDIR (or /tmp)/tessel-run-<uid>.
+std::string default_log_root(const Environment& env);
+
+// "HOST:PORT" checked and completed: torchrun's default port 29400 when none is given; IPv6
+// hosts in brackets. Throws InvalidArgument naming the text.
+std::string normalize_endpoint(const std::string& endpoint);
 
 // Parses "N" or "MIN:MAX" into (min, max). Throws InvalidArgument naming the text.
 std::pair<int, int> parse_nnodes(const std::string& text);

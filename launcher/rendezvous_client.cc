@@ -4,6 +4,7 @@
 
 #include "tessel/base/clock.h"
 #include "tessel/base/logging.h"
+#include "tessel/collectives/grpc/server_auth.h"
 #include "tessel/launcher/token.h"
 
 namespace tessel::launcher {
@@ -27,7 +28,8 @@ RendezvousClient::RendezvousClient(std::string endpoint, std::string token,
   // Reconnect fast after a blip: the heartbeat bound is short.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  channel_ = grpc::CreateCustomChannel(endpoint_, grpc::InsecureChannelCredentials(), args);
+  channel_ = grpc::CreateCustomChannel(endpoint_, internal::client_channel_credentials(options.tls),
+                                       args);
   stub_ = proto::Rendezvous::NewStub(channel_);
 }
 
@@ -38,7 +40,15 @@ void RendezvousClient::wait_connected(std::chrono::milliseconds timeout) {
   for (;;) {
     ++attempts;
     const auto wait = std::min<Nanoseconds>(backoff, deadline.remaining());
-    if (channel_->WaitForConnected(std::chrono::system_clock::now() + wait)) return;
+    if (channel_->WaitForConnected(std::chrono::system_clock::now() + wait)) {
+      try {
+        ping("", std::max(std::chrono::milliseconds(1000),
+                          std::chrono::ceil<std::chrono::milliseconds>(deadline.remaining())));
+        return;
+      } catch (const RpcError& e) {
+        if (e.code() == grpc::StatusCode::UNAUTHENTICATED) throw;
+      }
+    }
     if (deadline.expired()) break;
     log_info(LogComponent::kLauncher, "rendezvous {} not reachable yet (attempt {}), retrying",
              endpoint_, attempts);
@@ -129,6 +139,18 @@ void RendezvousClient::report_done(const std::string& node_id, int64_t round,
   proto::DoneResponse response;
   const grpc::Status status = stub_->ReportDone(&context, request, &response);
   if (!status.ok()) fail("ReportDone", status);
+}
+
+proto::PingResponse RendezvousClient::ping(const std::string& node_id,
+                                           std::chrono::milliseconds timeout) {
+  grpc::ClientContext context;
+  prepare(context, timeout);
+  proto::PingRequest request;
+  request.set_node_id(node_id);
+  proto::PingResponse response;
+  const grpc::Status status = stub_->Ping(&context, request, &response);
+  if (!status.ok()) fail("Ping", status);
+  return response;
 }
 
 proto::JobEvent RendezvousClient::wait_event(const std::string& node_id, int64_t round,

@@ -11,6 +11,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "tessel/base/error.h"
+#include "tessel/collectives/store_tls.h"
 #include "tessel/launcher/proto/rendezvous.grpc.pb.h"
 
 namespace tessel::launcher {
@@ -29,6 +30,7 @@ struct RendezvousClientOptions {
   // Own TCP connection per client (no subchannel sharing between channels in one process);
   // the benchmark sets it to simulate many agents from one process.
   bool private_connection = false;
+  TlsFiles tls;  // TLS when tls.ca or tls.cert is set
 };
 
 // Channel arguments for the control plane: small TCP read buffers and no BDP probing, so a
@@ -43,9 +45,12 @@ class RendezvousClient {
 
   const std::string& endpoint() const { return endpoint_; }
 
-  // Connects, retrying with exponential backoff (100 ms doubling to 2 s) until `timeout`.
-  // Throws Unavailable naming the endpoint and the attempts when it never answers.
+  // Connects and makes one call with the token (Ping), retrying with exponential backoff
+  // (100 ms doubling to 2 s) until `timeout`. Throws Unavailable naming the endpoint and the
+  // attempts when it never answers, RpcError (UNAUTHENTICATED) when it refuses the token.
   void wait_connected(std::chrono::milliseconds timeout);
+  // One Ping. Throws RpcError.
+  proto::PingResponse ping(const std::string& node_id, std::chrono::milliseconds timeout);
 
   // Joins the next round; blocks until it forms or `timeout`. Throws RpcError
   // (DEADLINE_EXCEEDED when the round did not form, UNAUTHENTICATED without the right token).

@@ -16,6 +16,8 @@
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
 #include "tessel/launcher/proto/rendezvous.grpc.pb.h"
+#include "tessel/collectives/grpc/connection_gate.h"
+#include "tessel/collectives/grpc/server_auth.h"
 #include "tessel/collectives/grpc/store_service.h"
 #include "tessel/launcher/token.h"
 
@@ -30,13 +32,6 @@ std::string peer_host(const std::string& peer) {
   std::string rest = peer.substr(peer.find(':') + 1);
   if (!rest.empty() && rest.front() == '[') return rest.substr(1, rest.find(']') - 1);
   return rest.substr(0, rest.rfind(':'));
-}
-
-bool authenticated(grpc::CallbackServerContext* ctx, const std::string& token) {
-  const auto& md = ctx->client_metadata();
-  auto it = md.find(std::string(kTokenMetadataKey));
-  if (it == md.end()) return false;
-  return tokens_equal(std::string_view(it->second.data(), it->second.size()), token);
 }
 
 grpc::Status unauthenticated() {
@@ -64,17 +59,55 @@ class RendezvousServer::State {
   explicit State(RendezvousServerOptions options) : options_(std::move(options)) {}
 
   const RendezvousServerOptions& options() const { return options_; }
+  void set_gate(internal::ConnectionGate* gate) { gate_ = gate; }
+
+  // The call carries the job token (network calls without it were refused on their headers;
+  // this check stays for defence in depth), and its connection is marked as authenticated.
+  bool authenticated(grpc::CallbackServerContext* ctx) {
+    const auto& md = ctx->client_metadata();
+    auto it = md.find(std::string(kTokenMetadataKey));
+    if (it == md.end() ||
+        !tokens_equal(std::string_view(it->second.data(), it->second.size()), options_.token)) {
+      return false;
+    }
+    if (gate_ != nullptr) gate_->authenticated(ctx->peer());
+    return true;
+  }
 
   grpc::ServerUnaryReactor* join(grpc::CallbackServerContext* ctx, const proto::JoinRequest* req,
                                  proto::JoinResponse* resp) {
-    if (!authenticated(ctx, options_.token)) return finish_now(ctx, unauthenticated());
+    if (!authenticated(ctx)) return finish_now(ctx, unauthenticated());
     std::unique_lock lock(mu_);
     if (phase_ == Phase::kFinished) {
       return finish_now(ctx, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                                           "the job has already finished"));
     }
+    check_stall_locked(lock);
+    const std::string addr = req->addr().empty() ? peer_host(ctx->peer()) : req->addr();
+    if (grpc::Status taken = check_rank_free_locked(*req); !taken.ok()) {
+      return finish_now(ctx, taken);
+    }
+    // A member of the running round joining again lost its link to the server (or its agent
+    // was stopped) long enough to give its round up: the round cannot go on without it.
+    if (auto m = members_.find(req->node_id());
+        m != members_.end() && phase_ == Phase::kRunning && !round_failed_ && !m->second.done) {
+      proto::Failure failure = node_failure_locked(
+          req->node_id(), "lost contact with the rendezvous server and rejoined");
+      fail_round_locked(std::move(failure), lock);
+    }
+    std::vector<Finisher> replaced;  // an earlier Join of the same agent (its link blipped)
+    for (auto it = joining_.begin(); it != joining_.end();) {
+      if (it->request.node_id() != req->node_id()) {
+        ++it;
+        continue;
+      }
+      replaced.push_back({it->call, grpc::Status(grpc::StatusCode::ABORTED,
+                                                 "replaced by a newer Join of the same agent")});
+      it = joining_.erase(it);
+    }
     auto* call = new ParkedCall(this);
-    joining_.push_back({*req, peer_host(ctx->peer()), call, resp});
+    joining_.push_back({*req, addr, call, resp});
+    finish_all(std::move(replaced), lock);
     log_info(kL, "node {} ({}) joined round {} ({} waiting, nnodes {}:{})", req->node_id(),
              req->host(), round_, joining_.size(), options_.min_nodes, options_.max_nodes);
     if (phase_ == Phase::kJoining) {
@@ -94,8 +127,9 @@ class RendezvousServer::State {
   grpc::ServerUnaryReactor* heartbeat(grpc::CallbackServerContext* ctx,
                                       const proto::HeartbeatRequest* req,
                                       proto::HeartbeatResponse* resp) {
-    if (!authenticated(ctx, options_.token)) return finish_now(ctx, unauthenticated());
-    std::lock_guard lock(mu_);
+    if (!authenticated(ctx)) return finish_now(ctx, unauthenticated());
+    std::unique_lock lock(mu_);
+    check_stall_locked(lock);
     resp->set_current_round(round_);
     grpc::Status status = check_member_locked(req->node_id(), req->round());
     if (status.ok()) members_[req->node_id()].last_seen = SteadyClock::now();
@@ -105,19 +139,23 @@ class RendezvousServer::State {
   grpc::ServerUnaryReactor* report_failure(grpc::CallbackServerContext* ctx,
                                            const proto::FailureRequest* req,
                                            proto::FailureResponse* resp) {
-    if (!authenticated(ctx, options_.token)) return finish_now(ctx, unauthenticated());
+    if (!authenticated(ctx)) return finish_now(ctx, unauthenticated());
     std::unique_lock lock(mu_);
     grpc::Status status = check_member_locked(req->node_id(), req->round());
     if (!status.ok()) return finish_now(ctx, status);
     proto::Failure failure = req->failure();
     failure.set_node_id(req->node_id());
+    if (auto m = members_.find(req->node_id()); m != members_.end()) {
+      failure.set_addr(m->second.assignment.addr());
+      failure.set_group_rank(m->second.assignment.group_rank());
+    }
     resp->set_root_cause(fail_round_locked(std::move(failure), lock));
     return finish_now(ctx, grpc::Status::OK);
   }
 
   grpc::ServerUnaryReactor* report_done(grpc::CallbackServerContext* ctx,
                                         const proto::DoneRequest* req, proto::DoneResponse*) {
-    if (!authenticated(ctx, options_.token)) return finish_now(ctx, unauthenticated());
+    if (!authenticated(ctx)) return finish_now(ctx, unauthenticated());
     std::unique_lock lock(mu_);
     grpc::Status status = check_member_locked(req->node_id(), req->round());
     if (!status.ok()) return finish_now(ctx, status);
@@ -131,9 +169,18 @@ class RendezvousServer::State {
     return finish_now(ctx, grpc::Status::OK);
   }
 
+  grpc::ServerUnaryReactor* ping(grpc::CallbackServerContext* ctx, const proto::PingRequest*,
+                                 proto::PingResponse* resp) {
+    if (!authenticated(ctx)) return finish_now(ctx, unauthenticated());
+    std::lock_guard lock(mu_);
+    resp->set_current_round(round_);
+    resp->set_finished(phase_ == Phase::kFinished);
+    return finish_now(ctx, grpc::Status::OK);
+  }
+
   grpc::ServerUnaryReactor* wait_event(grpc::CallbackServerContext* ctx,
                                        const proto::WaitEventRequest* req, JobEvent* resp) {
-    if (!authenticated(ctx, options_.token)) return finish_now(ctx, unauthenticated());
+    if (!authenticated(ctx)) return finish_now(ctx, unauthenticated());
     std::lock_guard lock(mu_);
     if (event_ready_locked(req->node_id(), req->round(), resp)) {
       return finish_now(ctx, grpc::Status::OK);
@@ -165,11 +212,8 @@ class RendezvousServer::State {
       waits_.erase(it);
       if (!stopping_ && phase_ == Phase::kRunning && round == round_ &&
           members_.count(node_id) != 0 && !members_[node_id].done) {
-        proto::Failure failure;
-        failure.set_node_id(node_id);
-        failure.set_host(members_[node_id].assignment.host());
-        failure.set_rank(-1);
-        failure.set_reason("node lost (its agent's connection closed)");
+        proto::Failure failure =
+            node_failure_locked(node_id, "node lost (its agent's connection closed)");
         members_[node_id].lost = true;
         fail_round_locked(std::move(failure), lock);
       }
@@ -188,16 +232,13 @@ class RendezvousServer::State {
         finish_all(form_round_locked(), lock);
         continue;
       }
+      if (check_stall_locked(lock)) continue;
       if (phase_ == Phase::kRunning && !round_failed_) {
         const auto bound = options_.heartbeat_interval * options_.heartbeat_misses;
         for (auto& [id, m] : members_) {
           if (m.done || now - m.last_seen <= bound) continue;
-          proto::Failure failure;
-          failure.set_node_id(id);
-          failure.set_host(m.assignment.host());
-          failure.set_rank(-1);
-          failure.set_reason(fmt::format("node lost (no heartbeat for {})",
-                                         format_duration(now - m.last_seen)));
+          proto::Failure failure = node_failure_locked(
+              id, fmt::format("node lost (no heartbeat for {})", format_duration(now - m.last_seen)));
           m.lost = true;
           fail_round_locked(std::move(failure), lock);
           break;
@@ -222,6 +263,7 @@ class RendezvousServer::State {
           first->set_round(root_.round());
           root_ = std::move(*first);
         }
+        last_tick_ = SteadyClock::now();  // busy gathering dumps, not stalled
         finish_all(end_round_locked(), lock);
         continue;
       }
@@ -242,6 +284,7 @@ class RendezvousServer::State {
       }
       auto wake = now + options_.heartbeat_interval;
       if (last_call_) wake = std::min(wake, *last_call_);
+      last_tick_ = SteadyClock::now();
       cv_.wait_until(lock, wake);
     }
   }
@@ -309,6 +352,7 @@ class RendezvousServer::State {
   struct Member {
     proto::NodeAssignment assignment;
     SteadyClock::time_point last_seen;
+    int requested_rank = -1;
     bool done = false;
     bool notified = false;
     bool lost = false;  // its agent is gone: nobody to notify
@@ -331,6 +375,72 @@ class RendezvousServer::State {
     lock.unlock();
     for (auto& f : calls) f.call->Finish(f.status);
     lock.lock();
+  }
+
+  // A whole node's failure, named by its address and group rank.
+  proto::Failure node_failure_locked(const std::string& node_id, const std::string& reason) {
+    proto::Failure failure;
+    failure.set_node_id(node_id);
+    failure.set_rank(-1);
+    failure.set_reason(reason);
+    if (auto m = members_.find(node_id); m != members_.end()) {
+      failure.set_host(m->second.assignment.host());
+      failure.set_addr(m->second.assignment.addr());
+      failure.set_group_rank(m->second.assignment.group_rank());
+    }
+    return failure;
+  }
+
+  // The server's own threads did not run for longer than the heartbeat bound (its node was
+  // stopped, or starved): every agent has given the running round up by now, and the fault
+  // is the server's, not the first node whose heartbeat looks stale. True when it failed the
+  // round.
+  bool check_stall_locked(std::unique_lock<std::mutex>& lock) {
+    const auto now = SteadyClock::now();
+    const auto gap = now - last_tick_;
+    const auto bound = options_.heartbeat_interval * options_.heartbeat_misses;
+    if (gap <= bound || stopping_) return false;
+    last_tick_ = now;
+    for (auto& [id, m] : members_) m.last_seen = now;  // their silence was ours
+    if (phase_ != Phase::kRunning || round_failed_) return false;
+    proto::Failure failure;
+    failure.set_rank(-1);
+    failure.set_host(options_.host_name);
+    failure.set_addr(options_.bind_address);
+    failure.set_group_rank(-1);
+    failure.set_reason(fmt::format("the rendezvous server did not run for {} (its node was "
+                                   "stopped or starved), longer than the heartbeat bound {}",
+                                   format_duration(gap), format_duration(bound)));
+    log_warn(kL, "{}", failure.reason());
+    fail_round_locked(std::move(failure), lock);
+    if (!lock.owns_lock()) lock.lock();
+    return true;
+  }
+
+  // Two nodes asking for the same --node-rank: the second is refused (ALREADY_EXISTS). (An
+  // agent that died is gone from these lists as soon as its connection closes.)
+  grpc::Status check_rank_free_locked(const proto::JoinRequest& req) {
+    const int r = req.requested_rank();
+    if (r < 0) return grpc::Status::OK;
+    for (const auto& j : joining_) {
+      if (j.request.requested_rank() == r && j.request.node_id() != req.node_id()) {
+        return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                            fmt::format("--node-rank {} is already taken by node {} ({}, host "
+                                        "{}); every node needs its own rank", r, j.addr,
+                                        j.request.node_id(), j.request.host()));
+      }
+    }
+    if (phase_ == Phase::kRunning && !round_failed_) {
+      for (const auto& [id, m] : members_) {
+        if (m.requested_rank == r && id != req.node_id()) {
+          return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                              fmt::format("--node-rank {} is already taken by node {} ({}, host "
+                                          "{}); every node needs its own rank", r,
+                                          m.assignment.addr(), id, m.assignment.host()));
+        }
+      }
+    }
+    return grpc::Status::OK;
   }
 
   grpc::Status check_member_locked(const std::string& node_id, int64_t round) const {
@@ -372,7 +482,7 @@ class RendezvousServer::State {
       a.set_rank_offset(offset);
       offset += nodes[i].request.nproc();
       assignments.push_back(a);
-      members_[a.node_id()] = Member{a, SteadyClock::now()};
+      members_[a.node_id()] = Member{a, SteadyClock::now(), nodes[i].request.requested_rank()};
     }
     world_size_ = offset;
     const std::string master_addr =
@@ -404,6 +514,10 @@ class RendezvousServer::State {
   bool fail_round_locked(proto::Failure failure, std::unique_lock<std::mutex>& lock) {
     if (phase_ != Phase::kRunning || round_failed_) return false;
     round_failed_ = true;
+    if (auto m = members_.find(failure.node_id()); m != members_.end() && failure.addr().empty()) {
+      failure.set_addr(m->second.assignment.addr());
+      failure.set_group_rank(m->second.assignment.group_rank());
+    }
     failure.set_server_time_us(wall_time_us());
     failure.set_round(round_);
     root_ = std::move(failure);
@@ -505,6 +619,7 @@ class RendezvousServer::State {
   }
 
   const RendezvousServerOptions options_;
+  internal::ConnectionGate* gate_ = nullptr;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   Phase phase_ = Phase::kJoining;
@@ -519,6 +634,7 @@ class RendezvousServer::State {
   proto::Failure root_;
   JobOutcome outcome_;
   bool stopping_ = false;
+  SteadyClock::time_point last_tick_ = SteadyClock::now();  // the monitor's last pass
 };
 
 void ParkedCall::OnCancel() { state_->on_cancel(this); }
@@ -552,6 +668,10 @@ class RendezvousService final : public proto::Rendezvous::CallbackService {
                                       proto::JobEvent* r) override {
     return state_->wait_event(c, q, r);
   }
+  grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* c, const proto::PingRequest* q,
+                                 proto::PingResponse* r) override {
+    return state_->ping(c, q, r);
+  }
 
  private:
   RendezvousServer::State* state_;
@@ -562,6 +682,7 @@ class RendezvousService final : public proto::Rendezvous::CallbackService {
 struct RendezvousServer::Impl {
   std::unique_ptr<RendezvousService> service;
   std::unique_ptr<internal::StoreService> store_service;  // the job's Store, beside rendezvous
+  std::unique_ptr<internal::ConnectionGate> gate;
   std::unique_ptr<grpc::Server> server;
   std::thread monitor;
   std::string address;
@@ -576,14 +697,24 @@ RendezvousServer::RendezvousServer(RendezvousServerOptions options)
                "rendezvous needs 1 <= min_nodes <= max_nodes, got {}:{}", o.min_nodes,
                o.max_nodes);
   impl_->service = std::make_unique<RendezvousService>(state_.get());
+  StoreLimits store_limits;
+  try {
+    impl_->gate = std::make_unique<internal::ConnectionGate>(
+        o.bind_address, internal::connection_limits(store_limits));
+  } catch (const Error& e) {
+    throw CommError(fmt::format("cannot serve the rendezvous at {}: the address is in use or "
+                                "not local ({})", o.bind_address, e.message()));
+  }
+  impl_->port = impl_->gate->port();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(o.bind_address, grpc::InsecureServerCredentials(), &impl_->port);
+  impl_->gate->attach(builder, internal::token_server_credentials(o.token, o.tls));
+  state_->set_gate(impl_->gate.get());
   builder.RegisterService(impl_->service.get());
   if (o.host_store) {
-    impl_->store_service = std::make_unique<internal::StoreService>(o.token, StoreLimits{});
+    impl_->store_service = std::make_unique<internal::StoreService>(o.token, store_limits);
+    impl_->store_service->set_gate(impl_->gate.get());
     internal::add_store_service(builder, *impl_->store_service);
   }
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a second server must fail to bind
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   // Thousands of agent connections: small read buffers, no BDP probing (as the clients).
   builder.AddChannelArgument(GRPC_ARG_TCP_READ_CHUNK_SIZE, 4096);
@@ -595,9 +726,9 @@ RendezvousServer::RendezvousServer(RendezvousServerOptions options)
   builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   impl_->server = builder.BuildAndStart();
-  TESSEL_CHECK(impl_->server != nullptr && impl_->port != 0, CommError,
-               "cannot serve the rendezvous at {}: the address is in use or not local",
+  TESSEL_CHECK(impl_->server != nullptr, CommError, "cannot serve the rendezvous at {}",
                o.bind_address);
+  impl_->gate->start();
   impl_->address = o.bind_address.substr(0, o.bind_address.rfind(':') + 1) +
                    std::to_string(impl_->port);
   impl_->monitor = std::thread([this] { state_->monitor_loop(); });
@@ -623,6 +754,7 @@ size_t RendezvousServer::parked_calls() const { return state_->parked(); }
 void RendezvousServer::stop() {
   if (impl_->stopped) return;
   impl_->stopped = true;
+  impl_->gate->stop();  // no new connections
   state_->begin_stop();
   if (impl_->store_service) impl_->store_service->stop();  // parked store calls fail first
   impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));

@@ -23,13 +23,15 @@
 #include <optional>
 #include <string>
 
+#include "tessel/collectives/store_tls.h"
 #include "tessel/launcher/proto/rendezvous.pb.h"
 
 namespace tessel::launcher {
 
 struct RendezvousServerOptions {
   std::string bind_address;  // "HOST:PORT"; port 0 picks a free one. Only this address is bound.
-  std::string token;         // required on every RPC
+  std::string token;         // required on every RPC (checked on its headers)
+  TlsFiles tls;              // TLS when tls.cert is set; mutual TLS when tls.ca is set too
   int min_nodes = 1;
   int max_nodes = 1;
   int max_restarts = 0;
@@ -37,6 +39,7 @@ struct RendezvousServerOptions {
   int heartbeat_misses = 5;
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(1)};
   std::chrono::milliseconds poll_limit{std::chrono::seconds(10)};  // long-poll answer limit
+  std::string host_name;     // this node's host name, for reports naming the server
   std::string master_addr;   // overrides group rank 0's address when set
   int master_port = 0;       // overrides group rank 0's free port when non-zero
   bool host_store = true;    // serve the job's Store (collectives/grpc/store_service.h) too

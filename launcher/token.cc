@@ -1,7 +1,9 @@
 #include "tessel/launcher/token.h"
 
 #include <sys/random.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <fstream>
@@ -55,6 +57,54 @@ std::string load_token(const std::string& token_file) {
                "a multi-node job needs a token on every node: set TESSEL_RDZV_TOKEN or pass "
                "--rdzv-token-file FILE (mode 0600)");
   return token;
+}
+
+namespace {
+
+// `dir`, made 0700 if missing, checked to be a private directory of this user.
+void ensure_private_dir(const std::string& dir) {
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) throw_system_error("mkdir " + dir, errno);
+  struct stat st {};
+  if (lstat(dir.c_str(), &st) != 0) throw_system_error("stat " + dir, errno);
+  TESSEL_CHECK(S_ISDIR(st.st_mode) && st.st_uid == getuid() && (st.st_mode & 077) == 0,
+               InvalidArgument,
+               "{} must be a directory of this user with mode 0700 to hold a local job token "
+               "(it has mode {:o}, owner {}); fix it or pass --rdzv-token-file", dir,
+               st.st_mode & 0777, st.st_uid);
+}
+
+}  // namespace
+
+std::string local_token_path(const std::string& dir, int port) {
+  return fmt::format("{}/token-{}", dir, port);
+}
+
+void publish_local_token(const std::string& dir, int port, const std::string& token) {
+  ensure_private_dir(dir);
+  const std::string path = local_token_path(dir, port);
+  const std::string tmp = fmt::format("{}.{}", path, getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) throw_system_error("create " + tmp, errno);
+  const bool ok = ::write(fd, token.data(), token.size()) == static_cast<ssize_t>(token.size());
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw_system_error("publish the local job token at " + path, err);
+  }
+}
+
+std::string read_local_token(const std::string& dir, int port) {
+  ensure_private_dir(dir);
+  try {
+    return read_token_file(local_token_path(dir, port));
+  } catch (const Error&) {
+    return "";
+  }
+}
+
+void withdraw_local_token(const std::string& dir, int port, const std::string& token) {
+  if (read_local_token(dir, port) == token) ::unlink(local_token_path(dir, port).c_str());
 }
 
 bool tokens_equal(std::string_view a, std::string_view b) {

@@ -23,6 +23,17 @@ std::string read_token_file(const std::string& path);
 // Throws InvalidArgument saying how to provide one when neither is set.
 std::string load_token(const std::string& token_file);
 
+// A job whose nodes are all on this host (its endpoint is a loopback address) needs no token
+// from the user: the agent that serves the rendezvous publishes a fresh one in a file only this
+// user can read, <dir>/token-<port>, and the other agents read it there. `dir` must be a
+// directory owned by this user with mode 0700 (made if missing); InvalidArgument otherwise.
+std::string local_token_path(const std::string& dir, int port);
+void publish_local_token(const std::string& dir, int port, const std::string& token);
+// The published token, or "" when there is none (yet).
+std::string read_local_token(const std::string& dir, int port);
+// Removes the published token if it is still `token` (a later job may have replaced it).
+void withdraw_local_token(const std::string& dir, int port, const std::string& token);
+
 // Equality in time independent of where the strings differ.
 bool tokens_equal(std::string_view a, std::string_view b);
 

@@ -13,11 +13,10 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& options, Genera
                "attention needs n_embd ({}) to be a positive multiple of n_head ({})",
                options.n_embd, options.n_head);
   const int64_t C = options.n_embd;
-  c_attn_ = register_module("c_attn", std::make_shared<Linear>(
-                                          LinearOptions{C, 3 * C, options.bias}, gen));
-  c_proj_ = register_module("c_proj",
-                            std::make_shared<Linear>(LinearOptions{C, C, options.bias}, gen));
-  resid_dropout_ = register_module("resid_dropout", std::make_shared<Dropout>(options.dropout, gen));
+  register_module("c_attn",
+                  std::make_shared<Linear>(LinearOptions{C, 3 * C, options.bias}, gen));
+  register_module("c_proj", std::make_shared<Linear>(LinearOptions{C, C, options.bias}, gen));
+  register_module("resid_dropout", std::make_shared<Dropout>(options.dropout, gen));
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
@@ -27,12 +26,14 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = options_.n_embd, H = options_.n_head;
   const int64_t D = C / H;
   // (B, T, 3C) -> q, k, v each (B, H, T, D).
-  const std::vector<Tensor> qkv = split((*c_attn_)(x), C, -1);
+  const std::vector<Tensor> qkv = split(child("c_attn")(x), C, -1);
   auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, H, D}), 1, 2); };
+  kernels::SdpaOptions sdpa;
+  sdpa.causal = true;
   Tensor y = kernels::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
-                                                   {.causal = true});
+                                                   sdpa);
   y = reshape(transpose(y, 1, 2), {B, T, C});  // re-assemble the heads side by side
-  return (*resid_dropout_)((*c_proj_)(y));
+  return child("resid_dropout")(child("c_proj")(y));
 }
 
 }  // namespace tessel::nn

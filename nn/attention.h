@@ -29,9 +29,6 @@ class CausalSelfAttention : public Module {
 
  private:
   AttentionOptions options_;
-  std::shared_ptr<Linear> c_attn_;
-  std::shared_ptr<Linear> c_proj_;
-  std::shared_ptr<Dropout> resid_dropout_;
 };
 
 }  // namespace tessel::nn

@@ -23,26 +23,35 @@ GPT::GPT(const GptConfig& config) : Module("GPT"), config_(config), gen_(config.
                config.vocab_size, config.block_size, config.n_layer);
   const AttentionOptions attention{config.n_embd, config.n_head, config.dropout, config.bias};
   auto transformer = register_module("transformer", std::make_shared<Module>("ModuleDict"));
-  wte_ = transformer->register_module(
+  transformer->register_module(
       "wte", std::make_shared<Embedding>(config.vocab_size, config.n_embd, &gen_));
-  wpe_ = transformer->register_module(
+  transformer->register_module(
       "wpe", std::make_shared<Embedding>(config.block_size, config.n_embd, &gen_));
-  drop_ = transformer->register_module("drop", std::make_shared<Dropout>(config.dropout, &gen_));
-  h_ = transformer->register_module("h", std::make_shared<ModuleList>());
-  for (int64_t l = 0; l < config.n_layer; ++l) h_->push_back(std::make_shared<Block>(attention, &gen_));
-  ln_f_ = transformer->register_module(
-      "ln_f", std::make_shared<LayerNorm>(config.n_embd, 1e-5, config.bias));
+  transformer->register_module("drop", std::make_shared<Dropout>(config.dropout, &gen_));
+  auto h = transformer->register_module("h", std::make_shared<ModuleList>());
+  for (int64_t l = 0; l < config.n_layer; ++l) {
+    h->push_back(std::make_shared<Block>(attention, &gen_));
+  }
+  transformer->register_module("ln_f",
+                               std::make_shared<LayerNorm>(config.n_embd, 1e-5, config.bias));
+  init_weights();
+}
 
+void GPT::init_weights() {
   // GPT-2 initialisation, in place so every slot keeps its tensor.
+  gen_.manual_seed(config_.seed);
   NoGradGuard no_grad;
+  const GptConfig& config = config_;
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
   for (auto& [name, p] : named_parameters()) {
-    if (name.find(".ln_") != std::string::npos) continue;  // norms stay (1, 0)
-    if (ends_with(name, ".bias")) {
+    if (name.find(".ln_") != std::string::npos) {  // norms: weight 1, bias 0
+      fill_(p, ends_with(name, ".bias") ? 0.0 : 1.0);
+    } else if (ends_with(name, ".bias")) {
       zero_(p);
     } else {
-      copy_(p, normal_init(p.shape(), ends_with(name, "c_proj.weight") ? residual_std : 0.02,
-                           &gen_));
+      const double std = ends_with(name, "c_proj.weight") ? residual_std : 0.02;
+      DefaultDeviceGuard on_device(p.device());  // draw where the parameter lives
+      copy_(p, normal_init(p.shape(), std, &gen_));
     }
   }
 }
@@ -54,10 +63,14 @@ Tensor GPT::forward(const Tensor& tokens) {
                "GPT expects integer tokens (B, T) with 0 < T <= block_size {}, got {}",
                config_.block_size, tokens.str());
   const int64_t T = tokens.size(1);
-  Tensor x = add((*wte_)(tokens), (*wpe_)(arange(T, DType::kI64, tokens.device())));
-  x = (*drop_)(x);
-  for (size_t l = 0; l < h_->size(); ++l) x = (*h_)[l](x);
-  return linear((*ln_f_)(x), wte_->weight());  // the LM head is the token embedding
+  Module& transformer = child("transformer");
+  Tensor x = add(transformer.child("wte")(tokens),
+                 transformer.child("wpe")(arange(T, DType::kI64, tokens.device())));
+  x = transformer.child("drop")(x);
+  const auto& blocks = transformer.child_as<ModuleList>("h");
+  for (size_t l = 0; l < blocks.size(); ++l) x = blocks[l](x);
+  // The LM head is the token embedding's weight (tied).
+  return linear(transformer.child("ln_f")(x), parameter("transformer.wte.weight"));
 }
 
 Tensor GPT::loss(const Tensor& logits, const Tensor& targets) {

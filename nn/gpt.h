@@ -34,10 +34,16 @@ struct GptConfig {
 
 // Initialisation follows GPT-2: weights N(0, 0.02), residual output projections ("c_proj")
 // N(0, 0.02 / sqrt(2 * n_layer)), biases 0, norms 1. Thread-safety and ownership: as Module.
+//
+// Built under DefaultDeviceGuard(Device::meta()) the model allocates nothing; give it memory
+// with to_empty(device) (or a sharding wrapper) and then call init_weights().
 class GPT : public Module {
  public:
   // Throws InvalidArgument for non-positive sizes or n_embd not divisible by n_head.
   explicit GPT(const GptConfig& config);
+  // (Re)initialises every parameter as the constructor does, from a generator seeded with
+  // config().seed (the same values as a freshly constructed model), in place.
+  void init_weights();
   // tokens (B, T) integer, T <= block_size -> logits (B, T, vocab_size). Throws InvalidArgument
   // naming the shape otherwise, OutOfRange for a token outside the vocabulary.
   Tensor forward(const Tensor& tokens) override;
@@ -50,11 +56,6 @@ class GPT : public Module {
  private:
   GptConfig config_;
   Generator gen_;  // declared before the layers that keep a pointer to it
-  std::shared_ptr<Embedding> wte_;
-  std::shared_ptr<Embedding> wpe_;
-  std::shared_ptr<Dropout> drop_;
-  std::shared_ptr<ModuleList> h_;
-  std::shared_ptr<LayerNorm> ln_f_;
 };
 
 }  // namespace tessel::nn

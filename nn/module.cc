@@ -11,19 +11,94 @@ namespace tessel::nn {
 
 Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
 
-Tensor Module::operator()(const Tensor& input) {
-  Tensor x = input;
+Tensors Module::operator()(const Tensors& inputs) {
+  Tensors x = inputs;
   // Copies, so a hook may remove itself (or register another) while running.
   const auto pre_hooks = pre_hooks_;
   for (const auto& [id, hook] : pre_hooks) hook(*this, x);
-  Tensor y = forward(x);
+  const bool backward_hooks =
+      grad_enabled() && !(backward_pre_hooks_.empty() && backward_hooks_.empty());
+  Tensors y = backward_hooks ? call_with_backward_hooks(x) : forward_multi(x);
   const auto post_hooks = post_hooks_;
   for (const auto& [id, hook] : post_hooks) hook(*this, x, y);
   return y;
 }
 
+Tensor Module::operator()(const Tensor& input) {
+  Tensors out = (*this)(Tensors{input});
+  TESSEL_CHECK(out.size() == 1, InvalidArgument,
+               "{} returned {} outputs; call it with a list (module(Tensors{{...}})) to get them "
+               "all",
+               type_name_, out.size());
+  return out[0];
+}
+
 Tensor Module::forward(const Tensor&) {
   throw NotImplemented(fmt::format("{} has no single-tensor forward", type_name_));
+}
+
+Tensors Module::forward_multi(const Tensors& inputs) {
+  TESSEL_CHECK(inputs.size() == 1, InvalidArgument, "{} takes one input, got {}", type_name_,
+               inputs.size());
+  return {forward(inputs[0])};
+}
+
+namespace {
+
+// The positions of the tensors that take part in autograd (defined and floating).
+std::vector<size_t> differentiable_positions(const Tensors& ts) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (ts[i].defined() && is_floating(ts[i].dtype())) out.push_back(i);
+  }
+  return out;
+}
+
+// Passes ts[positions] through an identity autograd node named `name` whose backward is
+// `on_backward` (which may replace the gradients), and returns ts with those replaced.
+Tensors through_identity(const char* name, const Tensors& ts, const std::vector<size_t>& positions,
+                         std::function<void(Tensors&)> on_backward) {
+  Tensors picked;
+  for (size_t i : positions) picked.push_back(ts[i]);
+  Tensors wrapped = apply_function(
+      name, picked, [](FunctionContext&, const Tensors& in) { return in; },
+      [on_backward = std::move(on_backward)](FunctionContext&, const Tensors& grads) {
+        Tensors g = grads;
+        on_backward(g);
+        return g;
+      });
+  Tensors out = ts;
+  for (size_t k = 0; k < positions.size(); ++k) out[positions[k]] = wrapped[k];
+  return out;
+}
+
+}  // namespace
+
+Tensors Module::call_with_backward_hooks(const Tensors& inputs) {
+  // Filled by the outputs' node, read by the inputs' node (which runs later in backward).
+  auto grad_outputs = std::make_shared<Tensors>();
+  auto run_backward_hooks = [this, grad_outputs](Tensors& grad_inputs) {
+    const auto hooks = backward_hooks_;
+    for (const auto& [id, hook] : hooks) hook(*this, grad_inputs, *grad_outputs);
+  };
+  const std::vector<size_t> in_pos = differentiable_positions(inputs);
+  const bool inputs_tracked = needs_grad(inputs);
+  const Tensors x = inputs_tracked ? through_identity("BackwardHook", inputs, in_pos,
+                                                      run_backward_hooks)
+                                   : inputs;
+  Tensors y = forward_multi(x);
+  if (!needs_grad(y)) return y;
+  return through_identity(
+      "BackwardPreHook", y, differentiable_positions(y),
+      [this, grad_outputs, inputs_tracked, run_backward_hooks](Tensors& grads) {
+        const auto hooks = backward_pre_hooks_;
+        for (const auto& [id, hook] : hooks) hook(*this, grads);
+        *grad_outputs = grads;
+        if (!inputs_tracked) {
+          Tensors none;
+          run_backward_hooks(none);
+        }
+      });
 }
 
 void Module::check_new_name(const std::string& name) const {
@@ -124,6 +199,23 @@ std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::children() 
   return children_;
 }
 
+Module& Module::child(std::string_view name) const {
+  for (const auto& [child_name, module] : children_) {
+    if (child_name == name) return *module;
+  }
+  throw OutOfRange(fmt::format("{} has no submodule '{}'", type_name_, name));
+}
+
+void Module::throw_wrong_type(std::string_view name, const Module& found) const {
+  throw InvalidArgument(fmt::format("{}: submodule '{}' is a {}, not the type its caller expects",
+                                    type_name_, name, found.type_name()));
+}
+
+Module& ModuleList::operator[](size_t i) const {
+  TESSEL_CHECK(i < size(), OutOfRange, "ModuleList index {} out of range (size {})", i, size());
+  return child(std::to_string(i));
+}
+
 std::pair<Module*, std::string_view> Module::resolve(std::string_view dotted_name) {
   Module* m = this;
   std::string_view rest = dotted_name;
@@ -167,6 +259,46 @@ Module& Module::submodule(std::string_view dotted_name) {
     if (name == last) return *child;
   }
   throw OutOfRange(fmt::format("{} has no submodule '{}'", type_name_, dotted_name));
+}
+
+void Module::set_submodule(std::string_view dotted_name, std::shared_ptr<Module> module) {
+  TESSEL_CHECK(!dotted_name.empty(), InvalidArgument,
+               "set_submodule: the name is empty (a module cannot replace itself)");
+  TESSEL_CHECK(module != nullptr, InvalidArgument, "set_submodule('{}'): the module is null",
+               dotted_name);
+  auto [m, last] = resolve(dotted_name);
+  for (auto& [name, child] : m->children_) {
+    if (name == last) {
+      child = std::move(module);
+      return;
+    }
+  }
+  throw OutOfRange(fmt::format("{} has no submodule '{}'", type_name_, dotted_name));
+}
+
+void Module::map_tensors(const std::function<Tensor(const Tensor&)>& fn) {
+  NoGradGuard no_grad;  // moving data is not part of any graph
+  visit("", [&](const std::string&, const Module& m) {
+    for (const Slot& s : m.parameters_) s.value->set_data(fn(*s.value));
+    for (const Slot& s : m.buffers_) s.value->set_data(fn(*s.value));
+  });
+}
+
+Module& Module::to(Device device) {
+  map_tensors([device](const Tensor& t) { return tessel::to(t, device); });
+  return *this;
+}
+
+Module& Module::to(DType dtype) {
+  map_tensors([dtype](const Tensor& t) {
+    return is_floating(t.dtype()) ? tessel::to(t, dtype) : t;
+  });
+  return *this;
+}
+
+Module& Module::to_empty(Device device) {
+  map_tensors([device](const Tensor& t) { return empty(t.shape(), t.dtype(), device); });
+  return *this;
 }
 
 void Module::set_parameter(std::string_view dotted_name, Tensor value) {
@@ -258,6 +390,18 @@ HookHandle Module::register_forward_hook(ForwardHook hook) {
   return {id};
 }
 
+HookHandle Module::register_backward_pre_hook(BackwardPreHook hook) {
+  const uint64_t id = next_hook_id_++;
+  backward_pre_hooks_.emplace_back(id, std::move(hook));
+  return {id};
+}
+
+HookHandle Module::register_backward_hook(BackwardHook hook) {
+  const uint64_t id = next_hook_id_++;
+  backward_hooks_.emplace_back(id, std::move(hook));
+  return {id};
+}
+
 bool Module::remove_hook(HookHandle handle) {
   auto drop = [&](auto& hooks) {
     const auto before = hooks.size();
@@ -266,7 +410,9 @@ bool Module::remove_hook(HookHandle handle) {
   };
   const bool pre = drop(pre_hooks_);
   const bool post = drop(post_hooks_);
-  return pre || post;
+  const bool backward_pre = drop(backward_pre_hooks_);
+  const bool backward = drop(backward_hooks_);
+  return pre || post || backward_pre || backward;
 }
 
 }  // namespace tessel::nn

@@ -19,11 +19,6 @@ class MLP : public Module {
   MLP(int64_t n_embd, double dropout, bool bias, Generator* gen = nullptr);
   // (..., C) -> (..., C).
   Tensor forward(const Tensor& x) override;
-
- private:
-  std::shared_ptr<Linear> c_fc_;
-  std::shared_ptr<Linear> c_proj_;
-  std::shared_ptr<Dropout> dropout_;
 };
 
 // Submodules "ln_1", "attn", "ln_2", "mlp". Thread-safety: as Module.
@@ -32,12 +27,6 @@ class Block : public Module {
   explicit Block(const AttentionOptions& options, Generator* gen = nullptr);
   // (B, T, C) -> (B, T, C).
   Tensor forward(const Tensor& x) override;
-
- private:
-  std::shared_ptr<LayerNorm> ln_1_;
-  std::shared_ptr<CausalSelfAttention> attn_;
-  std::shared_ptr<LayerNorm> ln_2_;
-  std::shared_ptr<MLP> mlp_;
 };
 
 }  // namespace tessel::nn

@@ -11,10 +11,10 @@ packages=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   # math
   libopenblas-dev libdnnl-dev
-  # JSON, CLI, logging
-  nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
-  # tests and benchmarks; network namespaces for multi-node tests
-  libgtest-dev libgmock-dev libbenchmark-dev iproute2 procps
+  # JSON, command lines, formatting
+  nlohmann-json3-dev libcli11-dev libfmt-dev
+  # tests; network namespaces for multi-node tests (benchmarks use their own timers)
+  libgtest-dev iproute2 procps
 )
 
 missing=()

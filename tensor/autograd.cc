@@ -13,6 +13,8 @@ namespace tessel {
 namespace {
 
 thread_local bool t_grad_enabled = true;
+// The end-of-backward callbacks of the backward() running on this thread (null outside one).
+thread_local std::vector<std::function<void()>>* t_callbacks = nullptr;
 std::atomic<uint64_t> g_next_sequence_nr{0};
 
 Node::OutputMeta meta_of(const Tensor& t) { return {t.shape(), t.dtype(), t.device()}; }
@@ -205,6 +207,16 @@ void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
                shape_str(seed.shape()), shape_str(root.shape()));
   NoGradGuard no_grad;
   const Edge root_edge = gradient_edge(root);
+  // Callbacks queued while this pass runs; restored on exit, so a backward() inside a hook
+  // keeps its own queue.
+  std::vector<std::function<void()>> callbacks;
+  struct CallbackScope {
+    std::vector<std::function<void()>>* previous;
+    explicit CallbackScope(std::vector<std::function<void()>>* mine) : previous(t_callbacks) {
+      t_callbacks = mine;
+    }
+    ~CallbackScope() { t_callbacks = previous; }
+  } callback_scope(&callbacks);
 
   // Count, for every node reachable from the root, how many edges lead into it.
   std::unordered_map<Node*, int> dependencies;
@@ -267,7 +279,21 @@ void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
       if (--dependencies[e.node.get()] == 0) ready.push(e.node.get());
     }
   }
+  // A callback may queue another; run until the queue is empty, in order.
+  for (size_t i = 0; i < callbacks.size(); ++i) {
+    std::function<void()> callback = std::move(callbacks[i]);
+    callback();
+  }
 }
+
+void queue_callback(std::function<void()> callback) {
+  TESSEL_CHECK(t_callbacks != nullptr, InvalidArgument,
+               "queue_callback() outside backward(): callbacks can only be queued by hooks and "
+               "backward functions while a backward pass runs on this thread");
+  t_callbacks->push_back(std::move(callback));
+}
+
+bool in_backward() { return t_callbacks != nullptr; }
 
 // ---- Custom functions -------------------------------------------------------------------------
 

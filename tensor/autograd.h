@@ -89,6 +89,14 @@ class NoGradGuard {
 // no gradient is given, or when the gradient's shape differs from root's.
 void backward(const Tensor& root, const Tensor& gradient = Tensor(), bool retain_graph = false);
 
+// Queues `callback` to run when the backward() now running on this thread has processed the
+// whole graph, before it returns (FSDP waits for its gradient reductions there). Callbacks run
+// in the order queued, on the thread that called backward(); one may queue another. Throws
+// InvalidArgument outside a backward pass.
+void queue_callback(std::function<void()> callback);
+// True while a backward() runs on this thread (in hooks and backward functions).
+bool in_backward();
+
 // A new tensor sharing root's storage but not its history (requires_grad false).
 Tensor detach(const Tensor& t);
 

@@ -5,10 +5,12 @@
 
 #include "tessel/base/error.h"
 #include "tessel/tensor/cpu/cpu_backend.h"
+#include "tessel/tensor/internal/meta_backend.h"
 
 namespace tessel {
 namespace {
-std::array<std::atomic<Backend*>, 2> g_backends = {&cpu::cpu_backend(), nullptr};
+std::array<std::atomic<Backend*>, kDeviceTypeCount> g_backends = {
+    &cpu::cpu_backend(), nullptr, &internal::meta_backend()};
 }  // namespace
 
 Backend& backend_for(Device device) {

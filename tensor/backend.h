@@ -1,15 +1,21 @@
 #pragma once
 // Per-device dispatch: the primitive kernels a device backend implements. Ops in ops.h check
 // arguments, allocate outputs, record autograd and then call backend_for(device).<kernel>(...).
-// The CPU backend is built in; a CUDA backend registers itself with register_backend() at
-// start-up, so no op needs to know which devices exist.
+// The CPU and meta backends are built in; a CUDA backend registers itself with
+// register_backend() at start-up, so no op needs to know which devices exist.
 //
 // Kernel contract (all kernels): arguments were validated by the op; every tensor is on the
-// backend's device; inputs may be arbitrary strided views (a stride of 0 broadcasts), outputs are
-// freshly allocated contiguous tensors unless a kernel says otherwise; floating-point math on
-// bf16/f16 runs in f32; kernels throw tessel::Error on failure and never print.
+// backend's device (copy_device excepted); inputs may be arbitrary strided views (a stride of 0
+// broadcasts), outputs are freshly allocated contiguous tensors unless a kernel says otherwise;
+// floating-point math on bf16/f16 runs in f32; kernels throw tessel::Error on failure and never
+// print. Kernels run on the device's current stream (tensor/stream.h) and never read device
+// memory on the host: checks of tensor values (an index out of range) are made by the kernel —
+// at once on the CPU, and on devices with asynchronous streams as a device-side error that
+// surfaces at the next synchronisation. The meta backend's kernels do nothing (meta tensors
+// have shapes, not values).
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "tessel/base/reduce_op.h"
@@ -36,6 +42,26 @@ enum class RandomDistribution : uint8_t {
   kBernoulli,  // b with probability a, else 0 (dropout masks: a = keep, b = 1 / keep)
 };
 
+// Hyper-parameters of one fused AdamW step (decoupled weight decay, PyTorch's arithmetic):
+//   p *= 1 - lr*wd;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2
+//   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+struct AdamWHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  int64_t step = 1;  // 1 for the first update (bias correction)
+};
+
+// One parameter's tensors for adamw_step: contiguous f32 tensors of one shape.
+struct AdamWTensors {
+  Tensor param;       // updated in place
+  Tensor grad;
+  Tensor exp_avg;     // first moment, updated in place
+  Tensor exp_avg_sq;  // second moment, updated in place
+};
+
 // The kernels one device type provides. Implementations are stateless or internally
 // synchronised: any thread may call any kernel.
 class Backend {
@@ -46,6 +72,12 @@ class Backend {
   // dst[i] = src[i] converted to dst's dtype. Same shapes; dst may be a strided view (not
   // overlapping src).
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+  // Copies between devices: one of src and dst is on this backend's device, the other on the
+  // CPU (or another device of this type); same shape and dtype, both contiguous. Issued on the
+  // current stream of this backend's device. With non_blocking false, or when the host side is
+  // not pinned memory, the call returns after the copy is complete; otherwise the copy may still
+  // run (order later work with events). The CPU backend copies CPU to CPU.
+  virtual void copy_device(const Tensor& src, const Tensor& dst, bool non_blocking) = 0;
   // Every element of dst (any view) = value converted to dst's dtype.
   virtual void fill(const Tensor& dst, double value) = 0;
   // dst[i] = start + i * step (dst contiguous, 1-D).
@@ -90,13 +122,15 @@ class Backend {
   virtual void rms_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                                  const Tensor& rstd, const Tensor& grad_x,
                                  const Tensor& grad_weight) = 0;
-  // out[i, :] = weight[indices[i], :]; indices i64/i32 contiguous (validated in range).
+  // out[i, :] = weight[indices[i], :]; indices i64/i32 contiguous. An index outside [0, V)
+  // is an OutOfRange error naming it and its position (see the contract above for when).
   virtual void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) = 0;
   // grad_weight (f32, zeroed by the caller) += scatter of grad rows; deterministic order.
   virtual void embedding_backward(const Tensor& grad, const Tensor& indices,
                                   const Tensor& grad_weight) = 0;
   // Per row n of logits [N, C]: loss[n] = logsumexp - logits[target], 0 where target ==
-  // ignore_index; lse[n] saved for backward. loss, lse f32 [N]. Targets validated.
+  // ignore_index; lse[n] saved for backward. loss, lse f32 [N]. A target outside [0, C) that
+  // is not ignore_index is an OutOfRange error naming it (see the contract above for when).
   virtual void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                              const Tensor& loss, const Tensor& lse) = 0;
   // grad_logits[n, c] = grad_loss[n] * (softmax[n, c] - [c == target]) (0 on ignored rows).
@@ -107,6 +141,10 @@ class Backend {
   // dims of a and b are equal or 1 (broadcast); each operand's last two dims have one unit
   // stride (row- or column-major); out is contiguous. f32 or bf16 (f16 is converted by the op).
   virtual void matmul(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+
+  // One AdamW update of every entry (the fused multi-tensor step); entries do not overlap.
+  // Elements are updated independently, so results do not depend on how work is split.
+  virtual void adamw_step(std::span<const AdamWTensors> tensors, const AdamWHyper& hyper) = 0;
 };
 
 // The backend for `device`'s type. Throws Unavailable when none is registered.

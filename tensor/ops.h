@@ -41,44 +41,54 @@ Shape broadcast_shapes(const Shape& a, const Shape& b);
 
 // ---- Creation (ops_creation.cc) ----------------------------------------------------------------
 
-Tensor ones(const Shape& shape, DType dtype = DType::kF32, Device device = Device::cpu());
+Tensor ones(const Shape& shape, DType dtype = DType::kF32, Device device = default_device());
 Tensor full(const Shape& shape, double value, DType dtype = DType::kF32,
-            Device device = Device::cpu());
+            Device device = default_device());
 // A 0-dim tensor holding value.
-Tensor scalar_tensor(double value, DType dtype = DType::kF32, Device device = Device::cpu());
+Tensor scalar_tensor(double value, DType dtype = DType::kF32, Device device = default_device());
 Tensor empty_like(const Tensor& t);
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 Tensor full_like(const Tensor& t, double value);
 // [start, end) in steps of step (step != 0); 1-D.
 Tensor arange(double start, double end, double step = 1.0, DType dtype = DType::kI64,
-              Device device = Device::cpu());
-Tensor arange(int64_t end, DType dtype = DType::kI64, Device device = Device::cpu());
+              Device device = default_device());
+Tensor arange(int64_t end, DType dtype = DType::kI64, Device device = default_device());
 // Uniform in [0, 1) / standard normal, from gen (default: default_generator()). Element i is
 // the counter-based value at the generator's offset + i (see random.h): the same for any
 // thread count or device. Floating dtypes only.
 Tensor rand(const Shape& shape, Generator& gen, DType dtype = DType::kF32,
-            Device device = Device::cpu());
-Tensor rand(const Shape& shape, DType dtype = DType::kF32, Device device = Device::cpu());
+            Device device = default_device());
+Tensor rand(const Shape& shape, DType dtype = DType::kF32, Device device = default_device());
 Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::kF32,
-             Device device = Device::cpu());
-Tensor randn(const Shape& shape, DType dtype = DType::kF32, Device device = Device::cpu());
+             Device device = default_device());
+Tensor randn(const Shape& shape, DType dtype = DType::kF32, Device device = default_device());
 
 // ---- Conversion and copies (ops_creation.cc) -------------------------------------------------
 
 // t converted to dtype (t itself when it already has it). Differentiable between floats.
 Tensor to(const Tensor& t, DType dtype);
-// t on device (t itself when already there). Throws Unavailable without that device's backend.
-Tensor to(const Tensor& t, Device device);
+// t on device (t itself when already there). Differentiable (the gradient moves back). A copy
+// from a device to the CPU waits for the data; with non_blocking a copy from pinned host memory
+// to a device may still run when this returns (order later work with the stream). Throws
+// Unavailable when the device does not exist in this process or build, and InvalidArgument
+// when t is a meta tensor (it has no values to copy); t.to(Device::meta()) is an empty meta
+// tensor of t's shape.
+Tensor to(const Tensor& t, Device device, bool non_blocking = false);
+// A copy of CPU tensor t in page-locked memory (t itself when already pinned); throws
+// Unavailable without a pinned allocator (see storage.h).
+Tensor pin_memory(const Tensor& t);
 // A contiguous copy with its own storage. Differentiable.
 Tensor clone(const Tensor& t);
 // t when contiguous, else a contiguous copy. Differentiable.
 Tensor contiguous(const Tensor& t);
-// Copies src (broadcast to dst's shape, converted to dst's dtype) into dst. Not recorded.
-void copy_(const Tensor& dst, const Tensor& src);
+// Copies src (broadcast to dst's shape, converted to dst's dtype) into dst; src may be on
+// another device (see to() for non_blocking). Not recorded.
+void copy_(const Tensor& dst, const Tensor& src, bool non_blocking = false);
 void fill_(const Tensor& dst, double value);
 void zero_(const Tensor& dst);
-// The value of a one-element tensor; throws InvalidArgument naming the shape otherwise.
+// The value of a one-element tensor (waits for device work that produces it); throws
+// InvalidArgument naming the shape otherwise, or for a meta tensor.
 double item(const Tensor& t);
 int64_t item_int(const Tensor& t);
 // All elements in row-major order, converted to T (f32 -> float, etc.).

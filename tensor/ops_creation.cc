@@ -4,6 +4,7 @@
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/internal/op_util.h"
 #include "tessel/tensor/ops.h"
+#include "tessel/tensor/cpu/cpu_backend.h"
 
 namespace tessel {
 
@@ -99,13 +100,59 @@ Tensor to(const Tensor& t, DType dtype) {
   return out;
 }
 
-Tensor to(const Tensor& t, Device device) {
+namespace {
+
+// The backend that performs a copy between two devices: the non-CPU side's (the CPU's when
+// both are CPU tensors).
+Backend& transfer_backend(Device a, Device b) { return backend_for(a.is_cpu() ? b : a); }
+
+// Throws InvalidArgument naming the op when t is a meta tensor whose values would be read.
+void check_readable(const char* op, const Tensor& t, Device target) {
+  TESSEL_CHECK(!t.is_meta(), InvalidArgument,
+               "{}: {} is on the meta device and holds no data to copy to {}; materialise it "
+               "first (empty() on a real device, Module::to_empty)",
+               op, t.str(), target.str());
+}
+
+// Copies contiguous src into contiguous dst of the same dtype on another device (or the same).
+void copy_between(const Tensor& src, const Tensor& dst, bool non_blocking) {
+  if (dst.is_meta() || src.numel() == 0) return;
+  transfer_backend(src.device(), dst.device()).copy_device(src, dst, non_blocking);
+}
+
+}  // namespace
+
+Tensor to(const Tensor& t, Device device, bool non_blocking) {
   if (t.device() == device) return t;
-  TESSEL_CHECK(t.device().is_cpu() || device.is_cpu(), NotImplemented,
-               "copies between {} and {} are not supported yet", t.device().str(), device.str());
-  backend_for(device);  // throws Unavailable when this build has no backend for it
-  throw NotImplemented(fmt::format("copying {} from {} to {} needs the CUDA tensor backend",
-                                   t.str(), t.device().str(), device.str()));
+  check_device_available(device);
+  check_readable("to", t, device);
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    const Tensor src = contiguous(t);
+    out = empty(t.shape(), t.dtype(), device);
+    copy_between(src, out, non_blocking);
+  }
+  if (needs_grad({t})) {
+    const Device from = t.device();
+    record_op("to", {t}, {out}, [from](const std::vector<Tensor>& g) {
+      return std::vector<Tensor>{to(g[0], from)};
+    });
+  }
+  return out;
+}
+
+Tensor Tensor::to(Device device) const { return tessel::to(*this, device); }
+Tensor Tensor::to(DType dtype) const { return tessel::to(*this, dtype); }
+
+Tensor pin_memory(const Tensor& t) {
+  TESSEL_CHECK(t.device().is_cpu(), InvalidArgument,
+               "pin_memory: {} is not a CPU tensor (only host memory can be pinned)", t.str());
+  if (t.is_pinned()) return t;
+  Tensor out = empty_pinned(t.shape(), t.dtype());
+  NoGradGuard no_grad;
+  cpu::cpu_backend().copy(contiguous(t), out);
+  return out;
 }
 
 Tensor clone(const Tensor& t) {
@@ -119,13 +166,27 @@ Tensor clone(const Tensor& t) {
 
 Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : clone(t); }
 
-void copy_(const Tensor& dst, const Tensor& src) {
+void copy_(const Tensor& dst, const Tensor& src, bool non_blocking) {
   internal::check_inplace("copy_", dst);
-  internal::check_same_device("copy_", dst, src);
   const Shape shape = broadcast_shapes(dst.shape(), src.shape());
   TESSEL_CHECK(shape == dst.shape(), InvalidArgument, "copy_: source {} does not broadcast to {}",
                shape_str(src.shape()), shape_str(dst.shape()));
-  backend_of(dst).copy(internal::broadcast_view(src, dst.shape()), dst);
+  if (src.device() == dst.device()) {
+    backend_of(dst).copy(internal::broadcast_view(src, dst.shape()), dst);
+    return;
+  }
+  // Across devices: convert on the source's device, move contiguous bytes, then place them.
+  check_device_available(dst.device());
+  check_readable("copy_", src, dst.device());
+  NoGradGuard no_grad;
+  const Tensor moved = contiguous(to(src, dst.dtype()));
+  if (dst.is_contiguous() && moved.shape() == dst.shape()) {
+    copy_between(moved, dst, non_blocking);
+    return;
+  }
+  Tensor staged = empty(moved.shape(), dst.dtype(), dst.device());
+  copy_between(moved, staged, false);
+  backend_of(dst).copy(internal::broadcast_view(staged, dst.shape()), dst);
 }
 
 void fill_(const Tensor& dst, double value) {
@@ -134,21 +195,24 @@ void fill_(const Tensor& dst, double value) {
 }
 void zero_(const Tensor& dst) { fill_(dst, 0.0); }
 
-double item(const Tensor& t) {
-  TESSEL_CHECK(t.numel() == 1, InvalidArgument, "item() needs one element, got shape {}",
+namespace {
+// The one element of t as a CPU tensor of `dtype` (a device-to-host copy, which waits for t).
+Tensor element_on_host(const char* op, const Tensor& t, DType dtype) {
+  TESSEL_CHECK(t.numel() == 1, InvalidArgument, "{}() needs one element, got shape {}", op,
                shape_str(t.shape()));
-  Tensor one = empty({}, DType::kF32);
-  backend_of(t).copy(t.as_strided({}, {}, t.offset()), one);
+  check_readable(op, t, Device::cpu());
+  NoGradGuard no_grad;
+  return to(to(t.as_strided({}, {}, t.offset()), dtype), Device::cpu());
+}
+}  // namespace
+
+double item(const Tensor& t) {
   if (t.dtype() == DType::kI64 || t.dtype() == DType::kI32) return static_cast<double>(item_int(t));
-  return static_cast<double>(*one.data<float>());
+  return static_cast<double>(*element_on_host("item", t, DType::kF32).data<float>());
 }
 
 int64_t item_int(const Tensor& t) {
-  TESSEL_CHECK(t.numel() == 1, InvalidArgument, "item() needs one element, got shape {}",
-               shape_str(t.shape()));
-  Tensor one = empty({}, DType::kI64);
-  backend_of(t).copy(t.as_strided({}, {}, t.offset()), one);
-  return *one.data<int64_t>();
+  return *element_on_host("item_int", t, DType::kI64).data<int64_t>();
 }
 
 }  // namespace tessel

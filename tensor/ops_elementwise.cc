@@ -48,14 +48,18 @@ Tensor run_unary(UnaryOp op, const Tensor& t, bool floating_only) {
   return out;
 }
 
-// A float unary op whose gradient is grad_fn(g, x, y) (x = input, y = output, both detached).
-Tensor unary_op(const char* name, UnaryOp op, const Tensor& t,
-                std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)> grad_fn) {
+// What a unary op's backward needs: its input or its output (never both, so the other can be
+// freed as soon as forward no longer needs it).
+enum class Saves { kInput, kOutput };
+
+// A float unary op whose gradient is grad_fn(g, saved), saved being the input or the output.
+Tensor unary_op(const char* name, UnaryOp op, const Tensor& t, Saves saves,
+                std::function<Tensor(const Tensor&, const Tensor&)> grad_fn) {
   Tensor out = run_unary(op, t, true);
   if (needs_grad({t})) {
     record_op(name, {t}, {out},
-              [x = detach(t), y = detach(out), grad_fn = std::move(grad_fn)](
-                  const std::vector<Tensor>& g) { return std::vector<Tensor>{grad_fn(g[0], x, y)}; });
+              [saved = detach(saves == Saves::kInput ? t : out), grad_fn = std::move(grad_fn)](
+                  const std::vector<Tensor>& g) { return std::vector<Tensor>{grad_fn(g[0], saved)}; });
   }
   return out;
 }
@@ -70,8 +74,8 @@ Tensor backward_kernel(BinaryOp op, const Tensor& g, const Tensor& x) {
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = arith("add", BinaryOp::kAdd, a, b);
   if (needs_grad({a, b})) {
-    record_op("add", {a, b}, {out}, [a = detach(a), b = detach(b)](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{sum_to(g[0], a.shape()), sum_to(g[0], b.shape())};
+    record_op("add", {a, b}, {out}, [sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g) {
+      return std::vector<Tensor>{sum_to(g[0], sa), sum_to(g[0], sb)};
     });
   }
   return out;
@@ -91,10 +95,13 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = arith("mul", BinaryOp::kMul, a, b);
   if (needs_grad({a, b})) {
-    record_op("mul", {a, b}, {out}, [ra = a.requires_grad(), rb = b.requires_grad(), a = detach(a),
-                                     b = detach(b)](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{ra ? sum_to(mul(g[0], b), a.shape()) : Tensor(),
-                                 rb ? sum_to(mul(g[0], a), b.shape()) : Tensor()};
+    // Each side's gradient needs the other side: keep only what a gradient will use.
+    const bool ra = a.requires_grad(), rb = b.requires_grad();
+    record_op("mul", {a, b}, {out}, [ra, rb, sa = a.shape(), sb = b.shape(),
+                                     a = rb ? detach(a) : Tensor(),
+                                     b = ra ? detach(b) : Tensor()](const std::vector<Tensor>& g) {
+      return std::vector<Tensor>{ra ? sum_to(mul(g[0], b), sa) : Tensor(),
+                                 rb ? sum_to(mul(g[0], a), sb) : Tensor()};
     });
   }
   return out;
@@ -103,9 +110,10 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = arith("div", BinaryOp::kDiv, a, b, true);
   if (needs_grad({a, b})) {
-    record_op("div", {a, b}, {out}, [ra = a.requires_grad(), rb = b.requires_grad(), a = detach(a),
-                                     b = detach(b), y = detach(out)](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{ra ? sum_to(div(g[0], b), a.shape()) : Tensor(),
+    const bool ra = a.requires_grad(), rb = b.requires_grad();
+    record_op("div", {a, b}, {out}, [ra, rb, sa = a.shape(), b = detach(b),
+                                     y = rb ? detach(out) : Tensor()](const std::vector<Tensor>& g) {
+      return std::vector<Tensor>{ra ? sum_to(div(g[0], b), sa) : Tensor(),
                                  rb ? sum_to(neg(div(mul(g[0], y), b)), b.shape()) : Tensor()};
     });
   }
@@ -140,7 +148,7 @@ Tensor maximum(const Tensor& a, const Tensor& b) {
   if (needs_grad({a, b})) {
     record_op("maximum", {a, b}, {out}, [a = detach(a), b = detach(b)](const std::vector<Tensor>& g) {
       const Tensor take_a = ge(a, b);
-      const Tensor zero = scalar_tensor(0.0, g[0].dtype());
+      const Tensor zero = scalar_tensor(0.0, g[0].dtype(), g[0].device());
       return std::vector<Tensor>{sum_to(where(take_a, g[0], zero), a.shape()),
                                  sum_to(where(take_a, zero, g[0]), b.shape())};
     });
@@ -153,7 +161,7 @@ Tensor minimum(const Tensor& a, const Tensor& b) {
   if (needs_grad({a, b})) {
     record_op("minimum", {a, b}, {out}, [a = detach(a), b = detach(b)](const std::vector<Tensor>& g) {
       const Tensor take_a = le(a, b);
-      const Tensor zero = scalar_tensor(0.0, g[0].dtype());
+      const Tensor zero = scalar_tensor(0.0, g[0].dtype(), g[0].device());
       return std::vector<Tensor>{sum_to(where(take_a, g[0], zero), a.shape()),
                                  sum_to(where(take_a, zero, g[0]), b.shape())};
     });
@@ -177,51 +185,53 @@ Tensor neg(const Tensor& t) {
 }
 
 Tensor exp(const Tensor& t) {
-  return unary_op("exp", UnaryOp::kExp, t, [](const Tensor& g, const Tensor&, const Tensor& y) { return mul(g, y); });
+  return unary_op("exp", UnaryOp::kExp, t, Saves::kOutput,
+                  [](const Tensor& g, const Tensor& y) { return mul(g, y); });
 }
 Tensor log(const Tensor& t) {
-  return unary_op("log", UnaryOp::kLog, t, [](const Tensor& g, const Tensor& x, const Tensor&) { return div(g, x); });
+  return unary_op("log", UnaryOp::kLog, t, Saves::kInput,
+                  [](const Tensor& g, const Tensor& x) { return div(g, x); });
 }
 Tensor sqrt(const Tensor& t) {
-  return unary_op("sqrt", UnaryOp::kSqrt, t,
-                  [](const Tensor& g, const Tensor&, const Tensor& y) { return div(mul(g, 0.5), y); });
+  return unary_op("sqrt", UnaryOp::kSqrt, t, Saves::kOutput,
+                  [](const Tensor& g, const Tensor& y) { return div(mul(g, 0.5), y); });
 }
 Tensor rsqrt(const Tensor& t) {
-  return unary_op("rsqrt", UnaryOp::kRsqrt, t, [](const Tensor& g, const Tensor&, const Tensor& y) {
+  return unary_op("rsqrt", UnaryOp::kRsqrt, t, Saves::kOutput, [](const Tensor& g, const Tensor& y) {
     return mul(mul(g, -0.5), mul(y, mul(y, y)));
   });
 }
 Tensor tanh(const Tensor& t) {
-  return unary_op("tanh", UnaryOp::kTanh, t, [](const Tensor& g, const Tensor&, const Tensor& y) {
+  return unary_op("tanh", UnaryOp::kTanh, t, Saves::kOutput, [](const Tensor& g, const Tensor& y) {
     return mul(g, sub(1.0, mul(y, y)));
   });
 }
 Tensor sigmoid(const Tensor& t) {
-  return unary_op("sigmoid", UnaryOp::kSigmoid, t, [](const Tensor& g, const Tensor&, const Tensor& y) {
+  return unary_op("sigmoid", UnaryOp::kSigmoid, t, Saves::kOutput, [](const Tensor& g, const Tensor& y) {
     return mul(g, mul(y, sub(1.0, y)));
   });
 }
 Tensor abs(const Tensor& t) {
   if (!is_floating(t.dtype())) return run_unary(UnaryOp::kAbs, t, false);
-  return unary_op("abs", UnaryOp::kAbs, t, [](const Tensor& g, const Tensor& x, const Tensor&) {
+  return unary_op("abs", UnaryOp::kAbs, t, Saves::kInput, [](const Tensor& g, const Tensor& x) {
     return mul(g, sub(to(gt(x, 0.0), g.dtype()), to(lt(x, 0.0), g.dtype())));
   });
 }
 Tensor relu(const Tensor& t) {
   if (!is_floating(t.dtype())) return run_unary(UnaryOp::kRelu, t, false);
-  return unary_op("relu", UnaryOp::kRelu, t, [](const Tensor& g, const Tensor& x, const Tensor&) {
+  return unary_op("relu", UnaryOp::kRelu, t, Saves::kInput, [](const Tensor& g, const Tensor& x) {
     return backward_kernel(BinaryOp::kReluBackward, g, x);
   });
 }
 Tensor silu(const Tensor& t) {
-  return unary_op("silu", UnaryOp::kSilu, t, [](const Tensor& g, const Tensor& x, const Tensor&) {
+  return unary_op("silu", UnaryOp::kSilu, t, Saves::kInput, [](const Tensor& g, const Tensor& x) {
     return backward_kernel(BinaryOp::kSiluBackward, g, x);
   });
 }
 Tensor gelu(const Tensor& t, GeluApproximation approximation) {
   const bool exact = approximation == GeluApproximation::kNone;
-  return unary_op("gelu", exact ? UnaryOp::kGelu : UnaryOp::kGeluTanh, t,
-                  [exact](const Tensor& g, const Tensor& x, const Tensor&) {
+  return unary_op("gelu", exact ? UnaryOp::kGelu : UnaryOp::kGeluTanh, t, Saves::kInput,
+                  [exact](const Tensor& g, const Tensor& x) {
                     return backward_kernel(
                         exact ? BinaryOp::kGeluBackward : BinaryOp::kGeluTanhBackward, g, x);
                   });
@@ -261,7 +271,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
     record_op("where", {a, b}, {out}, [cond = detach(cond), ra = a.requires_grad(),
                                        rb = b.requires_grad(), sa = a.shape(),
                                        sb = b.shape()](const std::vector<Tensor>& g) {
-      const Tensor zero = scalar_tensor(0.0, g[0].dtype());
+      const Tensor zero = scalar_tensor(0.0, g[0].dtype(), g[0].device());
       return std::vector<Tensor>{ra ? sum_to(where(cond, g[0], zero), sa) : Tensor(),
                                  rb ? sum_to(where(cond, zero, g[0]), sb) : Tensor()};
     });

@@ -48,11 +48,14 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
     out = to(out, a.dtype());
   }
   if (needs_grad({a, b})) {
-    record_op("matmul", {a, b}, {out}, [ra = a.requires_grad(), rb = b.requires_grad(),
-                                        a = detach(a), b = detach(b)](const std::vector<Tensor>& g) {
+    // dA needs B and dB needs A: keep only the operands a gradient will use.
+    const bool ra = a.requires_grad(), rb = b.requires_grad();
+    record_op("matmul", {a, b}, {out}, [ra, rb, sa = a.shape(), sb = b.shape(),
+                                        a = rb ? detach(a) : Tensor(),
+                                        b = ra ? detach(b) : Tensor()](const std::vector<Tensor>& g) {
       return std::vector<Tensor>{
-          ra ? sum_to(matmul_nd(g[0], transpose(b, -1, -2)), a.shape()) : Tensor(),
-          rb ? sum_to(matmul_nd(transpose(a, -1, -2), g[0]), b.shape()) : Tensor()};
+          ra ? sum_to(matmul_nd(g[0], transpose(b, -1, -2)), sa) : Tensor(),
+          rb ? sum_to(matmul_nd(transpose(a, -1, -2), g[0]), sb) : Tensor()};
     });
   }
   return out;

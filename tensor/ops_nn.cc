@@ -52,17 +52,11 @@ Tensor feature_param(const char* op, const char* what, const Tensor& p, int64_t 
   return contiguous(to(p, dtype));
 }
 
-// Integer tensor -> contiguous i64, checking every value is in [0, limit) or equals `allowed`.
-Tensor checked_indices(const char* op, const Tensor& idx, int64_t limit, int64_t allowed) {
+// Integer tensor -> contiguous i64 (the kernels check the values: see backend.h).
+Tensor index_tensor(const char* op, const Tensor& idx) {
   TESSEL_CHECK(idx.dtype() == DType::kI64 || idx.dtype() == DType::kI32, InvalidArgument,
                "{}: indices must be i64 or i32, got {}", op, dtype_name(idx.dtype()));
-  Tensor out = contiguous(to(idx, DType::kI64));
-  const int64_t* p = out.data<int64_t>();
-  for (int64_t i = 0; i < out.numel(); ++i) {
-    TESSEL_CHECK((p[i] >= 0 && p[i] < limit) || p[i] == allowed, OutOfRange,
-                 "{}: index {} at position {} is out of range [0, {})", op, p[i], i, limit);
-  }
-  return out;
+  return contiguous(to(idx, DType::kI64));
 }
 
 }  // namespace
@@ -133,7 +127,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
                "embedding: weight must be [num_embeddings, dim], got shape {}",
                shape_str(weight.shape()));
   internal::check_same_device("embedding", weight, indices);
-  const Tensor idx = checked_indices("embedding", indices, weight.size(0), -1 - weight.size(0));
+  const Tensor idx = index_tensor("embedding", indices);
   Shape shape = indices.shape();
   shape.push_back(weight.size(1));
   const Tensor w = contiguous(detach(weight));
@@ -160,7 +154,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
                shape_str(logits.shape()),
                shape_str(Shape(logits.shape().begin(), logits.shape().end() - 1)),
                shape_str(target.shape()));
-  const Tensor tgt = checked_indices("cross_entropy target", target, classes, ignore_index);
+  const Tensor tgt = index_tensor("cross_entropy target", target);
   Tensor x, loss, lse;
   {
     NoGradGuard no_grad;
@@ -182,10 +176,15 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
     case Reduction::kSum: return sum(loss);
     case Reduction::kMean: break;
   }
-  int64_t counted = 0;
-  const int64_t* t = tgt.data<int64_t>();
-  for (int64_t i = 0; i < rows; ++i) counted += t[i] != ignore_index;
-  return div(sum(loss), static_cast<double>(counted));  // 0 / 0 = NaN when all are ignored
+  // Divide by the rows not ignored, counted on the device (0 / 0 = NaN when all are ignored).
+  Tensor counted;
+  {
+    NoGradGuard no_grad;
+    counted = to(sum(ne(tgt, scalar_tensor(static_cast<double>(ignore_index), DType::kI64,
+                                           tgt.device()))),
+                 DType::kF32);
+  }
+  return div(sum(loss), counted);
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {

@@ -66,7 +66,7 @@ Tensor extremum(ReduceOp op, const char* name, const Tensor& t, const std::vecto
       const Tensor count = sum(to(hit, g[0].dtype()), dims, true);
       const Tensor share = expand_back(div(reshape(g[0], kept_shape(x.shape(), dims)), count),
                                        x.shape(), dims);
-      return std::vector<Tensor>{where(hit, share, scalar_tensor(0.0, g[0].dtype()))};
+      return std::vector<Tensor>{where(hit, share, scalar_tensor(0.0, g[0].dtype(), g[0].device()))};
     });
   }
   return out;

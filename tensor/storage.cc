@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
-#include <new>
 
 #include "tessel/base/error.h"
 
@@ -19,9 +18,68 @@ constexpr size_t kCpuAlignment = 64;
 constexpr size_t kCacheMinBytes = size_t{1} << 20;
 constexpr size_t kCacheLimitBytes = size_t{1} << 30;
 
+void atomic_max(std::atomic<int64_t>& target, int64_t value) {
+  int64_t seen = target.load(std::memory_order_relaxed);
+  while (seen < value &&
+         !target.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+std::string bytes_text(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (int64_t{1} << 30)) return fmt::format("{:.2f} GiB", b / (1 << 30));
+  if (bytes >= (int64_t{1} << 20)) return fmt::format("{:.1f} MiB", b / (1 << 20));
+  if (bytes >= (int64_t{1} << 10)) return fmt::format("{:.1f} KiB", b / (1 << 10));
+  return fmt::format("{} B", bytes);
+}
+
+// Lock-free counters behind MemoryStats for allocators that keep one set per device.
+class StatCounters {
+ public:
+  void on_allocate(int64_t bytes, bool from_cache) {
+    allocations_.fetch_add(1, std::memory_order_relaxed);
+    atomic_max(peak_allocated_, allocated_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+    if (!from_cache) {
+      atomic_max(peak_reserved_, reserved_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+    }
+  }
+  void on_free(int64_t bytes, bool to_cache) {
+    frees_.fetch_add(1, std::memory_order_relaxed);
+    allocated_.fetch_sub(bytes, std::memory_order_relaxed);
+    if (!to_cache) reserved_.fetch_sub(bytes, std::memory_order_relaxed);
+  }
+  void on_release_cached(int64_t bytes) { reserved_.fetch_sub(bytes, std::memory_order_relaxed); }
+  void on_flush() { cache_flushes_.fetch_add(1, std::memory_order_relaxed); }
+  void on_failure() { failures_.fetch_add(1, std::memory_order_relaxed); }
+
+  MemoryStats snapshot() const {
+    MemoryStats s;
+    s.allocated_bytes = allocated_.load(std::memory_order_relaxed);
+    s.reserved_bytes = reserved_.load(std::memory_order_relaxed);
+    s.peak_allocated_bytes = peak_allocated_.load(std::memory_order_relaxed);
+    s.peak_reserved_bytes = peak_reserved_.load(std::memory_order_relaxed);
+    s.allocations = allocations_.load(std::memory_order_relaxed);
+    s.frees = frees_.load(std::memory_order_relaxed);
+    s.cache_flushes = cache_flushes_.load(std::memory_order_relaxed);
+    s.failures = failures_.load(std::memory_order_relaxed);
+    return s;
+  }
+  void reset_peaks() {
+    peak_allocated_.store(allocated_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    peak_reserved_.store(reserved_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<int64_t> allocated_{0}, reserved_{0}, peak_allocated_{0}, peak_reserved_{0};
+  std::atomic<int64_t> allocations_{0}, frees_{0}, cache_flushes_{0}, failures_{0};
+};
+
+// Host memory. Streams play no part: CPU work is complete when issued.
 class CpuAllocator final : public Allocator {
  public:
-  void* allocate(size_t bytes) override {
+  DeviceType device_type() const override { return DeviceType::kCPU; }
+
+  void* allocate(size_t bytes, const Stream&) override {
     // aligned_alloc needs a size that is a multiple of the alignment, and 0 gives no pointer.
     const size_t rounded = round_up(bytes);
     if (rounded >= kCacheMinBytes) {
@@ -31,15 +89,23 @@ class CpuAllocator final : public Allocator {
         void* ptr = it->second;
         cache_.erase(it);
         cached_bytes_ -= rounded;
+        stats_.on_allocate(static_cast<int64_t>(rounded), true);
         return ptr;
       }
     }
     void* ptr = std::aligned_alloc(kCpuAlignment, rounded);
     if (ptr == nullptr && rounded >= kCacheMinBytes) {
-      release_cache();  // memory may be held by the cache: give it back and retry once
+      stats_.on_flush();
+      empty_cache();  // memory may be held by the cache: give it back and retry once
       ptr = std::aligned_alloc(kCpuAlignment, rounded);
     }
-    TESSEL_CHECK(ptr != nullptr, Unavailable, "out of host memory allocating {} bytes", bytes);
+    if (ptr == nullptr) {
+      stats_.on_failure();
+      throw OutOfMemory(fmt::format("out of host memory allocating {} ({} bytes); cpu allocator: {}",
+                                    bytes_text(static_cast<int64_t>(bytes)), bytes,
+                                    stats_.snapshot().str()));
+    }
+    stats_.on_allocate(static_cast<int64_t>(rounded), false);
     return ptr;
   }
 
@@ -50,17 +116,23 @@ class CpuAllocator final : public Allocator {
       if (cached_bytes_ + rounded <= kCacheLimitBytes) {
         cache_.emplace(rounded, ptr);
         cached_bytes_ += rounded;
+        stats_.on_free(static_cast<int64_t>(rounded), true);
         return;
       }
     }
+    stats_.on_free(static_cast<int64_t>(rounded), false);
     std::free(ptr);
   }
 
-  Device device() const override { return Device::cpu(); }
+  MemoryStats stats(int) const override { return stats_.snapshot(); }
+  void reset_peak_stats(int) override { stats_.reset_peaks(); }
 
-  void release_cache() noexcept {
+  void empty_cache() override {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [size, ptr] : cache_) std::free(ptr);
+    for (auto& [size, ptr] : cache_) {
+      std::free(ptr);
+      stats_.on_release_cached(static_cast<int64_t>(size));
+    }
     cache_.clear();
     cached_bytes_ = 0;
   }
@@ -74,6 +146,7 @@ class CpuAllocator final : public Allocator {
   std::mutex mu_;
   std::multimap<size_t, void*> cache_;  // guarded by mu_
   size_t cached_bytes_ = 0;             // guarded by mu_
+  StatCounters stats_;
 };
 
 // Never destroyed: tensors in other static objects may free memory during exit.
@@ -82,16 +155,25 @@ CpuAllocator& cpu_allocator_impl() {
   return *allocator;
 }
 
-std::array<std::atomic<Allocator*>, 2> g_allocators = {&cpu_allocator(), nullptr};
+std::array<std::atomic<Allocator*>, kDeviceTypeCount> g_allocators = {&cpu_allocator_impl(),
+                                                                     nullptr, nullptr};
+std::atomic<Allocator*> g_pinned{nullptr};
 
 }  // namespace
 
-Allocator& cpu_allocator() { return cpu_allocator_impl(); }
+std::string MemoryStats::str() const {
+  return fmt::format("allocated {} (peak {}), reserved {} (peak {})", bytes_text(allocated_bytes),
+                     bytes_text(peak_allocated_bytes), bytes_text(reserved_bytes),
+                     bytes_text(peak_reserved_bytes));
+}
 
-void release_cpu_allocator_cache() { cpu_allocator_impl().release_cache(); }
+void Allocator::record_stream(void*, const Stream&) {}
+
+Allocator& cpu_allocator() { return cpu_allocator_impl(); }
 
 Allocator& allocator_for(Device device) {
   Allocator* a = g_allocators[static_cast<size_t>(device.type)].load(std::memory_order_acquire);
+  TESSEL_CHECK(!device.is_meta(), InvalidArgument, "the meta device allocates no memory");
   TESSEL_CHECK(a != nullptr, Unavailable,
                "no allocator for device {}: this build of tessel has no backend for it",
                device.str());
@@ -102,25 +184,81 @@ void register_allocator(DeviceType type, Allocator* allocator) {
   g_allocators[static_cast<size_t>(type)].store(allocator, std::memory_order_release);
 }
 
+Allocator& pinned_allocator() {
+  Allocator* a = g_pinned.load(std::memory_order_acquire);
+  TESSEL_CHECK(a != nullptr, Unavailable,
+               "pinned host memory needs a device backend that provides it (CUDA); this build "
+               "of tessel has none");
+  return *a;
+}
+void register_pinned_allocator(Allocator* allocator) {
+  g_pinned.store(allocator, std::memory_order_release);
+}
+bool has_pinned_allocator() { return g_pinned.load(std::memory_order_acquire) != nullptr; }
+
+MemoryStats memory_stats(Device device) {
+  if (device.is_meta()) return {};
+  check_device_available(device);
+  return allocator_for(device).stats(device.index);
+}
+void reset_peak_memory_stats(Device device) {
+  if (device.is_meta()) return;
+  check_device_available(device);
+  allocator_for(device).reset_peak_stats(device.index);
+}
+void empty_cache(Device device) {
+  if (device.is_meta()) return;
+  check_device_available(device);
+  allocator_for(device).empty_cache();
+}
+MemoryStats pinned_memory_stats() {
+  return has_pinned_allocator() ? pinned_allocator().stats(0) : MemoryStats{};
+}
+
+// ---- Storage --------------------------------------------------------------------------------
+
 struct Storage::Impl {
   void* data = nullptr;
   size_t bytes = 0;
   Device device;
-  std::function<void(void*)> deleter;
-  ~Impl() {
-    if (deleter) deleter(data);
+  bool pinned = false;
+  bool released = false;
+  Allocator* allocator = nullptr;       // memory from an allocator (null: wrapped or meta)
+  std::function<void(void*)> deleter;  // wrapped memory
+
+  void free_memory() noexcept {
+    if (data == nullptr) return;
+    if (allocator != nullptr) {
+      allocator->deallocate(data, bytes);
+    } else if (deleter) {
+      deleter(data);
+    }
+    data = nullptr;
   }
+  ~Impl() { free_memory(); }
 };
 
 Storage Storage::allocate(size_t bytes, Device device) {
-  Allocator& allocator = allocator_for(device);
-  void* data = allocator.allocate(bytes);
   Storage s;
   s.impl_ = std::make_shared<Impl>();
-  s.impl_->data = data;
   s.impl_->bytes = bytes;
   s.impl_->device = device;
-  s.impl_->deleter = [&allocator, bytes](void* p) { allocator.deallocate(p, bytes); };
+  if (!device.is_meta()) {
+    check_device_available(device);
+    s.impl_->allocator = &allocator_for(device);
+    s.impl_->data = s.impl_->allocator->allocate(bytes, current_stream(device));
+  }
+  return s;
+}
+
+Storage Storage::allocate_pinned(size_t bytes) {
+  Storage s;
+  s.impl_ = std::make_shared<Impl>();
+  s.impl_->bytes = bytes;
+  s.impl_->device = Device::cpu();
+  s.impl_->pinned = true;
+  s.impl_->allocator = &pinned_allocator();
+  s.impl_->data = s.impl_->allocator->allocate(bytes, current_stream(Device::cpu()));
   return s;
 }
 
@@ -138,5 +276,31 @@ Storage Storage::wrap(void* data, size_t bytes, Device device,
 void* Storage::data() const { return impl_ ? impl_->data : nullptr; }
 size_t Storage::bytes() const { return impl_ ? impl_->bytes : 0; }
 Device Storage::device() const { return impl_ ? impl_->device : Device::cpu(); }
+bool Storage::is_pinned() const { return impl_ && impl_->pinned; }
+bool Storage::is_released() const { return impl_ && impl_->released; }
+
+void Storage::release() const {
+  TESSEL_CHECK(impl_ != nullptr, InvalidArgument, "release() of an undefined storage");
+  if (impl_->released || impl_->device.is_meta()) return;
+  TESSEL_CHECK(impl_->allocator != nullptr, InvalidArgument,
+               "release(): a storage wrapping memory owned elsewhere cannot be released");
+  impl_->free_memory();
+  impl_->released = true;
+}
+
+void Storage::refill() const {
+  TESSEL_CHECK(impl_ != nullptr, InvalidArgument, "refill() of an undefined storage");
+  if (!impl_->released) return;
+  impl_->data = impl_->allocator->allocate(impl_->bytes, current_stream(impl_->device));
+  impl_->released = false;
+}
+
+void Storage::record_stream(const Stream& stream) const {
+  if (impl_ == nullptr || impl_->data == nullptr || impl_->allocator == nullptr) return;
+  TESSEL_CHECK(impl_->pinned || stream.device() == impl_->device, InvalidArgument,
+               "record_stream: a storage on {} cannot be used by {}", impl_->device.str(),
+               stream.str());
+  impl_->allocator->record_stream(impl_->data, stream);
+}
 
 }  // namespace tessel

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "tessel/base/error.h"
+#include "tessel/tensor/backend.h"
 
 namespace tessel {
 
@@ -56,9 +57,46 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
+namespace {
+[[noreturn]] void throw_no_data(const Tensor& t) {
+  if (t.is_meta()) {
+    throw InvalidArgument(fmt::format(
+        "{} is on the meta device and holds no data; materialise it first (empty() on a real "
+        "device, Module::to_empty)",
+        t.str()));
+  }
+  throw InvalidArgument(fmt::format(
+      "{} views a released storage (Storage::release); refill() it before use", t.str()));
+}
+}  // namespace
+
 void* Tensor::data_ptr() const {
   const TensorImpl& t = impl();
-  return static_cast<char*>(t.storage.data()) + t.offset * static_cast<int64_t>(dtype_size(t.dtype));
+  char* base = static_cast<char*>(t.storage.data());
+  if (base == nullptr && t.storage.bytes() > 0) [[unlikely]] {
+    throw_no_data(*this);
+  }
+  return base + t.offset * static_cast<int64_t>(dtype_size(t.dtype));
+}
+
+void Tensor::set_data(const Tensor& other) const {
+  TensorImpl& t = impl();
+  const TensorImpl& o = other.impl();
+  TESSEL_CHECK(!requires_grad() || is_floating(o.dtype), InvalidArgument,
+               "set_data: {} requires a gradient but the new data {} is not floating", str(),
+               other.str());
+  if (&t == &o) return;
+  if (t.autograd && t.autograd->grad.defined()) {
+    const Tensor& g = t.autograd->grad;
+    if (g.shape() != o.shape || g.dtype() != o.dtype || g.device() != o.storage.device()) {
+      t.autograd->grad = Tensor();
+    }
+  }
+  t.storage = o.storage;
+  t.offset = o.offset;
+  t.shape = o.shape;
+  t.strides = o.strides;
+  t.dtype = o.dtype;
 }
 
 void Tensor::check_dtype(DType expected) const {
@@ -145,18 +183,29 @@ Tensor empty(const Shape& shape, DType dtype, Device device) {
 }
 
 Tensor zeros(const Shape& shape, DType dtype, Device device) {
-  TESSEL_CHECK(device.is_cpu(), NotImplemented, "zeros on {} needs the CUDA tensor backend",
-               device.str());
   Tensor t = empty(shape, dtype, device);
-  std::memset(t.data_ptr(), 0, t.nbytes());
+  backend_for(device).fill(t, 0.0);
   return t;
+}
+
+Tensor empty_pinned(const Shape& shape, DType dtype) {
+  for (int64_t s : shape) {
+    TESSEL_CHECK(s >= 0, InvalidArgument, "negative size in shape {}", shape_str(shape));
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage =
+      Storage::allocate_pinned(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype));
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
 }
 
 Tensor from_data(const void* data, int64_t count, const Shape& shape, DType dtype) {
   TESSEL_CHECK(count == shape_numel(shape), InvalidArgument,
                "{} values cannot fill shape {} ({} elements)", count, shape_str(shape),
                shape_numel(shape));
-  Tensor t = empty(shape, dtype);
+  Tensor t = empty(shape, dtype, Device::cpu());
   if (count > 0) std::memcpy(t.data_ptr(), data, t.nbytes());
   return t;
 }

@@ -5,6 +5,11 @@
 //   Tensor x = from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
 //   float* p = x.data<float>();          // contiguous f32 on the CPU
 //   Tensor z = zeros({4, 1024}, DType::kBF16);
+//   Tensor m = empty({1 << 20, 4096}, DType::kF32, Device::meta());   // shape only, no memory
+//
+// Host access: data<T>() and data_ptr() give the address of the first element; they throw for
+// a tensor on the meta device or over a released storage (Storage::release). On a device
+// other than the CPU the address is device memory, for kernels only.
 //
 // Thread-safety: a Tensor handle may be copied across threads; concurrent writes to the same
 // elements are the caller's to order.
@@ -61,7 +66,8 @@ class Tensor {
   bool is_contiguous() const;
   const Storage& storage() const { return impl().storage; }
 
-  // Address of the first element (storage data + offset).
+  // Address of the first element (storage data + offset). Throws InvalidArgument naming the
+  // tensor when it has no memory (meta device, released storage) and is not empty.
   void* data_ptr() const;
   // Typed address; throws InvalidArgument when T does not match dtype().
   template <typename T>
@@ -75,6 +81,20 @@ class Tensor {
 
   // "Tensor(shape=(2, 3), dtype=f32, device=cpu)"
   std::string str() const;
+
+  // Conversions (ops.h's to(); defined with the ops): this tensor when it already has the
+  // device or dtype, else a converted copy. Differentiable.
+  Tensor to(Device device) const;
+  Tensor to(DType dtype) const;
+  // Makes this tensor (every handle of it) a view of `other`'s data: storage, offset, shape,
+  // strides and dtype are taken from `other`, and autograd state (requires_grad, hooks) is kept
+  // (like PyTorch's `param.data = other`). The gradient is dropped when it no longer matches.
+  // Modules and FSDP use it to move, materialise or shard parameters in place, so references
+  // held by optimizers stay valid. Not recorded by autograd; throws InvalidArgument when
+  // requires_grad is set and `other` is not floating.
+  void set_data(const Tensor& other) const;
+  bool is_meta() const { return device().is_meta(); }
+  bool is_pinned() const { return impl().storage.is_pinned(); }
 
   // Autograd state (see tensor/autograd.h for backward()). A leaf that requires a gradient
   // accumulates it in grad(); grad() is undefined until a backward pass reaches it.
@@ -109,9 +129,13 @@ struct AutogradMeta {
   std::vector<std::function<void(const Tensor&)>> post_accumulate_grad_hooks;
 };
 
-// Uninitialised memory of the given shape (contiguous).
-Tensor empty(const Shape& shape, DType dtype = DType::kF32, Device device = Device::cpu());
-Tensor zeros(const Shape& shape, DType dtype = DType::kF32, Device device = Device::cpu());
+// Uninitialised memory of the given shape (contiguous), on the thread's default device
+// (default_device(): the CPU unless a DefaultDeviceGuard says otherwise) unless one is given.
+// On the meta device nothing is allocated.
+Tensor empty(const Shape& shape, DType dtype = DType::kF32, Device device = default_device());
+Tensor zeros(const Shape& shape, DType dtype = DType::kF32, Device device = default_device());
+// Uninitialised page-locked host memory (see pinned_allocator() in storage.h).
+Tensor empty_pinned(const Shape& shape, DType dtype = DType::kF32);
 // A CPU tensor holding a copy of `count` elements at `data`. Throws InvalidArgument when the
 // count does not match the shape.
 Tensor from_data(const void* data, int64_t count, const Shape& shape, DType dtype);

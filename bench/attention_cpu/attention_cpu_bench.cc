@@ -6,17 +6,22 @@
 //                 [--dtype f32,bf16] [--iters 3] [--threads 0] [--torch /path/to/python]
 //                 [--fma-flops-per-cycle 64] [--ghz <from /proc/cpuinfo>] [--math 1] [--backward 1]
 //                 [--block-q 64] [--block-kv 64] [--min-time 0.3] [--rounds 3]
-//                 [--isa auto|avx512|avx2|scalar]
+//                 [--isa auto|amx|avx512|avx2|scalar]
 // (--math 0 skips the math backend, --backward 0 the backward passes, e.g. to profile.)
 // Each figure is the median per-call time of >= --iters calls lasting >= --min-time seconds in
 // all, taken in --rounds rounds that alternate the backends (so they share any other load
-// alike), each round started once no other thread of the process burns CPU (the math
-// backend's OpenBLAS workers spin after each GEMM); %peak is against the measured FMA rate.
+// alike) — PyTorch included: it runs in a child process that times its calls when told to,
+// between ours — each round started once no other thread of the process, and no thread of the
+// PyTorch child, burns CPU (OpenBLAS's and OpenMP's workers spin after each call); %peak is
+// against the measured FMA rate. The header names the CPU's vector features, the kernels each
+// dtype runs, PyTorch's version and CPU capability, and the load average before and after.
 //
 // Convention: forward flops 4 * B * H * S_q * S_k * D, halved when causal; backward 2.5x.
 
 #include <immintrin.h>
+#include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "../bench_host.h"
 #include "tessel/kernels/attention/attention_math.h"
 #include "tessel/kernels/attention/cpu/flash_cpu.h"
 
@@ -102,20 +108,37 @@ double cpu_seconds() {
   return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec + u.ru_stime.tv_usec * 1e-6;
 }
 
-// The process's CPU seconds burnt by threads other than this one while it sleeps `idle`.
-double background_cpu_seconds(std::chrono::milliseconds idle) {
-  const double c0 = cpu_seconds(), t0 = thread_cpu_seconds();
-  std::this_thread::sleep_for(idle);
-  return (cpu_seconds() - c0) - (thread_cpu_seconds() - t0);
+// CPU seconds (user + system) of another process, from /proc/PID/stat; 0 when pid <= 0.
+double process_cpu_seconds(pid_t pid) {
+  if (pid <= 0) return 0;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream fields(text.substr(text.rfind(')') + 2));  // after "pid (comm) "
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14 || i == 15) ticks += std::stod(field);  // utime, stime
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
-// Waits (up to 3 s) until no other thread of this process burns CPU: OpenBLAS's workers (the
-// math backend) keep spinning on sched_yield for a while after each GEMM and would otherwise
-// share the 2 cores with, and be charged to, the next backend timed. Returns false on timeout.
-bool wait_until_quiet() {
-  constexpr auto kSlice = std::chrono::milliseconds(20);
-  for (int i = 0; i < 150; ++i) {
-    if (background_cpu_seconds(kSlice) < 0.05 * std::chrono::duration<double>(kSlice).count()) {
+// CPU seconds burnt, while this thread sleeps `idle`, by this process's other threads and by
+// the process `other` (the PyTorch child, or none).
+double background_cpu_seconds(std::chrono::milliseconds idle, pid_t other) {
+  const double c0 = cpu_seconds(), t0 = thread_cpu_seconds(), o0 = process_cpu_seconds(other);
+  std::this_thread::sleep_for(idle);
+  return (cpu_seconds() - c0) - (thread_cpu_seconds() - t0) + process_cpu_seconds(other) - o0;
+}
+
+// Waits (up to 3 s) until no other thread of this process, and no thread of `other`, burns CPU:
+// OpenBLAS's workers (the math backend) and OpenMP's (PyTorch) keep spinning for a while after
+// each call and would otherwise share the 2 cores with, and be charged to, the next backend
+// timed. (/proc counts in clock ticks, hence slices of 50 ms.) Returns false on timeout.
+bool wait_until_quiet(pid_t other = 0) {
+  constexpr auto kSlice = std::chrono::milliseconds(50);
+  for (int i = 0; i < 60; ++i) {
+    if (background_cpu_seconds(kSlice, other) <
+        0.05 * std::chrono::duration<double>(kSlice).count() + (other > 0 ? 0.011 : 0.0)) {
       return true;
     }
   }
@@ -136,6 +159,7 @@ struct Timing {
 };
 
 double median(std::vector<double> x) {
+  if (x.empty()) return NAN;  // e.g. the CPU times of PyTorch's calls, not measured
   std::sort(x.begin(), x.end());
   const size_t n = x.size();
   return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
@@ -201,7 +225,7 @@ struct Inputs {
     return dtype == DType::kF32 ? attention_view(out32[t].data(), dtype, sizes)
                                 : attention_view(out16[t].data(), dtype, sizes);
   }
-  void dump_f32(const std::string& path) const {
+  void dump_f32(const std::string& path) const {  // q, k, v, dout as f32
     std::ofstream f(path, std::ios::binary);
     for (int t = 0; t < 4; ++t) {
       f.write(reinterpret_cast<const char*>(f32[t].data()), f32[t].size() * sizeof(float));
@@ -209,49 +233,149 @@ struct Inputs {
   }
 };
 
+// PyTorch's side: a child process that loads the inputs of one configuration when told to and
+// times calls of F.scaled_dot_product_attention on request, one command per line on stdin, one
+// answer per line on stdout (per-call seconds), so that its rounds alternate with ours.
 const char* kTorchScript = R"PY(
 import sys, time, torch
 import torch.nn.functional as F
-path, b, h, s, d, causal, dtype, iters, threads = sys.argv[1:10]
-b, h, s, d, iters, threads = int(b), int(h), int(s), int(d), int(iters), int(threads)
+threads = int(sys.argv[1])
 if threads > 0: torch.set_num_threads(threads)
-n = b * h * s * d
-data = torch.from_file(path, size=4 * n, dtype=torch.float32)
-dt = torch.float32 if dtype == "f32" else torch.bfloat16
-q, k, v, do = [data[i * n:(i + 1) * n].view(b, h, s, d).to(dt).clone() for i in range(4)]
-causal = causal == "1"
-def best(fn):  # median over the calls, as for our backends
-    fn(); ts = []
-    for _ in range(iters):
-        t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
-    return sorted(ts)[len(ts) // 2]
-with torch.no_grad():
-    fwd = best(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-qg, kg, vg = [x.clone().requires_grad_() for x in (q, k, v)]
-def fb():
-    o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal); o.backward(do)
-both = best(fb)
-print(f"{fwd} {both}")
+print("ready", torch.__version__, torch.backends.cpu.get_cpu_capability(),
+      torch.get_num_threads(), flush=True)
+for line in sys.stdin:
+    cmd = line.split()
+    if cmd[0] == "load":
+        path, b, h, s, d, causal, dtype = cmd[1:8]
+        b, h, s, d = int(b), int(h), int(s), int(d)
+        n = b * h * s * d
+        data = torch.from_file(path, size=4 * n, dtype=torch.float32)
+        dt = torch.float32 if dtype == "f32" else torch.bfloat16
+        q, k, v, do = [data[i * n:(i + 1) * n].view(b, h, s, d).to(dt).clone() for i in range(4)]
+        qg, kg, vg = [x.clone().requires_grad_() for x in (q, k, v)]
+        causal = causal == "1"
+        print("ok", flush=True)
+    elif cmd[0] in ("fwd", "fb"):
+        calls, min_seconds, warm = int(cmd[1]), float(cmd[2]), cmd[3] == "1"
+        def fwd():
+            with torch.no_grad():
+                F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        def fb():
+            qg.grad = kg.grad = vg.grad = None
+            F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal).backward(do)
+        fn = fwd if cmd[0] == "fwd" else fb
+        if warm: fn()
+        walls, cpus = [], []
+        while len(walls) < calls or sum(walls) < min_seconds:
+            t0, c0 = time.perf_counter(), time.process_time(); fn()
+            walls.append(time.perf_counter() - t0); cpus.append(time.process_time() - c0)
+        print(" ".join(f"{w!r}:{c!r}" for w, c in zip(walls, cpus)), flush=True)
+    else:
+        break
 )PY";
 
-bool run_torch(const std::string& python, Inputs& in, bool causal, const std::string& dtype,
-               int iters, int threads, double& fwd, double& both) {
-  const std::string dir = "/tmp/tessel_attention_bench_" + std::to_string(getpid());
-  std::system(("mkdir -p " + dir).c_str());
-  const std::string data = dir + "/inputs.bin", script = dir + "/sdpa.py", result = dir + "/out";
-  in.dump_f32(data);
-  std::ofstream(script) << kTorchScript;
-  const std::string cmd = python + " " + script + " " + data + " " + std::to_string(in.sizes[0]) +
-                          " " + std::to_string(in.sizes[1]) + " " + std::to_string(in.sizes[2]) +
-                          " " + std::to_string(in.sizes[3]) + " " + (causal ? "1" : "0") + " " +
-                          dtype + " " + std::to_string(iters) + " " + std::to_string(threads) +
-                          " > " + result + " 2> " + result + ".err";
-  const int rc = std::system(cmd.c_str());
-  std::ifstream r(result);
-  const bool ok = rc == 0 && static_cast<bool>(r >> fwd >> both);
-  std::system(("rm -rf " + dir).c_str());
-  return ok;
-}
+// The PyTorch child process (see kTorchScript). Not thread-safe. The destructor ends it.
+class TorchPeer {
+ public:
+  TorchPeer() = default;
+  TorchPeer(const TorchPeer&) = delete;
+  TorchPeer& operator=(const TorchPeer&) = delete;
+  ~TorchPeer() { stop(); }
+
+  // Starts `python` on the script; false when it cannot (no torch in that Python, say), with
+  // the reason in *info; else *info = "<version> <cpu capability> <threads> threads".
+  bool start(const std::string& python, int threads, std::string* info) {
+    dir_ = "/tmp/tessel_attention_bench_" + std::to_string(getpid());
+    std::system(("mkdir -p " + dir_).c_str());
+    const std::string script = dir_ + "/sdpa.py";
+    std::ofstream(script) << kTorchScript;
+    int to_child[2], from_child[2];
+    if (pipe(to_child) != 0 || pipe(from_child) != 0) return fail("pipe failed", info);
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(to_child[0], 0);
+      dup2(from_child[1], 1);
+      for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]}) close(fd);
+      const std::string t = std::to_string(threads);
+      execlp(python.c_str(), python.c_str(), script.c_str(), t.c_str(), nullptr);
+      _exit(127);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    to_ = fdopen(to_child[1], "w");
+    from_ = fdopen(from_child[0], "r");
+    std::string line;
+    if (pid_ < 0 || !read_line(&line) || line.rfind("ready ", 0) != 0) {
+      return fail(python + " did not start torch (see its error above)", info);
+    }
+    *info = line.substr(6);
+    return true;
+  }
+
+  pid_t pid() const { return pid_; }
+
+  // Loads the inputs of one configuration.
+  bool load(const Inputs& in, bool causal, const std::string& dtype) {
+    const std::string data = dir_ + "/inputs.bin";
+    in.dump_f32(data);
+    std::string line;
+    return send("load " + data + " " + std::to_string(in.sizes[0]) + " " +
+                std::to_string(in.sizes[1]) + " " + std::to_string(in.sizes[2]) + " " +
+                std::to_string(in.sizes[3]) + " " + (causal ? "1" : "0") + " " + dtype) &&
+           read_line(&line) && line == "ok";
+  }
+
+  // One round like time_round's: >= calls calls lasting >= min_seconds, after a warm-up call
+  // the first time; appends the per-call wall and CPU seconds (of the whole child process).
+  bool time_round(bool backward, int calls, double min_seconds, Calls& out) {
+    if (!wait_until_quiet(pid_)) std::fprintf(stderr, "warning: background threads still busy\n");
+    std::string line;
+    if (!send(std::string(backward ? "fb " : "fwd ") + std::to_string(calls) + " " +
+              std::to_string(min_seconds) + " " + (out.warm ? "0" : "1")) ||
+        !read_line(&line)) {
+      return false;
+    }
+    out.warm = true;
+    std::istringstream times(line);
+    for (std::string pair; times >> pair;) {  // "wall:cpu" seconds per call
+      out.walls.push_back(std::stod(pair.substr(0, pair.find(':'))));
+      out.cpus.push_back(std::stod(pair.substr(pair.find(':') + 1)));
+    }
+    return true;
+  }
+
+ private:
+  bool send(const std::string& command) {
+    return to_ && std::fprintf(to_, "%s\n", command.c_str()) > 0 && std::fflush(to_) == 0;
+  }
+  bool read_line(std::string* line) {
+    char* buf = nullptr;
+    size_t cap = 0;
+    const ssize_t n = from_ ? getline(&buf, &cap, from_) : -1;
+    if (n > 0) line->assign(buf, buf[n - 1] == '\n' ? n - 1 : n);
+    std::free(buf);
+    return n > 0;
+  }
+  bool fail(const std::string& why, std::string* info) {
+    *info = why;
+    stop();
+    return false;
+  }
+  void stop() {
+    if (to_) std::fclose(to_);  // end of input: the script's loop ends
+    if (from_) std::fclose(from_);
+    to_ = from_ = nullptr;
+    if (pid_ > 0) waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+    if (!dir_.empty()) std::system(("rm -rf " + dir_).c_str());
+    dir_.clear();
+  }
+
+  pid_t pid_ = -1;
+  FILE* to_ = nullptr;
+  FILE* from_ = nullptr;
+  std::string dir_;
+};
 
 }  // namespace
 
@@ -284,11 +408,13 @@ int main(int argc, char** argv) {
     else if (flag == "--block-q") block_q = std::stoi(value);
     else if (flag == "--block-kv") block_kv = std::stoi(value);
     else if (flag == "--isa") {
-      const CpuIsa all[] = {CpuIsa::kAuto, CpuIsa::kAvx512, CpuIsa::kAvx2, CpuIsa::kScalar};
+      const CpuIsa all[] = {CpuIsa::kAuto, CpuIsa::kAmx, CpuIsa::kAvx512, CpuIsa::kAvx2,
+                            CpuIsa::kScalar};
       const auto* it = std::find_if(std::begin(all), std::end(all),
                                     [&](CpuIsa x) { return cpu_isa_name(x) == value; });
       if (it == std::end(all)) {
-        std::fprintf(stderr, "--isa %s: expected auto, avx512, avx2 or scalar\n", value.c_str());
+        std::fprintf(stderr, "--isa %s: expected auto, amx, avx512, avx2 or scalar\n",
+                     value.c_str());
         return 2;
       }
       isa = *it;
@@ -318,14 +444,32 @@ int main(int argc, char** argv) {
   std::printf("measured peak = %d x %.1f = %.1f GFLOP/s; each figure: median per call over %d "
               "alternating rounds (>= %d calls, >= %.2f s in all, after a warm-up call)\n",
               cores, fma_per_cpu_second, peak, rounds, iters, min_seconds);
-  std::printf("torch: %s\n", torch_python.empty() ? "not given (--torch PYTHON)" : torch_python.c_str());
+  const FlashCpuOptions shown{.isa = isa, .block_q = block_q, .block_kv = block_kv};
+  const std::string features = bench::cpu_features(
+      {"avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"});
+  std::printf("CPU features: %s; AMX tiles usable: %s\n", features.c_str(),
+              cpu_isa_supported(CpuIsa::kAmx) ? "yes" : "no");
+  std::printf("flash_cpu kernels: f32 %s, bf16 %s; load average %s\n",
+              std::string(flash_cpu_kernel_name(DType::kF32, shown)).c_str(),
+              std::string(flash_cpu_kernel_name(DType::kBF16, shown)).c_str(),
+              bench::load_average().c_str());
+  TorchPeer torch;
+  bool with_torch = false;
+  if (torch_python.empty()) {
+    std::printf("torch: not given (--torch PYTHON)\n");
+  } else {
+    std::string info;
+    with_torch = torch.start(torch_python, threads, &info);
+    std::printf("torch: %s: %s%s\n", torch_python.c_str(), with_torch ? "" : "skipped: ",
+                with_torch ? ("version, CPU capability, threads: " + info).c_str() : info.c_str());
+  }
   std::printf("\n%-5s %6s %4s %6s | %9s %9s %9s %6s %6s %6s %6s | %9s %9s %9s %6s %6s %6s\n", "dtype",
               "S", "D", "causal", "fwd flash", "fwd math", "fwd torch", "x math", "x torch",
               "%peak", "%busy", "f+b flash",
               "f+b math", "f+b torch", "x math", "x torch", "%busy");
-  std::printf("%-5s %6s %4s %6s | %9s %9s %9s %6s %7s %6s %6s | %9s %9s %9s %6s %6s %6s | %s\n", "",
-              "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "",
-              "fwd ms: min median max (calls)");
+  std::printf("%-5s %6s %4s %6s | %9s %9s %9s %6s %7s %6s %6s | %9s %9s %9s %6s %6s %6s | %s | %s\n",
+              "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "",
+              "x torch per CPU-s: fwd f+b", "fwd ms: min median max (calls)");
   for (const std::string& dtype : parse_words(dtypes)) {
     for (int64_t s : parse_list(seqs)) {
       for (int64_t d : parse_list(dims)) {
@@ -354,27 +498,31 @@ int main(int argc, char** argv) {
           };
           // Alternating rounds, so that every backend sees the same share of whatever else
           // runs on the machine and the ratios compare like with like.
-          Calls c_flash_f, c_flash_fb, c_math_f, c_math_fb;
+          Calls c_flash_f, c_flash_fb, c_math_f, c_math_fb, c_torch_f, c_torch_fb;
           const int per_round = std::max(1, (iters + rounds - 1) / rounds);
+          bool torch_ok = with_torch && torch.load(in, causal != 0, dtype);
           for (int r = 0; r < rounds; ++r) {
-            time_round(per_round, min_seconds / rounds, flash_fwd, c_flash_f);
-            if (with_backward) time_round(per_round, min_seconds / rounds, flash_both, c_flash_fb);
-            if (with_math) time_round(per_round, min_seconds / rounds, math_fwd, c_math_f);
+            const double round_seconds = min_seconds / rounds;
+            time_round(per_round, round_seconds, flash_fwd, c_flash_f);
+            if (with_backward) time_round(per_round, round_seconds, flash_both, c_flash_fb);
+            if (with_math) time_round(per_round, round_seconds, math_fwd, c_math_f);
             if (with_math && with_backward) {
-              time_round(per_round, min_seconds / rounds, math_both, c_math_fb);
+              time_round(per_round, round_seconds, math_both, c_math_fb);
+            }
+            if (torch_ok) torch_ok = torch.time_round(false, per_round, round_seconds, c_torch_f);
+            if (torch_ok && with_backward) {
+              torch_ok = torch.time_round(true, per_round, round_seconds, c_torch_fb);
             }
           }
           const Timing flash_f = summarize(c_flash_f), flash_fb = summarize(c_flash_fb);
           const double tf = flash_f.wall, tfb = flash_fb.wall;
           const double tm = summarize(c_math_f).wall, tmb = summarize(c_math_fb).wall;
-          double tt = NAN, ttb = NAN;
-          if (!torch_python.empty() &&
-              !run_torch(torch_python, in, causal, dtype, iters, threads, tt, ttb)) {
-            tt = ttb = NAN;
-          }
+          const Timing torch_f = summarize(c_torch_f), torch_fb = summarize(c_torch_fb);
+          const double tt = torch_ok ? torch_f.wall : NAN;
+          const double ttb = torch_ok ? torch_fb.wall : NAN;
           auto tflops = [](double flops, double sec) { return flops / sec / 1e12; };
           std::printf("%-5s %6lld %4lld %6s | %9.3f %9.3f %9.3f %6.2f %7.2f %5.1f%% %5.1f%% | "
-                      "%9.3f %9.3f %9.3f %6.2f %6.2f %5.1f%% | %.2f %.2f %.2f (%d)\n",
+                      "%9.3f %9.3f %9.3f %6.2f %6.2f %5.1f%% | %12.2f %6.2f | %.2f %.2f %.2f (%d)\n",
                       dtype.c_str(), static_cast<long long>(s), static_cast<long long>(d),
                       causal ? "yes" : "no", tflops(fwd_flops, tf), tflops(fwd_flops, tm),
                       tflops(fwd_flops, tt), tm / tf, tt / tf, 100.0 * fwd_flops / tf / 1e9 / peak,
@@ -382,16 +530,21 @@ int main(int argc, char** argv) {
                       tflops(both_flops, tfb), tflops(both_flops, tmb), tflops(both_flops, ttb),
                       tmb / tfb, ttb / tfb,
                       100.0 * both_flops / flash_fb.cpu / 1e9 / fma_per_cpu_second,
-                      1e3 * flash_f.wall_lo, 1e3 * flash_f.wall, 1e3 * flash_f.wall_hi,
+                      torch_ok ? torch_f.cpu / flash_f.cpu : NAN,
+                      torch_ok ? torch_fb.cpu / flash_fb.cpu : NAN, 1e3 * flash_f.wall_lo, 1e3 * flash_f.wall, 1e3 * flash_f.wall_hi,
                       flash_f.calls);
           std::fflush(stdout);
         }
       }
     }
   }
-  std::printf("\nTFLOP/s columns; 'x math' / 'x torch' = that backend's time / flash time; "
+  std::printf("\nload average %s\n", bench::load_average().c_str());
+  std::printf("TFLOP/s columns; 'x math' / 'x torch' = that backend's time / flash time; "
               "%%peak = flash forward / measured peak (wall clock); %%busy = flash forward (or "
               "forward+backward) flops per CPU-second of the process / the FMA loop's flops per "
-              "CPU-second (efficiency while running, insensitive to other load).\n");
+              "CPU-second (efficiency while running, insensitive to other load); 'x torch per "
+              "CPU-s' = PyTorch's CPU seconds per call (its whole process) / ours: with --threads "
+              "1 a comparison that other load hardly moves; with more threads OpenMP's "
+              "spin-waits count against PyTorch.\n");
   return 0;
 }

@@ -25,6 +25,7 @@
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
 #include "tessel/collectives/comm_backend.h"
+#include "tessel/collectives/gloo/network_interface.h"
 #include "tessel/collectives/internal/reduce.h"
 
 namespace tessel {
@@ -103,6 +104,10 @@ std::shared_ptr<::gloo::transport::Device> make_device(const GlooOptions& option
     attr.iface = iface;
   } else if (!options.hostname.empty()) {
     attr.hostname = options.hostname;
+  } else if (const std::string store = env_string(EnvKnob::kStoreAddr); !store.empty()) {
+    // The address that reaches the job's store reaches the other ranks too (the host name may
+    // resolve to loopback, as 127.0.1.1 does on Debian).
+    attr.hostname = network_route_to(endpoint_host(store)).address;
   } else {
     char host[256] = {};
     if (::gethostname(host, sizeof(host) - 1) != 0) throw_system_error("gethostname", errno);

@@ -15,7 +15,8 @@ namespace tessel {
 
 struct GlooOptions {
   // Address to bind and advertise: a host name or IP ("127.0.0.1" for one-host jobs). Empty:
-  // TESSEL_GLOO_IFACE when set, else this host's name.
+  // TESSEL_GLOO_IFACE when set (tessel-run sets it to the interface that reaches the job's
+  // rendezvous), else the local address that reaches TESSEL_STORE_ADDR, else this host's name.
   std::string hostname = {};
   // Network interface to bind instead of a host name ("eth0"); wins over hostname.
   std::string iface = {};

@@ -5,6 +5,7 @@ set(_store_dir ${CMAKE_CURRENT_LIST_DIR})
 target_sources(tessel_collectives PRIVATE
   ${_store_dir}/../store_server.h
   ${_store_dir}/../store_client.h
+  ${_store_dir}/../store_tls.h
   ${_store_dir}/store_env.cc)
 
 if(TESSEL_HAVE_GRPC)
@@ -28,6 +29,8 @@ if(TESSEL_HAVE_GRPC)
     VERBATIM)
   target_sources(tessel_collectives PRIVATE
     ${_gen_srcs}
+    ${_store_dir}/connection_gate.h ${_store_dir}/connection_gate.cc
+    ${_store_dir}/server_auth.h ${_store_dir}/server_auth.cc
     ${_store_dir}/store_table.h ${_store_dir}/store_table.cc
     ${_store_dir}/store_service.h ${_store_dir}/store_service.cc
     ${_store_dir}/store_server.cc

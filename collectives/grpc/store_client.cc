@@ -7,6 +7,7 @@
 
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
+#include "tessel/collectives/grpc/server_auth.h"
 #include "tessel/collectives/grpc/store_client_channel.h"
 #include "tessel/collectives/grpc/store_service.h"
 
@@ -128,6 +129,26 @@ StoreClient::Impl::Impl(std::string address_in, std::string token_in,
       channel(std::move(channel_in)),
       stub(storepb::Store::NewStub(channel)) {}
 
+// One unary call: the token, the deadline, the in-process gate, and errors mapped to tessel's.
+// `what` describes the call for messages (built only on failure).
+template <typename Response, typename Request, typename Rpc, typename What>
+Response call(const StoreClient::Impl& impl, Rpc rpc, const Request& request,
+              Nanoseconds timeout, What&& what) {
+  std::shared_lock<std::shared_mutex> gate_lock;
+  if (impl.gate) {
+    gate_lock = std::shared_lock(impl.gate->mutex);
+    if (!impl.gate->open) {
+      throw PeerLost(fmt::format("store server at {} stopped before {}", impl.address, what()));
+    }
+  }
+  grpc::ClientContext context;
+  prepare(context, impl, timeout);
+  Response response;
+  const grpc::Status status = (impl.stub.get()->*rpc)(&context, request, &response);
+  if (!status.ok()) throw_status(impl, status, what(), timeout);
+  return response;
+}
+
 bool StoreClient::is_available() { return true; }
 
 StoreClient::StoreClient(StoreClientOptions options) : Store(options.default_timeout) {
@@ -137,7 +158,8 @@ StoreClient::StoreClient(StoreClientOptions options) : Store(options.default_tim
                "StoreClient for {} needs the job's token (TESSEL_STORE_TOKEN or "
                "TESSEL_STORE_TOKEN_FILE)",
                options.address);
-  auto channel = grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(),
+  auto channel = grpc::CreateCustomChannel(options.address,
+                                           internal::client_channel_credentials(options.tls),
                                            internal::store_channel_arguments(options));
   TESSEL_CHECK(channel != nullptr, CommError, "could not create a gRPC channel to '{}'",
                options.address);
@@ -165,6 +187,11 @@ StoreClient::StoreClient(StoreClientOptions options) : Store(options.default_tim
             options.address, attempts);
   impl_ = std::make_unique<Impl>(options.address, std::move(options.token), std::move(channel),
                                  options.rpc_timeout);
+  // One call with the token at once: the server counts a connection as a stranger's until a
+  // call on it carried the token, and limits those per address (connection_gate.h).
+  call<storepb::CheckResponse>(*impl_, &storepb::Store::Stub::Check, storepb::CheckRequest(),
+                               impl_->rpc_timeout,
+                               [] { return std::string("the first call (token check)"); });
 }
 
 StoreClient::StoreClient(std::unique_ptr<Impl> impl, Nanoseconds default_timeout)
@@ -173,26 +200,6 @@ StoreClient::StoreClient(std::unique_ptr<Impl> impl, Nanoseconds default_timeout
 StoreClient::~StoreClient() = default;
 
 const std::string& StoreClient::address() const { return impl_->address; }
-
-// One unary call: the token, the deadline, the in-process gate, and errors mapped to tessel's.
-// `what` describes the call for messages (built only on failure).
-template <typename Response, typename Request, typename Rpc, typename What>
-Response call(const StoreClient::Impl& impl, Rpc rpc, const Request& request,
-              Nanoseconds timeout, What&& what) {
-  std::shared_lock<std::shared_mutex> gate_lock;
-  if (impl.gate) {
-    gate_lock = std::shared_lock(impl.gate->mutex);
-    if (!impl.gate->open) {
-      throw PeerLost(fmt::format("store server at {} stopped before {}", impl.address, what()));
-    }
-  }
-  grpc::ClientContext context;
-  prepare(context, impl, timeout);
-  Response response;
-  const grpc::Status status = (impl.stub.get()->*rpc)(&context, request, &response);
-  if (!status.ok()) throw_status(impl, status, what(), timeout);
-  return response;
-}
 
 void StoreClient::set(const std::string& key, const std::string& value) {
   storepb::SetRequest request;

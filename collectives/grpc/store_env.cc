@@ -10,6 +10,7 @@
 #include "tessel/base/error.h"
 #include "tessel/collectives/store_client.h"
 #include "tessel/collectives/store_server.h"
+#include "tessel/collectives/store_tls.h"
 
 namespace tessel {
 
@@ -69,7 +70,13 @@ StoreClientOptions store_client_options_from_env() {
                "TESSEL_STORE_ADDR is not set; expected host:port of the job's store server "
                "(tessel-run sets it for every worker)");
   options.token = store_token_from_env(options.address);
+  options.tls = tls_files_from_env();
   return options;
+}
+
+TlsFiles tls_files_from_env() {
+  return {env_string(EnvKnob::kTlsCert), env_string(EnvKnob::kTlsKey),
+          env_string(EnvKnob::kTlsCa)};
 }
 
 std::shared_ptr<Store> store_client_from_env() {

@@ -31,6 +31,7 @@ struct StoreServer::Impl {
   std::string address;
   int port = 0;
   std::unique_ptr<internal::StoreService> service;
+  std::unique_ptr<internal::ConnectionGate> connections;  // null when in-process only
   std::unique_ptr<grpc::Server> server;
   std::shared_ptr<internal::InProcessGate> gate = std::make_shared<internal::InProcessGate>();
   std::mutex stop_mutex;
@@ -46,13 +47,22 @@ StoreServer::StoreServer(StoreServerOptions options) : impl_(std::make_unique<Im
   std::string host;
   if (!options.address.empty()) {
     host = checked_host(options.address);
-    builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &impl_->port);
+    try {
+      impl_->connections = std::make_unique<internal::ConnectionGate>(
+          options.address, internal::connection_limits(options.limits));
+    } catch (const IoError& e) {
+      throw IoError(fmt::format("store server could not listen on '{}' (address in use or not "
+                                "local?): {}", options.address, e.message()));
+    }
+    impl_->port = impl_->connections->port();
+    impl_->connections->attach(builder, internal::token_server_credentials(options.token, options.tls));
+    impl_->service->set_gate(impl_->connections.get());
   }
   internal::add_store_service(builder, *impl_->service);
   impl_->server = builder.BuildAndStart();
-  TESSEL_CHECK(impl_->server != nullptr && (options.address.empty() || impl_->port > 0), IoError,
-               "store server could not listen on '{}' (address in use or not local?)",
+  TESSEL_CHECK(impl_->server != nullptr, IoError, "store server for '{}' did not start",
                options.address);
+  if (impl_->connections) impl_->connections->start();
   if (!options.address.empty()) impl_->address = fmt::format("{}:{}", host, impl_->port);
   impl_->options = std::move(options);
   log_info(LogComponent::kCollectives, "store server listening on {}",
@@ -65,7 +75,16 @@ const std::string& StoreServer::address() const { return impl_->address; }
 int StoreServer::port() const { return impl_->port; }
 const std::string& StoreServer::token() const { return impl_->options.token; }
 const StoreLimits& StoreServer::limits() const { return impl_->options.limits; }
-StoreServerStats StoreServer::stats() const { return impl_->service->stats(); }
+StoreServerStats StoreServer::stats() const {
+  StoreServerStats stats = impl_->service->stats();
+  if (impl_->connections) {
+    const internal::ConnectionGateStats gate = impl_->connections->stats();
+    stats.connections = gate.connections;
+    stats.unauthenticated_connections = gate.unauthenticated;
+    stats.refused_connections = gate.refused + gate.evicted;
+  }
+  return stats;
+}
 
 std::shared_ptr<Store> StoreServer::connect(Nanoseconds default_timeout) {
   std::lock_guard lock(impl_->stop_mutex);
@@ -84,6 +103,7 @@ void StoreServer::stop() {
   std::lock_guard lock(impl_->stop_mutex);
   if (impl_->stopped) return;
   impl_->stopped = true;
+  if (impl_->connections) impl_->connections->stop();  // no new connections
   // Parked calls first, so their clients hear "stopped" instead of a cancelled stream.
   impl_->service->stop();
   {

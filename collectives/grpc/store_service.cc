@@ -119,15 +119,11 @@ void StoreService::stop() { table_.stop(); }
 bool StoreService::authorized(const grpc::CallbackServerContext& context) const {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kStoreTokenMetadata);
-  if (it == metadata.end()) return false;
-  // Constant time in the token's length: every byte is compared whatever the first mismatch.
-  const grpc::string_ref given = it->second;
-  size_t diff = given.size() ^ token_.size();
-  for (size_t i = 0; i < token_.size(); ++i) {
-    const unsigned char g = i < given.size() ? static_cast<unsigned char>(given.data()[i]) : 0;
-    diff |= g ^ static_cast<unsigned char>(token_[i]);
+  if (it == metadata.end() || !token_matches(it->second.data(), it->second.size(), token_)) {
+    return false;
   }
-  return diff == 0;
+  if (gate_ != nullptr) gate_->authenticated(context.peer());
+  return true;
 }
 
 grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context,
@@ -187,6 +183,13 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* co
   });
 }
 
+ConnectionLimits connection_limits(const StoreLimits& limits) {
+  ConnectionLimits c;
+  c.max_unauthenticated_per_peer = limits.max_unauthenticated_connections_per_peer;
+  c.max_unauthenticated = limits.max_unauthenticated_connections;
+  return c;
+}
+
 void add_store_service(grpc::ServerBuilder& builder, StoreService& service) {
   const StoreLimits& limits = service.limits();
   builder.SetMaxReceiveMessageSize(static_cast<int>(
@@ -195,9 +198,6 @@ void add_store_service(grpc::ServerBuilder& builder, StoreService& service) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              kMinPingIntervalMs);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // gRPC sets SO_REUSEPORT by default: a second server on a taken port would share it
-  // silently. The store's address must be its own.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&service);
 }
 

@@ -4,8 +4,10 @@
 // rendezvous and the store from one server:
 //
 //   internal::StoreService store(token, limits);
+//   internal::ConnectionGate gate(address, connection_limits(limits));
 //   grpc::ServerBuilder builder;
-//   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+//   gate.attach(builder, internal::token_server_credentials(token, tls));
+//   store.set_gate(&gate);
 //   internal::add_store_service(builder, store);
 //   builder.RegisterService(&rendezvous);
 //   auto server = builder.BuildAndStart();
@@ -19,6 +21,8 @@
 
 #include <grpcpp/server_builder.h>
 
+#include "tessel/collectives/grpc/connection_gate.h"
+#include "tessel/collectives/grpc/server_auth.h"
 #include "tessel/collectives/grpc/store.grpc.pb.h"
 #include "tessel/collectives/grpc/store_table.h"
 #include "tessel/collectives/store_server.h"
@@ -26,7 +30,10 @@
 namespace tessel::internal {
 
 // The metadata entry that carries the job's token on every call.
-inline constexpr const char* kStoreTokenMetadata = "tessel-store-token";
+inline constexpr const char* kStoreTokenMetadata = kStoreTokenKey;
+
+// The gate limits a server's StoreLimits ask for.
+ConnectionLimits connection_limits(const StoreLimits& limits);
 
 // Thread-safe. Every call is checked against the token (constant-time comparison; the token is
 // never logged); blocking calls park in the table and hold no thread. Owns the table and its
@@ -65,18 +72,23 @@ class StoreService final : public storepb::Store::CallbackService {
                                      const storepb::MultiSetRequest* request,
                                      storepb::MultiSetResponse* response) override;
 
-  // The request's token matches (constant time in the token's length).
+  // Tells `gate` (which must outlive the service) of every authorized network call.
+  void set_gate(ConnectionGate* gate) { gate_ = gate; }
+
+  // The request's token matches (constant time in the token's length). Network calls with a
+  // wrong token were already refused on their headers; this covers in-process calls.
   bool authorized(const grpc::CallbackServerContext& context) const;
   StoreTable& table() { return table_; }
 
  private:
   const std::string token_;
   StoreTable table_;
+  ConnectionGate* gate_ = nullptr;
 };
 
 // Registers service on builder with the settings it needs, which apply to the whole server:
-// the largest request its limits allow, the keepalive policy StoreClient uses, and no
-// SO_REUSEPORT (so a taken port is an error, not a shared port).
+// the largest request its limits allow and the keepalive policy StoreClient uses. (The socket
+// is the ConnectionGate's, bound without SO_REUSEPORT: a taken port is an error.)
 void add_store_service(grpc::ServerBuilder& builder, StoreService& service);
 
 }  // namespace tessel::internal

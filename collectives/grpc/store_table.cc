@@ -144,7 +144,7 @@ int64_t StoreTable::add(const std::string& key, int64_t delta) {
     std::lock_guard lock(mutex_);
     auto it = data_.find(key);
     if (it != data_.end()) value = parse_store_counter(key, it->second);
-    value += delta;
+    value = add_store_counter(key, value, delta);
     put_locked(key, std::to_string(value), ready);
   }
   finish_all(ready, WaitEnd::kReady);

@@ -1,6 +1,10 @@
 // tessel-run: start and supervise a distributed job. See docs/launching.md.
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <string>
+
+#include <grpc/support/log.h>
 
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
@@ -25,6 +29,16 @@ int main(int argc, char** argv) {
     return exit_status(ExitCode::kInvalidConfig);
   }
   tessel::set_log_rank(-1);
+  // gRPC's own log lines are internals: shown only with TESSEL_LOGS=launcher=debug.
+  gpr_set_log_function([](gpr_log_func_args* args) {
+    tessel::log_debug(tessel::LogComponent::kLauncher, "grpc: {}", args->message);
+  });
+  // A server holds two descriptors per connection (connection_gate.h): use what we may.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
   int signal_fd = -1;
   try {
     signal_fd = block_agent_signals();  // before any thread: all inherit the mask

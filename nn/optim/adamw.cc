@@ -1,7 +1,9 @@
 #include "tessel/nn/optim/adamw.h"
 
+#include <algorithm>
+
 #include "tessel/base/error.h"
-#include "tessel/kernels/optim/fused_adamw.h"
+#include "tessel/tensor/backend.h"
 
 namespace tessel::nn::optim {
 
@@ -15,29 +17,32 @@ AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
                "AdamW eps {} and weight decay {} must be >= 0", options.eps,
                options.weight_decay);
   for (const Tensor& p : params_) {
-    exp_avg_.push_back(zeros(p.shape()));
-    exp_avg_sq_.push_back(zeros(p.shape()));
+    exp_avg_.push_back(zeros(p.shape(), DType::kF32, p.device()));
+    exp_avg_sq_.push_back(zeros(p.shape(), DType::kF32, p.device()));
   }
 }
 
 void AdamW::step() {
-  std::vector<kernels::AdamWSlice> slices;
-  slices.reserve(params_.size());
+  // One fused kernel call per device, parameters in their order.
+  std::vector<std::pair<Device, std::vector<AdamWTensors>>> by_device;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor grad = checked_grad(i);
     if (!grad.defined()) continue;
-    slices.push_back({params_[i].data<float>(), grad.data<float>(), exp_avg_[i].data<float>(),
-                      exp_avg_sq_[i].data<float>(), params_[i].numel()});
+    const Device device = params_[i].device();
+    auto it = std::find_if(by_device.begin(), by_device.end(),
+                           [&](const auto& entry) { return entry.first == device; });
+    if (it == by_device.end()) it = by_device.insert(by_device.end(), {device, {}});
+    it->second.push_back({params_[i], grad, exp_avg_[i], exp_avg_sq_[i]});
   }
   ++step_count_;
-  kernels::AdamWHyper hyper;
+  AdamWHyper hyper;
   hyper.lr = static_cast<float>(lr_);
   hyper.beta1 = static_cast<float>(options_.beta1);
   hyper.beta2 = static_cast<float>(options_.beta2);
   hyper.eps = static_cast<float>(options_.eps);
   hyper.weight_decay = static_cast<float>(options_.weight_decay);
   hyper.step = step_count_;
-  kernels::fused_adamw_step(slices, hyper);
+  for (const auto& [device, tensors] : by_device) backend_for(device).adamw_step(tensors, hyper);
 }
 
 }  // namespace tessel::nn::optim

@@ -1,7 +1,7 @@
 #pragma once
-// AdamW (decoupled weight decay) with a fused multi-tensor step: one pass over all parameters,
-// split into chunks shared among threads (kernels/optim/fused_adamw.h), like PyTorch's
-// torch.optim.AdamW(fused=True).
+// AdamW (decoupled weight decay) with a fused multi-tensor step: one backend kernel per device
+// updates every parameter (Backend::adamw_step; on the CPU, chunks shared among threads), like
+// PyTorch's torch.optim.AdamW(fused=True).
 
 #include <vector>
 
@@ -17,9 +17,8 @@ struct AdamWOptions {
   double weight_decay = 0.01;
 };
 
-// The step runs on the tensor thread pool (set_num_threads in tensor/thread_pool.h).
-// Thread-safety: as Optimizer. The moments are f32 tensors the size of each parameter,
-// allocated at construction.
+// Thread-safety: as Optimizer. The moments are f32 tensors the size of each parameter, on its
+// device, allocated (zeroed) at construction.
 class AdamW : public Optimizer {
  public:
   // Throws InvalidArgument for betas outside [0, 1), a negative eps or weight decay.

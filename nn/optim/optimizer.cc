@@ -8,11 +8,9 @@ Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(
   set_lr(lr);
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
-    TESSEL_CHECK(p.defined() && p.dtype() == DType::kF32 && p.is_contiguous() &&
-                     p.device().is_cpu(),
-                 InvalidArgument,
-                 "optimizer parameter {} must be a contiguous f32 CPU tensor, got {}", i,
-                 p.str());
+    TESSEL_CHECK(p.defined() && p.dtype() == DType::kF32 && p.is_contiguous(), InvalidArgument,
+                 "optimizer parameter {} must be a contiguous f32 tensor, got {}", i,
+                 p.defined() ? p.str() : "an undefined tensor");
   }
 }
 
@@ -32,8 +30,8 @@ Tensor Optimizer::checked_grad(size_t i) const {
   TESSEL_CHECK(g.shape() == p.shape() && g.dtype() == p.dtype() && g.is_contiguous() &&
                    g.device() == p.device(),
                InvalidArgument,
-               "gradient of parameter {} is {} but the parameter is {} (needs the same shape "
-               "and dtype, contiguous)",
+               "gradient of parameter {} is {} but the parameter is {} (needs the same shape, "
+               "dtype and device, contiguous)",
                i, g.str(), p.str());
   return g;
 }

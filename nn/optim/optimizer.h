@@ -4,8 +4,9 @@
 //   AdamW opt(model.parameters(), {.lr = 3e-4, .weight_decay = 0.1});
 //   loss.backward(); clip_grad_norm(model.parameters(), 1.0); opt.step(); opt.zero_grad();
 //
-// Parameters are contiguous f32 CPU tensors; a parameter whose grad() is undefined is skipped
-// (as in PyTorch). Thread-safety: none; one thread steps an optimizer.
+// Parameters are contiguous f32 tensors on any device (each step runs on the parameter's device,
+// on its current stream); a parameter whose grad() is undefined is skipped (as in PyTorch).
+// Thread-safety: none; one thread steps an optimizer.
 
 #include <cstdint>
 #include <vector>
@@ -16,7 +17,7 @@ namespace tessel::nn::optim {
 
 class Optimizer {
  public:
-  // Throws InvalidArgument naming the parameter index when one is not a contiguous f32 CPU
+  // Throws InvalidArgument naming the parameter index when one is not a contiguous f32
   // tensor, or when lr is negative.
   Optimizer(std::vector<Tensor> params, double lr);
   virtual ~Optimizer() = default;

@@ -1,6 +1,8 @@
 #include "tessel/nn/optim/sgd.h"
 
 #include "tessel/base/error.h"
+#include "tessel/tensor/autograd.h"
+#include "tessel/tensor/ops.h"
 
 namespace tessel::nn::optim {
 
@@ -17,28 +19,24 @@ Sgd::Sgd(std::vector<Tensor> params, const SgdOptions& options)
 }
 
 void Sgd::step() {
-  const float lr = static_cast<float>(lr_);
-  const float wd = static_cast<float>(options_.weight_decay);
-  const float mu = static_cast<float>(options_.momentum);
-  const float keep = static_cast<float>(1.0 - options_.dampening);
+  NoGradGuard no_grad;  // the update is not part of any graph
+  const double mu = options_.momentum;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor grad = checked_grad(i);
     if (!grad.defined()) continue;
-    float* p = params_[i].data<float>();
-    const float* g = grad.data<float>();
-    const int64_t n = params_[i].numel();
-    if (mu == 0.0f) {
-      for (int64_t k = 0; k < n; ++k) p[k] -= lr * (g[k] + wd * p[k]);
-      continue;
+    Tensor& p = params_[i];
+    Tensor d = options_.weight_decay != 0 ? add(grad, mul(p, options_.weight_decay)) : grad;
+    if (mu != 0) {
+      Tensor& buf = momentum_[i];
+      if (!buf.defined()) {
+        buf = clone(d);
+      } else {
+        mul_(buf, mu);
+        add_(buf, d, 1.0 - options_.dampening);
+      }
+      d = options_.nesterov ? add(d, mul(buf, mu)) : buf;
     }
-    const bool first = !momentum_[i].defined();
-    if (first) momentum_[i] = zeros(params_[i].shape());
-    float* buf = momentum_[i].data<float>();
-    for (int64_t k = 0; k < n; ++k) {
-      const float d = g[k] + wd * p[k];
-      buf[k] = first ? d : mu * buf[k] + keep * d;
-      p[k] -= lr * (options_.nesterov ? d + mu * buf[k] : buf[k]);
-    }
+    add_(p, d, -lr_);
   }
   ++step_count_;
 }

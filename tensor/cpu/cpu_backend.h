@@ -11,6 +11,7 @@ class CpuBackend final : public Backend {
   DeviceType device_type() const override { return DeviceType::kCPU; }
   // cpu_elementwise.cc
   void copy(const Tensor& src, const Tensor& dst) override;
+  void copy_device(const Tensor& src, const Tensor& dst, bool non_blocking) override;
   void fill(const Tensor& dst, double value) override;
   void arange(const Tensor& dst, double start, double step) override;
   void random(const Tensor& dst, RandomDistribution dist, double a, double b, uint64_t seed,
@@ -46,6 +47,8 @@ class CpuBackend final : public Backend {
                               const Tensor& grad_logits) override;
   // cpu_matmul.cc (oneDNN)
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  // cpu_optim.cc
+  void adamw_step(std::span<const AdamWTensors> tensors, const AdamWHyper& hyper) override;
 };
 
 CpuBackend& cpu_backend();

@@ -158,6 +158,13 @@ void binary_generic(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor&
 
 }  // namespace
 
+void CpuBackend::copy_device(const Tensor& src, const Tensor& dst, bool) {
+  TESSEL_CHECK(src.device().is_cpu() && dst.device().is_cpu(), Internal,
+               "the CPU backend copies between CPU tensors only, not {} to {}", src.device().str(),
+               dst.device().str());
+  copy(src, dst);
+}
+
 void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
   dispatch_all(src.dtype(), [&](auto in_tag) {
     using In = typename decltype(in_tag)::type;

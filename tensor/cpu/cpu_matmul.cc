@@ -1,12 +1,15 @@
 // CPU matmul on oneDNN's matmul primitive (chosen over OpenBLAS by bench/tensor_matmul: faster
 // for f32 on this class of CPU, and it has native bf16 kernels on avx512_bf16/AMX where OpenBLAS
-// 0.3.21 has none). Primitives are cached per thread by shape, strides and dtype.
+// 0.3.21 has none). Primitives are cached per thread by shape, strides and dtype, with their
+// memory objects and argument map: a call sets three data handles and executes, allocating
+// nothing (on AMX a 512^3 bf16 product takes about 0.2 ms, so microseconds of per-call
+// overhead show).
 #include <omp.h>
 
 #include <dnnl.hpp>
-#include <map>
 #include <mutex>
-#include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "tessel/tensor/cpu/cpu_backend.h"
 #include "tessel/base/error.h"
@@ -14,6 +17,9 @@
 
 namespace tessel::cpu {
 namespace {
+
+// Highest tensor rank the oneDNN matmul takes (its DNNL_MAX_NDIMS is 12).
+constexpr int kMaxMatmulRank = 12;
 
 dnnl::memory::data_type to_dnnl(DType dtype) {
   switch (dtype) {
@@ -25,14 +31,46 @@ dnnl::memory::data_type to_dnnl(DType dtype) {
                                     dtype_name(dtype)));
 }
 
-dnnl::memory::desc describe(const Tensor& t) {
-  const dnnl::memory::dims dims(t.shape().begin(), t.shape().end());
-  dnnl::memory::dims strides(t.strides().begin(), t.strides().end());
-  // oneDNN wants a nonzero stride even on size-1 (broadcast) dims.
-  for (size_t i = 0; i < strides.size(); ++i) {
-    if (dims[i] == 1) strides[i] = 0;
+// One operand of a product as oneDNN sees it: address, dims and strides (a view of a tensor,
+// possibly a chunk of it).
+struct Operand {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int rank = 0;
+  int64_t dims[kMaxMatmulRank] = {};
+  int64_t strides[kMaxMatmulRank] = {};
+};
+
+Operand operand_of(const Tensor& t) {
+  TESSEL_CHECK(t.dim() <= kMaxMatmulRank, InvalidArgument,
+               "matmul operand has {} dims; the CPU kernel takes at most {}", t.dim(),
+               kMaxMatmulRank);
+  Operand o;
+  o.data = t.data_ptr();
+  o.dtype = t.dtype();
+  o.rank = static_cast<int>(t.dim());
+  for (int d = 0; d < o.rank; ++d) {
+    o.dims[d] = t.shape()[d];
+    // oneDNN wants a zero stride on size-1 (broadcast) dims.
+    o.strides[d] = o.dims[d] == 1 ? 0 : t.strides()[d];
   }
-  return dnnl::memory::desc(dims, to_dnnl(t.dtype()), strides);
+  return o;
+}
+
+// o narrowed to [start, start + length) on dim d, unless it broadcasts there (size 1).
+// o narrowed to [start, start + length) on dim d, unless it broadcasts there (size 1: every
+// chunk uses its only index, also a chunk of length 1 that starts past 0).
+Operand narrow(Operand o, int d, int64_t start, int64_t length) {
+  if (o.dims[d] == 1) return o;
+  o.data = static_cast<char*>(o.data) + start * o.strides[d] * static_cast<int64_t>(dtype_size(o.dtype));
+  o.dims[d] = length;
+  if (length == 1) o.strides[d] = 0;
+  return o;
+}
+
+dnnl::memory::desc describe(const Operand& o) {
+  return dnnl::memory::desc(dnnl::memory::dims(o.dims, o.dims + o.rank), to_dnnl(o.dtype),
+                            dnnl::memory::dims(o.strides, o.strides + o.rank));
 }
 
 // The CPU engine, shared by every thread (engines are thread-safe). Never destroyed: the
@@ -42,8 +80,26 @@ dnnl::engine& cpu_engine() {
   return *engine;
 }
 
-// Matmul primitives keyed by their descriptors, one cache per thread. A oneDNN primitive must
-// run only on the thread that created it and never on two threads at once: its
+// What identifies a product: dtypes, ranks, dims and strides of a, b and out.
+using MatmulKey = std::vector<int64_t>;
+
+struct MatmulKeyHash {
+  size_t operator()(const MatmulKey& key) const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
+    for (int64_t x : key) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+// A primitive with its argument map; only the memories' data handles change per call, so a
+// call allocates nothing.
+struct CachedMatmul {
+  dnnl::matmul prim;
+  std::unordered_map<int, dnnl::memory> args;
+};
+
+// Matmul primitives keyed by their operands' layouts, one cache per thread. A oneDNN primitive
+// must run only on the thread that created it and never on two threads at once: its
 // library-managed scratchpad (operand copies, kernel arguments) is per primitive, so two pool
 // threads running one primitive on different row chunks overwrote each other's scratchpad and
 // wrote wrong rows. Each thread therefore creates and runs its own primitives (oneDNN shares
@@ -51,11 +107,34 @@ dnnl::engine& cpu_engine() {
 // Not thread-safe: each thread uses its own through thread_matmul_cache().
 class MatmulCache {
  public:
-  dnnl::matmul get(const dnnl::memory::desc& a, const dnnl::memory::desc& b,
-                   const dnnl::memory::desc& c, const std::string& key) {
-    auto it = cache_.find(key);
-    if (it != cache_.end()) return it->second;
-    dnnl::matmul prim;
+  // The primitive for a x b -> out, with the operands' addresses set; created on first use.
+  CachedMatmul& get(const Operand& a, const Operand& b, const Operand& out) {
+    key_.clear();
+    for (const Operand* o : {&a, &b, &out}) {
+      key_.push_back(static_cast<int64_t>(o->dtype));
+      key_.push_back(o->rank);
+      key_.insert(key_.end(), o->dims, o->dims + o->rank);
+      key_.insert(key_.end(), o->strides, o->strides + o->rank);
+    }
+    auto it = cache_.find(key_);
+    if (it == cache_.end()) {
+      if (cache_.size() > 4096) cache_.clear();
+      it = cache_.emplace(key_, create(a, b, out)).first;
+    }
+    CachedMatmul& m = it->second;
+    m.args[DNNL_ARG_SRC].set_data_handle(a.data);
+    m.args[DNNL_ARG_WEIGHTS].set_data_handle(b.data);
+    m.args[DNNL_ARG_DST].set_data_handle(out.data);
+    return m;
+  }
+
+  // This thread's stream on the CPU engine.
+  dnnl::stream& stream() { return stream_; }
+
+ private:
+  static CachedMatmul create(const Operand& a, const Operand& b, const Operand& out) {
+    const auto ad = describe(a), bd = describe(b), cd = describe(out);
+    CachedMatmul m;
     {
       // oneDNN allows concurrent creation, but it initialises its globals (the primitive
       // cache and its lock) lazily inside the uninstrumented library, where ThreadSanitizer
@@ -63,15 +142,18 @@ class MatmulCache {
       // and shape, so serialising it costs nothing in steady state.
       static std::mutex create_mu;
       std::lock_guard<std::mutex> lock(create_mu);
-      prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), cpu_engine()));
+      m.prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd),
+                                                         cpu_engine()));
     }
-    if (cache_.size() > 4096) cache_.clear();
-    cache_.emplace(key, prim);
-    return prim;
+    m.args = {{DNNL_ARG_SRC, dnnl::memory(ad, cpu_engine(), a.data)},
+              {DNNL_ARG_WEIGHTS, dnnl::memory(bd, cpu_engine(), b.data)},
+              {DNNL_ARG_DST, dnnl::memory(cd, cpu_engine(), out.data)}};
+    return m;
   }
 
- private:
-  std::map<std::string, dnnl::matmul> cache_;
+  MatmulKey key_;  // reused, so a lookup allocates nothing once it has grown
+  std::unordered_map<MatmulKey, CachedMatmul, MatmulKeyHash> cache_;
+  dnnl::stream stream_{cpu_engine()};
 };
 
 MatmulCache& thread_matmul_cache() {
@@ -79,45 +161,17 @@ MatmulCache& thread_matmul_cache() {
   return cache;
 }
 
-std::string cache_key(const Tensor& a, const Tensor& b, const Tensor& out) {
-  std::string key = std::string(dtype_name(a.dtype())) + dtype_name(out.dtype()).data();
-  for (const Tensor* t : {&a, &b, &out}) {
-    for (int64_t s : t->shape()) key += fmt::format(",{}", s);
-    key += ';';
-    for (int64_t s : t->strides()) key += fmt::format(",{}", s);
-    key += '|';
-  }
-  return key;
-}
-
-}  // namespace
-
-namespace {
-
-void run_matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
+void run_matmul(const Operand& a, const Operand& b, const Operand& out) {
   try {
-    const auto ad = describe(a), bd = describe(b), cd = describe(out);
-    const dnnl::matmul prim = thread_matmul_cache().get(ad, bd, cd, cache_key(a, b, out));
-    dnnl::engine& engine = cpu_engine();
-    dnnl::memory am(ad, engine, a.data_ptr());
-    dnnl::memory bm(bd, engine, b.data_ptr());
-    dnnl::memory cm(cd, engine, out.data_ptr());
-    dnnl::stream stream(engine);
-    prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-    stream.wait();
+    MatmulCache& cache = thread_matmul_cache();
+    CachedMatmul& m = cache.get(a, b, out);
+    m.prim.execute(cache.stream(), m.args);
+    cache.stream().wait();
   } catch (const dnnl::error& e) {
-    throw Internal(fmt::format("oneDNN matmul {} x {} -> {} failed: {} (status {})",
-                               shape_str(a.shape()), shape_str(b.shape()),
-                               shape_str(out.shape()), e.what(), static_cast<int>(e.status)));
+    auto dims = [](const Operand& o) { return shape_str(Shape(o.dims, o.dims + o.rank)); };
+    throw Internal(fmt::format("oneDNN matmul {} x {} -> {} failed: {} (status {})", dims(a),
+                               dims(b), dims(out), e.what(), static_cast<int>(e.status)));
   }
-}
-
-// t narrowed to [start, start + length) on dim d, unless it broadcasts there (size 1).
-Tensor narrow_unless_broadcast(const Tensor& t, int64_t d, int64_t start, int64_t length) {
-  if (t.shape()[d] == 1 && length != 1) return t;
-  Shape shape = t.shape();
-  shape[d] = length;
-  return t.as_strided(shape, t.strides(), t.offset() + start * t.strides()[d]);
 }
 
 // Rows of output per thread below which splitting does not pay.
@@ -135,29 +189,26 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
     fill(out, 0.0);
     return;
   }
-  const int64_t rank = out.dim();
-  int64_t split_dim = 0;
-  while (split_dim < rank - 2 && out.shape()[split_dim] == 1) ++split_dim;
+  const Operand oa = operand_of(a), ob = operand_of(b), oc = operand_of(out);
+  const int rank = oc.rank;
+  int split_dim = 0;
+  while (split_dim < rank - 2 && oc.dims[split_dim] == 1) ++split_dim;
   if (split_dim == rank - 2 &&
-      out.shape()[rank - 2] < 2 * kMinRowsPerThread) {  // 2-D and too few rows to share
+      oc.dims[rank - 2] < 2 * kMinRowsPerThread) {  // 2-D and too few rows to share
     split_dim = -1;
   }
-  const int64_t extent = split_dim < 0 ? 1 : out.shape()[split_dim];
+  const int64_t extent = split_dim < 0 ? 1 : oc.dims[split_dim];
   const int64_t grain = split_dim == rank - 2 ? kMinRowsPerThread : 1;
   parallel_for(0, extent, grain, [&](int64_t begin, int64_t end) {
     omp_set_num_threads(1);
     if (split_dim < 0 || (begin == 0 && end == extent)) {
-      run_matmul(a, b, out);
+      run_matmul(oa, ob, oc);
       return;
     }
     const int64_t len = end - begin;
-    run_matmul(narrow_unless_broadcast(a, split_dim, begin, len),
-               split_dim == rank - 2 ? b : narrow_unless_broadcast(b, split_dim, begin, len),
-               out.as_strided([&] {
-                 Shape s = out.shape();
-                 s[split_dim] = len;
-                 return s;
-               }(), out.strides(), out.offset() + begin * out.strides()[split_dim]));
+    run_matmul(narrow(oa, split_dim, begin, len),
+               split_dim == rank - 2 ? ob : narrow(ob, split_dim, begin, len),
+               narrow(oc, split_dim, begin, len));
   });
 }
 

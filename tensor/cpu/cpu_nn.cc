@@ -111,6 +111,8 @@ void CpuBackend::softmax(const Tensor& x, const Tensor& out, bool log) {
     for_each_row_scratch(rows, cols, 1, [&](int64_t r, float* tmp) {
       const float* xr = row_f32(px + r * cols, cols, tmp);
       float* o = out_f32(po + r * cols, tmp);
+      // max_f32 skips NaN, but exp(NaN - mx) makes the sum NaN and so the whole row (as in
+      // PyTorch); so does +inf (inf - inf) and an all -inf row.
       const float mx = max_f32(xr, cols);
       const float sum = sum_exp_f32(xr, mx, cols);
       if (log) {
@@ -303,7 +305,21 @@ void CpuBackend::rms_norm_backward(const Tensor& grad_y, const Tensor& x, const 
   });
 }
 
+namespace {
+
+// Every index in [0, limit) or equal to `allowed`; throws OutOfRange naming the first that is not.
+void check_indices(const char* op, const Tensor& indices, int64_t limit, int64_t allowed) {
+  const int64_t* p = indices.data<int64_t>();
+  for (int64_t i = 0; i < indices.numel(); ++i) {
+    TESSEL_CHECK((p[i] >= 0 && p[i] < limit) || p[i] == allowed, OutOfRange,
+                 "{}: index {} at position {} is out of range [0, {})", op, p[i], i, limit);
+  }
+}
+
+}  // namespace
+
 void CpuBackend::embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {
+  check_indices("embedding", indices, weight.size(0), INT64_MIN);  // no value is exempt
   dispatch_all(weight.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t dim = weight.size(1);
@@ -335,6 +351,7 @@ void CpuBackend::embedding_backward(const Tensor& grad, const Tensor& indices,
 
 void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                const Tensor& loss, const Tensor& lse) {
+  check_indices("cross_entropy target", target, logits.size(1), ignore_index);
   dispatch_floating(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t classes = logits.size(1);

@@ -11,7 +11,7 @@
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/grpc/store_service.h"
-#include "tessel/tests/collectives/store_test_util.h"
+#include "store_test_util.h"
 
 namespace tessel {
 namespace {

@@ -13,7 +13,7 @@
 
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
-#include "tessel/tests/collectives/store_test_util.h"
+#include "store_test_util.h"
 
 namespace tessel {
 namespace {

@@ -1,6 +1,13 @@
 // The Store served over gRPC: every operation on loopback, in-process and through PrefixStore;
 // the token; size limits; timeouts; the worker environment.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
+#include <limits>
 #include <fstream>
 #include <thread>
 
@@ -10,7 +17,7 @@
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
 #include "tessel/collectives/grpc/store_service.h"
-#include "tessel/tests/collectives/store_test_util.h"
+#include "store_test_util.h"
 
 namespace tessel {
 namespace {
@@ -239,8 +246,8 @@ TEST(StoreAuthTest, WrongTokenIsRefusedWithoutEchoingIt) {
   StoreServer server(loopback_server_options());
   const std::string wrong = std::string(kTestToken) + "x";
   for (const std::string& token : {wrong, std::string(kTestToken).substr(1), std::string("zq-wrong-zq")}) {
-    StoreClient client(client_options_for(server.address(), token));
     try {
+      StoreClient client(client_options_for(server.address(), token));  // its first call fails
       client.set("k", "v");
       FAIL() << "a client with a wrong token was served";
     } catch (const CommError& e) {
@@ -405,6 +412,129 @@ TEST(StoreClientEnvTest, TokenIsHiddenFromKnobListings) {
   EXPECT_TRUE(contains(listing, "10.1.2.3:4567")) << listing;  // only the token is hidden
   ::unsetenv("TESSEL_STORE_TOKEN");
   ::unsetenv("TESSEL_STORE_ADDR");
+}
+
+}  // namespace
+}  // namespace tessel
+
+namespace tessel {
+namespace {
+
+TEST(StoreLimitsTest, AddRefusesToOverflowACounter) {
+  StoreServer server(loopback_server_options());
+  StoreClient client(client_options_for(server.address()));
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(client.add("c", max - 1), max - 1);
+  try {
+    client.add("c", 5);
+    FAIL() << "add past INT64_MAX wrapped around";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(contains(e.message(), "overflows")) << e.what();
+  }
+  EXPECT_EQ(client.add("c", 0), max - 1);
+  EXPECT_EQ(client.add("d", std::numeric_limits<int64_t>::min()),
+            std::numeric_limits<int64_t>::min());
+  EXPECT_THROW(client.add("d", -1), InvalidArgument);
+}
+
+// Strangers' connections (no call with the token) are held to a few per address; the job's
+// own clients, which make a call with the token as soon as they connect, are never refused.
+TEST(StoreAuthTest, StrangersConnectionsAreLimitedTheJobsAreNot) {
+  StoreServerOptions options = loopback_server_options();
+  options.limits.max_unauthenticated_connections_per_peer = 4;
+  StoreServer server(options);
+  std::vector<int> strangers;
+  for (int i = 0; i < 20; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(server.port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    strangers.push_back(fd);
+  }
+  ASSERT_TRUE(wait_until([&] { return server.stats().refused_connections >= 16; }))
+      << server.stats().refused_connections << " refused";
+  EXPECT_LE(server.stats().unauthenticated_connections, 4u);
+  std::vector<std::unique_ptr<StoreClient>> job;
+  for (int i = 0; i < 12; ++i) {
+    job.push_back(std::make_unique<StoreClient>(client_options_for(server.address())));
+  }
+  for (int i = 0; i < 12; ++i) job[static_cast<size_t>(i)]->set(fmt::format("k{}", i), "v");
+  EXPECT_EQ(server.stats().keys, 12u);
+  EXPECT_GE(server.stats().connections, 12u);
+  for (int fd : strangers) ::close(fd);
+}
+
+// TLS with certificates made by openssl for this test (a CA, the server's for 127.0.0.1, a
+// client's).
+class StoreTlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::system("openssl version >/dev/null 2>&1") != 0) {
+      GTEST_SKIP() << "openssl is not installed: cannot make test certificates";
+    }
+    char templ[] = "/tmp/tessel-store-tls-XXXXXX";
+    ASSERT_NE(mkdtemp(templ), nullptr);
+    dir_ = templ;
+    const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+    const std::string script = fmt::format(
+        "cd {0} && printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext && "
+        "openssl req -x509 {1} -keyout ca.key -out ca.crt -days 2 -subj /CN=tessel-test-ca && "
+        "openssl req {1} -keyout server.key -out server.csr -subj /CN=127.0.0.1 && "
+        "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
+        "-out server.crt -days 2 -extfile san.ext && "
+        "openssl req {1} -keyout client.key -out client.csr -subj /CN=tessel-test-client && "
+        "openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
+        "-out client.crt -days 2",
+        dir_, key);
+    ASSERT_EQ(std::system((script + " >/dev/null 2>&1").c_str()), 0) << script;
+  }
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  std::string file(const char* name) const { return dir_ + "/" + name; }
+  StoreClientOptions client(const std::string& address, TlsFiles tls) const {
+    StoreClientOptions o = client_options_for(address);
+    o.tls = std::move(tls);
+    o.connect_timeout = std::chrono::milliseconds(1500);
+    return o;
+  }
+  std::string dir_;
+};
+
+TEST_F(StoreTlsTest, ServerCertificateEncryptsAndTheTokenStillCounts) {
+  StoreServerOptions options = loopback_server_options();
+  options.tls = {file("server.crt"), file("server.key"), ""};
+  StoreServer server(options);
+  StoreClient good(client(server.address(), {"", "", file("ca.crt")}));
+  good.set("k", "v");
+  EXPECT_EQ(good.get("k"), "v");
+  EXPECT_THROW(StoreClient(client(server.address(), {})), CommError);  // plaintext: no
+  StoreClientOptions wrong_token = client(server.address(), {"", "", file("ca.crt")});
+  wrong_token.token = "not-the-token";
+  EXPECT_THROW(StoreClient{wrong_token}, CommError);
+}
+
+TEST_F(StoreTlsTest, MutualTlsRequiresAClientCertificate) {
+  StoreServerOptions options = loopback_server_options();
+  options.tls = {file("server.crt"), file("server.key"), file("ca.crt")};
+  StoreServer server(options);
+  EXPECT_THROW(StoreClient(client(server.address(), {"", "", file("ca.crt")})), CommError);
+  StoreClient good(client(server.address(), {file("client.crt"), file("client.key"), file("ca.crt")}));
+  good.set("k", "v");
+  EXPECT_EQ(good.get("k"), "v");
+}
+
+TEST_F(StoreTlsTest, UnreadableFilesAreNamed) {
+  StoreServerOptions options = loopback_server_options();
+  options.tls = {file("missing.crt"), file("server.key"), ""};
+  try {
+    StoreServer server(options);
+    FAIL() << "a missing certificate was accepted";
+  } catch (const IoError& e) {
+    EXPECT_TRUE(contains(e.message(), "missing.crt")) << e.what();
+  }
 }
 
 }  // namespace

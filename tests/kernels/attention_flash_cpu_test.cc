@@ -16,31 +16,12 @@ namespace tessel::kernels::attention {
 namespace {
 
 using testing::Buffer;
+using testing::configure_mask;
+using testing::MaskKind;
+using testing::mask_kind_name;
 using testing::fill_normal;
 using testing::max_abs;
 using testing::max_abs_diff;
-
-enum class MaskKind {
-  kNone, kCausalTopLeft, kCausalBottomRight, kWindow, kWindowBottomRight, kPrefixLm,
-  kDocuments, kMaskFn, kFullyMaskedRows, kDropout, kCount
-};
-
-const char* mask_kind_name(MaskKind k) {
-  switch (k) {
-    case MaskKind::kNone: return "None";
-    case MaskKind::kCausalTopLeft: return "CausalTopLeft";
-    case MaskKind::kCausalBottomRight: return "CausalBottomRight";
-    case MaskKind::kWindow: return "Window";
-    case MaskKind::kWindowBottomRight: return "WindowBottomRight";
-    case MaskKind::kPrefixLm: return "PrefixLm";
-    case MaskKind::kDocuments: return "Documents";
-    case MaskKind::kMaskFn: return "MaskFn";
-    case MaskKind::kFullyMaskedRows: return "FullyMaskedRows";
-    case MaskKind::kDropout: return "Dropout";
-    case MaskKind::kCount: break;
-  }
-  return "?";
-}
 
 struct Case {
   int64_t b, hq, hkv, sq, sk, d;
@@ -54,72 +35,6 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
                      c.hkv, c.sq, c.sk, c.d, cpu_isa_name(c.isa));
 }
 
-// Document ids: runs of varying length (1, 5, 9, ... tokens), the same for q and kv when the
-// lengths match; with S_q != S_k the query ids are the last S_q key ids (bottom-right).
-std::vector<int64_t> document_ids(int64_t n) {
-  std::vector<int64_t> ids(n);
-  int64_t doc = 0, left = 1;
-  for (int64_t i = 0; i < n; ++i) {
-    ids[i] = doc;
-    if (--left == 0) left = 1 + 4 * ++doc;
-  }
-  return ids;
-}
-
-void configure_mask(const Case& c, AttentionProblem& p) {
-  AttentionMask& m = p.mask;
-  switch (c.mask) {
-    case MaskKind::kNone: break;
-    case MaskKind::kCausalTopLeft: m.causal = true; break;
-    case MaskKind::kCausalBottomRight:
-      m.causal = true;
-      m.alignment = MaskAlignment::kBottomRight;
-      break;
-    case MaskKind::kWindow:
-      m.window_left = 9;
-      m.window_right = 3;
-      break;
-    case MaskKind::kWindowBottomRight:
-      m.causal = true;
-      m.window_left = 70;
-      m.alignment = MaskAlignment::kBottomRight;
-      break;
-    case MaskKind::kPrefixLm:
-      m.causal = true;
-      m.prefix_lengths.resize(c.b);
-      for (int64_t b = 0; b < c.b; ++b) m.prefix_lengths[b] = (c.sk * (b + 1)) / 4;
-      break;
-    case MaskKind::kDocuments: {
-      m.causal = true;
-      m.alignment = MaskAlignment::kBottomRight;
-      const std::vector<int64_t> kv = document_ids(c.sk);
-      m.kv_document_ids = kv;
-      for (int64_t i = 0; i < c.sq; ++i) {
-        // Query i sits at key position i + S_k - S_q; positions before 0 get their own id.
-        const int64_t pos = i + c.sk - c.sq;
-        m.q_document_ids.push_back(pos >= 0 ? kv[pos] : -1 - i);
-      }
-      break;
-    }
-    case MaskKind::kMaskFn:
-      // A head-dependent dilated pattern: key j visible when (i + j + h) % 3 != 0.
-      m.mask_fn = [](int64_t, int64_t h, int64_t i, int64_t j) { return (i + j + h) % 3 != 0; };
-      break;
-    case MaskKind::kFullyMaskedRows:
-      // Even query rows of even batch entries see nothing; with S_q > S_k the bottom-right
-      // rows before the first key see nothing either.
-      m.causal = true;
-      m.alignment = MaskAlignment::kBottomRight;
-      m.mask_fn = [](int64_t b, int64_t, int64_t i, int64_t) { return b % 2 == 1 || i % 2 == 1; };
-      break;
-    case MaskKind::kDropout:
-      m.causal = true;
-      p.dropout = {0.2, 1234, 77};
-      break;
-    case MaskKind::kCount: break;
-  }
-}
-
 class FlashCpuSweepTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FlashCpuSweepTest, MatchesMathForwardAndBackward) {
@@ -128,7 +43,7 @@ TEST_P(FlashCpuSweepTest, MatchesMathForwardAndBackward) {
   testing::Qkv in(DType::kF32, c.b, c.hq, c.hkv, c.sq, c.sk, c.d, 1);
   Buffer &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
   AttentionProblem p = in.problem();
-  configure_mask(c, p);
+  configure_mask(c.mask, c.b, c.sq, c.sk, p);
 
   Buffer out_ref = q, dq_ref = q, dk_ref = k, dv_ref = v;
   std::vector<float> lse_ref(c.b * c.hq * c.sq);
@@ -250,7 +165,7 @@ TEST(FlashCpuTest, StridedOutputAndUnalignedHeadDimOnEveryIsa) {
   Buffer out_ref = q;
   std::vector<float> lse_ref(B * H * S);
   math_attention_forward(p, out_ref.view(), lse_ref.data(), MathOptions{.f64_accumulate = true});
-  for (CpuIsa isa : {CpuIsa::kAvx512, CpuIsa::kAvx2, CpuIsa::kScalar}) {
+  for (CpuIsa isa : {CpuIsa::kAmx, CpuIsa::kAvx512, CpuIsa::kAvx2, CpuIsa::kScalar}) {
     if (!cpu_isa_supported(isa)) continue;
     Buffer wide(DType::kF32, B, H, S, 2 * D);
     AttentionView out = wide.view();

@@ -86,4 +86,95 @@ inline double max_abs(const std::vector<float>& a) {
   return m;
 }
 
+// The mask kinds the sweeps cover.
+enum class MaskKind {
+  kNone, kCausalTopLeft, kCausalBottomRight, kWindow, kWindowBottomRight, kPrefixLm,
+  kDocuments, kMaskFn, kFullyMaskedRows, kDropout, kCount
+};
+
+inline const char* mask_kind_name(MaskKind k) {
+  switch (k) {
+    case MaskKind::kNone: return "None";
+    case MaskKind::kCausalTopLeft: return "CausalTopLeft";
+    case MaskKind::kCausalBottomRight: return "CausalBottomRight";
+    case MaskKind::kWindow: return "Window";
+    case MaskKind::kWindowBottomRight: return "WindowBottomRight";
+    case MaskKind::kPrefixLm: return "PrefixLm";
+    case MaskKind::kDocuments: return "Documents";
+    case MaskKind::kMaskFn: return "MaskFn";
+    case MaskKind::kFullyMaskedRows: return "FullyMaskedRows";
+    case MaskKind::kDropout: return "Dropout";
+    case MaskKind::kCount: break;
+  }
+  return "?";
+}
+
+// Document ids: runs of varying length (1, 5, 9, ... tokens), the same for q and kv when the
+// lengths match; with S_q != S_k the query ids are the last S_q key ids (bottom-right).
+inline std::vector<int64_t> document_ids(int64_t n) {
+  std::vector<int64_t> ids(n);
+  int64_t doc = 0, left = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    ids[i] = doc;
+    if (--left == 0) left = 1 + 4 * ++doc;
+  }
+  return ids;
+}
+
+// Sets p's mask (and dropout) to the kind's pattern for the batch size and lengths.
+inline void configure_mask(MaskKind kind, int64_t batch, int64_t sq, int64_t sk,
+                           AttentionProblem& p) {
+  AttentionMask& m = p.mask;
+  switch (kind) {
+    case MaskKind::kNone: break;
+    case MaskKind::kCausalTopLeft: m.causal = true; break;
+    case MaskKind::kCausalBottomRight:
+      m.causal = true;
+      m.alignment = MaskAlignment::kBottomRight;
+      break;
+    case MaskKind::kWindow:
+      m.window_left = 9;
+      m.window_right = 3;
+      break;
+    case MaskKind::kWindowBottomRight:
+      m.causal = true;
+      m.window_left = 70;
+      m.alignment = MaskAlignment::kBottomRight;
+      break;
+    case MaskKind::kPrefixLm:
+      m.causal = true;
+      m.prefix_lengths.resize(batch);
+      for (int64_t b = 0; b < batch; ++b) m.prefix_lengths[b] = (sk * (b + 1)) / 4;
+      break;
+    case MaskKind::kDocuments: {
+      m.causal = true;
+      m.alignment = MaskAlignment::kBottomRight;
+      const std::vector<int64_t> kv = document_ids(sk);
+      m.kv_document_ids = kv;
+      for (int64_t i = 0; i < sq; ++i) {
+        // Query i sits at key position i + S_k - S_q; positions before 0 get their own id.
+        const int64_t pos = i + sk - sq;
+        m.q_document_ids.push_back(pos >= 0 ? kv[pos] : -1 - i);
+      }
+      break;
+    }
+    case MaskKind::kMaskFn:
+      // A head-dependent dilated pattern: key j visible when (i + j + h) % 3 != 0.
+      m.mask_fn = [](int64_t, int64_t h, int64_t i, int64_t j) { return (i + j + h) % 3 != 0; };
+      break;
+    case MaskKind::kFullyMaskedRows:
+      // Even query rows of even batch entries see nothing; with S_q > S_k the bottom-right
+      // rows before the first key see nothing either.
+      m.causal = true;
+      m.alignment = MaskAlignment::kBottomRight;
+      m.mask_fn = [](int64_t b, int64_t, int64_t i, int64_t) { return b % 2 == 1 || i % 2 == 1; };
+      break;
+    case MaskKind::kDropout:
+      m.causal = true;
+      p.dropout = {0.2, 1234, 77};
+      break;
+    case MaskKind::kCount: break;
+  }
+}
+
 }  // namespace tessel::kernels::attention::testing

@@ -15,6 +15,12 @@
 //   all_reduce               join the job's Gloo world through the job's store (the launcher's
 //                            TESSEL_STORE_ADDR + token), all_reduce rank+1 and print
 //                            "all_reduce rank R of W sum S"; exit 1 when S is not W(W+1)/2
+//   store-probe DIR          set + get of its own key in a loop until DIR/stop exists; each
+//                            sample counts as "attack" while DIR/attack exists, else "quiet";
+//                            prints "store ADDR" first and "probe PHASE n=N p50=US p99=US
+//                            max=US" per phase at the end; exit 1 on any store error
+//   error-file RANK          rank RANK writes a torchrun-style TORCHELASTIC_ERROR_FILE and
+//                            exits 1; the others sleep
 //   hang R                   fault hang R: after one all_reduce rank R stops taking part (stays
 //                            alive) and the others' next all_reduce times out: they exit 124,
 //                            the launcher's collective-timeout status
@@ -32,12 +38,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
+#include <chrono>
 #include <string>
+#include <vector>
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/init.h"
 #include "tessel/flight_recorder/recorder.h"
 #include "tessel/mesh/device_mesh.h"
+#include "tessel/collectives/store_client.h"
 
 extern char** environ;
 
@@ -118,6 +128,47 @@ int main(int argc, char** argv) {
     sleep_forever();
   }
   if (mode == "sleep") sleep_forever();
+  if (mode == "store-probe" && argc >= 3) {
+    const std::string dir = argv[2];
+    auto store = tessel::store_client_from_env();
+    std::printf("store %s\n", std::getenv("TESSEL_STORE_ADDR"));
+    std::fflush(stdout);
+    std::vector<long long> quiet, attack;
+    const std::string key = "probe/" + std::to_string(rank);
+    for (long i = 0; access((dir + "/stop").c_str(), F_OK) != 0; ++i) {
+      const bool under_attack = access((dir + "/attack").c_str(), F_OK) == 0;
+      const long long t0 = monotonic_ns();
+      try {
+        store->set(key, std::to_string(i));
+        if (store->get(key, std::chrono::seconds(30)) != std::to_string(i)) return 1;
+      } catch (const tessel::Error& e) {
+        std::fprintf(stderr, "store error: %s\n", e.what());
+        return 1;
+      }
+      (under_attack ? attack : quiet).push_back(monotonic_ns() - t0);
+      usleep(2000);
+    }
+    for (auto [phase, v] : {std::pair{"quiet", &quiet}, {"attack", &attack}}) {
+      std::sort(v->begin(), v->end());
+      const auto at = [&](double q) {
+        return v->empty() ? 0LL : (*v)[static_cast<size_t>(q * static_cast<double>(v->size() - 1))] / 1000;
+      };
+      std::printf("probe %s n=%zu p50=%lld p99=%lld max=%lld\n", phase, v->size(), at(0.5),
+                  at(0.99), v->empty() ? 0LL : v->back() / 1000);
+    }
+    return 0;
+  }
+  if (mode == "error-file" && argc >= 3) {
+    if (rank != std::atoi(argv[2])) sleep_forever();
+    FILE* f = std::fopen(std::getenv("TORCHELASTIC_ERROR_FILE"), "w");
+    if (f == nullptr) return 2;
+    std::fprintf(f, "{\"message\": {\"message\": \"ValueError: the loss is nan\", "
+                    "\"extraInfo\": {\"py_callstack\": \"Traceback (most recent call last):\\n  "
+                    "File \\\"train.py\\\", line 7, in <module>\\nValueError: the loss is nan\", "
+                    "\"timestamp\": \"1700000000\"}}}\n");
+    std::fclose(f);
+    return 1;
+  }
   if (mode == "await" && argc >= 3) {
     for (char** e = environ; *e; ++e) std::printf("ENV %s\n", *e);
     std::fflush(stdout);

@@ -15,6 +15,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "child_process.h"
 
@@ -58,7 +59,17 @@ class NetnsCluster {
     }
   }
   ~NetnsCluster() {
-    for (const auto& ns : made_) sh("ip netns del " + ns);
+    for (const auto& ns : made_) {
+      sh("ip netns del " + ns);
+      sh("rm -rf /etc/netns/" + ns);
+    }
+  }
+  // As on a stock Debian host: node i's host name is "node<i>" and maps to 127.0.1.1 in its
+  // /etc/hosts (`ip netns exec` mounts /etc/netns/<ns>/hosts over /etc/hosts).
+  void debian_hosts(int i) {
+    sh("mkdir -p /etc/netns/" + ns(i));
+    std::ofstream("/etc/netns/" + ns(i) + "/hosts")
+        << "127.0.0.1 localhost\n127.0.1.1 node" << i << "\n";
   }
   bool ok() const { return ok_; }
   const std::string& ns(int i) const { return nodes_[static_cast<size_t>(i)]; }
@@ -116,6 +127,26 @@ class NetnsTest : public ::testing::Test {
     return *nodes_.back();
   }
 
+  // Node i's agent exactly as docs/launching.md's multi-node example runs it (no --node-rank,
+  // no --log-dir), on a host named node<i> that maps to 127.0.1.1.
+  ChildProcess& start_docs_node(int i, std::vector<std::string> worker) {
+    cluster_->debian_hosts(i);
+    std::vector<std::string> argv{"ip", "netns", "exec", cluster_->ns(i), "unshare", "--uts",
+                                  "sh", "-c", "hostname node" + std::to_string(i) +
+                                  " && exec \"$0\" \"$@\"", kRun,
+                                  "--nnodes", "3", "--nproc-per-node", "2",
+                                  "--rdzv-endpoint", NetnsCluster::addr(0) + ":" + std::to_string(kPort),
+                                  "--rdzv-id", "exp7", "--rdzv-token-file", token_file_,
+                                  "--max-restarts", "3", kWorker};
+    argv.insert(argv.end(), worker.begin(), worker.end());
+    nodes_.push_back(std::make_unique<ChildProcess>(argv, std::vector<std::string>{},
+                                                    dir_ + "/out" + std::to_string(i)));
+    return *nodes_.back();
+  }
+  size_t processes_of(int i) {
+    return testing::pids_with_env("LAUNCH_TEST_MARKER=" + dir_ + "/n" + std::to_string(i)).size();
+  }
+
   std::unique_ptr<NetnsCluster> cluster_;
   std::string dir_, token_file_;
   std::vector<std::unique_ptr<ChildProcess>> nodes_;
@@ -123,8 +154,8 @@ class NetnsTest : public ::testing::Test {
 
 TEST_F(NetnsTest, ThreeNodesOfTwoWorkersFormAndExitZero) {
   // Every worker joins one Gloo world through the job's store and all_reduces across nodes;
-  // Gloo binds each namespace's own interface.
-  for (int i = 0; i < 3; ++i) start_node(i, {}, {"all_reduce"}, {"TESSEL_GLOO_IFACE=eth0"});
+  // Gloo binds the interface that reaches the rendezvous (found by tessel-run, not set here).
+  for (int i = 0; i < 3; ++i) start_node(i, {}, {"all_reduce"});
   std::set<int> ranks;
   const std::regex re(R"(^\[(\d):(\d)\] all_reduce rank (\d) of 6 sum 21$)");
   for (int i = 0; i < 3; ++i) {
@@ -165,7 +196,10 @@ TEST_F(NetnsTest, KillingOneAgentStopsTheOthersWithinTheHeartbeatBound) {
 }
 
 TEST_F(NetnsTest, CutLinkIsDetectedWithinIntervalTimesMisses) {
-  const std::vector<std::string> flags = {"--monitor-interval", "100ms", "--heartbeat-misses", "5"};
+  // The cut node stops its workers within the bound, then waits --rdzv-connect-timeout for
+  // the link to come back before it gives up.
+  const std::vector<std::string> flags = {"--monitor-interval", "100ms", "--heartbeat-misses", "5",
+                                          "--rdzv-connect-timeout", "2s"};
   for (int i = 0; i < 3; ++i) start_node(i, flags, {"sleep"}, {"LAUNCH_TEST_MARKER=" + dir_});
   ASSERT_TRUE(testing::wait_until(
       [&] { return testing::pids_with_env("LAUNCH_TEST_MARKER=" + dir_).size() >= 9; }, 30s));
@@ -270,6 +304,100 @@ TEST_F(NetnsTest, ElasticJobContinuesWithTheNodesLeft) {
     }
   }
   EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3}));
+}
+
+// docs/launching.md's multi-node commands, as written, on hosts whose name maps to 127.0.1.1:
+// Gloo must not bind loopback (it binds the interface that reaches the rendezvous).
+TEST_F(NetnsTest, DocsCommandsWorkOnHostsWhoseNameMapsToLoopback) {
+  if (std::system("command -v unshare >/dev/null 2>&1") != 0) GTEST_SKIP() << "no unshare(1)";
+  for (int i = 0; i < 3; ++i) start_docs_node(i, {"all_reduce"});
+  std::set<int> ranks;
+  const std::regex re(R"(^\[(\d):(\d)\] all_reduce rank (\d) of 6 sum 21$)");
+  for (int i = 0; i < 3; ++i) {
+    auto& node = *nodes_[static_cast<size_t>(i)];
+    ASSERT_EQ(node.wait(60s), 0) << node.err();
+    std::istringstream in(node.out());
+    std::smatch m;
+    for (std::string line; std::getline(in, line);) {
+      ASSERT_TRUE(std::regex_match(line, m, re)) << line;
+      ranks.insert(std::stoi(m[3]));
+    }
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3, 4, 5}));
+}
+
+// A 1.5 s link blip on one node, longer than the heartbeat bound (100 ms x 5): the round is
+// lost, the cut node gives its workers up and joins again when the link is back, and the job
+// restarts (attempt 1) and succeeds; never a wait for --rdzv-timeout.
+TEST_F(NetnsTest, LinkBlipEndsInARestartNotARendezvousTimeout) {
+  const std::vector<std::string> flags = {"--max-restarts", "3", "--rdzv-timeout", "60s"};
+  for (int i = 0; i < 3; ++i) {
+    start_node(i, flags, {"first-attempt-fails", "-1"},
+               {"LAUNCH_TEST_MARKER=" + dir_ + "/n" + std::to_string(i)});
+  }
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return processes_of(0) >= 4 && processes_of(1) >= 4 && processes_of(2) >= 4; }, 30s));
+  cluster_->cut(2);
+  std::this_thread::sleep_for(1500ms);
+  sh("ip -n " + cluster_->ns(2) + " link set eth0 up");
+  for (int i = 0; i < 3; ++i) {
+    auto& node = *nodes_[static_cast<size_t>(i)];
+    ASSERT_EQ(node.wait(60s), 0) << node.err();
+    EXPECT_FALSE(attempts(node.out()).empty()) << node.out();
+    for (auto [attempt, world, rank] : attempts(node.out())) EXPECT_GE(attempt, 1);
+  }
+  EXPECT_NE(nodes_[2]->err().find("joining the job again"), std::string::npos) << nodes_[2]->err();
+}
+
+// The node serving the rendezvous is stopped (SIGSTOP) for 3 s: the others notice within the
+// heartbeat bound and stop their workers; when it runs again the job restarts and succeeds,
+// and the root cause names the server, not the first node whose heartbeat looked late.
+TEST_F(NetnsTest, StoppedServerNodeIsNoticedWithinTheBoundAndTheJobRecovers) {
+  const std::vector<std::string> flags = {"--max-restarts", "3", "--rdzv-timeout", "60s"};
+  for (int i = 0; i < 3; ++i) {
+    start_node(i, flags, {"first-attempt-fails", "-1"},
+               {"LAUNCH_TEST_MARKER=" + dir_ + "/n" + std::to_string(i)});
+  }
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return processes_of(0) >= 4 && processes_of(1) >= 4 && processes_of(2) >= 4; }, 30s));
+  nodes_[0]->signal(SIGSTOP);
+  const auto stopped_at = std::chrono::steady_clock::now();
+  // Nodes 1 and 2 keep only their agents (and each agent's orphan guard).
+  ASSERT_TRUE(testing::wait_until([&] { return processes_of(1) <= 2 && processes_of(2) <= 2; }, 20s));
+  const double noticed = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  std::printf("workers of the other nodes stopped %.3f s after the server node's agent was stopped\n",
+              noticed);
+  const auto resume_at = stopped_at + 3s;
+  std::this_thread::sleep_until(resume_at);
+  nodes_[0]->signal(SIGCONT);
+  for (int i = 0; i < 3; ++i) {
+    auto& node = *nodes_[static_cast<size_t>(i)];
+    ASSERT_EQ(node.wait(60s), 0) << node.err();
+    EXPECT_FALSE(attempts(node.out()).empty()) << node.out();
+  }
+  EXPECT_NE(nodes_[1]->err().find("rendezvous server"), std::string::npos) << nodes_[1]->err();
+  EXPECT_EQ(nodes_[1]->err().find("lost the rendezvous server"), std::string::npos) << nodes_[1]->err();
+}
+
+// A node whose agent is stopped for 3 s says so when it runs again (not "lost the rendezvous
+// server"), and rejoins: the job restarts and succeeds.
+TEST_F(NetnsTest, StoppedNodeSaysItWasStoppedAndRejoins) {
+  const std::vector<std::string> flags = {"--max-restarts", "3", "--rdzv-timeout", "60s"};
+  for (int i = 0; i < 3; ++i) {
+    start_node(i, flags, {"first-attempt-fails", "-1"},
+               {"LAUNCH_TEST_MARKER=" + dir_ + "/n" + std::to_string(i)});
+  }
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return processes_of(0) >= 4 && processes_of(1) >= 4 && processes_of(2) >= 4; }, 30s));
+  nodes_[2]->signal(SIGSTOP);
+  std::this_thread::sleep_for(3s);
+  nodes_[2]->signal(SIGCONT);
+  for (int i = 0; i < 3; ++i) {
+    auto& node = *nodes_[static_cast<size_t>(i)];
+    ASSERT_EQ(node.wait(60s), 0) << node.err();
+  }
+  EXPECT_NE(nodes_[2]->err().find("this node did not run for"), std::string::npos) << nodes_[2]->err();
+  EXPECT_EQ(nodes_[2]->err().find("lost the rendezvous server"), std::string::npos) << nodes_[2]->err();
 }
 
 }  // namespace

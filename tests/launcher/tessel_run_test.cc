@@ -7,7 +7,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
+#include <thread>
 #include <map>
 #include <regex>
 #include <set>
@@ -316,31 +318,188 @@ TEST(TesselRunTest, MaxRestartsHoldsAgainstCrashLoop) {
   }
 }
 
-TEST(TesselRunTest, BadInputHasClearErrorsAndDistinctExitCodes) {
+// Every bad value: a one-line error naming it, and the documented exit status
+// (docs/launching.md, "Exit status"). No case contacts anything but this host.
+TEST(TesselRunTest, BadValuesTable) {
   const std::string dir = testing::make_temp_dir("bad");
+  // Nothing listens there and no interface of this host holds it: refused at once.
+  const std::string unreachable = fmt::format("127.0.0.2:{}", testing::free_port());
   struct Case {
-    std::vector<std::string> argv;
+    std::vector<std::string> flags;
     std::vector<std::string> env;
     int status;
     std::string text;
   };
   const std::vector<Case> cases = {
-      {{kRun, "--no-such-flag", kWorker}, {}, 64, "--no-such-flag"},
-      {{kRun, "--nnodes", "3:2", "--rdzv-endpoint", "127.0.0.1:1", kWorker}, {}, 65, "3:2"},
-      {{kRun, "--nnodes", "2", "--rdzv-endpoint", "192.0.2.1:29400", "--rdzv-connect-timeout",
-        "1s", kWorker}, {"TESSEL_RDZV_TOKEN=t"}, 69, "192.0.2.1:29400"},
-      {{kRun, "--standalone", dir + "/no-such-program"}, {}, 127, "no-such-program"},
-      {{kRun, "--nnodes", "2", "--rdzv-endpoint", "192.0.2.1:29400", kWorker},
-       {"TESSEL_RDZV_TOKEN="}, 77, "TESSEL_RDZV_TOKEN"},
+      {{"--no-such-flag"}, {}, 64, "--no-such-flag"},
+      {{"--nnodes", "3:2", "--rdzv-endpoint", "127.0.0.1:1"}, {}, 65, "3:2"},
+      {{"--standalone", "--nproc-per-node", "0"}, {}, 65, "--nproc-per-node 0"},
+      {{"--standalone", "--master-port", "70000"}, {}, 65, "--master-port 70000"},
+      {{"--standalone", "--master-port", "-1"}, {}, 65, "--master-port -1"},
+      {{"--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1", "--node-rank", "-2"}, {}, 65,
+       "--node-rank -2"},
+      {{"--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1", "--node-rank", "2"}, {}, 65,
+       "--node-rank 2"},
+      {{"--standalone", "--rdzv-timeout", "0"}, {}, 65, "--rdzv-timeout 0"},
+      {{"--standalone", "--rdzv-connect-timeout", "0s"}, {}, 65, "--rdzv-connect-timeout 0s"},
+      {{"--standalone", "--monitor-interval", "0"}, {}, 65, "--monitor-interval 0"},
+      {{"--standalone", "--failure-grace", "-1s"}, {}, 65, "--failure-grace: duration '-1s'"},
+      {{"--standalone", "--heartbeat-misses", "0"}, {}, 65, "--heartbeat-misses 0"},
+      {{"--standalone", "--max-restarts", "-1"}, {}, 65, "--max-restarts -1"},
+      {{"--standalone", "--log-prefix", "{bogus}"}, {}, 65, "{bogus}"},
+      {{"--standalone", "--start-method", "thread"}, {}, 65, "thread"},
+      {{"--standalone", "--rdzv-conf", "join_timeout"}, {}, 65, "join_timeout"},
+      {{"--standalone", "--local-ranks-filter", "0,-1"}, {}, 65, "-1"},
+      {{"--nnodes", "2", "--rdzv-endpoint", "[::1"}, {}, 65, "[::1"},
+      {{"--nnodes", "2", "--rdzv-endpoint", "::1:29400"}, {}, 65, "brackets"},
+      {{"--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:70000"}, {}, 65, "70000"},
+      {{"--nnodes", "2"}, {}, 65, "--rdzv-endpoint"},
+      {{"--standalone", "-m", "--no-python"}, {}, 65, "--no-python"},
+      {{"--nnodes", "2", "--rdzv-endpoint", unreachable, "--rdzv-connect-timeout", "1s"},
+       {"TESSEL_RDZV_TOKEN=t"}, 69, unreachable},
+      // (The token is checked before anything is sent: 192.0.2.1 is never contacted.)
+      {{"--nnodes", "2", "--rdzv-endpoint", "192.0.2.1:29400"}, {"TESSEL_RDZV_TOKEN="}, 77,
+       "TESSEL_RDZV_TOKEN"},
+      {{"--nnodes", "2", "--rdzv-endpoint", "192.0.2.1:29400", "--rdzv-token-file",
+        dir + "/no-such-token"}, {}, 77, "no-such-token"},
   };
-  std::set<int> statuses;
   for (size_t i = 0; i < cases.size(); ++i) {
-    ChildProcess run(cases[i].argv, cases[i].env, dir + "/case" + std::to_string(i));
-    EXPECT_EQ(run.wait(30s), cases[i].status) << run.err();
-    EXPECT_NE(run.err().find(cases[i].text), std::string::npos) << run.err();
-    statuses.insert(cases[i].status);
+    const Case& c = cases[i];
+    std::vector<std::string> argv = run_args(c.flags, {"env"});
+    ChildProcess run(argv, c.env, dir + "/case" + std::to_string(i));
+    EXPECT_EQ(run.wait(30s), c.status) << i << ": " << run.err();
+    EXPECT_NE(run.err().find(c.text), std::string::npos) << i << ": " << run.err();
+    // One line (a note line or two may precede it, none here), no gRPC internals.
+    const std::string err = run.err();
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << i << ": " << err;
   }
-  EXPECT_EQ(statuses.size(), cases.size());
+  // The program itself: not found (127), not executable (126).
+  ChildProcess missing({kRun, "--standalone", dir + "/no-such-program"}, {}, dir + "/missing");
+  EXPECT_EQ(missing.wait(30s), 127) << missing.err();
+  EXPECT_NE(missing.err().find("no-such-program"), std::string::npos) << missing.err();
+  { std::ofstream(dir + "/not-exec") << "data"; }
+  ChildProcess not_exec({kRun, "--standalone", dir + "/not-exec"}, {}, dir + "/not-exec-run");
+  EXPECT_EQ(not_exec.wait(30s), 126) << not_exec.err();
+}
+
+// Two nodes asking for the same --node-rank: the second is refused, naming the first.
+TEST(TesselRunTest, DuplicateNodeRankIsRefused) {
+  const std::string dir = testing::make_temp_dir("duprank");
+  const std::string endpoint = fmt::format("127.0.0.1:{}", testing::free_port());
+  auto node = [&](const std::string& tag) {
+    return std::make_unique<ChildProcess>(
+        run_args({"--nnodes", "3", "--rdzv-endpoint", endpoint, "--node-rank", "1",
+                  "--rdzv-timeout", "20s", "--log-dir", dir + "/" + tag}, {"env"}),
+        std::vector<std::string>{}, dir + "/" + tag);
+  };
+  auto a = node("a");
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return testing::read_file(dir + "/a.err").empty() && a->wait(0ms) == std::nullopt; },
+      5s));
+  std::this_thread::sleep_for(500ms);  // a has joined
+  auto b = node("b");
+  EXPECT_EQ(b->wait(30s), 65) << b->err();
+  EXPECT_NE(b->err().find("--node-rank 1 is already taken"), std::string::npos) << b->err();
+  a->signal(SIGTERM);
+  a->wait(30s);
+}
+
+// torchrun runs .py programs with Python; -m runs a module; --no-python runs the file itself.
+TEST(TesselRunTest, PythonProgramsRunWithTheInterpreter) {
+  if (std::system("command -v python3 >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3 on PATH";
+  const std::string dir = testing::make_temp_dir("python");
+  {
+    std::ofstream(dir + "/train.py")
+        << "import os, sys\nprint('py rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'],"
+           " 'args', sys.argv[1:])\n";
+    std::ofstream(dir + "/tessel_probe_mod.py") << "import os\nprint('module rank', os.environ['RANK'])\n";
+    std::ofstream(dir + "/direct.py") << "#!/bin/sh\necho direct $RANK\n";
+  }
+  chmod((dir + "/direct.py").c_str(), 0755);
+  ChildProcess py({kRun, "--standalone", "--nproc-per-node", "2", dir + "/train.py", "--lr", "3"},
+                  {}, dir + "/py");
+  ASSERT_EQ(py.wait(60s), 0) << py.err();
+  EXPECT_NE(py.out().find("py rank 1 of 2 args ['--lr', '3']"), std::string::npos) << py.out();
+  ChildProcess mod({kRun, "--standalone", "-m", "tessel_probe_mod"}, {"PYTHONPATH=" + dir},
+                   dir + "/mod");
+  ASSERT_EQ(mod.wait(60s), 0) << mod.err();
+  EXPECT_NE(mod.out().find("module rank 0"), std::string::npos) << mod.out();
+  ChildProcess run_path({kRun, "--standalone", "--run-path", dir + "/train.py", "x"}, {},
+                        dir + "/run_path");
+  ASSERT_EQ(run_path.wait(60s), 0) << run_path.err();
+  EXPECT_NE(run_path.out().find("py rank 0 of 1 args ['x']"), std::string::npos) << run_path.out();
+  ChildProcess direct({kRun, "--standalone", "--no-python", dir + "/direct.py"}, {}, dir + "/direct");
+  ASSERT_EQ(direct.wait(60s), 0) << direct.err();
+  EXPECT_NE(direct.out().find("direct 0"), std::string::npos) << direct.out();
+}
+
+// torchrun's other flags are accepted: with their meaning, or a one-line note.
+TEST(TesselRunTest, TorchrunFlagsAreAccepted) {
+  const std::string dir = testing::make_temp_dir("torchrunflags");
+  ChildProcess run(run_args({"--standalone", "--rdzv-backend", "c10d", "--rdzv-conf",
+                             "join_timeout=30,read_timeout=10,use_libuv=1", "--role", "trainer",
+                             "--start-method", "fork", "--logs-specs", "x", "--local-addr",
+                             "127.0.0.1", "--log-line-prefix-template", "${role_name}:${rank}",
+                             "--log-dir", dir},
+                            {"env"}),
+                   {}, dir + "/run");
+  ASSERT_EQ(run.wait(60s), 0) << run.err();
+  EXPECT_NE(run.out().find("trainer:0 ENV ROLE_NAME=trainer"), std::string::npos) << run.out();
+  EXPECT_NE(run.err().find("note: --start-method fork"), std::string::npos) << run.err();
+  EXPECT_NE(run.err().find("note: --logs-specs x"), std::string::npos) << run.err();
+  EXPECT_NE(run.err().find("note: --rdzv-conf use_libuv=1"), std::string::npos) << run.err();
+}
+
+// A worker's TORCHELASTIC_ERROR_FILE (torchrun's @record format) reaches the report.
+TEST(TesselRunTest, ErrorFileOfTheFailingWorkerIsReported) {
+  const std::string dir = testing::make_temp_dir("errfile");
+  ChildProcess run(run_args({"--standalone", "--nproc-per-node", "2", "--log-dir", dir},
+                            {"error-file", "1"}),
+                   {}, dir + "/run");
+  ASSERT_EQ(run.wait(60s), 1) << run.err();
+  EXPECT_NE(run.err().find("ValueError: the loss is nan"), std::string::npos) << run.err();
+  const auto report = nlohmann::json::parse(testing::read_file(dir + "/failure.json"));
+  EXPECT_NE(report["error_file"].get<std::string>().find("the loss is nan"), std::string::npos);
+  EXPECT_NE(report["error_file"].get<std::string>().find("train.py"), std::string::npos);
+}
+
+// --standalone gets a generated run id; default log directories go after success.
+TEST(TesselRunTest, StandaloneRunIdAndDefaultLogsAreCleaned) {
+  const std::string dir = testing::make_temp_dir("runid");
+  ChildProcess run(run_args({"--standalone"}, {"env"}), {"TMPDIR=" + dir}, dir + "/run");
+  ASSERT_EQ(run.wait(60s), 0) << run.err();
+  auto env = worker_envs(run.out())[0];
+  EXPECT_TRUE(std::regex_match(env["TORCHELASTIC_RUN_ID"],
+                               std::regex("[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")))
+      << env["TORCHELASTIC_RUN_ID"];
+  EXPECT_EQ(env["TORCHELASTIC_ERROR_FILE"].rfind(dir + "/tessel-run-", 0), 0u)
+      << env["TORCHELASTIC_ERROR_FILE"];
+  const std::string root = dir + "/tessel-run-" + std::to_string(getuid());
+  EXPECT_TRUE(std::filesystem::is_empty(root)) << "log directory left after success";
+  ChildProcess kept(run_args({"--standalone", "--keep-logs"}, {"env"}), {"TMPDIR=" + dir},
+                    dir + "/kept");
+  ASSERT_EQ(kept.wait(60s), 0) << kept.err();
+  EXPECT_FALSE(std::filesystem::is_empty(root));
+}
+
+// Every node on this host: no token needed (the serving agent publishes one privately).
+TEST(TesselRunTest, NoTokenWhenEveryNodeIsThisHost) {
+  const std::string dir = testing::make_temp_dir("localtoken");
+  const std::string endpoint = fmt::format("localhost:{}", testing::free_port());
+  auto node = [&](const std::string& nnodes, const std::string& tag) {
+    return std::make_unique<ChildProcess>(
+        run_args({"--nnodes", nnodes, "--rdzv-endpoint", endpoint, "--log-dir", dir + "/" + tag},
+                 {"env"}),
+        std::vector<std::string>{"TESSEL_RDZV_TOKEN=", "TMPDIR=" + dir}, dir + "/" + tag);
+  };
+  auto one = node("1", "one");
+  ASSERT_EQ(one->wait(60s), 0) << one->err();
+  auto a = node("2", "a");
+  auto b = node("2", "b");
+  ASSERT_EQ(a->wait(60s), 0) << a->err();
+  ASSERT_EQ(b->wait(60s), 0) << b->err();
+  EXPECT_NE(a->out().find("ENV WORLD_SIZE=2"), std::string::npos) << a->out();
+  EXPECT_NE(b->out().find("ENV WORLD_SIZE=2"), std::string::npos) << b->out();
 }
 
 TEST(TesselRunTest, LinesNeverInterleaveOrSplit) {

@@ -17,6 +17,7 @@
 #include "tessel/kernels/attention/sdpa.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
+#include "tessel/tensor/storage.h"
 
 namespace tessel::nn {
 namespace {
@@ -401,6 +402,58 @@ TEST(GptTest, RejectsBadInput) {
   EXPECT_THROW(model(zeros({1, 3})), InvalidArgument);              // float tokens
   EXPECT_THROW(model(full({1, 3}, 11, DType::kI64)), OutOfRange);   // outside the vocabulary
   EXPECT_THROW(GPT({.n_head = 3, .n_embd = 8}), InvalidArgument);
+}
+
+// A GPT of about a billion parameters built on the meta device allocates nothing; giving each
+// parameter only rank 0's dim-0 shard of a 4-way split allocates a quarter.
+TEST(GptMetaTest, BillionParameterModelAllocatesNothingAndAShardAQuarter) {
+  empty_cache(Device::cpu());
+  const int64_t before = memory_stats(Device::cpu()).allocated_bytes;
+  const GptConfig config{.vocab_size = 50304, .block_size = 1024, .n_layer = 20, .n_head = 16,
+                         .n_embd = 2048};
+  std::unique_ptr<GPT> model;
+  {
+    DefaultDeviceGuard meta(Device::meta());
+    model = std::make_unique<GPT>(config);
+  }
+  EXPECT_GT(model->num_parameters(), 1'000'000'000);
+  EXPECT_EQ(memory_stats(Device::cpu()).allocated_bytes, before);
+  for (const Tensor& p : model->parameters()) EXPECT_TRUE(p.is_meta());
+
+  int64_t full_bytes = 0, shard_bytes = 0;
+  for (const Tensor& p : model->parameters()) {
+    Shape shard = p.shape();
+    shard[0] = (shard[0] + 3) / 4;  // rank 0 of 4 takes the ceiling
+    full_bytes += static_cast<int64_t>(p.nbytes());
+    const int64_t bytes = shape_numel(shard) * static_cast<int64_t>(p.element_size());
+    shard_bytes += (bytes + 63) / 64 * 64;  // the CPU allocator's 64-byte blocks
+    p.set_data(empty(shard, p.dtype(), Device::cpu()));
+  }
+  const int64_t allocated = memory_stats(Device::cpu()).allocated_bytes - before;
+  EXPECT_EQ(allocated, shard_bytes);
+  EXPECT_NEAR(static_cast<double>(allocated) / static_cast<double>(full_bytes), 0.25, 0.001);
+  model.reset();
+  empty_cache(Device::cpu());
+}
+
+// A model built on the meta device, given memory and initialised, equals one built directly.
+TEST(GptMetaTest, ToEmptyThenInitWeightsEqualsADirectBuild) {
+  const GptConfig config{.vocab_size = 13, .block_size = 8, .n_layer = 2, .n_head = 2,
+                         .n_embd = 8, .seed = 5};
+  GPT direct(config);
+  std::unique_ptr<GPT> later;
+  {
+    DefaultDeviceGuard meta(Device::meta());
+    later = std::make_unique<GPT>(config);
+  }
+  later->to_empty(Device::cpu());
+  later->init_weights();
+  const auto a = direct.named_parameters(), b = later->named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_EQ(to_vector<float>(a[i].second), to_vector<float>(b[i].second)) << a[i].first;
+  }
 }
 
 TEST(SdpaTest, MatchesLoopsAndRejectsBadShapes) {

@@ -108,11 +108,11 @@ TEST(ModuleHooksTest, SwappedParameterReceivesTheGradient) {
   const Tensor shard = layer.weight();
   Tensor full = mul(ones({2, 3}), 0.5).set_requires_grad(true);
   std::vector<std::string> order;
-  layer.register_forward_pre_hook([&](Module& m, Tensor&) {
+  layer.register_forward_pre_hook([&](Module& m, Tensors&) {
     order.push_back("gather");
     m.set_parameter("weight", full);
   });
-  layer.register_forward_hook([&](Module& m, const Tensor&, Tensor&) {
+  layer.register_forward_hook([&](Module& m, const Tensors&, Tensors&) {
     order.push_back("reshard");
     m.set_parameter("weight", shard);
   });

@@ -206,10 +206,10 @@ TEST(ModuleTest, HooksFireInOrderAndCanReplaceValues) {
   Net net;
   std::vector<std::string> log;
   auto record_pre = [&](std::string tag) {
-    return [&log, tag](Module& m, Tensor&) { log.push_back("pre " + tag + " " + m.type_name()); };
+    return [&log, tag](Module& m, Tensors&) { log.push_back("pre " + tag + " " + m.type_name()); };
   };
   auto record_post = [&](std::string tag) {
-    return [&log, tag](Module& m, const Tensor&, Tensor&) {
+    return [&log, tag](Module& m, const Tensors&, Tensors&) {
       log.push_back("post " + tag + " " + m.type_name());
     };
   };
@@ -234,10 +234,10 @@ TEST(ModuleTest, HooksFireInOrderAndCanReplaceValues) {
 
   // A pre-hook may replace the input and a post-hook the output.
   Scale m(2);
-  m.register_forward_pre_hook([](Module&, Tensor& x) { x = filled({2}, 5.0f); });
-  m.register_forward_hook([](Module&, const Tensor& x, Tensor& y) {
-    EXPECT_EQ(x.data<float>()[0], 5.0f);
-    y.data<float>()[1] += 100.0f;
+  m.register_forward_pre_hook([](Module&, Tensors& x) { x[0] = filled({2}, 5.0f); });
+  m.register_forward_hook([](Module&, const Tensors& x, Tensors& y) {
+    EXPECT_EQ(x[0].data<float>()[0], 5.0f);
+    y[0].data<float>()[1] += 100.0f;
   });
   const Tensor y = m(filled({2}, 0.0f));
   EXPECT_EQ(y.data<float>()[0], 5.0f * 1.0f);

@@ -208,7 +208,8 @@ TEST(ClipGradNormTest, ReturnsTheGlobalNormAndScalesAboveTheLimit) {
       for (double x : g) sum_sq += x * x;
     }
     const double norm = std::sqrt(sum_sq);
-    EXPECT_NEAR(clip_grad_norm(problem.params, max_norm), norm, 1e-9 * norm);
+    // Sums of squares accumulate in f32 on the gradients' device, as PyTorch's do.
+    EXPECT_NEAR(clip_grad_norm(problem.params, max_norm), norm, 1e-6 * norm);
     const double coeff = std::min(1.0, max_norm / (norm + 1e-6));
     for (size_t i = 0; i < grads.size(); ++i) {
       if (i == 1) {

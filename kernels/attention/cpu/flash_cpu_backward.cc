@@ -69,27 +69,6 @@ const float* tile_rows(const AttentionView& view, int64_t b, int64_t h, int64_t 
   return buf;
 }
 
-// delta[bh * S_q + i] = sum_d dO[b, h, i, d] * O[b, h, i, d].
-std::vector<float> output_dot(const AttentionView& out,
-                              const AttentionView& dout, const FlashPlan& plan,
-                              const ForkJoin& team) {
-  std::vector<float> delta(plan.batch * plan.q_heads * plan.sq);
-  std::vector<std::vector<float>> rows(team.threads(), std::vector<float>(2 * plan.d));
-  team.run(plan.batch * plan.q_heads, [&](int worker, int64_t bh) {
-    const int64_t b = bh / plan.q_heads, h = bh % plan.q_heads;
-    float* o = rows[worker].data();
-    float* g = o + plan.d;
-    for (int64_t i = 0; i < plan.sq; ++i) {
-      load_row(out, b, h, i, o);
-      load_row(dout, b, h, i, g);
-      float acc = 0;
-      for (int64_t c = 0; c < plan.d; ++c) acc += o[c] * g[c];
-      delta[bh * plan.sq + i] = acc;
-    }
-  });
-  return delta;
-}
-
 }  // namespace
 
 void flash_cpu_backward(const AttentionProblem& p, const AttentionView& out,
@@ -104,6 +83,10 @@ void flash_cpu_backward(const AttentionProblem& p, const AttentionView& out,
   validate_attention_output(dv, p.v, "dv");
   TESSEL_CHECK(lse != nullptr || plan.sq * plan.q_heads * plan.batch == 0, InvalidArgument,
                "flash_cpu_backward: lse is null; pass forward's logsumexp");
+  if (plan.amx) {
+    flash_cpu_backward_amx(p, plan, out, dout, lse, dq, dk, dv);
+    return;
+  }
   const ForkJoin team(plan.threads);
   const MaskEvaluator mask(p);
   const DropoutMask drop(p.dropout.p, p.dropout.seed, p.dropout.offset);
@@ -113,8 +96,7 @@ void flash_cpu_backward(const AttentionProblem& p, const AttentionView& out,
 
   const std::vector<float> delta = output_dot(out, dout, plan, team);
   std::vector<float> dq_acc(plan.batch * plan.q_heads * plan.q_blocks * bq * dp, 0.0f);
-  const auto dq_locks =
-      std::make_unique<std::mutex[]>(plan.batch * plan.q_heads * plan.q_blocks);
+  const auto dq_locks = std::make_unique<std::mutex[]>(plan.batch * plan.q_heads * plan.q_blocks);
   const Bf16TileOps* bf16 = plan.bf16;  // null: f32 GEMMs
   std::vector<BackwardScratch> scratch(team.threads(), BackwardScratch(plan, bf16 != nullptr));
   const bool full_mask = mask.is_dense() && p.mask.prefix_lengths.empty();
@@ -135,113 +117,69 @@ void flash_cpu_backward(const AttentionProblem& p, const AttentionView& out,
     std::fill(w.dk.begin(), w.dk.end(), 0.0f);
     std::fill(w.dv.begin(), w.dv.end(), 0.0f);
 
-    for (int64_t h = hk * plan.group; h < (hk + 1) * plan.group; ++h) {
-      const int64_t bh = b * plan.q_heads + h;
-      // Start at a block that depends on kb so that workers on neighbouring key blocks
-      // rarely contend for the same dq lock.
-      for (int64_t t = 0; t < plan.q_blocks; ++t) {
-        const int64_t ib = (kb + t) % plan.q_blocks;
-        const int64_t i0 = ib * bq, rows = std::min(bq, plan.sq - i0);
-        const TileClass tile =
-            full_mask ? TileClass::kFull : mask.classify(b, i0, i0 + rows, j0, j0 + cols);
-        if (tile == TileClass::kEmpty) continue;
-        int64_t ldq, ldo;
-        const float* q = tile_rows(p.q, b, h, i0, rows, dp, w.q.data(), &ldq);
-        const float* g = tile_rows(dout, b, h, i0, rows, dp, w.dout.data(), &ldo);
-        const int64_t rows2 = (rows + 1) / 2;
-        if (bf16) {
-          for (int64_t r = 0; r < rows; ++r) {
-            bf16->to_bf16(q + r * ldq, reinterpret_cast<uint16_t*>(w.q_d.data()) + r * dp, dp);
-            bf16->to_bf16(g + r * ldo, reinterpret_cast<uint16_t*>(w.dout_d.data()) + r * dp, dp);
-          }
-          pair_rows(*bf16, q, ldq, rows, dp, w.q_i.data(), dp);
-          pair_rows(*bf16, g, ldo, rows, dp, w.dout_i.data(), dp);
-        }
-
-        // P = exp(scale * Q K^T - lse), masked; P_drop = P * keep.
-        if (bf16) {
-          bf16->gemm(rows, bk, dp / 2, w.q_d.data(), dp / 2, 1, w.kt2.data(), bk, w.p.data(), bk,
-                     false);
-        } else {
-          ops.gemm(rows, bk, dp, q, ldq, 1, w.kt.data(), bk, w.p.data(), bk, false);
-        }
+    for_each_backward_tile(plan, mask, full_mask, b, hk, kb, [&](const BackwardTile& bt) {
+      const int64_t h = bt.h, i0 = bt.i0, rows = bt.rows;
+      const int64_t bh = b * plan.q_heads + h, ib = i0 / bq;
+      int64_t ldq, ldo;
+      const float* q = tile_rows(p.q, b, h, i0, rows, dp, w.q.data(), &ldq);
+      const float* g = tile_rows(dout, b, h, i0, rows, dp, w.dout.data(), &ldo);
+      const int64_t rows2 = (rows + 1) / 2;
+      if (bf16) {
         for (int64_t r = 0; r < rows; ++r) {
-          float* prow = w.p.data() + r * bk;
-          const float row_lse = lse[bh * plan.sq + i0 + r];
-          if (row_lse == kNegInf) {
-            std::fill(prow, prow + bk, 0.0f);
-            continue;
-          }
-          if (tile == TileClass::kPartial) {
-            mask_tile_row(mask, b, h, i0 + r, j0, cols, prow);
-          }
-          std::fill(prow + cols, prow + bk, kNegInf);
-          ops.exp2_affine(prow, bk, s_mul, row_lse * kLog2e);
+          bf16->to_bf16(q + r * ldq, reinterpret_cast<uint16_t*>(w.q_d.data()) + r * dp, dp);
+          bf16->to_bf16(g + r * ldo, reinterpret_cast<uint16_t*>(w.dout_d.data()) + r * dp, dp);
         }
-        const float* pdrop = w.p.data();
-        if (drop.enabled()) {
-          for (int64_t r = 0; r < rows; ++r) {
-            float* keep = w.keep.data() + r * bk;
-            drop.fill(b, h, i0 + r, j0, cols, keep);
-            std::fill(keep + cols, keep + bk, 0.0f);
-            for (int64_t c = 0; c < bk; ++c) w.pdrop[r * bk + c] = w.p[r * bk + c] * keep[c];
-          }
-          pdrop = w.pdrop.data();
-        }
-        // dV += P_drop^T dO (A read transposed in place); dP = dO V^T.
-        if (bf16) {
-          pair_rows(*bf16, pdrop, bk, rows, bk, w.pt2.data(), bk);
-          bf16->gemm(cols, dp, rows2, w.pt2.data(), 1, bk, w.dout_i.data(), dp, w.dv.data(), dp,
-                     true);
-          bf16->gemm(rows, bk, dp / 2, w.dout_d.data(), dp / 2, 1, w.vt2.data(), bk,
-                     w.ds.data(), bk, false);
-        } else {
-          ops.gemm(cols, dp, rows, pdrop, 1, bk, g, ldo, w.dv.data(), dp, true);
-          ops.gemm(rows, bk, dp, g, ldo, 1, w.vt.data(), bk, w.ds.data(), bk, false);
-        }
-        // Through dropout; dS = P * (dP - delta).
-        for (int64_t r = 0; r < rows; ++r) {
-          float* dsrow = w.ds.data() + r * bk;
-          const float* prow = w.p.data() + r * bk;
-          const float dr = delta[bh * plan.sq + i0 + r];
-          if (drop.enabled()) {
-            const float* keep = w.keep.data() + r * bk;
-            for (int64_t c = 0; c < bk; ++c) dsrow[c] = prow[c] * (dsrow[c] * keep[c] - dr);
-          } else {
-            for (int64_t c = 0; c < bk; ++c) dsrow[c] = prow[c] * (dsrow[c] - dr);
-          }
-        }
-        // dK += dS^T Q; dQ += dS K straight into the shared accumulator (scale applied when
-        // storing).
-        const int64_t block = bh * plan.q_blocks + ib;
-        float* dq_block = dq_acc.data() + block * bq * dp;
-        if (bf16) {
-          pair_rows(*bf16, w.ds.data(), bk, rows, bk, w.dst2.data(), bk);
-          bf16->gemm(cols, dp, rows2, w.dst2.data(), 1, bk, w.q_i.data(), dp, w.dk.data(), dp,
-                     true);
-          bf16->to_bf16(w.ds.data(), reinterpret_cast<uint16_t*>(w.ds2.data()), rows * bk);
-          std::lock_guard<std::mutex> lock(dq_locks[block]);
-          bf16->gemm(rows, dp, bk / 2, w.ds2.data(), bk / 2, 1, w.k2.data(), dp, dq_block, dp,
-                     true);
-        } else {
-          ops.gemm(cols, dp, rows, w.ds.data(), 1, bk, q, ldq, w.dk.data(), dp, true);
-          std::lock_guard<std::mutex> lock(dq_locks[block]);
-          ops.gemm(rows, dp, cols, w.ds.data(), bk, 1, w.k.data(), dp, dq_block, dp, true);
-        }
+        pair_rows(*bf16, q, ldq, rows, dp, w.q_i.data(), dp);
+        pair_rows(*bf16, g, ldo, rows, dp, w.dout_i.data(), dp);
       }
-    }
+
+      // P = exp(scale * Q K^T - lse), masked; P_drop = P * keep.
+      if (bf16) {
+        bf16->gemm(rows, bk, dp / 2, w.q_d.data(), dp / 2, 1, w.kt2.data(), bk, w.p.data(), bk,
+                   false);
+      } else {
+        ops.gemm(rows, bk, dp, q, ldq, 1, w.kt.data(), bk, w.p.data(), bk, false);
+      }
+      const float* pdrop =
+          backward_probabilities(ops, mask, drop, bt, lse + bh * plan.sq + i0, s_mul, bk,
+                                 w.p.data(), w.keep.data(), w.pdrop.data());
+      // dV += P_drop^T dO (A read transposed in place); dP = dO V^T.
+      if (bf16) {
+        pair_rows(*bf16, pdrop, bk, rows, bk, w.pt2.data(), bk);
+        bf16->gemm(cols, dp, rows2, w.pt2.data(), 1, bk, w.dout_i.data(), dp, w.dv.data(), dp,
+                   true);
+        bf16->gemm(rows, bk, dp / 2, w.dout_d.data(), dp / 2, 1, w.vt2.data(), bk, w.ds.data(), bk,
+                   false);
+      } else {
+        ops.gemm(cols, dp, rows, pdrop, 1, bk, g, ldo, w.dv.data(), dp, true);
+        ops.gemm(rows, bk, dp, g, ldo, 1, w.vt.data(), bk, w.ds.data(), bk, false);
+      }
+      // Through dropout; dS = P * (dP - delta).
+      ops.ds_rows(w.p.data(), drop.enabled() ? w.keep.data() : nullptr,
+                  delta.data() + bh * plan.sq + i0, rows, bk, w.ds.data());
+      // dK += dS^T Q; dQ += dS K straight into the shared accumulator (scale applied when
+      // storing).
+      const int64_t block = bh * plan.q_blocks + ib;
+      float* dq_block = dq_acc.data() + block * bq * dp;
+      if (bf16) {
+        pair_rows(*bf16, w.ds.data(), bk, rows, bk, w.dst2.data(), bk);
+        bf16->gemm(cols, dp, rows2, w.dst2.data(), 1, bk, w.q_i.data(), dp, w.dk.data(), dp, true);
+        bf16->to_bf16(w.ds.data(), reinterpret_cast<uint16_t*>(w.ds2.data()), rows * bk);
+        std::lock_guard<std::mutex> lock(dq_locks[block]);
+        bf16->gemm(rows, dp, bk / 2, w.ds2.data(), bk / 2, 1, w.k2.data(), dp, dq_block, dp, true);
+      } else {
+        ops.gemm(cols, dp, rows, w.ds.data(), 1, bk, q, ldq, w.dk.data(), dp, true);
+        std::lock_guard<std::mutex> lock(dq_locks[block]);
+        ops.gemm(rows, dp, cols, w.ds.data(), bk, 1, w.k.data(), dp, dq_block, dp, true);
+      }
+    });
     for (int64_t c = 0; c < cols; ++c) {
       store_row(dk, b, hk, j0 + c, w.dk.data() + c * dp, plan.scale);
       store_row(dv, b, hk, j0 + c, w.dv.data() + c * dp);
     }
   });
 
-  team.run(plan.batch * plan.q_heads, [&](int, int64_t bh) {
-    const int64_t b = bh / plan.q_heads, h = bh % plan.q_heads;
-    for (int64_t i = 0; i < plan.sq; ++i) {
-      store_row(dq, b, h, i, dq_acc.data() + (bh * plan.q_blocks * bq + i) * dp, plan.scale);
-    }
-  });
+  store_dq(dq, plan, dq_acc, team, /*column_blocks=*/false);
 }
 
 }  // namespace tessel::kernels::attention

@@ -4,8 +4,8 @@
 // (D x queries) — so that K and V are the GEMMs' broadcast operands, read where they lie (any
 // strides) for f32 inputs, with no per-call copy, and the softmax runs with vectors along the
 // queries. Two GEMM flavours share the softmax step: f32 (bf16 inputs converted once per
-// call) and, for bf16 inputs on CPUs with AVX512-BF16, bf16 pairs through vdpbf16ps (P is
-// rounded to bf16 before P V, as FlashAttention does on GPUs).
+// call) and, for bf16 inputs on CPUs with AVX512-BF16, bf16 pairs through vdpbf16ps or AMX
+// tiles (P is rounded to bf16 before P V, as FlashAttention does on GPUs).
 
 #include <algorithm>
 #include <cmath>
@@ -24,17 +24,6 @@ namespace tessel::kernels::attention {
 using namespace internal;
 
 namespace {
-
-// Raw bf16 bits of view[b, h, s, :] into dst[0..D); zeros in [D, ld).
-void load_bf16_bits(const AttentionView& view, int64_t b, int64_t h, int64_t s, uint16_t* dst,
-                    int64_t ld) {
-  const uint16_t* src = static_cast<const uint16_t*>(view.data) + view.offset(b, h, s, 0);
-  const int64_t d = view.head_dim(), ds = view.strides[3];
-  for (int64_t c = 0; c < d; ++c) dst[c] = src[c * ds];
-  std::fill(dst + d, dst + ld, uint16_t{0});
-}
-
-uint32_t pair(uint16_t lo, uint16_t hi) { return uint32_t{lo} | (uint32_t{hi} << 16); }
 
 // Queries per panel when a partial tile of a causal/window mask is computed panel by panel.
 constexpr int64_t kPanel = 32;
@@ -57,7 +46,9 @@ void panel_keys(const MaskEvaluator& mask, int64_t i_begin, int64_t i_end, int64
 // Where the GEMMs read K and V of one (batch, kv head): f32 element (j, c) of K at
 // k[j * k_row + c * k_col] (V likewise), in the inputs themselves when they are f32, else in
 // f32 copies made once per call. bf16 dot products: K as rows of pairs along D
-// (k_pairs[.][S_k][dp/2]), V paired along the keys (v_pairs[.][kv_blocks * bk / 2][dp]).
+// (k_pairs[.][S_k][dp/2]), V paired along the keys (v_pairs[.][kv_blocks * bk / 2][dp]); for
+// AMX, where V^T is the A operand, each key block of V^T as rows of pairs along the keys
+// (v_pairs[.][kv_blocks][dp][bk / 2]).
 struct KvOperands {
   const AttentionProblem* p = nullptr;
   int64_t kv_heads = 0;
@@ -81,7 +72,7 @@ struct KvOperands {
 };
 
 KvOperands prepare_kv(const AttentionProblem& p, const FlashPlan& plan, bool pairs,
-                      const ForkJoin& team) {
+                      bool amx, const ForkJoin& team) {
   KvOperands kv;
   kv.p = &p;
   kv.kv_heads = plan.kv_heads;
@@ -116,15 +107,20 @@ KvOperands prepare_kv(const AttentionProblem& p, const FlashPlan& plan, bool pai
     }
     // K: a bf16 row zero padded to dp is its row of pairs along D.
     uint16_t* k = reinterpret_cast<uint16_t*>(kv.k_pairs.data() + bh * kv.head + j0 * dp / 2);
-    for (int64_t r = 0; r < rows; ++r) load_bf16_bits(p.k, b, h, j0 + r, k + r * dp, dp);
+    for (int64_t r = 0; r < rows; ++r) load_row_bf16(p.k, b, h, j0 + r, k + r * dp, dp);
     std::fill(k + rows * dp, k + bk * dp, uint16_t{0});
     auto& vb = bits[worker];  // this block's V rows as bf16 bits, zero padded
     vb.assign(bk * dp, 0);
-    for (int64_t r = 0; r < rows; ++r) load_bf16_bits(p.v, b, h, j0 + r, vb.data() + r * dp, dp);
+    for (int64_t r = 0; r < rows; ++r) load_row_bf16(p.v, b, h, j0 + r, vb.data() + r * dp, dp);
     uint32_t* v = kv.v_pairs.data() + bh * kv.head + (j0 / 2) * dp;
     for (int64_t t = 0; t < bk / 2; ++t) {
       for (int64_t c = 0; c < dp; ++c) {
-        v[t * dp + c] = pair(vb[2 * t * dp + c], vb[(2 * t + 1) * dp + c]);
+        const uint32_t two = bf16_pair(vb[2 * t * dp + c], vb[(2 * t + 1) * dp + c]);
+        if (amx) {
+          v[c * (bk / 2) + t] = two;
+        } else {
+          v[t * dp + c] = two;
+        }
       }
     }
   });
@@ -139,11 +135,100 @@ struct ForwardScratch {
   std::vector<uint32_t> qt_pairs, pt_pairs;  // bf16 path: Q^T, P^T paired along D, the keys
   std::vector<uint16_t> bits;
   std::vector<int64_t> panel_lo, panel_hi;  // keys each query panel computes (partial tiles)
+  std::vector<float> keep_tile;  // AMX path with dropout: the keep mask of a tile, like st
+  // A task's start: O^T's first `out_rows` rows zero, no maximum, no sum.
+  void reset(int64_t out_rows, int64_t n) {
+    std::fill(ot.begin(), ot.begin() + out_rows * n, 0.0f);
+    std::fill(m.begin(), m.end(), kNegInf);
+    std::fill(l.begin(), l.end(), 0.0f);
+  }
   ForwardScratch(const FlashPlan& plan, int64_t n)
       : qt(plan.dp * n), st(plan.bk * n), ot(plan.dp * n), m(n), l(n), alpha(n), keep(plan.bk),
         rows(plan.bq * plan.dp), qt_pairs(plan.dp / 2 * n), pt_pairs(plan.bk / 2 * n),
-        bits(plan.dp), panel_lo(ceil_div(n, kPanel)), panel_hi(ceil_div(n, kPanel)) {}
+        bits(plan.dp), panel_lo(ceil_div(n, kPanel)), panel_hi(ceil_div(n, kPanel)),
+        keep_tile(plan.amx ? plan.bk * n : 0) {}
 };
+
+// The class of the tile of query rows [i0, i0 + rows) and keys [j0, j0 + cols) of batch b.
+TileClass forward_tile_class(const AttentionProblem& p, const MaskEvaluator& mask, int64_t b,
+                             int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+  return mask.is_dense() && p.mask.prefix_lengths.empty()
+             ? TileClass::kFull
+             : mask.classify(b, i0, i0 + rows, j0, j0 + cols);
+}
+
+// Where one forward task works: batch, query head, its kv row (b * H_kv + kv head), and the
+// query rows [i0, i0 + rows).
+struct ForwardTask {
+  int64_t b, h, bkv, i0, rows;
+};
+
+// One forward task on AMX tiles. Every tile lies by column blocks of 16 queries, each block's
+// rows contiguous (see AmxTileOps::gemm): Q^T pairs [n / 16][dp / 2][16], S^T [n / 16][bk][16],
+// P^T pairs [n / 16][bk / 2][16], O^T [n / 16][dp][16]. The softmax step writes P^T as bf16
+// pairs directly (Bf16TileOps::softmax_pairs).
+void forward_task_amx(const AttentionProblem& p, const FlashPlan& plan, const KvOperands& kv,
+                      const MaskEvaluator& mask, const DropoutMask& drop, const ForwardTask& t,
+                      ForwardScratch& w, const AttentionView& out, float* lse) {
+  const AmxTileOps& amx = *plan.amx;
+  const Bf16TileOps& bf16 = *plan.bf16;
+  const int64_t bk = plan.bk, d = plan.d, dp = plan.dp, n = round_up(plan.bq, kTileWidth);
+  const int64_t q_tile = dp / 2 * 16, s_tile = bk * 16, p_tile = bk / 2 * 16, o_tile = dp * 16;
+  const float s_mul = plan.scale * kLog2e;
+  const AmxTileScope tiles(&amx);
+  std::fill(w.qt_pairs.begin(), w.qt_pairs.end(), 0u);
+  for (int64_t r = 0; r < t.rows; ++r) {
+    load_row_bf16(p.q, t.b, t.h, t.i0 + r, w.bits.data(), dp);
+    uint32_t* col = w.qt_pairs.data() + r / 16 * q_tile + r % 16;
+    for (int64_t u = 0; u < dp / 2; ++u) col[u * 16] = bf16_pair(w.bits[2 * u], w.bits[2 * u + 1]);
+  }
+  w.reset(dp, n);
+
+  for (int64_t kb = 0; kb < plan.kv_blocks; ++kb) {
+    const int64_t j0 = kb * bk, cols = std::min(bk, plan.sk - j0);
+    const TileClass tile = forward_tile_class(p, mask, t.b, t.i0, t.rows, j0, cols);
+    if (tile == TileClass::kEmpty) continue;
+    // S^T = K Q^T over whole tiles (K's padding keys are zero).
+    amx.gemm(bk, n, dp / 2, kv.k_pairs.data() + t.bkv * kv.head + j0 * dp / 2, dp / 2,
+             w.qt_pairs.data(), 16, q_tile, w.st.data(), 16, s_tile, false);
+    if (tile == TileClass::kPartial) {
+      for (int64_t r = 0; r < t.rows; ++r) {
+        mask_tile_row(mask, t.b, t.h, t.i0 + r, j0, cols, w.st.data() + r / 16 * s_tile + r % 16,
+                      16);
+      }
+    }
+    if (drop.enabled()) {
+      for (int64_t r = 0; r < t.rows; ++r) {
+        drop.fill(t.b, t.h, t.i0 + r, j0, cols, w.keep.data());
+        float* col = w.keep_tile.data() + r / 16 * s_tile + r % 16;
+        for (int64_t c = 0; c < cols; ++c) col[c * 16] = w.keep[c];
+      }
+    }
+    // Online softmax (rescales O^T) into P^T pairs, then O^T += V^T P^T.
+    for (int64_t q = 0; q < n / 16; ++q) {
+      bf16.softmax_pairs(w.st.data() + q * s_tile, cols, s_mul,
+                         drop.enabled() ? w.keep_tile.data() + q * s_tile : nullptr,
+                         w.m.data() + q * 16, w.l.data() + q * 16, w.ot.data() + q * o_tile, d,
+                         w.alpha.data() + q * 16, w.pt_pairs.data() + q * p_tile, bk / 2);
+    }
+    amx.gemm(dp, n, bk / 2, kv.v_pairs.data() + t.bkv * kv.head + (j0 / 2) * dp, bk / 2,
+             w.pt_pairs.data(), 16, p_tile, w.ot.data(), 16, o_tile, true);
+  }
+
+  // out = (O^T)^T / l; rows that saw no key get 0.
+  const int64_t bh = t.b * plan.q_heads + t.h;
+  for (int64_t r = 0; r < t.rows; ++r) {
+    const float l = w.l[r];
+    w.alpha[r] = l > 0 ? 1.0f / l : 0.0f;
+    if (lse) lse[bh * plan.sq + t.i0 + r] = l > 0 ? w.m[r] * kLn2 + std::log(l) : kNegInf;
+  }
+  for (int64_t q = 0; q * 16 < t.rows; ++q) {
+    const int64_t count = std::min<int64_t>(16, t.rows - q * 16);
+    plan.ops->transpose(w.ot.data() + q * o_tile, 16, d, count, w.rows.data() + q * 16 * dp, dp,
+                        w.alpha.data() + q * 16);
+  }
+  for (int64_t r = 0; r < t.rows; ++r) store_row(out, t.b, t.h, t.i0 + r, w.rows.data() + r * dp);
+}
 
 }  // namespace
 
@@ -157,7 +242,9 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
   const DropoutMask drop(p.dropout.p, p.dropout.seed, p.dropout.offset);
   const TileOps& ops = *plan.ops;
   const Bf16TileOps* bf16 = plan.bf16;  // null: f32 GEMMs
-  const KvOperands kv = plan.sk > 0 ? prepare_kv(p, plan, bf16 != nullptr, team) : KvOperands{};
+  const AmxTileOps* amx = plan.amx;     // with bf16: its GEMMs on AMX tiles
+  const KvOperands kv =
+      plan.sk > 0 ? prepare_kv(p, plan, bf16 != nullptr, amx != nullptr, team) : KvOperands{};
   const int64_t bq = plan.bq, bk = plan.bk, d = plan.d, dp = plan.dp;
   const int64_t n = round_up(bq, kTileWidth);
   // Scores in log2 units (the softmax uses exp2): the softmax step multiplies by
@@ -177,13 +264,17 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
     const int64_t bkv = b * plan.kv_heads + h / plan.group;
     const int64_t i0 = ib * bq, rows = std::min(bq, plan.sq - i0);
     ForwardScratch& w = scratch[worker];
+    if (amx) {
+      forward_task_amx(p, plan, kv, mask, drop, {b, h, bkv, i0, rows}, w, out, lse);
+      return;
+    }
     // Q^T, zero in the padding columns [rows, n) and rows [D, dp).
     if (bf16) {
       std::fill(w.qt_pairs.begin(), w.qt_pairs.end(), 0u);
       for (int64_t r = 0; r < rows; ++r) {
-        load_bf16_bits(p.q, b, h, i0 + r, w.bits.data(), dp);
+        load_row_bf16(p.q, b, h, i0 + r, w.bits.data(), dp);
         for (int64_t t = 0; t < dp / 2; ++t) {
-          w.qt_pairs[t * n + r] = pair(w.bits[2 * t], w.bits[2 * t + 1]);
+          w.qt_pairs[t * n + r] = bf16_pair(w.bits[2 * t], w.bits[2 * t + 1]);
         }
       }
     } else {
@@ -200,15 +291,11 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
         std::fill(w.qt.begin() + c * n + rows, w.qt.begin() + (c + 1) * n, 0.0f);
       }
     }
-    std::fill(w.ot.begin(), w.ot.begin() + d * n, 0.0f);
-    std::fill(w.m.begin(), w.m.end(), kNegInf);
-    std::fill(w.l.begin(), w.l.end(), 0.0f);
+    w.reset(d, n);
 
     for (int64_t kb = 0; kb < plan.kv_blocks; ++kb) {
       const int64_t j0 = kb * bk, cols = std::min(bk, plan.sk - j0);
-      const TileClass tile = mask.is_dense() && p.mask.prefix_lengths.empty()
-                                 ? TileClass::kFull
-                                 : mask.classify(b, i0, i0 + rows, j0, j0 + cols);
+      const TileClass tile = forward_tile_class(p, mask, b, i0, rows, j0, cols);
       if (tile == TileClass::kEmpty) continue;
       // S^T = K Q^T. A partial tile of a causal/window mask goes panel by panel over only the
       // keys the panel's queries see (about half of a diagonal tile is never computed); the

@@ -1,14 +1,17 @@
 #pragma once
 // Pieces shared by flash_cpu's forward and backward drivers. Private to kernels/attention/cpu.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
+#include "tessel/kernels/attention/attention_dropout.h"
 #include "tessel/kernels/attention/attention_mask.h"
 #include "tessel/kernels/attention/attention_problem.h"
 #include "tessel/kernels/attention/cpu/flash_cpu.h"
+#include "tessel/kernels/attention/cpu/fork_join.h"
 #include "tessel/kernels/attention/cpu/internal/tile_ops.h"
 
 namespace tessel::kernels::attention::internal {
@@ -23,14 +26,32 @@ inline int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
 // Resolved sizes and kernels for one call.
 struct FlashPlan {
   const TileOps* ops = nullptr;
-  const Bf16TileOps* bf16 = nullptr;  // bf16 dot-product GEMMs for the forward, when usable
+  const Bf16TileOps* bf16 = nullptr;  // bf16 dot-product GEMMs, when usable
+  const AmxTileOps* amx = nullptr;    // with bf16: the GEMMs on AMX tiles instead
   int threads = 1;
   int64_t batch = 0, q_heads = 0, kv_heads = 0, group = 1;
   int64_t sq = 0, sk = 0, d = 0;
-  int64_t dp = 0;        // d padded to kTileWidth
+  int64_t dp = 0;        // d padded to kTileWidth (to 32 for AMX)
   int64_t bq = 64, bk = 64;
   int64_t q_blocks = 0, kv_blocks = 0;
   float scale = 1.0f;
+};
+
+// Configures the calling thread's AMX tiles for its lifetime (nothing when amx is null) and
+// releases them when it ends, so that no tile state outlives a task.
+class AmxTileScope {
+ public:
+  explicit AmxTileScope(const AmxTileOps* amx) : amx_(amx) {
+    if (amx_) amx_->configure();
+  }
+  ~AmxTileScope() {
+    if (amx_) amx_->release();
+  }
+  AmxTileScope(const AmxTileScope&) = delete;
+  AmxTileScope& operator=(const AmxTileScope&) = delete;
+
+ private:
+  const AmxTileOps* amx_;
 };
 
 // Validates options, picks the kernels; throws InvalidArgument / Unavailable.
@@ -45,9 +66,67 @@ void load_rows(const AttentionView& view, int64_t b, int64_t h, int64_t s0, int6
 void load_rows_transposed(const AttentionView& view, int64_t b, int64_t h, int64_t s0,
                           int64_t rows, int64_t bk, int64_t dp, float* dst, float* scratch);
 
+// view[b, h, s, 0..D) as bf16 bits into dst (exact for bf16 views, rounded to nearest even
+// for f32), zeros in [D, ld).
+void load_row_bf16(const AttentionView& view, int64_t b, int64_t h, int64_t s, uint16_t* dst,
+                   int64_t ld);
+
+// Two bf16 as one pair: lo in the low half, as vdpbf16ps and tdpbf16ps read them.
+inline uint32_t bf16_pair(uint16_t lo, uint16_t hi) { return uint32_t{lo} | (uint32_t{hi} << 16); }
+
+// delta[bh * S_q + i] = sum_d dO[b, h, i, d] * O[b, h, i, d], the row term of dS.
+std::vector<float> output_dot(const AttentionView& out, const AttentionView& dout,
+                              const FlashPlan& plan, const ForkJoin& team);
+
 // Sets row[c * step] = -inf for the keys j0 + c (c < cols) that query i of (b, h) may not see:
 // by range when the mask allows it, else element by element.
 void mask_tile_row(const MaskEvaluator& mask, int64_t b, int64_t h, int64_t i, int64_t j0,
                    int64_t cols, float* row, int64_t step = 1);
+
+// One (query block, key block) tile of the backward pass: batch, query head, the rows
+// [i0, i0 + rows) and keys [j0, j0 + cols) it covers, and its mask class.
+struct BackwardTile {
+  int64_t b, h, i0, rows, j0, cols;
+  TileClass tile;
+};
+
+// Calls fn(tile) for every non-empty tile of key block kb of (batch b, kv head hk): the query
+// blocks of every query head in its group, starting at a block that depends on kb so that
+// workers on neighbouring key blocks rarely contend for the same dq lock.
+template <class Fn>
+void for_each_backward_tile(const FlashPlan& plan, const MaskEvaluator& mask, bool full_mask,
+                            int64_t b, int64_t hk, int64_t kb, Fn&& fn) {
+  const int64_t j0 = kb * plan.bk, cols = std::min(plan.bk, plan.sk - j0);
+  for (int64_t h = hk * plan.group; h < (hk + 1) * plan.group; ++h) {
+    for (int64_t t = 0; t < plan.q_blocks; ++t) {
+      const int64_t i0 = (kb + t) % plan.q_blocks * plan.bq;
+      const int64_t rows = std::min(plan.bq, plan.sq - i0);
+      const TileClass tile =
+          full_mask ? TileClass::kFull : mask.classify(b, i0, i0 + rows, j0, j0 + cols);
+      if (tile != TileClass::kEmpty) fn(BackwardTile{b, h, i0, rows, j0, cols, tile});
+    }
+  }
+}
+
+// In place of the tile's scores s (rows x bk, row-major; rows from t.rows on untouched):
+// P = exp2(s_mul * s - log2(e) * lse[r]), masked, 0 past t.cols and in rows that see no key
+// (lse -inf); lse points at the tile's first row. With dropout also keep (the scaled keep mask,
+// 0 past t.cols) and pdrop = P * keep. Returns P_drop: pdrop, or s without dropout.
+const float* backward_probabilities(const TileOps& ops, const MaskEvaluator& mask,
+                                    const DropoutMask& drop, const BackwardTile& t,
+                                    const float* lse, float s_mul, int64_t bk, float* s,
+                                    float* keep, float* pdrop);
+
+// dq = scale * the f32 accumulator, rounded to dq's dtype. The accumulator holds per
+// (batch, head, query block) a bq x dp block, row-major, or with column_blocks by blocks of 16
+// columns ([dp / 16][bq][16], the AMX layout).
+void store_dq(const AttentionView& dq, const FlashPlan& plan, const std::vector<float>& dq_acc,
+              const ForkJoin& team, bool column_blocks);
+
+// flash_cpu_backward for a plan with AMX tiles (plan.amx), after the arguments are checked.
+void flash_cpu_backward_amx(const AttentionProblem& problem, const FlashPlan& plan,
+                            const AttentionView& out, const AttentionView& dout,
+                            const float* lse, const AttentionView& dq, const AttentionView& dk,
+                            const AttentionView& dv);
 
 }  // namespace tessel::kernels::attention::internal

@@ -88,6 +88,21 @@ float exp2_affine(float* x, int64_t n, float mul, float sub) {
   return V::reduce_add(sum);
 }
 
+// max_j x[j * ld] over j < rows, elementwise (-inf for no rows), by four independent chains:
+// one chain waits a max's latency (4 cycles) per row.
+template <class V>
+typename V::Reg column_max(const float* x, int64_t rows, int64_t ld) {
+  const auto lowest = V::set1(-__builtin_huge_valf());
+  typename V::Reg mx[4] = {lowest, lowest, lowest, lowest};
+  int64_t j = 0;
+  for (; j + 4 <= rows; j += 4) {
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) mx[u] = V::max(mx[u], V::load(x + (j + u) * ld));
+  }
+  for (; j < rows; ++j) mx[0] = V::max(mx[0], V::load(x + j * ld));
+  return V::max(V::max(mx[0], mx[1]), V::max(mx[2], mx[3]));
+}
+
 // See TileOps::softmax_step. Vectors run along the queries, so every step is vertical: no
 // horizontal reductions, no per-query scalar work.
 template <class V>
@@ -96,8 +111,7 @@ void softmax_step(float* st, int64_t keys, int64_t n, float mul, float* m, float
   const auto vmul = V::set1(mul);
   const auto lowest = V::set1(-__FLT_MAX__);
   for (int64_t i = 0; i < n; i += V::kWidth) {
-    auto mx = V::set1(-__builtin_huge_valf());
-    for (int64_t j = 0; j < keys; ++j) mx = V::max(mx, V::load(st + j * n + i));
+    const auto mx = column_max<V>(st + i, keys, n);
     const auto m_old = V::load(m + i);
     const auto m_new = V::max(m_old, V::mul(mx, vmul));  // mul > 0: the max commutes with it
     // A query that sees no key yet has m_new = -inf: subtracting `lowest` instead keeps its
@@ -121,6 +135,20 @@ void softmax_step(float* st, int64_t keys, int64_t n, float mul, float* m, float
     float* row = ot + c * n;
     for (int64_t i = 0; i < n; i += V::kWidth) {
       V::store(row + i, V::mul(V::load(row + i), V::load(alpha + i)));
+    }
+  }
+}
+
+// See TileOps::ds_rows.
+template <class V>
+void ds_rows(const float* p, const float* keep, const float* delta, int64_t rows, int64_t n,
+             float* dp) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto d = V::set1(delta[r]);
+    for (int64_t j = r * n; j < (r + 1) * n; j += V::kWidth) {
+      auto g = V::load(dp + j);
+      if (keep) g = V::mul(g, V::load(keep + j));
+      V::store(dp + j, V::mul(V::load(p + j), V::sub(g, d)));
     }
   }
 }
@@ -175,7 +203,7 @@ struct F32Products : Base {
 template <class V, int MR, int NV>
 const TileOps& make_tile_ops(const char* name) {
   static const TileOps ops{name, &gemm<F32Products<V>, MR, NV>, &exp2_affine<V>,
-                           &softmax_step<V>, &transpose<V>};
+                           &softmax_step<V>, &ds_rows<V>, &transpose<V>};
   return ops;
 }
 

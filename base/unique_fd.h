@@ -5,7 +5,7 @@
 
 #include <utility>
 
-namespace tessel::fr::internal {
+namespace tessel {
 
 class UniqueFd {
  public:
@@ -33,4 +33,4 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-}  // namespace tessel::fr::internal
+}  // namespace tessel
