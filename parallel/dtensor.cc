@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "tessel/base/error.h"
+#include "tessel/parallel/internal/mesh_util.h"
 #include "tessel/parallel/internal/redistribute_exec.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
@@ -10,30 +11,12 @@
 namespace tessel {
 namespace {
 
+using internal::coord_str;
+using internal::unravel;
+using internal::whole_mesh_group;
+
 std::vector<Placement> all_replicate(int64_t n) {
   return std::vector<Placement>(static_cast<size_t>(n), Replicate{});
-}
-
-// The group over every rank of `mesh`, in row-major mesh order.
-std::shared_ptr<ProcessGroup> whole_mesh_group(const DeviceMesh& mesh) {
-  if (mesh.ndim() == 1) return mesh.group();
-  return mesh.flatten(mesh.dim_names(), "__dtensor_all").group();
-}
-
-// Mesh coordinate of row-major index `index` of a mesh of `shape`.
-std::vector<int64_t> unravel(int64_t index, const std::vector<int64_t>& shape) {
-  std::vector<int64_t> coord(shape.size());
-  for (size_t i = shape.size(); i-- > 0;) {
-    coord[i] = index % shape[i];
-    index /= shape[i];
-  }
-  return coord;
-}
-
-std::string coord_str(const std::vector<int64_t>& coord) {
-  std::string out = "(";
-  for (size_t i = 0; i < coord.size(); ++i) out += fmt::format("{}{}", i ? ", " : "", coord[i]);
-  return out + (coord.size() == 1 ? ",)" : ")");
 }
 
 // Gradients through Partial(max/min/product) have no defined dual; Partial(avg) divides.

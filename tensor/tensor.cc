@@ -170,6 +170,19 @@ AutogradMeta& Tensor::ensure_autograd_meta() const {
   return *t.autograd;
 }
 
+void Tensor::set_shard_info(std::shared_ptr<const ShardInfo> info) const {
+  if (info) {
+    bool fits = info->global_shape.size() == shape().size() && info->offset.size() == shape().size();
+    for (size_t d = 0; fits && d < shape().size(); ++d) {
+      fits = info->offset[d] >= 0 && info->offset[d] + shape()[d] <= info->global_shape[d];
+    }
+    TESSEL_CHECK(fits, InvalidArgument,
+                 "set_shard_info: a box of shape {} at offset {} does not fit in {}",
+                 shape_str(shape()), shape_str(info->offset), shape_str(info->global_shape));
+  }
+  impl().shard = std::move(info);
+}
+
 Tensor empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t s : shape) {
     TESSEL_CHECK(s >= 0, InvalidArgument, "negative size in shape {}", shape_str(shape));
