@@ -476,20 +476,23 @@ class Group final : public FSDPModule {
     }
     int64_t total = 0;
     for (int64_t c : counts) total += c;
+    // Parameter by parameter (each rank's rows to that rank's segment), freeing each gradient
+    // once packed, so the gradients and the packed buffer are never both whole.
     Tensor input = empty({total}, dtype, device);
-    int64_t at = 0;
-    for (size_t r = 0; r < counts.size(); ++r) {
-      for (size_t p : with_grad) {
+    std::vector<int64_t> at(counts.size(), 0);
+    for (size_t r = 1; r < counts.size(); ++r) at[r] = at[r - 1] + counts[r - 1];
+    for (size_t p : with_grad) {
+      const Tensor grad = params_[p].unsharded.grad();
+      params_[p].unsharded.set_grad(Tensor());
+      for (size_t r = 0; r < counts.size(); ++r) {
         const int64_t n = piece_numel(layout, params_, p, r);
         if (n > 0) {
-          const Tensor src = narrow(params_[p].unsharded.grad(), 0, layout.row_off[p][r],
-                                    layout.rows[p][r]);
-          copy_(view(narrow(input, 0, at, n), src.shape()), src);
+          const Tensor src = narrow(grad, 0, layout.row_off[p][r], layout.rows[p][r]);
+          copy_(view(narrow(input, 0, at[r], n), src.shape()), src);
         }
-        at += n;
+        at[r] += n;
       }
     }
-    for (size_t p : with_grad) params_[p].unsharded.set_grad(Tensor());
     reduce_out_ = empty({counts[layout.index]}, dtype, device);
     reduce_params_ = with_grad;
     reduce_work_ = layout.group->reduce_scatter(
@@ -578,7 +581,9 @@ class Group final : public FSDPModule {
     int64_t all = static_cast<int64_t>(entries.size());
     for (const std::string& e : entries) all = all * 1000003 + hash_of(e);
     Tensor mine = from_vector<int64_t>({static_cast<int64_t>(entries.size()), all});
-    Tensor every = empty({2 * group->size()}, DType::kI64, Device::cpu());
+    // Prefilled with this rank's own fingerprint: a transport that moves no data (the fake
+    // backend, for simulations) then finds every rank in agreement.
+    Tensor every = contiguous(expand(unsqueeze(mine, 0), {group->size(), 2}));
     group->all_gather(mine, every);
     const int64_t* e = every.data<int64_t>();
     bool same = true;
