@@ -7,6 +7,8 @@
 #include <mutex>
 
 #include "tessel/base/error.h"
+#include "tessel/tensor/cuda/cuda_builtin.h"
+#include "tessel/tensor/internal/builtin_slot.h"
 
 namespace tessel {
 namespace {
@@ -23,14 +25,6 @@ void atomic_max(std::atomic<int64_t>& target, int64_t value) {
   while (seen < value &&
          !target.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
   }
-}
-
-std::string bytes_text(int64_t bytes) {
-  const double b = static_cast<double>(bytes);
-  if (bytes >= (int64_t{1} << 30)) return fmt::format("{:.2f} GiB", b / (1 << 30));
-  if (bytes >= (int64_t{1} << 20)) return fmt::format("{:.1f} MiB", b / (1 << 20));
-  if (bytes >= (int64_t{1} << 10)) return fmt::format("{:.1f} KiB", b / (1 << 10));
-  return fmt::format("{} B", bytes);
 }
 
 // Lock-free counters behind MemoryStats for allocators that keep one set per device.
@@ -102,7 +96,7 @@ class CpuAllocator final : public Allocator {
     if (ptr == nullptr) {
       stats_.on_failure();
       throw OutOfMemory(fmt::format("out of host memory allocating {} ({} bytes); cpu allocator: {}",
-                                    bytes_text(static_cast<int64_t>(bytes)), bytes,
+                                    bytes_str(static_cast<int64_t>(bytes)), bytes,
                                     stats_.snapshot().str()));
     }
     stats_.on_allocate(static_cast<int64_t>(rounded), false);
@@ -159,12 +153,30 @@ std::array<std::atomic<Allocator*>, kDeviceTypeCount> g_allocators = {&cpu_alloc
                                                                      nullptr, nullptr};
 std::atomic<Allocator*> g_pinned{nullptr};
 
+// A registered allocator, or the CUDA backend's (taken on first use; null without CUDA).
+Allocator* allocator_slot(DeviceType type) {
+  std::atomic<Allocator*>& slot = g_allocators[static_cast<size_t>(type)];
+  if (type != DeviceType::kCUDA) return slot.load(std::memory_order_acquire);
+  return internal::slot_or_builtin(slot, &cuda::builtin_allocator);
+}
+Allocator* pinned_slot() {
+  return internal::slot_or_builtin(g_pinned, &cuda::builtin_pinned_allocator);
+}
+
 }  // namespace
 
+std::string bytes_str(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (int64_t{1} << 30)) return fmt::format("{:.2f} GiB", b / (1 << 30));
+  if (bytes >= (int64_t{1} << 20)) return fmt::format("{:.1f} MiB", b / (1 << 20));
+  if (bytes >= (int64_t{1} << 10)) return fmt::format("{:.1f} KiB", b / (1 << 10));
+  return fmt::format("{} B", bytes);
+}
+
 std::string MemoryStats::str() const {
-  return fmt::format("allocated {} (peak {}), reserved {} (peak {})", bytes_text(allocated_bytes),
-                     bytes_text(peak_allocated_bytes), bytes_text(reserved_bytes),
-                     bytes_text(peak_reserved_bytes));
+  return fmt::format("allocated {} (peak {}), reserved {} (peak {})", bytes_str(allocated_bytes),
+                     bytes_str(peak_allocated_bytes), bytes_str(reserved_bytes),
+                     bytes_str(peak_reserved_bytes));
 }
 
 void Allocator::record_stream(void*, const Stream&) {}
@@ -172,7 +184,7 @@ void Allocator::record_stream(void*, const Stream&) {}
 Allocator& cpu_allocator() { return cpu_allocator_impl(); }
 
 Allocator& allocator_for(Device device) {
-  Allocator* a = g_allocators[static_cast<size_t>(device.type)].load(std::memory_order_acquire);
+  Allocator* a = allocator_slot(device.type);
   TESSEL_CHECK(!device.is_meta(), InvalidArgument, "the meta device allocates no memory");
   TESSEL_CHECK(a != nullptr, Unavailable,
                "no allocator for device {}: this build of tessel has no backend for it",
@@ -185,7 +197,7 @@ void register_allocator(DeviceType type, Allocator* allocator) {
 }
 
 Allocator& pinned_allocator() {
-  Allocator* a = g_pinned.load(std::memory_order_acquire);
+  Allocator* a = pinned_slot();
   TESSEL_CHECK(a != nullptr, Unavailable,
                "pinned host memory needs a device backend that provides it (CUDA); this build "
                "of tessel has none");
@@ -194,7 +206,7 @@ Allocator& pinned_allocator() {
 void register_pinned_allocator(Allocator* allocator) {
   g_pinned.store(allocator, std::memory_order_release);
 }
-bool has_pinned_allocator() { return g_pinned.load(std::memory_order_acquire) != nullptr; }
+bool has_pinned_allocator() { return pinned_slot() != nullptr; }
 
 MemoryStats memory_stats(Device device) {
   if (device.is_meta()) return {};

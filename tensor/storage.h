@@ -30,6 +30,9 @@ struct MemoryStats {
   std::string str() const;
 };
 
+// "512 B", "1.5 KiB", "3.0 MiB", "1.25 GiB": byte counts as memory statistics print them.
+std::string bytes_str(int64_t bytes);
+
 // Hands out raw device memory and caches it for reuse. Implementations are thread-safe.
 //
 // Stream rule: memory allocated for use on stream S is, once deallocated, reused at once by

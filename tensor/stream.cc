@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "tessel/base/error.h"
+#include "tessel/tensor/cuda/cuda_builtin.h"
+#include "tessel/tensor/internal/builtin_slot.h"
 
 namespace tessel {
 namespace {
@@ -46,13 +48,21 @@ HostRuntime g_meta_runtime(DeviceType::kMeta);
 std::array<std::atomic<DeviceRuntime*>, kDeviceTypeCount> g_runtimes = {
     &g_cpu_runtime, nullptr, &g_meta_runtime};
 
+// The registered runtime of `type`; CUDA's is taken from the CUDA backend on first use (null
+// in a build without it).
+DeviceRuntime* runtime_slot(DeviceType type) {
+  std::atomic<DeviceRuntime*>& slot = g_runtimes[static_cast<size_t>(type)];
+  if (type != DeviceType::kCUDA) return slot.load(std::memory_order_acquire);
+  return internal::slot_or_builtin(slot, &cuda::builtin_runtime);
+}
+
 // This thread's current streams, for the devices it has set one on (few: a linear list).
 thread_local std::vector<Stream> t_current;
 
 }  // namespace
 
 DeviceRuntime& runtime_for(DeviceType type) {
-  DeviceRuntime* r = g_runtimes[static_cast<size_t>(type)].load(std::memory_order_acquire);
+  DeviceRuntime* r = runtime_slot(type);
   TESSEL_CHECK(r != nullptr, Unavailable,
                "no runtime for {} devices: this build of tessel has no backend for them",
                device_type_name(type));
@@ -64,7 +74,7 @@ void register_device_runtime(DeviceType type, DeviceRuntime* runtime) {
 }
 
 int device_count(DeviceType type) {
-  DeviceRuntime* r = g_runtimes[static_cast<size_t>(type)].load(std::memory_order_acquire);
+  DeviceRuntime* r = runtime_slot(type);
   return r == nullptr ? 0 : r->device_count();
 }
 
@@ -74,7 +84,7 @@ void check_device_available(Device device) {
   TESSEL_CHECK(device.index >= 0 && device.index < count, Unavailable,
                "device {} is not available: this process sees {} such device{}{}", device.str(),
                count, count == 1 ? "" : "s",
-               g_runtimes[static_cast<size_t>(device.type)].load() == nullptr
+               runtime_slot(device.type) == nullptr
                    ? " (this build of tessel has no backend for it)"
                    : "");
 }

@@ -8,6 +8,7 @@
 #include "tessel/tensor/cpu/cpu_backend.h"
 #include "tessel/tensor/cpu/cpu_loop.h"
 #include "tessel/tensor/cpu/cpu_vector.h"
+#include "tessel/tensor/internal/reduce_layout.h"
 
 namespace tessel::cpu {
 namespace {
@@ -117,24 +118,6 @@ int64_t argmax_strided(const T* x, int64_t n, int64_t stride) {
   return best;
 }
 
-// Reduced dims form the trailing block / the leading block of a contiguous x.
-bool dims_are_suffix(const std::vector<int64_t>& dims, int64_t rank) {
-  for (size_t i = 0; i < dims.size(); ++i) {
-    if (dims[dims.size() - 1 - i] != rank - 1 - static_cast<int64_t>(i)) return false;
-  }
-  return true;
-}
-bool dims_are_prefix(const std::vector<int64_t>& dims) {
-  for (size_t i = 0; i < dims.size(); ++i) {
-    if (dims[i] != static_cast<int64_t>(i)) return false;
-  }
-  return true;
-}
-
-}  // namespace
-
-namespace {
-
 // x laid out so that the reduced dims form contiguous rows (rows == true: one row of r
 // elements per output) or leading columns (rows == false: out[j] combines x[i * outputs + j]).
 struct ReduceLayout {
@@ -143,23 +126,14 @@ struct ReduceLayout {
 };
 
 ReduceLayout reduce_layout(const Tensor& x, const std::vector<int64_t>& dims) {
-  const int64_t rank = x.dim();
-  if (x.is_contiguous() && dims_are_suffix(dims, rank)) return {x, true};
-  if (x.is_contiguous() && dims_are_prefix(dims)) return {x, false};
-  // Move the reduced dims last and make the result contiguous: one row per output.
-  std::vector<int64_t> order;
-  for (int64_t d = 0; d < rank; ++d) {
-    if (!std::binary_search(dims.begin(), dims.end(), d)) order.push_back(d);
+  switch (internal::reduce_layout_of(x, dims)) {
+    case internal::ReduceLayout::kRows: return {x, true};
+    case internal::ReduceLayout::kColumns: return {x, false};
+    case internal::ReduceLayout::kCopyToRows: break;
   }
-  order.insert(order.end(), dims.begin(), dims.end());
-  Shape shape;
-  Strides strides;
-  for (int64_t d : order) {
-    shape.push_back(x.shape()[d]);
-    strides.push_back(x.strides()[d]);
-  }
-  Tensor src = empty(shape, x.dtype());
-  cpu_backend().copy(x.as_strided(shape, strides, x.offset()), src);
+  const Tensor view = internal::reduced_dims_last(x, dims);
+  Tensor src = empty(view.shape(), x.dtype());
+  cpu_backend().copy(view, src);
   return {src, true};
 }
 

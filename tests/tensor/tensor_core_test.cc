@@ -112,7 +112,8 @@ TEST(TensorCoreTest, UndefinedTensorThrows) {
   EXPECT_THROW(t.shape(), InvalidArgument);
 }
 
-TEST(TensorCoreTest, CudaWithoutBackendIsUnavailable) {
+TEST(TensorCoreTest, CudaWithoutADeviceIsUnavailable) {
+  if (device_count(DeviceType::kCUDA) > 0) GTEST_SKIP() << "this process sees a CUDA device";
   EXPECT_THROW(empty({4}, DType::kF32, Device::cuda(0)), Unavailable);
 }
 

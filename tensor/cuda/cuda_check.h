@@ -1,0 +1,53 @@
+#pragma once
+// Private: CUDA and cuBLAS return codes as tessel errors, the current-device guard, and the
+// record of recent kernel launches that names the kernels when an asynchronous error surfaces.
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+namespace tessel::cuda {
+
+// Throws the tessel error for a failed CUDA call: OutOfMemory for cudaErrorMemoryAllocation,
+// Unavailable when there is no usable device or driver (or no code for the device), Internal
+// otherwise. The message names the call, the device and CUDA's error name and text; for
+// errors of asynchronous work it adds the kernels launched last on that device.
+[[noreturn]] void throw_cuda_error(cudaError_t status, const char* call, int device);
+
+inline void check_cuda(cudaError_t status, const char* call, int device) {
+  if (status != cudaSuccess) [[unlikely]] throw_cuda_error(status, call, device);
+}
+
+[[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* call, int device);
+inline void check_cublas(cublasStatus_t status, const char* call, int device) {
+  if (status != CUBLAS_STATUS_SUCCESS) [[unlikely]] throw_cublas_error(status, call, device);
+}
+
+// After a kernel launch on `device`: remembers `kernel` among the device's recent launches and
+// throws, naming it, if the launch failed (bad configuration, no code for the device, or an
+// earlier asynchronous error).
+void check_launch(const char* kernel, int device);
+
+// "kernel_a, kernel_b, ..." launched last on `device`, newest first ("none" when none).
+std::string recent_kernels(int device);
+
+// For code compiled by nvcc, which does not include fmt (its front end cannot evaluate fmt's
+// compile-time format checks): throw InvalidArgument / Internal with a ready message.
+[[noreturn]] void throw_invalid_argument(const std::string& message);
+[[noreturn]] void throw_internal(const std::string& message);
+
+// Makes `device` current on this thread for a scope and restores the previous device. Cheap
+// when it is current already.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+}  // namespace tessel::cuda
