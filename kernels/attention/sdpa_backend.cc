@@ -5,6 +5,7 @@
 
 #include "tessel/base/error.h"
 #include "tessel/kernels/attention/attention_math.h"
+#include "tessel/kernels/attention/attention_ops.h"
 #include "tessel/kernels/attention/cpu/flash_cpu.h"
 
 namespace tessel::kernels {
@@ -22,20 +23,30 @@ std::string cpu_only_reason(const AttentionProblem& p) {
   return p.q.device.is_cpu() ? std::string() : "tensors are on " + p.q.device.str();
 }
 
+// The reference on the CPU; on other devices the same math composed of tensor ops
+// (attention_ops.h), the plain attention a device has until a fused kernel is registered.
 class MathKernel final : public SdpaKernel {
  public:
   SdpaBackend backend() const override { return SdpaBackend::kMath; }
   int priority() const override { return 0; }
   std::string unsupported_reason(const AttentionProblem& p) const override {
-    return cpu_only_reason(p);
+    return p.q.device.is_cpu() ? std::string() : attention::ops_attention_unsupported(p);
   }
   void forward(const AttentionProblem& p, const AttentionView& out, float* lse) const override {
-    attention::math_attention_forward(p, out, lse);
+    if (p.q.device.is_cpu()) {
+      attention::math_attention_forward(p, out, lse);
+    } else {
+      attention::ops_attention_forward(p, out, lse);
+    }
   }
-  void backward(const AttentionProblem& p, const AttentionView&, const AttentionView& dout,
+  void backward(const AttentionProblem& p, const AttentionView& out, const AttentionView& dout,
                 const float*, const AttentionView& dq, const AttentionView& dk,
                 const AttentionView& dv) const override {
-    attention::math_attention_backward(p, dout, dq, dk, dv);
+    if (p.q.device.is_cpu()) {
+      attention::math_attention_backward(p, dout, dq, dk, dv);
+    } else {
+      attention::ops_attention_backward(p, out, dout, dq, dk, dv);
+    }
   }
 };
 
