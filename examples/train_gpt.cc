@@ -1,9 +1,10 @@
 // examples/train_gpt: trains a small byte-level GPT on the bundled corpus (examples/data/) on
-// the CPU, printing loss, tokens/s and a progress bar, then saves a safetensors checkpoint and
+// the CPU (or, with --device cuda, a GPU), printing loss, tokens/s and a progress bar, then saves a safetensors checkpoint and
 // prints a short sample of generated text.
 //
 //   build/rel/examples/train_gpt                   # 400 steps, about 2 minutes on 2 cores
 //   build/rel/examples/train_gpt --layers 4 --embd 128 --seq 128 --steps 2000
+//   build/rel/examples/train_gpt --device cuda     # on a GPU (one process)
 //
 // Tokens are bytes (vocabulary 256). The loss is in nats per byte; the corpus's unigram
 // entropy, printed at the start, is what a model that ignores context would reach.
@@ -74,6 +75,7 @@ struct Flags {
   int64_t dp_replicate = 1;  // replicas of the sharded model (HSDP when > 1)
   bool ddp = false;          // replicate the model instead of sharding it
   std::string log_json;      // one JSON object per step
+  std::string device = "cpu";  // where the model trains (one process for devices but the CPU)
 };
 
 std::string read_file(const std::string& path) {
@@ -200,9 +202,10 @@ Layout make_layout(const Flags& f) {
 // FSDP (with HSDP when replicated) on each block and then the root; the model is built on the
 // meta device so that only this rank's shards are ever allocated.
 std::unique_ptr<nn::GPT> build_model(const Flags& f, const nn::GptConfig& config,
-                                     const Layout& l) {
+                                     const Layout& l, Device device) {
   if (!l.world || f.ddp) {
     auto model = std::make_unique<nn::GPT>(config);
+    model->to(device);  // initialised on the CPU: the same values on every device
     if (l.world) {  // DDP: every rank starts from rank 0's parameters
       for (Tensor p : model->parameters()) l.world->broadcast(p, {.root = 0});
     }
@@ -248,6 +251,12 @@ int run(const Flags& f) {
   };
 
   if (f.threads > 0) set_num_threads(f.threads);
+  const Device device = parse_device(f.device);
+  check_device_available(device);
+  TESSEL_CHECK(device.is_cpu() || !world, InvalidArgument,
+               "--device {}: this example trains on other devices in one process only; its "
+               "multi-process runs use Gloo on the CPU",
+               device.str());
   const std::string text = read_file(f.data);
   TESSEL_CHECK(text.size() > static_cast<size_t>(10 * (f.seq + 1)), InvalidArgument,
                "corpus '{}' has {} bytes, too few for sequences of {}", f.data, text.size(),
@@ -258,7 +267,7 @@ int run(const Flags& f) {
 
   const nn::GptConfig config{.vocab_size = 256, .block_size = f.seq, .n_layer = f.layers,
                              .n_head = f.heads, .n_embd = f.embd, .seed = f.seed};
-  std::unique_ptr<nn::GPT> model = build_model(f, config, layout);
+  std::unique_ptr<nn::GPT> model = build_model(f, config, layout, device);
   nn::optim::AdamW opt(model->parameters(), {.lr = f.lr, .beta1 = 0.9, .beta2 = 0.95,
                                              .weight_decay = f.weight_decay});
   nn::optim::WarmupCosine schedule({.max_lr = f.lr, .min_lr = f.min_lr,
@@ -282,9 +291,9 @@ int run(const Flags& f) {
   print("corpus {}: {} bytes ({} train / {} val), unigram entropy {:.3f} nats/byte\n", f.data,
         text.size(), train_text.size(), val_text.size(), unigram_entropy(text));
   print("model: {} layers, {} heads, embd {}, context {}: {} parameters; global batch {} x {}, "
-        "{} threads\n",
+        "{}\n",
         f.layers, f.heads, f.embd, f.seq, nn::GPT(config).num_parameters(), f.batch, f.seq,
-        num_threads());
+        device.is_cpu() ? fmt::format("{} threads", num_threads()) : device.str());
 
   const int64_t tokens_per_step = f.batch * f.seq;
   const int64_t rows = f.batch / layout.batch_parts;
@@ -292,12 +301,12 @@ int run(const Flags& f) {
   const auto run_start = window_start;
   double window_loss = 0;
   int64_t window_steps = 0;
-  reset_peak_memory_stats(Device::cpu());
+  reset_peak_memory_stats(device);
   for (int64_t step = 0; step < f.steps; ++step) {
     const auto step_start = Clock::now();
     auto [gx, gy] = train.next(f.batch, f.seq);
-    const Tensor x = narrow(gx, 0, layout.batch_index * rows, rows);
-    const Tensor y = narrow(gy, 0, layout.batch_index * rows, rows);
+    const Tensor x = to(narrow(gx, 0, layout.batch_index * rows, rows), device);
+    const Tensor y = to(narrow(gy, 0, layout.batch_index * rows, rows), device);
     const Tensor loss = nn::GPT::loss((*model)(x), y);
     backward(loss);
     if (world && f.ddp) average_gradients(*world, model->parameters());
@@ -314,7 +323,7 @@ int run(const Flags& f) {
           "{{\"step\": {}, \"loss\": {:.6f}, \"grad_norm\": {:.6f}, \"lr\": {:.6g}, "
           "\"tokens_per_s\": {:.1f}, \"peak_memory_bytes\": {}}}\n",
           step + 1, step_loss, norm, opt.lr(), tokens_per_step / seconds,
-          memory_stats(Device::cpu()).peak_allocated_bytes);
+          memory_stats(device).peak_allocated_bytes);
       json.flush();
     }
     if ((step + 1) % f.log_every == 0 || step + 1 == f.steps) {
@@ -339,7 +348,7 @@ int run(const Flags& f) {
   fmt::print("trained {} steps in {:.1f} s ({:.0f} tok/s); peak memory {:.1f} MiB; val loss "
              "{:.4f} nats/byte\n",
              f.steps, total_seconds, tokens_per_step * f.steps / total_seconds,
-             memory_stats(Device::cpu()).peak_allocated_bytes / 1048576.0,
+             memory_stats(device).peak_allocated_bytes / 1048576.0,
              evaluate(whole, val, f));
   whole.save(f.checkpoint, {{"steps", std::to_string(f.steps)},
                             {"config", fmt::format("layers={} heads={} embd={} context={}",
@@ -384,6 +393,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_flag("--ddp", f.ddp, "replicate the model on every rank (DDP) instead of sharding it");
   app.add_option("--log-json", f.log_json, "write one JSON object per step to this file");
+  app.add_option("--device", f.device, "where to train: cpu, cuda or cuda:N (one process)");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(f);

@@ -103,7 +103,7 @@ void CudaBackend::embedding_backward(const Tensor& grad, const Tensor& indices,
                dtype_name(grad.dtype()));
   const int64_t n = indices.numel();
   DeviceScope s(grad.device());
-  const Scratch tmp(embedding_backward_scratch_bytes(n), grad.device());
+  const Scratch tmp(embedding_backward_scratch_bytes(n, grad_weight.size(0)), grad.device());
   launch_embedding_backward(s.launch, grad.data_ptr(), grad.dtype(), indices.data<int64_t>(),
                             grad_weight.data<float>(), n, grad_weight.size(0),
                             grad_weight.size(1), tmp.get());

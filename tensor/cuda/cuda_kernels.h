@@ -111,7 +111,7 @@ void launch_embedding(const Launch& l, const void* weight, int element_size,
                       const int64_t* indices, void* out, int64_t N, int64_t V, int64_t D);
 // grad_weight [V, D] f32 += rows of grad [N, D] gathered by index, rows of one index summed in
 // the order of their positions (a stable sort of the indices first): deterministic.
-int64_t embedding_backward_scratch_bytes(int64_t N);
+int64_t embedding_backward_scratch_bytes(int64_t N, int64_t V);
 void launch_embedding_backward(const Launch& l, const void* grad, DType dtype,
                                const int64_t* indices, float* grad_weight, int64_t N, int64_t V,
                                int64_t D, void* scratch);

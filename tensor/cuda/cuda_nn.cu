@@ -342,15 +342,16 @@ struct SortScratch {
   size_t temp_bytes;
 };
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-size_t cub_sort_bytes(int64_t N) {
+size_t cub_sort_bytes(int64_t N, int64_t V) {
   size_t bytes = 0;
   cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const int64_t*>(nullptr),
                                   static_cast<int64_t*>(nullptr),
                                   static_cast<const int32_t*>(nullptr),
-                                  static_cast<int32_t*>(nullptr), static_cast<int>(N));
+                                  static_cast<int32_t*>(nullptr), static_cast<int>(N), 0,
+                                  bits_for(V));
   return bytes;
 }
-SortScratch sort_scratch(void* base, int64_t N) {
+SortScratch sort_scratch(void* base, int64_t N, int64_t V) {
   char* p = static_cast<char*>(base);
   SortScratch s;
   s.sorted_index = reinterpret_cast<int64_t*>(p);
@@ -360,7 +361,7 @@ SortScratch sort_scratch(void* base, int64_t N) {
   s.sorted_position = reinterpret_cast<int32_t*>(p);
   p += align256(N * sizeof(int32_t));
   s.temp = p;
-  s.temp_bytes = cub_sort_bytes(N);
+  s.temp_bytes = cub_sort_bytes(N, V);
   return s;
 }
 
@@ -457,10 +458,10 @@ void launch_embedding(const Launch& l, const void* weight, int element_size,
   check_launch("embedding", l.device);
 }
 
-int64_t embedding_backward_scratch_bytes(int64_t N) {
-  if (N == 0) return 0;
+int64_t embedding_backward_scratch_bytes(int64_t N, int64_t V) {
+  if (N == 0 || N >= (int64_t{1} << 31)) return 0;  // the launcher refuses the latter
   return static_cast<int64_t>(align256(N * sizeof(int64_t)) + 2 * align256(N * sizeof(int32_t)) +
-                              cub_sort_bytes(N));
+                              cub_sort_bytes(N, V));
 }
 
 void launch_embedding_backward(const Launch& l, const void* grad, DType dtype,
@@ -471,7 +472,7 @@ void launch_embedding_backward(const Launch& l, const void* grad, DType dtype,
     throw_invalid_argument("embedding backward: " + std::to_string(N) +
                            " indices; at most 2^31 - 1 are supported");
   }
-  SortScratch s = sort_scratch(scratch, N);
+  SortScratch s = sort_scratch(scratch, N, V);
   iota_kernel<<<grid_for(N, l), kThreads, 0, l.stream>>>(s.position, N);
   check_launch("embedding_backward_iota", l.device);
   // A stable sort by index: equal indices keep their positions' order. Only the bits a valid
