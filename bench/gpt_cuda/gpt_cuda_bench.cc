@@ -1,0 +1,307 @@
+// gpt_cuda_bench: GPT-2 124M training on one GPU, tessel beside PyTorch (eager and
+// torch.compile) with the same configuration, initial weights and token batches, in one run.
+//
+//   gpt_cuda_bench                                   # GPT-2 124M, bf16, B=16, T=1024
+//   gpt_cuda_bench --torch python3 --torch-script bench/gpt_cuda/gpt_cuda_torch.py
+//   gpt_cuda_bench --dtype f32 --tf32 --layers 2 --steps 10     # quick look
+//   gpt_cuda_bench --device cpu --dtype f32 --layers 2 --embd 64 --vocab 256 --seq 64 --batch 2
+//       --torch python3    # the plumbing on the CPU: the first losses of both sides agree
+//
+// Both sides: nanoGPT's GPT-2 (tied LM head, tanh GELU, LayerNorm eps 1e-5, biases), dropout 0,
+// AdamW (lr 6e-4, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on every parameter; fused
+// multi-tensor), gradient clipping at 1.0; bf16 means autocast to bf16 with f32 master weights
+// and optimizer state (llm.c's train_gpt2.py settings). tessel's initial weights are written to
+// a safetensors file the PyTorch script loads, and the token batches (uniform over the
+// vocabulary, one seed) to a file both read, so the losses of the first steps agree.
+//
+// Attention: whatever scaled_dot_product_attention picks for tessel on the device. Until fused
+// CUDA attention kernels are registered that is the math backend's plain attention (f32 scores,
+// masked softmax, two products), and PyTorch runs the same plain attention (--attention auto
+// picks "plain" for both then; "sdpa" lets PyTorch use its flash kernel).
+//
+// Timing: each step ends with the loss read on the host (both sides), the step times after the
+// warm-up give the median; tokens/s = B * T / median; MFU = (6 N + 12 L C T) tokens/s / peak
+// (peak: --peak-tflops, else the dense bf16/TF32/f32 peak of the device by name: H100/H200,
+// A100). Peak memory: the caching allocator's peak allocated bytes (PyTorch:
+// torch.cuda.max_memory_allocated).
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "tessel/base/clock.h"
+#include "tessel/base/error.h"
+#include "tessel/kernels/attention/sdpa.h"
+#include "tessel/nn/gpt.h"
+#include "tessel/nn/optim/adamw.h"
+#include "tessel/nn/optim/clip.h"
+#include "tessel/tensor/autograd.h"
+#include "tessel/tensor/cuda/cuda.h"
+#include "tessel/tensor/ops.h"
+#include "tessel/tensor/storage.h"
+#if __has_include("tessel/tensor/autocast.h")
+#include "tessel/tensor/autocast.h"
+#define TESSEL_BENCH_HAVE_AUTOCAST 1
+#endif
+
+#ifndef TESSEL_SOURCE_DIR
+#define TESSEL_SOURCE_DIR "."
+#endif
+
+namespace {
+
+using namespace tessel;
+
+struct Flags {
+  int64_t batch = 16, seq = 1024, layers = 12, heads = 12, embd = 768, vocab = 50304;
+  int steps = 20, warmup = 5;
+  std::string dtype = "bf16";
+  bool tf32 = false;
+  std::string device = "cuda:0";
+  std::string torch = "none";  // python with torch, or none
+  std::string torch_script = TESSEL_SOURCE_DIR "/bench/gpt_cuda/gpt_cuda_torch.py";
+  std::string torch_modes = "eager,compile";
+  std::string attention = "auto";
+  std::string work_dir;
+  double peak_tflops = 0;
+};
+
+struct Result {
+  std::string name;
+  double step_s = 0;      // median seconds per step after the warm-up
+  int64_t peak_bytes = 0;
+  std::vector<double> losses;
+  std::string note;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// The device's dense peak for the dtype, by its name (0 when unknown).
+double peak_flops(const std::string& name, const Flags& f) {
+  const bool hopper = name.find("H100") != std::string::npos || name.find("H200") != std::string::npos;
+  const bool ampere = name.find("A100") != std::string::npos;
+  if (f.dtype == "bf16") return hopper ? 989.5e12 : ampere ? 312e12 : 0;
+  if (f.tf32) return hopper ? 494.7e12 : ampere ? 156e12 : 0;
+  return hopper ? 66.9e12 : ampere ? 19.5e12 : 0;
+}
+
+// Token batches: (steps + warmup) x B x (T + 1) i32, uniform over the vocabulary.
+std::vector<int32_t> make_tokens(const Flags& f) {
+  std::mt19937_64 rng(1234);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(f.vocab - 1));
+  std::vector<int32_t> tokens(static_cast<size_t>((f.steps + f.warmup) * f.batch * (f.seq + 1)));
+  for (auto& t : tokens) t = token(rng);
+  return tokens;
+}
+
+Result run_tessel(const Flags& f, const nn::GptConfig& config, const std::vector<int32_t>& tokens,
+                  Device device) {
+  Result r;
+  r.name = "tessel";
+  nn::GPT model(config);
+  model.to(device);
+  nn::optim::AdamW opt(model.parameters(),
+                       {.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
+  const bool bf16 = f.dtype == "bf16";
+#ifndef TESSEL_BENCH_HAVE_AUTOCAST
+  TESSEL_CHECK(!bf16, Unavailable,
+               "--dtype bf16 needs tessel's autocast (tensor/autocast.h), which this tree lacks; "
+               "run --dtype f32 [--tf32]");
+#endif
+  synchronize(device);
+  reset_peak_memory_stats(device);
+  const int64_t per_step = f.batch * (f.seq + 1);
+  std::vector<double> times;
+  for (int step = 0; step < f.steps + f.warmup; ++step) {
+    const Tensor batch = to(from_data(tokens.data() + step * per_step, per_step,
+                                      {f.batch, f.seq + 1}, DType::kI32),
+                            device);
+    const Stopwatch watch;
+    const Tensor x = narrow(batch, 1, 0, f.seq), y = narrow(batch, 1, 1, f.seq);
+    Tensor loss;
+    {
+#ifdef TESSEL_BENCH_HAVE_AUTOCAST
+      AutocastGuard autocast(DType::kBF16, bf16);
+#endif
+      loss = nn::GPT::loss(model(x), y);
+    }
+    backward(loss);
+    nn::optim::clip_grad_norm(model.parameters(), 1.0);
+    opt.step();
+    opt.zero_grad();
+    r.losses.push_back(item(loss));  // waits for the step
+    if (step >= f.warmup) times.push_back(watch.elapsed_seconds());
+  }
+  r.step_s = median(times);
+  r.peak_bytes = memory_stats(device).peak_allocated_bytes;
+  return r;
+}
+
+// One PyTorch mode, from its line "torch <mode> <step_s> <peak_bytes> <loss> <loss> ...".
+Result run_torch(const Flags& f, const std::string& mode, const std::string& attention,
+                 const std::filesystem::path& dir) {
+  Result r;
+  r.name = "torch " + mode;
+  const std::string cmd = fmt::format(
+      "PYTHONWARNINGS=ignore '{}' '{}' --mode {} --init '{}' --tokens '{}' --batch {} --seq {} "
+      "--layers {} --heads {} --embd {} --vocab {} --steps {} --warmup {} --dtype {} {} "
+      "--attention {} --device {} 2>&1",
+      f.torch, f.torch_script, mode, (dir / "init.safetensors").string(),
+      (dir / "tokens.i32").string(), f.batch, f.seq, f.layers, f.heads, f.embd, f.vocab, f.steps,
+      f.warmup, f.dtype, f.tf32 ? "--tf32" : "", attention, f.device);
+  FILE* p = ::popen(cmd.c_str(), "r");
+  TESSEL_CHECK(p != nullptr, IoError, "cannot start '{}'", cmd);
+  char line[1 << 16];
+  std::string tail;
+  while (std::fgets(line, sizeof(line), p) != nullptr) {
+    const std::string s(line);
+    if (s.rfind("torch ", 0) != 0) {
+      tail += s;
+      continue;
+    }
+    std::istringstream in(s);
+    std::string word, name;
+    in >> word >> name >> r.step_s >> r.peak_bytes;
+    double loss = 0;
+    while (in >> loss) r.losses.push_back(loss);
+  }
+  const int status = ::pclose(p);
+  if (status != 0 || r.step_s <= 0) {
+    r.note = fmt::format("failed (status {}): {}", status,
+                         tail.size() > 2000 ? tail.substr(tail.size() - 2000) : tail);
+  }
+  return r;
+}
+
+int run(const Flags& f) {
+  const Device device = parse_device(f.device);
+  if (device.is_cuda() && cuda::device_count() == 0) {
+    fmt::print("gpt_cuda_bench: skipped, no CUDA device: {}\n", cuda::unavailable_reason());
+    return 0;
+  }
+  check_device_available(device);
+  TESSEL_CHECK(f.dtype == "bf16" || f.dtype == "f32", InvalidArgument,
+               "--dtype {}: expected bf16 or f32", f.dtype);
+  cuda::set_matmul_allow_tf32(f.tf32);
+  const nn::GptConfig config{.vocab_size = f.vocab, .block_size = f.seq, .n_layer = f.layers,
+                             .n_head = f.heads, .n_embd = f.embd, .dropout = 0.0, .seed = 1};
+  const std::filesystem::path dir =
+      f.work_dir.empty() ? std::filesystem::temp_directory_path() / "gpt_cuda_bench"
+                         : std::filesystem::path(f.work_dir);
+  std::filesystem::create_directories(dir);
+  const std::vector<int32_t> tokens = make_tokens(f);
+  {
+    std::ofstream out(dir / "tokens.i32", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(tokens.data()),
+              static_cast<std::streamsize>(tokens.size() * sizeof(int32_t)));
+    nn::GPT(config).save((dir / "init.safetensors").string());
+  }
+
+  // Which attention tessel runs here (a tiny causal problem on the device).
+  const Tensor probe = zeros({1, 1, 2, f.embd / f.heads}, DType::kF32, device);
+  kernels::SdpaOptions causal;
+  causal.causal = true;
+  const std::string tessel_attention(
+      kernels::sdpa_backend_name(kernels::scaled_dot_product_attention(probe, probe, probe, causal).backend));
+  const std::string attention =
+      f.attention != "auto" ? f.attention : tessel_attention == "math" ? "plain" : "sdpa";
+
+  const std::string name = device.is_cuda() ? cuda::device_name(device.index) : "the CPU";
+  nn::GPT sizer(config);
+  const double n_params = static_cast<double>(sizer.num_parameters());
+  const double flops_per_token = 6 * n_params + 12.0 * f.layers * f.embd * f.seq;
+  const double peak = f.peak_tflops > 0 ? f.peak_tflops * 1e12 : peak_flops(name, f);
+  fmt::print("gpt_cuda_bench on {} ({}): GPT {} layers, {} heads, {} wide, context {}, vocab {} "
+             "({:.1f} M parameters); batch {} x {} = {} tokens/step; {}{}; {} warm-up + {} timed "
+             "steps\n",
+             device.str(), name, f.layers, f.heads, f.embd, f.seq, f.vocab, n_params / 1e6,
+             f.batch, f.seq, f.batch * f.seq, f.dtype == "bf16" ? "bf16 autocast" : "f32",
+             f.tf32 ? " (TF32 matmuls)" : "", f.warmup, f.steps);
+  fmt::print("attention: tessel {} ({}), PyTorch {}\n", tessel_attention,
+             tessel_attention == "math" ? "plain attention of tensor ops: no fused CUDA kernel yet"
+                                        : "fused kernel",
+             attention == "plain" ? "plain (q k^T, masked_fill, softmax, @ v)"
+                                  : "F.scaled_dot_product_attention");
+  std::fflush(stdout);
+
+  std::vector<Result> results;
+  try {
+    results.push_back(run_tessel(f, config, tokens, device));
+  } catch (const Error& e) {
+    Result r;
+    r.name = "tessel";
+    r.note = e.what();
+    results.push_back(r);
+  }
+  if (f.torch != "none") {
+    std::stringstream modes(f.torch_modes);
+    std::string mode;
+    while (std::getline(modes, mode, ',')) {
+      empty_cache(device);  // give the peer the memory tessel's cache holds
+      results.push_back(run_torch(f, mode, attention, dir));
+    }
+  }
+
+  double compiled = 0;
+  for (const Result& r : results) {
+    if (r.name == "torch compile" && r.step_s > 0) compiled = r.step_s;
+  }
+  fmt::print("\n{:<15} {:>12} {:>10} {:>7} {:>11} {:>9} {:>9} {:>12}\n", "setup", "tokens/s",
+             "ms/step", "MFU", "peak mem", "loss 1", "loss end", "vs compiled");
+  for (const Result& r : results) {
+    if (r.step_s <= 0) {
+      fmt::print("{:<15} {}\n", r.name, r.note.empty() ? "no result" : r.note);
+      continue;
+    }
+    const double tps = static_cast<double>(f.batch * f.seq) / r.step_s;
+    fmt::print("{:<15} {:>12.0f} {:>10.2f} {:>7} {:>11} {:>9.4f} {:>9.4f} {:>12}\n", r.name, tps,
+               r.step_s * 1e3,
+               peak > 0 ? fmt::format("{:.1f}%", 100 * flops_per_token * tps / peak) : "n/a",
+               bytes_str(r.peak_bytes), r.losses.empty() ? 0.0 : r.losses.front(),
+               r.losses.empty() ? 0.0 : r.losses.back(),
+               compiled > 0 ? fmt::format("{:.3f}x", compiled / r.step_s) : "n/a");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  CLI::App app{"GPT-2 training on one GPU: tessel beside PyTorch eager and torch.compile"};
+  app.add_option("--batch", f.batch, "sequences per step");
+  app.add_option("--seq", f.seq, "sequence length (context)");
+  app.add_option("--layers", f.layers, "transformer blocks");
+  app.add_option("--heads", f.heads, "attention heads");
+  app.add_option("--embd", f.embd, "model width");
+  app.add_option("--vocab", f.vocab, "vocabulary size");
+  app.add_option("--steps", f.steps, "timed steps");
+  app.add_option("--warmup", f.warmup, "untimed steps first (torch.compile compiles here)");
+  app.add_option("--dtype", f.dtype, "bf16 (autocast, f32 master weights) or f32");
+  app.add_flag("--tf32", f.tf32, "f32 matmuls on TF32 tensor cores (both sides)");
+  app.add_option("--device", f.device, "the CUDA device");
+  app.add_option("--torch", f.torch, "python with torch for the peer, or none");
+  app.add_option("--torch-script", f.torch_script, "the peer script (gpt_cuda_torch.py)");
+  app.add_option("--torch-modes", f.torch_modes, "comma-separated: eager, compile");
+  app.add_option("--attention", f.attention,
+                 "PyTorch's attention: plain, sdpa, or auto (plain while tessel's is)");
+  app.add_option("--work-dir", f.work_dir, "where the shared weights and tokens are written");
+  app.add_option("--peak-tflops", f.peak_tflops, "the device's peak for MFU (default: by name)");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(f);
+  } catch (const tessel::Error& e) {
+    fmt::print(stderr, "gpt_cuda_bench: {}\n", e.what());
+    return 1;
+  }
+}
