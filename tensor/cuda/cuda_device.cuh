@@ -3,9 +3,10 @@
 // nvcc's front end cannot evaluate fmt's compile-time checks; see cuda_check.h): element types and conversions through the
 // compute type (f32 for floating dtypes, i64 for integers and bool, as on the CPU), dtype
 // dispatch for launchers, the f32 functions of the CPU's cpu_math.h written with the same
-// operations in the same order (explicitly rounded, so no fused multiply-add changes them: the
-// results equal the CPU's bit for bit), deterministic block reductions, and the device-side
-// error report.
+// operations in the same order (each explicitly rounded: nvcc never fuses them into
+// multiply-adds, so special values behave as on the CPU and results equal the CPU's baseline
+// code bit for bit; the CPU's AVX2/AVX-512 clones may fuse and differ in the last bit),
+// deterministic block reductions, and the device-side error report.
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -107,7 +108,7 @@ inline unsigned int grid_for(int64_t n, const Launch& l, int threads = kThreads)
 
 // ---- f32 math as the CPU computes it ------------------------------------------------------------
 // Each operation is rounded on its own (__f*_rn), in the order cpu_math.h and cpu_vector.cc
-// use, which the CPU compiler keeps (no contraction in ISO C++ mode).
+// use.
 
 __device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }

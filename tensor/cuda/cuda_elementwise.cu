@@ -1,8 +1,9 @@
 // CUDA kernels: copy/convert, fill, arange, random, unary, binary and where. One grid-stride
 // kernel walks any strided layout through an Indexer (cuda_indexer.h); each op is a small
 // functor applied at the operands' offsets. The arithmetic is the CPU kernels' (cpu_vector.cc),
-// operation for operation, so results match the CPU's bit for bit except for log and pow
-// (CUDA's logf/powf against glibc's: within an ulp or two).
+// operation for operation without fused multiply-adds: results agree with the CPU's within an
+// ulp or two (log and pow are CUDA's; the CPU's vector clones may fuse multiply-adds). Copies,
+// fills, arange and random draws equal the CPU's bit for bit.
 #include "tessel/tensor/cuda/cuda_device.cuh"
 
 namespace tessel::cuda {

@@ -1,7 +1,8 @@
 // The fused multi-tensor AdamW step on CUDA: one launch updates up to kAdamWSlicesPerLaunch
 // tensors, each block a fixed chunk of one tensor, reading every element's parameter, gradient
 // and moments once. The arithmetic is cpu_optim.cc's, operation for operation (explicitly
-// rounded), so a step gives the CPU's values bit for bit.
+// rounded; the CPU's loop is baseline code without fused multiply-adds), so a step gives the
+// CPU's values bit for bit.
 #include <algorithm>
 
 #include "tessel/tensor/cuda/cuda_device.cuh"

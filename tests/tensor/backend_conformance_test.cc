@@ -614,6 +614,21 @@ TEST(BackendConformanceDevicesTest, EveryDeviceBackendMatchesCpu) {
   }
 }
 
+// Three iterations of every case on each device: what scripts/gpu-check.sh runs under
+// compute-sanitizer, where the full pass takes too long.
+TEST(BackendConformanceDevicesTest, EveryDeviceBackendBriefly) {
+  std::string skipped;
+  const std::vector<Device> devices = other_devices(&skipped);
+  if (devices.empty())
+    GTEST_SKIP() << "no device backend besides the CPU to check; skipped " << skipped;
+  for (const Device& device : devices) {
+    for (KernelCase c : all_cases()) {
+      c.iterations = 3;
+      check_device_backend(c, device);
+    }
+  }
+}
+
 // The device path of the harness (moving problems to a device and results back, comparing with
 // the reference and the CPU), run with the CPU standing in for the device so that it is
 // exercised where no other device exists. A few iterations of every case.

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Everything the CUDA backend needs checked on a GPU host, in one command, reported on stdout:
+# the GPU tests, the device path of the backend-conformance test, compute-sanitizer memcheck and
+# racecheck on them, train_gpt on the GPU, and the GPT-2 124M bench beside PyTorch (eager and
+# torch.compile; skipped without a python that has torch with CUDA).
+#
+#   scripts/gpu-check.sh                     # uses build/cuda-only (configures and builds it first
+#                                            # when missing: cmake --preset cuda-only)
+#   scripts/gpu-check.sh --build DIR         # an existing CUDA build tree
+#   scripts/gpu-check.sh --pack OUT.tar.gz   # (on a build machine) build cuda-only and bundle the
+#                                            # programs below with their libraries (gpu-bundle.sh)
+#   scripts/gpu-check.sh --bundle DIR        # (on the GPU host) a bundle unpacked into DIR
+#
+# Options: --only LIST (some of tests,conformance,memcheck,racecheck,train,bench; default all:
+# where one command may run 10 minutes at most, run `--only tests,conformance,train`, `--only
+# memcheck`, `--only racecheck` and `--only bench` one after another), --quick (a 2-layer bench instead of GPT-2 124M),
+# --python PY (the peer's python; default: python3 if it imports torch with CUDA).
+# Each step has a time limit and the run goes on after a failure; the exit status is the number
+# of failed steps. compute-sanitizer needs a host that lets it profile the device (it refuses
+# devices under gVisor: "Device not supported").
+#
+# A GPU host without the Debian packages (oneDNN, OpenBLAS, fmt, ...) cannot build; bundle the
+# build made here (27 MB) and carry it with the checkout:
+#   scripts/gpu-check.sh --pack .gpu/tessel-gpu.tar.gz                   # here
+#   mkdir -p /tmp/b && tar -xzf .gpu/tessel-gpu.tar.gz -C /tmp/b && scripts/gpu-check.sh --bundle /tmp/b
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+build="$repo/build/cuda-only"
+bundle=""
+pack=""
+quick=0
+only="tests,conformance,memcheck,racecheck,train,bench"
+python=""
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --build) build=$(cd "$2" && pwd); shift 2 ;;
+    --bundle) bundle=$(cd "$2" && pwd); shift 2 ;;
+    --pack) pack=$2; shift 2 ;;
+    --quick) quick=1; shift ;;
+    --only) only=$2; shift 2 ;;
+    --python) python=$2; shift 2 ;;
+    *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+programs=(tests/gpu/cuda_smoke_test tests/gpu/cuda_backend_test tests/gpu/cuda_gpt_test
+          tests/tensor/backend_conformance_test tests/kernels/attention_ops_test
+          examples/train_gpt bench/gpt_cuda_bench)
+
+build_tree() {
+  if [[ ! -f $build/CMakeCache.txt ]]; then
+    (cd "$repo" && cmake --preset cuda-only) || return 1
+  fi
+  (cd "$repo" && cmake --build "$build" --target tessel_tensor tessel_kernels tessel_nn \
+     train_gpt gpt_cuda_bench cuda_smoke_test cuda_backend_test cuda_gpt_test \
+     backend_conformance_test attention_ops_test)
+}
+
+if [[ -n $pack ]]; then
+  build_tree || exit 1
+  exec "$repo/scripts/gpu-bundle.sh" "$pack" "$build" "${programs[@]}"
+fi
+
+if [[ -n $bundle ]]; then
+  root=$bundle
+  cuda_lib=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")/lib64
+  export LD_LIBRARY_PATH="$bundle/lib:$bundle/tessel:$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+  build_tree || { echo "gpu-check: the build failed"; exit 1; }
+  root=$build
+fi
+
+want() { [[ ,$only, == *,$1,* ]]; }
+failed=()
+# step NAME LIMIT_SECONDS COMMAND...: runs it with a time limit and reports how it went.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  echo
+  echo "== $name =="
+  local start=$SECONDS
+  timeout --kill-after=10 "$limit" "$@"
+  local status=$?
+  if [[ $status -eq 0 ]]; then
+    echo "-- $name: ok ($((SECONDS - start)) s)"
+  else
+    echo "-- $name: FAILED (status $status$([[ $status -eq 124 ]] && echo ", past ${limit} s"), $((SECONDS - start)) s)"
+    failed+=("$name")
+  fi
+}
+
+echo "== host =="
+date -u
+git -C "$repo" log -1 --format='tessel %h %s' 2>/dev/null || true
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || true
+nvcc --version 2>/dev/null | tail -1 || true
+
+want tests && step "GPU tests" 540 bash -c "
+  set -e
+  for t in tests/gpu/cuda_smoke_test tests/gpu/cuda_backend_test tests/gpu/cuda_gpt_test \
+           tests/kernels/attention_ops_test; do
+    echo \"-- \$t\"; '$root'/\$t --gtest_brief=1
+  done"
+want conformance && step "backend conformance (every kernel vs the CPU)" 540 \
+  "$root/tests/tensor/backend_conformance_test" --gtest_brief=1 \
+      --gtest_filter='BackendConformanceDevicesTest.*'
+
+cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+# API errors are the tests' business (out-of-memory is provoked on purpose); memcheck looks for
+# bad device memory accesses, racecheck for shared-memory hazards.
+for tool in memcheck racecheck; do
+  if want $tool; then
+    step "compute-sanitizer $tool: cuda_backend_test" 240 \
+      "$cs" --tool "$tool" --report-api-errors no --error-exitcode 99 \
+      "$root/tests/gpu/cuda_backend_test" --gtest_brief=1
+    step "compute-sanitizer $tool: cuda_gpt_test (f32, attention)" 240 \
+      "$cs" --tool "$tool" --report-api-errors no --error-exitcode 99 \
+      "$root/tests/gpu/cuda_gpt_test" --gtest_brief=1 \
+      --gtest_filter='*InF32:*PlainAttention*'
+    step "compute-sanitizer $tool: backend conformance (3 problems per kernel)" 300 \
+      "$cs" --tool "$tool" --report-api-errors no --error-exitcode 99 \
+      "$root/tests/tensor/backend_conformance_test" --gtest_brief=1 \
+      --gtest_filter='BackendConformanceDevicesTest.EveryDeviceBackendBriefly'
+  fi
+done
+
+want train && step "train_gpt --device cuda" 300 \
+  "$root/examples/train_gpt" --device cuda --steps 200 --log-every 50 --sample 100 \
+      --data "$repo/examples/data/corpus.txt" --checkpoint /tmp/train_gpt_cuda.safetensors
+
+if want bench; then
+  if [[ -z $python ]] && python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+    python=python3
+  fi
+  peer=(--torch none)
+  [[ -n $python ]] && peer=(--torch "$python" --torch-script "$repo/bench/gpt_cuda/gpt_cuda_torch.py")
+  [[ -z $python ]] && echo "gpu-check: no python with torch and CUDA: the bench runs tessel alone"
+  size=()
+  [[ $quick -eq 1 ]] && size=(--layers 2 --steps 10)
+  # bf16 needs tessel's autocast; f32 with TF32 runs in any case.
+  step "bench: GPT-2 124M, bf16 autocast" 280 "$root/bench/gpt_cuda_bench" --dtype bf16 "${size[@]}" "${peer[@]}"
+  step "bench: GPT-2 124M, f32 with TF32" 280 "$root/bench/gpt_cuda_bench" --dtype f32 --tf32 "${size[@]}" "${peer[@]}"
+fi
+
+echo
+if [[ ${#failed[@]} -eq 0 ]]; then
+  echo "gpu-check: every step passed"
+else
+  echo "gpu-check: ${#failed[@]} step(s) failed: ${failed[*]}"
+fi
+exit ${#failed[@]}
