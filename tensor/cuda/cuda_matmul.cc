@@ -5,8 +5,7 @@
 // from the caching allocator on the current stream.
 //
 // cuBLASLt is column-major; a row-major [M, N] output is a column-major [N, M] matrix, so the
-// product is computed as out^T = b^T a^T: cuBLASLt's A is our b and its B our a, each passed
-// as whichever of op N / op T describes its memory.
+// product is computed as out^T = b^T a^T (cuda_gemm_plan.h).
 #include <cublasLt.h>
 
 #include <cstring>
@@ -18,6 +17,7 @@
 #include "tessel/base/error.h"
 #include "tessel/tensor/cuda/cuda.h"
 #include "tessel/tensor/cuda/cuda_backend.h"
+#include "tessel/tensor/cuda/cuda_gemm_plan.h"
 #include "tessel/tensor/cuda/cuda_runtime.h"
 
 namespace tessel::cuda {
@@ -164,24 +164,6 @@ cudaDataType cuda_type(DType dtype) {
                                     dtype_name(dtype)));
 }
 
-// A logical row-major matrix [R, C] with strides (s0, s1) as a column-major cuBLASLt operand
-// whose op gives its transpose [C, R].
-struct Operand {
-  cublasOperation_t op;
-  int64_t rows, cols, ld;  // of the layout (before op)
-};
-Operand transposed_operand(int64_t R, int64_t C, int64_t s0, int64_t s1, const char* which) {
-  if ((s1 == 1 || C == 1) && (s0 >= C || R == 1)) {  // row-major: memory is [C, R] col-major
-    return {CUBLAS_OP_N, C, R, R == 1 ? C : s0};
-  }
-  if ((s0 == 1 || R == 1) && (s1 >= R || C == 1)) {  // column-major: memory is [R, C] col-major
-    return {CUBLAS_OP_T, R, C, C == 1 ? R : s1};
-  }
-  throw Internal(fmt::format("matmul: operand {} of shape ({}, {}) with strides ({}, {}) is "
-                             "neither row- nor column-major",
-                             which, R, C, s0, s1));
-}
-
 // The largest power of two (up to 256) dividing the address and, for batches, the batch stride.
 uint32_t alignment(const void* p, int64_t batch_stride_bytes) {
   uint64_t v = reinterpret_cast<uintptr_t>(p) | 256u;
@@ -193,9 +175,7 @@ uint32_t alignment(const void* p, int64_t batch_stride_bytes) {
 // `batch` times with the given element strides.
 struct Gemm {
   DType ab_dtype, d_dtype;
-  Operand A, B;
-  int64_t m, n, k, ldd;
-  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_d = 0;
+  GemmPlan plan;
   const void* a = nullptr;
   const void* b = nullptr;
   void* d = nullptr;
@@ -209,21 +189,24 @@ void check_int32(int64_t v, const char* what) {
 }
 
 void run_gemm(const Launch& l, const Gemm& g) {
-  for (auto [v, what] : {std::pair{g.m, "N"}, {g.n, "M"}, {g.k, "K"}, {g.A.ld, "a leading dim"},
-                         {g.B.ld, "a leading dim"}, {g.ldd, "the output's leading dim"},
-                         {g.batch, "the batch count"}}) {
+  const GemmPlan& p = g.plan;
+  for (auto [v, what] : {std::pair{p.m, "N"}, {p.n, "M"}, {p.k, "K"}, {p.A.ld, "a leading dim"},
+                         {p.B.ld, "a leading dim"}, {p.ldd, "the output's leading dim"},
+                         {p.batch, "the batch count"}}) {
     check_int32(v, what);
   }
   const int dev = l.device;
   const bool tf32 = g.ab_dtype == DType::kF32 && matmul_allow_tf32();
   const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   const cudaDataType ab_type = cuda_type(g.ab_dtype), d_type = cuda_type(g.d_dtype);
-  const int32_t batch = static_cast<int32_t>(g.batch);
+  const int32_t batch = static_cast<int32_t>(p.batch);
   const size_t ab_size = dtype_size(g.ab_dtype), d_size = dtype_size(g.d_dtype);
 
   MatmulDesc desc(compute, dev);
-  desc.set(CUBLASLT_MATMUL_DESC_TRANSA, g.A.op, dev);
-  desc.set(CUBLASLT_MATMUL_DESC_TRANSB, g.B.op, dev);
+  const cublasOperation_t op_a = p.A.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = p.B.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSA, op_a, dev);
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSB, op_b, dev);
   const cublasLtEpilogue_t epilogue = g.bias != nullptr ? CUBLASLT_EPILOGUE_BIAS
                                                         : CUBLASLT_EPILOGUE_DEFAULT;
   if (g.bias != nullptr) {
@@ -231,21 +214,21 @@ void run_gemm(const Launch& l, const Gemm& g) {
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias, dev);
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(g.bias_dtype), dev);
   }
-  MatrixLayout la(ab_type, g.A.rows, g.A.cols, g.A.ld, batch, g.stride_a, dev);
-  MatrixLayout lb(ab_type, g.B.rows, g.B.cols, g.B.ld, batch, g.stride_b, dev);
-  MatrixLayout ld(d_type, g.m, g.n, g.ldd, batch, g.stride_d, dev);
+  MatrixLayout la(ab_type, p.A.rows, p.A.cols, p.A.ld, batch, p.stride_a, dev);
+  MatrixLayout lb(ab_type, p.B.rows, p.B.cols, p.B.ld, batch, p.stride_b, dev);
+  MatrixLayout ld(d_type, p.m, p.n, p.ldd, batch, p.stride_d, dev);
 
-  const uint32_t align_a = alignment(g.a, batch > 1 ? g.stride_a * int64_t(ab_size) : 0);
-  const uint32_t align_b = alignment(g.b, batch > 1 ? g.stride_b * int64_t(ab_size) : 0);
-  const uint32_t align_d = alignment(g.d, batch > 1 ? g.stride_d * int64_t(d_size) : 0);
+  const uint32_t align_a = alignment(g.a, batch > 1 ? p.stride_a * int64_t(ab_size) : 0);
+  const uint32_t align_b = alignment(g.b, batch > 1 ? p.stride_b * int64_t(ab_size) : 0);
+  const uint32_t align_d = alignment(g.d, batch > 1 ? p.stride_d * int64_t(d_size) : 0);
   const uint32_t align_bias = g.bias != nullptr ? alignment(g.bias, 0) : 256;
 
   DeviceLt& lt = device_lt(dev);
   const GemmKey key = {static_cast<int64_t>(g.ab_dtype), static_cast<int64_t>(g.d_dtype),
-                       tf32, g.A.op, g.B.op, g.A.rows, g.A.cols, g.A.ld, g.B.rows, g.B.cols,
-                       g.B.ld, g.m, g.n, g.ldd, g.batch, g.stride_a, g.stride_b, g.stride_d,
-                       epilogue, static_cast<int64_t>(g.bias_dtype), align_a, align_b, align_d,
-                       align_bias};
+                       tf32, p.A.transpose, p.B.transpose, p.A.rows, p.A.cols, p.A.ld, p.B.rows,
+                       p.B.cols, p.B.ld, p.m, p.n, p.ldd, p.batch, p.stride_a, p.stride_b,
+                       p.stride_d, epilogue, static_cast<int64_t>(g.bias_dtype), align_a,
+                       align_b, align_d, align_bias};
   CachedAlgo algo;
   if (!lt.find(key, &algo)) {
     Preference pref(dev);
@@ -262,8 +245,8 @@ void run_gemm(const Launch& l, const Gemm& g) {
     TESSEL_CHECK(found > 0, NotImplemented,
                  "matmul: cuBLASLt has no algorithm for {} x {} -> {} with m={} n={} k={} "
                  "batch={} (operand alignment {}/{}/{} bytes)",
-                 dtype_name(g.ab_dtype), dtype_name(g.ab_dtype), dtype_name(g.d_dtype), g.m, g.n,
-                 g.k, g.batch, align_a, align_b, align_d);
+                 dtype_name(g.ab_dtype), dtype_name(g.ab_dtype), dtype_name(g.d_dtype), p.m, p.n,
+                 p.k, p.batch, align_a, align_b, align_d);
     algo.algo = result.algo;
     algo.workspace = result.workspaceSize;
     lt.store(key, algo);
@@ -279,93 +262,14 @@ void run_gemm(const Launch& l, const Gemm& g) {
                "cublasLtMatmul", dev);
 }
 
-// ---- Batches ------------------------------------------------------------------------------------
-
-// How the batch dims of a product map to cuBLASLt calls: `count` matrices per call at fixed
-// element strides, and one call per entry of `offsets` (element offsets of a, b and out).
-struct BatchPlan {
-  int64_t count = 1;
-  int64_t stride_a = 0, stride_b = 0, stride_out = 0;
-  std::vector<std::array<int64_t, 3>> offsets;
-};
-
-BatchPlan plan_batches(const Tensor& a, const Tensor& b, const Tensor& out) {
-  const int64_t nb = out.dim() - 2;
-  struct Dim {
-    int64_t size, sa, sb, so;
-  };
-  std::vector<Dim> dims;
-  for (int64_t d = 0; d < nb; ++d) {
-    const int64_t size = out.shape()[d];
-    if (size == 1) continue;
-    dims.push_back({size, a.shape()[d] == 1 ? 0 : a.strides()[d],
-                    b.shape()[d] == 1 ? 0 : b.strides()[d], out.strides()[d]});
-  }
-  BatchPlan plan;
-  // The innermost batch dims that merge into one stride for all three operands form the batch
-  // of one call; the rest are looped over here.
-  int64_t inner = static_cast<int64_t>(dims.size());
-  if (!dims.empty()) {
-    const Dim& last = dims.back();
-    plan.count = last.size;
-    plan.stride_a = last.sa;
-    plan.stride_b = last.sb;
-    plan.stride_out = last.so;
-    inner = static_cast<int64_t>(dims.size()) - 1;
-    while (inner > 0) {
-      const Dim& d = dims[inner - 1];
-      if (d.sa != plan.stride_a * plan.count || d.sb != plan.stride_b * plan.count ||
-          d.so != plan.stride_out * plan.count) {
-        break;
-      }
-      plan.count *= d.size;
-      --inner;
-    }
-  }
-  // Offsets of every combination of the outer dims (row-major).
-  plan.offsets.push_back({0, 0, 0});
-  for (int64_t d = 0; d < inner; ++d) {
-    std::vector<std::array<int64_t, 3>> next;
-    for (const auto& o : plan.offsets) {
-      for (int64_t i = 0; i < dims[d].size; ++i) {
-        next.push_back({o[0] + i * dims[d].sa, o[1] + i * dims[d].sb, o[2] + i * dims[d].so});
-      }
-    }
-    plan.offsets = std::move(next);
-  }
-  return plan;
-}
-
-// a's batch dims and rows as one run of rows at a's row stride, with b the same matrix for
-// every batch: the product is one 2-D GEMM with batch * M rows (x [B, T, C] @ W [C, N]).
-bool folds_into_rows(const Tensor& a, const Tensor& b, const Tensor& out) {
-  const int64_t nb = out.dim() - 2;
-  if (nb == 0) return false;
-  for (int64_t d = 0; d < nb; ++d) {
-    if (b.shape()[d] != 1 && out.shape()[d] != 1) return false;  // b varies over the batch
-    if (a.shape()[d] != out.shape()[d]) return false;             // a broadcasts
-  }
-  const int64_t M = a.size(-2), K = a.size(-1);
-  if (!(a.stride(-1) == 1 || K == 1)) return false;  // a must be row-major
-  int64_t expected = a.stride(-2) * M;
-  for (int64_t d = nb - 1; d >= 0; --d) {
-    if (a.shape()[d] == 1) continue;
-    if (a.strides()[d] != expected) return false;
-    expected *= a.shape()[d];
-  }
-  return a.stride(-2) >= K;  // the folded rows are row-major too
-}
-
 void matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& bias) {
   if (out.numel() == 0) return;
   const DType ab = a.dtype();
   TESSEL_CHECK(b.dtype() == ab && (out.dtype() == ab || out.dtype() == DType::kF32), Internal,
                "matmul: operands {} and {} into {}", dtype_name(ab), dtype_name(b.dtype()),
                dtype_name(out.dtype()));
-  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
   DeviceScope s(out.device());
-  const size_t ab_size = dtype_size(ab), d_size = out.element_size();
-  if (K == 0) {  // an empty sum: zeros (every floating dtype's zero is all-zero bits)
+  if (a.size(-1) == 0) {  // an empty sum: zeros (every floating dtype's zero is all-zero bits)
     TESSEL_CHECK(!bias.defined(), NotImplemented, "addmm with an empty inner dim");
     check_cuda(cudaMemsetAsync(out.data_ptr(), 0, out.nbytes(), s.launch.stream),
                "cudaMemsetAsync", s.launch.device);
@@ -374,40 +278,27 @@ void matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out, const Tens
   Gemm g;
   g.ab_dtype = ab;
   g.d_dtype = out.dtype();
-  g.m = N;
-  g.k = K;
-  g.ldd = N;
-  g.A = transposed_operand(K, N, b.stride(-2), b.stride(-1), "b");
+  g.plan = plan_gemm(a, b, out);
+  if (g.plan.dense) {
+    // Batch dims no single stride describes (heads of a (B, T, H, D) view, say) would take one
+    // call per outer index; a copy of each operand in out's batch layout costs less.
+    auto dense = [&](const Tensor& t) {
+      const Tensor view = batch_expanded(t, out);
+      Tensor copy = empty(view.shape(), t.dtype(), t.device());
+      cuda_backend().copy(view, copy);
+      return copy;
+    };
+    matmul_impl(dense(a), dense(b), out, bias);
+    return;
+  }
+  g.a = b.data_ptr();  // cuBLASLt's A is our b
+  g.b = a.data_ptr();
+  g.d = out.data_ptr();
   if (bias.defined()) {
     g.bias = bias.data_ptr();
     g.bias_dtype = bias.dtype();
   }
-  char* pa = static_cast<char*>(a.data_ptr());
-  char* pb = static_cast<char*>(b.data_ptr());
-  char* pd = static_cast<char*>(out.data_ptr());
-  if (out.dim() == 2 || folds_into_rows(a, b, out)) {
-    const int64_t rows = out.numel() / N;
-    g.n = rows;
-    g.B = transposed_operand(rows, K, a.stride(-2), a.stride(-1), "a");
-    g.a = pb;  // cuBLASLt's A is our b
-    g.b = pa;
-    g.d = pd;
-    run_gemm(s.launch, g);
-    return;
-  }
-  g.n = M;
-  g.B = transposed_operand(M, K, a.stride(-2), a.stride(-1), "a");
-  const BatchPlan plan = plan_batches(a, b, out);
-  g.batch = plan.count;
-  g.stride_a = plan.stride_b;  // cuBLASLt's A is our b
-  g.stride_b = plan.stride_a;
-  g.stride_d = plan.stride_out;
-  for (const auto& o : plan.offsets) {
-    g.a = pb + o[1] * static_cast<int64_t>(ab_size);
-    g.b = pa + o[0] * static_cast<int64_t>(ab_size);
-    g.d = pd + o[2] * static_cast<int64_t>(d_size);
-    run_gemm(s.launch, g);
-  }
+  run_gemm(s.launch, g);
 }
 
 }  // namespace
