@@ -169,10 +169,24 @@ __global__ void argmax_rows_kernel(const T* x, int64_t C, int64_t* out) {
   out[blockIdx.x] = i;
 }
 
+// The (input, output) element types reductions take: the input's own, i64 (integer sums) or
+// f32 (16-bit floats summed without rounding, e.g. a bias gradient).
 template <typename F>
 void dispatch_reduce_types(DType x_dtype, DType out_dtype, F&& f) {
   dispatch_all(x_dtype, [&](auto in_tag) {
-    dispatch_all(out_dtype, [&](auto out_tag) { f(in_tag, out_tag); });
+    using T = typename decltype(in_tag)::type;
+    if (out_dtype == x_dtype) {
+      f(in_tag, TypeTag<T>{});
+    } else if (out_dtype == DType::kI64) {
+      f(in_tag, TypeTag<int64_t>{});
+    } else if (out_dtype == DType::kF32 && is_floating(x_dtype)) {
+      f(in_tag, TypeTag<float>{});
+    } else {
+      throw_invalid_argument("reduce: a " + std::string(dtype_name(x_dtype)) +
+                             " input reduces into " + std::string(dtype_name(x_dtype)) +
+                             ", i64 or (floating inputs) f32, not " +
+                             std::string(dtype_name(out_dtype)));
+    }
   });
 }
 
