@@ -66,6 +66,7 @@ SdpaOutput scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
                InvalidArgument,
                "scaled_dot_product_attention: kv_document_ids given without document_ids");
   p.mask.mask_fn = options.mask_fn;
+  p.deterministic = options.deterministic;
   attention::validate_attention_problem(p);
   if (options.dropout_p > 0) {
     Generator& gen = options.generator ? *options.generator : default_generator();
