@@ -96,7 +96,9 @@ if(TESSEL_HAVE_CUDNN)
     add_library(tessel_cudnn_frontend_dep INTERFACE IMPORTED)
     target_include_directories(tessel_cudnn_frontend_dep SYSTEM INTERFACE
                                ${TESSEL_CUDNN_FRONTEND_INCLUDE_DIR})
-    target_link_libraries(tessel_cudnn_frontend_dep INTERFACE tessel_cudnn_dep CUDA::cudart)
+    # cudnn-frontend's experimental engines call NVRTC (linked, not dlopen'ed).
+    target_link_libraries(tessel_cudnn_frontend_dep INTERFACE tessel_cudnn_dep CUDA::cudart
+                                                              CUDA::nvrtc)
   elseif(TESSEL_WITH_CUDNN STREQUAL "ON")
     message(FATAL_ERROR "TESSEL_WITH_CUDNN=ON but cudnn-frontend was not found in "
                         "${TESSEL_CUDNN_FRONTEND_DIR}; run scripts/setup.sh")

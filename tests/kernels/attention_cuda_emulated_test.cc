@@ -72,22 +72,8 @@ struct Half16 {
   }
 };
 
-struct Case {
-  DType dtype;
-  int64_t b, hq, hkv, sq, sk, d;
-  MaskKind mask;
-};
-
-void PrintTo(const Case& c, std::ostream* os) {
-  *os << fmt::format("{} B{} Hq{} Hkv{} Sq{} Sk{} D{} {}", dtype_name(c.dtype), c.b, c.hq, c.hkv,
-                     c.sq, c.sk, c.d, testing::mask_kind_name(c.mask));
-}
-
-std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  const Case& c = info.param;
-  return fmt::format("{}_B{}_Hq{}_Hkv{}_Sq{}_Sk{}_D{}_{}", dtype_name(c.dtype), c.b, c.hq, c.hkv,
-                     c.sq, c.sk, c.d, testing::mask_kind_name(c.mask));
-}
+using Case = testing::KernelCase;
+using testing::kernel_case_name;
 
 template <class T>
 void emulate_forward(const FlashParams& p, Elem elem) {
@@ -181,21 +167,6 @@ void backward(const AttentionProblem& problem, Half16& out, Half16& dout, std::v
   }
 }
 
-// The largest |a - b|, with matching infinities counted as equal.
-double max_diff_inf(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isinf(a[i]) || std::isinf(b[i])) {
-      if (a[i] != b[i]) return INFINITY;
-      continue;
-    }
-    const double d = std::fabs(double(a[i]) - double(b[i]));
-    if (std::isnan(d)) return INFINITY;
-    m = std::max(m, d);
-  }
-  return m;
-}
-
 class FlashCudaEmulatedTest : public ::testing::TestWithParam<Case> {};
 
 // Random q, k, v and an output gradient for a case, and the problem over them with its mask.
@@ -247,7 +218,7 @@ TEST_P(FlashCudaEmulatedTest, ForwardMatchesMath) {
     bound = 2 * testing::max_abs_diff(m_out.values(), ref.f32) + 1e-5;
   }
   EXPECT_LE(testing::max_abs_diff(out.values(), ref.f32), bound) << "out";
-  EXPECT_LE(max_diff_inf(lse, ref_lse), 1e-3) << "lse";
+  EXPECT_LE(testing::max_abs_diff_inf(lse, ref_lse), 1e-3) << "lse";
 }
 
 class FlashCudaEmulatedBackwardTest
@@ -314,7 +285,7 @@ std::vector<Case> forward_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, FlashCudaEmulatedTest, ::testing::ValuesIn(forward_cases()),
-                         case_name);
+                         kernel_case_name);
 
 // The backward costs about four times the forward under the emulator: every mask kind once,
 // alternating the two configurations and the two dQ paths, plus the odd shapes in both paths.
@@ -341,7 +312,7 @@ std::vector<std::tuple<Case, bool>> backward_cases() {
 INSTANTIATE_TEST_SUITE_P(
     Sweep, FlashCudaEmulatedBackwardTest, ::testing::ValuesIn(backward_cases()),
     [](const ::testing::TestParamInfo<std::tuple<Case, bool>>& info) {
-      return case_name({std::get<0>(info.param), info.index}) +
+      return kernel_case_name({std::get<0>(info.param), info.index}) +
              (std::get<1>(info.param) ? "_deterministic" : "_atomic");
     });
 
@@ -445,7 +416,7 @@ TEST_P(MathCudaHostTest, ForwardAndBackwardMatchCpuMath) {
               rel * scale + 1e-4 * scale)
         << names[t];
   }
-  EXPECT_LE(max_diff_inf(lse, r_lse), 1e-4) << "lse";
+  EXPECT_LE(testing::max_abs_diff_inf(lse, r_lse), 1e-4) << "lse";
 }
 
 std::vector<MathCase> math_cases() {
