@@ -82,6 +82,29 @@ endif()
 tessel_resolve_dependency(NCCL _nccl_found)
 tessel_resolve_dependency(CUDNN _cudnn_found)
 
+# --- cudnn-frontend (header-only C++ Graph API over cuDNN; scripts/setup.sh unpacks it) ------
+# Needed by the cuDNN attention backend; without it that backend is a stub.
+set(TESSEL_HAVE_CUDNN_FRONTEND OFF)
+if(TESSEL_HAVE_CUDNN)
+  set(TESSEL_CUDNN_FRONTEND_DIR "${PROJECT_SOURCE_DIR}/.cache/deps/cudnn-frontend" CACHE PATH
+      "Where scripts/setup.sh unpacked cudnn-frontend (its include/ holds cudnn_frontend.h)")
+  find_path(TESSEL_CUDNN_FRONTEND_INCLUDE_DIR cudnn_frontend.h
+            HINTS ${TESSEL_CUDNN_FRONTEND_DIR}/include $ENV{TESSEL_CUDNN_FRONTEND_DIR}/include
+            NO_DEFAULT_PATH)
+  if(TESSEL_CUDNN_FRONTEND_INCLUDE_DIR)
+    set(TESSEL_HAVE_CUDNN_FRONTEND ON)
+    add_library(tessel_cudnn_frontend_dep INTERFACE IMPORTED)
+    target_include_directories(tessel_cudnn_frontend_dep SYSTEM INTERFACE
+                               ${TESSEL_CUDNN_FRONTEND_INCLUDE_DIR})
+    # cudnn-frontend's experimental engines call NVRTC (linked, not dlopen'ed).
+    target_link_libraries(tessel_cudnn_frontend_dep INTERFACE tessel_cudnn_dep CUDA::cudart
+                                                              CUDA::nvrtc)
+  elseif(TESSEL_WITH_CUDNN STREQUAL "ON")
+    message(FATAL_ERROR "TESSEL_WITH_CUDNN=ON but cudnn-frontend was not found in "
+                        "${TESSEL_CUDNN_FRONTEND_DIR}; run scripts/setup.sh")
+  endif()
+endif()
+
 # --- Open MPI ---------------------------------------------------------------------------------
 set(_mpi_found OFF)
 if(NOT TESSEL_WITH_MPI STREQUAL "OFF")
@@ -122,5 +145,8 @@ function(tessel_print_summary)
   endforeach()
   if(TESSEL_HAVE_CUDA)
     message(STATUS "  CUDA ${CUDAToolkit_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}")
+  endif()
+  if(TESSEL_HAVE_CUDNN)
+    message(STATUS "  cudnn-frontend: ${TESSEL_HAVE_CUDNN_FRONTEND} (${TESSEL_CUDNN_FRONTEND_DIR})")
   endif()
 endfunction()

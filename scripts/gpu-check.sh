@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Everything the CUDA backend needs checked on a GPU host, in one command, reported on stdout:
-# the GPU tests, the device path of the backend-conformance test, compute-sanitizer memcheck and
-# racecheck on them, train_gpt on the GPU, and the GPT-2 124M bench beside PyTorch (eager and
-# torch.compile; skipped without a python that has torch with CUDA).
+# Everything the CUDA backend and the CUDA attention kernels need checked on a GPU host, in one
+# command, reported on stdout: the GPU tests, the device path of the backend-conformance test,
+# compute-sanitizer memcheck and racecheck on them, train_gpt on the GPU, the GPT-2 124M bench
+# beside PyTorch (eager and torch.compile) and the attention bench beside PyTorch's SDPA (the
+# peers are skipped without a python that has torch with CUDA).
 #
 #   scripts/gpu-check.sh                     # uses build/cuda-only (configures and builds it first
 #                                            # when missing: cmake --preset cuda-only)
@@ -11,9 +12,11 @@
 #                                            # programs below with their libraries (gpu-bundle.sh)
 #   scripts/gpu-check.sh --bundle DIR        # (on the GPU host) a bundle unpacked into DIR
 #
-# Options: --only LIST (some of tests,conformance,memcheck,racecheck,train,bench; default all:
-# where one command may run 10 minutes at most, run `--only tests,conformance,train`, `--only
-# memcheck`, `--only racecheck` and `--only bench` one after another), --quick (a 2-layer bench instead of GPT-2 124M),
+# Options: --only LIST (some of tests,attention,conformance,memcheck,racecheck,train,bench,
+# attention-bench; default all: where one command may run 10 minutes at most, run `--only
+# tests,conformance,train`, `--only attention`, `--only memcheck`, `--only racecheck`, `--only
+# bench` and `--only attention-bench` one after another), --quick (a 2-layer GPT bench instead of
+# GPT-2 124M, and the attention bench at two lengths),
 # --python PY (the peer's python; default: python3 if it imports torch with CUDA).
 # Each step has a time limit and the run goes on after a failure; the exit status is the number
 # of failed steps. compute-sanitizer needs a host that lets it profile the device (it refuses
@@ -29,7 +32,7 @@ build="$repo/build/cuda-only"
 bundle=""
 pack=""
 quick=0
-only="tests,conformance,memcheck,racecheck,train,bench"
+only="tests,attention,conformance,memcheck,racecheck,train,bench,attention-bench"
 python=""
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -39,21 +42,24 @@ while [[ $# -gt 0 ]]; do
     --quick) quick=1; shift ;;
     --only) only=$2; shift 2 ;;
     --python) python=$2; shift 2 ;;
-    *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 
+attention_tests=(attention_cuda_plan_test attention_cuda_dispatch_test attention_cuda_flash_test
+                 attention_cuda_cudnn_test attention_cuda_sdpa_test attention_cuda_memory_test)
 programs=(tests/gpu/cuda_smoke_test tests/gpu/cuda_backend_test tests/gpu/cuda_gpt_test
-          tests/tensor/backend_conformance_test tests/kernels/attention_ops_test
-          examples/train_gpt bench/gpt_cuda_bench)
+          tests/tensor/backend_conformance_test "${attention_tests[@]/#/tests/kernels/}"
+          examples/train_gpt bench/gpt_cuda_bench bench/attention_cuda_bench)
 
 build_tree() {
   if [[ ! -f $build/CMakeCache.txt ]]; then
     (cd "$repo" && cmake --preset cuda-only) || return 1
   fi
   (cd "$repo" && cmake --build "$build" --target tessel_tensor tessel_kernels tessel_nn \
-     train_gpt gpt_cuda_bench cuda_smoke_test cuda_backend_test cuda_gpt_test \
-     backend_conformance_test attention_ops_test)
+     train_gpt gpt_cuda_bench attention_cuda_bench cuda_smoke_test cuda_backend_test \
+     cuda_gpt_test backend_conformance_test "${attention_tests[@]}")
 }
 
 if [[ -n $pack ]]; then
@@ -97,9 +103,15 @@ nvcc --version 2>/dev/null | tail -1 || true
 
 want tests && step "GPU tests" 540 bash -c "
   set -e
-  for t in tests/gpu/cuda_smoke_test tests/gpu/cuda_backend_test tests/gpu/cuda_gpt_test \
-           tests/kernels/attention_ops_test; do
+  for t in tests/gpu/cuda_smoke_test tests/gpu/cuda_backend_test tests/gpu/cuda_gpt_test; do
     echo \"-- \$t\"; '$root'/\$t --gtest_brief=1
+  done"
+# flash_cuda, the math backend on the GPU and cuDNN against the f32 reference; the dispatcher's
+# choice (cuDNN on sm_90, flash_cuda otherwise); the GPT's attention; 16k-token memory.
+want attention && step "attention tests (flash_cuda, math, cudnn, dispatch, memory)" 540 bash -c "
+  set -e
+  for t in ${attention_tests[*]}; do
+    echo \"-- \$t\"; '$root'/tests/kernels/\$t --gtest_brief=1
   done"
 want conformance && step "backend conformance (every kernel vs the CPU)" 540 \
   "$root/tests/tensor/backend_conformance_test" --gtest_brief=1 \
@@ -117,6 +129,10 @@ for tool in memcheck racecheck; do
       "$cs" --tool "$tool" --report-api-errors no --error-exitcode 99 \
       "$root/tests/gpu/cuda_gpt_test" --gtest_brief=1 \
       --gtest_filter='*InF32:*PlainAttention*'
+    step "compute-sanitizer $tool: flash_cuda and math (two cases)" 300 \
+      "$cs" --tool "$tool" --report-api-errors no --error-exitcode 99 \
+      "$root/tests/kernels/attention_cuda_flash_test" --gtest_brief=1 \
+      --gtest_filter='*EveryGpuBackend*/bf16_B3_Hq2_Hkv2_Sq7_Sk13_D32_CausalTopLeft:*EveryGpuBackend*/f16_B1_Hq3_Hkv3_Sq77_Sk77_D80_Documents'
     step "compute-sanitizer $tool: backend conformance (3 problems per kernel)" 300 \
       "$cs" --tool "$tool" --report-api-errors no --error-exitcode 99 \
       "$root/tests/tensor/backend_conformance_test" --gtest_brief=1 \
@@ -140,6 +156,19 @@ if want bench; then
   # bf16 needs tessel's autocast; f32 with TF32 runs in any case.
   step "bench: GPT-2 124M, bf16 autocast" 280 "$root/bench/gpt_cuda_bench" --dtype bf16 "${size[@]}" "${peer[@]}"
   step "bench: GPT-2 124M, f32 with TF32" 280 "$root/bench/gpt_cuda_bench" --dtype f32 --tf32 "${size[@]}" "${peer[@]}"
+fi
+
+if want attention-bench; then
+  if [[ -z $python ]] && python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+    python=python3
+  fi
+  peer=(--torch none)
+  [[ -n $python ]] && peer=(--torch "$python" --torch-script "$repo/bench/attention_cuda/sdpa_torch_peer.py")
+  [[ -z $python ]] && echo "gpu-check: no python with torch and CUDA: the attention bench runs tessel alone"
+  lengths=()
+  [[ $quick -eq 1 ]] && lengths=(--seq 1024,4096)
+  step "bench: attention (flash_cuda, cudnn) beside PyTorch SDPA" 540 \
+    "$root/bench/attention_cuda_bench" "${lengths[@]}" "${peer[@]}"
 fi
 
 echo

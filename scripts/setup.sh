@@ -41,6 +41,39 @@ else
   echo "setup: all ${#packages[@]} system packages present"
 fi
 
+# cudnn-frontend: the header-only C++ Graph API over cuDNN that the cuDNN attention backend
+# (kernels/attention/cudnn/) is written against. It ships in PyPI's nvidia-cudnn-frontend wheel;
+# its include/ is unpacked, at a pinned version, into .cache/deps/cudnn-frontend of this checkout,
+# where CMake looks (TESSEL_CUDNN_FRONTEND_DIR overrides the place). Without it (or without
+# network) the build still works: the cuDNN backend compiles as a stub.
+cudnn_frontend_version=1.32.0
+install_cudnn_frontend() {
+  local root dir tmp
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  dir=${TESSEL_CUDNN_FRONTEND_DIR:-$root/.cache/deps/cudnn-frontend}
+  if [[ -f $dir/include/cudnn_frontend.h && $(cat "$dir/VERSION" 2>/dev/null) == "$cudnn_frontend_version" ]]; then
+    echo "setup:   cudnn-frontend: $cudnn_frontend_version at $dir"
+    return
+  fi
+  tmp=$(mktemp -d)
+  if python3 -m pip download -q --no-deps --only-binary=:all: --dest "$tmp" \
+       "nvidia-cudnn-frontend==$cudnn_frontend_version" >/dev/null 2>&1; then
+    rm -rf "$dir" && mkdir -p "$dir"
+    python3 - "$tmp"/nvidia_cudnn_frontend-*.whl "$dir" <<'PY'
+import sys, zipfile
+wheel, dest = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(dest, [n for n in z.namelist() if n.startswith("include/")])
+PY
+    echo "$cudnn_frontend_version" >"$dir/VERSION"
+    echo "setup:   cudnn-frontend: installed $cudnn_frontend_version at $dir"
+  else
+    echo "setup:   cudnn-frontend: could not download nvidia-cudnn-frontend==$cudnn_frontend_version" \
+         "from PyPI; the cuDNN attention backend will be a stub" >&2
+  fi
+  rm -rf "$tmp"
+}
+
 # The CUDA toolkit is not installed here (it comes from NVIDIA, not Debian); report what exists.
 nvcc=$(command -v nvcc || true)
 [[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
@@ -66,6 +99,7 @@ if [[ -n $nvcc ]]; then
   else
     echo "setup:   GPUs:   none visible (GPU tests will skip)"
   fi
+  install_cudnn_frontend
 else
   echo "setup: no CUDA toolkit (nvcc not found); building CPU-only"
 fi

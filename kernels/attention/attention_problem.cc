@@ -16,8 +16,9 @@ void check_view(const AttentionView& v, const char* name) {
     TESSEL_CHECK(v.sizes[d] >= 0, InvalidArgument, "attention: {} has negative size {} in {}",
                  name, v.sizes[d], sizes_str(v));
   }
-  TESSEL_CHECK(v.dtype == DType::kF32 || v.dtype == DType::kBF16, InvalidArgument,
-               "attention: {} has dtype {}; expected f32 or bf16", name, dtype_name(v.dtype));
+  TESSEL_CHECK(v.dtype == DType::kF32 || v.dtype == DType::kBF16 || v.dtype == DType::kF16,
+               InvalidArgument, "attention: {} has dtype {}; expected f32, bf16 or f16", name,
+               dtype_name(v.dtype));
   const int64_t numel = v.sizes[0] * v.sizes[1] * v.sizes[2] * v.sizes[3];
   TESSEL_CHECK(numel == 0 || v.data != nullptr, InvalidArgument,
                "attention: {} {} has no data", name, sizes_str(v));
@@ -122,8 +123,9 @@ void validate_attention_output(const AttentionView& view, const AttentionView& l
                  "attention: {} has sizes {}; expected {}", what, sizes_str(view),
                  sizes_str(like));
   }
-  TESSEL_CHECK(view.dtype == DType::kF32 || view.dtype == DType::kBF16, InvalidArgument,
-               "attention: {} has dtype {}; expected f32 or bf16", what,
+  TESSEL_CHECK(view.dtype == DType::kF32 || view.dtype == DType::kBF16 ||
+                   view.dtype == DType::kF16,
+               InvalidArgument, "attention: {} has dtype {}; expected f32, bf16 or f16", what,
                dtype_name(view.dtype));
   TESSEL_CHECK(view.device == like.device, InvalidArgument,
                "attention: {} is on {}; expected {}", what, view.device.str(),

@@ -57,7 +57,8 @@ struct AttentionMask {
   }
 };
 
-// A (B, H, S, D) view of memory: sizes and element strides. No ownership.
+// A (B, H, S, D) view of memory: sizes and element strides. No ownership. dtype f32, bf16 or
+// f16 (the CPU backends take f32 and bf16; f16 is for the CUDA ones and the math reference).
 struct AttentionView {
   void* data = nullptr;
   DType dtype = DType::kF32;
@@ -92,6 +93,9 @@ struct AttentionProblem {
   AttentionMask mask;
   std::optional<double> scale;  // default 1 / sqrt(D)
   AttentionDropout dropout;
+  // Backward: bitwise-reproducible gradients (GPU backends then avoid order-dependent atomics;
+  // flash_cuda computes dQ in its own kernel, cudnn picks its deterministic algorithm).
+  bool deterministic = false;
 
   int64_t batch() const { return q.batch(); }
   int64_t q_heads() const { return q.heads(); }
@@ -102,7 +106,7 @@ struct AttentionProblem {
   double softmax_scale() const;
 };
 
-// Checks shapes, dtypes (f32 or bf16, all equal), devices (all CPU-side memory the same
+// Checks shapes, dtypes (f32, bf16 or f16, all equal), devices (all CPU-side memory the same
 // device), head counts (H_q a multiple of H_kv), head dims, windows (-1 or >= 0), prefix
 // lengths (size 0, 1 or B, values >= 0), document-id lengths and dropout p in [0, 1).
 // Throws InvalidArgument naming the bad value and the expected one.

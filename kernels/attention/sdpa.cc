@@ -66,6 +66,7 @@ SdpaOutput scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
                InvalidArgument,
                "scaled_dot_product_attention: kv_document_ids given without document_ids");
   p.mask.mask_fn = options.mask_fn;
+  p.deterministic = options.deterministic;
   attention::validate_attention_problem(p);
   if (options.dropout_p > 0) {
     Generator& gen = options.generator ? *options.generator : default_generator();
@@ -94,8 +95,10 @@ SdpaOutput scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
     Tensor dq = empty(saved[0].shape(), saved[0].dtype(), saved[0].device());
     Tensor dk = empty(saved[1].shape(), saved[1].dtype(), saved[1].device());
     Tensor dv = empty(saved[2].shape(), saved[2].dtype(), saved[2].device());
-    // The output gradient may come in another dtype (e.g. f32 into a bf16 graph).
+    // The output gradient may come in another dtype (e.g. f32 into a bf16 graph), and on CUDA
+    // in any layout (a broadcast from sum(), say): the GPU kernels read it like q.
     Tensor dout = grads[0].dtype() == saved[3].dtype() ? grads[0] : to(grads[0], saved[3].dtype());
+    if (dout.device().is_cuda()) dout = contiguous(dout);
     state->kernel->backward(prob, attention_view_of(saved[3], "out"),
                             attention_view_of(dout, "grad of out"), saved[4].data<float>(),
                             attention_view_of(dq, "dq"), attention_view_of(dk, "dk"),

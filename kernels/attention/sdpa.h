@@ -43,6 +43,8 @@ struct SdpaOptions {
   // null), which advances by B * H_q * S_q * S_k, and backward regenerates it.
   double dropout_p = 0.0;
   Generator* generator = nullptr;
+  // Backward with bitwise-reproducible gradients (see AttentionProblem::deterministic).
+  bool deterministic = false;
   // Force a backend (also see SdpaBackendScope). Unset: the fastest that can run the call.
   std::optional<SdpaBackend> backend;
 };
@@ -60,7 +62,8 @@ struct SdpaOutput {
 // Computes softmax(scale * q k^T + mask) v (with dropout) and records an autograd node when
 // grad mode is on and q, k or v requires a gradient; backward gives dq, dk, dv through the same
 // backend (logsumexp is not differentiable: its gradient is ignored). q (B, H_q, S_q, D),
-// k and v (B, H_kv, S_k, D), one dtype (f32 or bf16), one device. Blocking.
+// k and v (B, H_kv, S_k, D), one dtype (f32, bf16, or f16 on CUDA), one device. On the CPU
+// the call blocks; on CUDA it is issued to the device's current stream.
 // Throws InvalidArgument for bad shapes, dtypes, devices, windows or document ids, and
 // Unavailable when no allowed backend can run the call.
 SdpaOutput scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,

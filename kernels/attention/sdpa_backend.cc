@@ -4,9 +4,13 @@
 #include <mutex>
 
 #include "tessel/base/error.h"
+#include "tessel/base/logging.h"
 #include "tessel/kernels/attention/attention_math.h"
-#include "tessel/kernels/attention/attention_ops.h"
 #include "tessel/kernels/attention/cpu/flash_cpu.h"
+#include "tessel/kernels/attention/cuda/flash_cuda.h"
+#include "tessel/kernels/attention/cuda/flash_cuda_plan.h"
+#include "tessel/kernels/attention/cuda/math_cuda.h"
+#include "tessel/kernels/attention/cudnn/cudnn_sdpa.h"
 
 namespace tessel::kernels {
 namespace {
@@ -23,29 +27,34 @@ std::string cpu_only_reason(const AttentionProblem& p) {
   return p.q.device.is_cpu() ? std::string() : "tensors are on " + p.q.device.str();
 }
 
-// The reference on the CPU; on other devices the same math composed of tensor ops
-// (attention_ops.h), the plain attention a device has until a fused kernel is registered.
+// The reference: BLAS on the CPU, math_cuda.cu on CUDA devices.
 class MathKernel final : public SdpaKernel {
  public:
   SdpaBackend backend() const override { return SdpaBackend::kMath; }
   int priority() const override { return 0; }
   std::string unsupported_reason(const AttentionProblem& p) const override {
-    return p.q.device.is_cpu() ? std::string() : attention::ops_attention_unsupported(p);
+    if (p.q.device.is_cuda() && !attention::math_cuda_is_available()) {
+      return "tensors are on " + p.q.device.str() + " and this build has no CUDA";
+    }
+    if (!p.q.device.is_cpu() && !p.q.device.is_cuda()) {
+      return "tensors are on " + p.q.device.str() + "; math runs CPU and CUDA tensors";
+    }
+    return {};
   }
   void forward(const AttentionProblem& p, const AttentionView& out, float* lse) const override {
-    if (p.q.device.is_cpu()) {
-      attention::math_attention_forward(p, out, lse);
+    if (p.q.device.is_cuda()) {
+      attention::math_cuda_forward(p, out, lse);
     } else {
-      attention::ops_attention_forward(p, out, lse);
+      attention::math_attention_forward(p, out, lse);
     }
   }
-  void backward(const AttentionProblem& p, const AttentionView& out, const AttentionView& dout,
+  void backward(const AttentionProblem& p, const AttentionView&, const AttentionView& dout,
                 const float*, const AttentionView& dq, const AttentionView& dk,
                 const AttentionView& dv) const override {
-    if (p.q.device.is_cpu()) {
-      attention::math_attention_backward(p, dout, dq, dk, dv);
+    if (p.q.device.is_cuda()) {
+      attention::math_cuda_backward(p, dout, dq, dk, dv);
     } else {
-      attention::ops_attention_backward(p, out, dout, dq, dk, dv);
+      attention::math_attention_backward(p, dout, dq, dk, dv);
     }
   }
 };
@@ -55,6 +64,7 @@ class FlashCpuKernel final : public SdpaKernel {
   SdpaBackend backend() const override { return SdpaBackend::kFlashCpu; }
   int priority() const override { return 100; }
   std::string unsupported_reason(const AttentionProblem& p) const override {
+    if (p.q.dtype == DType::kF16) return "dtype f16; flash_cpu supports f32 and bf16";
     return cpu_only_reason(p);
   }
   void forward(const AttentionProblem& p, const AttentionView& out, float* lse) const override {
@@ -67,12 +77,79 @@ class FlashCpuKernel final : public SdpaKernel {
   }
 };
 
+// FlashAttention-2 on CUDA (attention/cuda/flash_cuda.h).
+class FlashCudaKernel final : public SdpaKernel {
+ public:
+  SdpaBackend backend() const override { return SdpaBackend::kFlashCuda; }
+  int priority() const override { return 200; }
+  std::string unsupported_reason(const AttentionProblem& p) const override {
+    return attention::cuda::flash_cuda_unsupported_reason(p);
+  }
+  void forward(const AttentionProblem& p, const AttentionView& out, float* lse) const override {
+    attention::flash_cuda_forward(p, out, lse);
+  }
+  void backward(const AttentionProblem& p, const AttentionView& out, const AttentionView& dout,
+                const float* lse, const AttentionView& dq, const AttentionView& dk,
+                const AttentionView& dv) const override {
+    attention::flash_cuda_backward(p, out, dout, lse, dq, dk, dv);
+  }
+};
+
+// cuDNN's fused attention (attention/cudnn/cudnn_sdpa.h): first choice on Hopper, where it is
+// the fastest; below sm_90 after flash_cuda (still ahead of math, and runnable when forced).
+class CudnnKernel final : public SdpaKernel {
+ public:
+  SdpaBackend backend() const override { return SdpaBackend::kCudnn; }
+  int priority() const override { return 300; }
+  int priority_for(const AttentionProblem& p) const override {
+    return p.q.device.is_cuda() && attention::cuda_compute_capability(p.q.device.index) >= 90
+               ? 300
+               : 150;
+  }
+  std::string unsupported_reason(const AttentionProblem& p) const override {
+    return attention::cudnn_sdpa_unsupported_reason(p);
+  }
+  void forward(const AttentionProblem& p, const AttentionView& out, float* lse) const override {
+    attention::cudnn_sdpa_forward(p, out, lse);
+  }
+  void backward(const AttentionProblem& p, const AttentionView& out, const AttentionView& dout,
+                const float* lse, const AttentionView& dq, const AttentionView& dk,
+                const AttentionView& dv) const override {
+    attention::cudnn_sdpa_backward(p, out, dout, lse, dq, dk, dv);
+  }
+};
+
+// "bf16 q (2, 16, 4096, 128) kv (2, 4, 4096, 128) causal on cuda:0", for the debug log.
+std::string describe(const AttentionProblem& p) {
+  const AttentionView &q = p.q, &k = p.k;
+  std::string mask;
+  if (p.mask.causal) mask += p.mask.alignment == attention::MaskAlignment::kBottomRight
+                                 ? " causal bottom-right"
+                                 : " causal";
+  if (p.mask.window_left >= 0 || p.mask.window_right >= 0) {
+    mask += fmt::format(" window ({}, {})", p.mask.window_left, p.mask.window_right);
+  }
+  if (!p.mask.prefix_lengths.empty()) mask += " prefix";
+  if (p.mask.has_documents()) mask += " documents";
+  if (p.mask.mask_fn) mask += " mask_fn";
+  if (p.dropout.p > 0) mask += fmt::format(" dropout {}", p.dropout.p);
+  return fmt::format("{} q ({}, {}, {}, {}) kv ({}, {}, {}, {}){} on {}", dtype_name(q.dtype),
+                     q.sizes[0], q.sizes[1], q.sizes[2], q.sizes[3], k.sizes[0], k.sizes[1],
+                     k.sizes[2], k.sizes[3], mask, q.device.str());
+}
+
 struct Registry {
   std::mutex mu;
   std::unique_ptr<SdpaKernel> kernels[kSdpaBackendCount];
   Registry() {
     kernels[static_cast<int>(SdpaBackend::kMath)] = std::make_unique<MathKernel>();
     kernels[static_cast<int>(SdpaBackend::kFlashCpu)] = std::make_unique<FlashCpuKernel>();
+    if (attention::flash_cuda_is_available()) {
+      kernels[static_cast<int>(SdpaBackend::kFlashCuda)] = std::make_unique<FlashCudaKernel>();
+    }
+    if (attention::cudnn_sdpa_is_available()) {
+      kernels[static_cast<int>(SdpaBackend::kCudnn)] = std::make_unique<CudnnKernel>();
+    }
   }
 };
 
@@ -115,18 +192,16 @@ SdpaBackendScope::SdpaBackendScope(std::vector<SdpaBackend> allowed) : previous_
 SdpaBackendScope::~SdpaBackendScope() { t_allowed = previous_; }
 
 const SdpaKernel& select_sdpa_backend(const AttentionProblem& problem, const SdpaBackend* forced) {
-  std::vector<const SdpaKernel*> candidates;
+  std::vector<std::pair<int, const SdpaKernel*>> candidates;
   for (int i = 0; i < kSdpaBackendCount; ++i) {
     if (const SdpaKernel* k = find_sdpa_backend(static_cast<SdpaBackend>(i))) {
-      candidates.push_back(k);
+      candidates.emplace_back(k->priority_for(problem), k);
     }
   }
   std::stable_sort(candidates.begin(), candidates.end(),
-                   [](const SdpaKernel* a, const SdpaKernel* b) {
-                     return a->priority() > b->priority();
-                   });
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
   std::string reasons;
-  for (const SdpaKernel* k : candidates) {
+  for (const auto& [priority, k] : candidates) {
     std::string why;
     if (!(t_allowed & bit(k->backend()))) {
       why = "excluded by an SdpaBackendScope";
@@ -134,7 +209,14 @@ const SdpaKernel& select_sdpa_backend(const AttentionProblem& problem, const Sdp
       why = fmt::format("options.backend is {}", sdpa_backend_name(*forced));
     } else {
       why = k->unsupported_reason(problem);
-      if (why.empty()) return *k;
+      if (why.empty()) {
+        if (log_enabled(LogComponent::kKernels, LogLevel::kDebug)) {
+          log_debug(LogComponent::kKernels, "scaled_dot_product_attention: {} for {}{}",
+                    sdpa_backend_name(k->backend()), describe(problem),
+                    reasons.empty() ? "" : fmt::format(" (passed over{})", reasons));
+        }
+        return *k;
+      }
     }
     reasons += fmt::format("; {}: {}", sdpa_backend_name(k->backend()), why);
   }

@@ -112,6 +112,11 @@ void check_launch(const char* kernel, int device) {
 void throw_invalid_argument(const std::string& message) { throw InvalidArgument(message); }
 void throw_internal(const std::string& message) { throw Internal(message); }
 
+int current_device() noexcept {
+  int device = -1;
+  return cudaGetDevice(&device) == cudaSuccess ? device : -1;
+}
+
 DeviceGuard::DeviceGuard(int device) {
   int current = -1;
   check_cuda(cudaGetDevice(&current), "cudaGetDevice", device);

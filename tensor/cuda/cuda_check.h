@@ -37,6 +37,10 @@ std::string recent_kernels(int device);
 [[noreturn]] void throw_invalid_argument(const std::string& message);
 [[noreturn]] void throw_internal(const std::string& message);
 
+// The device current on this thread (cudaGetDevice; -1 when CUDA cannot say), for checks of
+// calls that name no device.
+int current_device() noexcept;
+
 // Makes `device` current on this thread for a scope and restores the previous device. Cheap
 // when it is current already.
 class DeviceGuard {
@@ -51,3 +55,14 @@ class DeviceGuard {
 };
 
 }  // namespace tessel::cuda
+
+// check_cuda for the current device, naming the call by its source text:
+//   TESSEL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+#define TESSEL_CUDA_CHECK(call)                                                          \
+  do {                                                                                   \
+    const cudaError_t tessel_cuda_status_ = (call);                                      \
+    if (tessel_cuda_status_ != cudaSuccess) [[unlikely]] {                               \
+      ::tessel::cuda::throw_cuda_error(tessel_cuda_status_, #call,                       \
+                                       ::tessel::cuda::current_device());                \
+    }                                                                                    \
+  } while (0)

@@ -177,14 +177,6 @@ void CudaRuntime::synchronize_stream(const Stream& stream) {
 
 // Events are created on a device; the runtime functions taking only the event use the
 // current device for error messages.
-namespace {
-int current_device() {
-  int d = 0;
-  cudaGetDevice(&d);
-  return d;
-}
-}  // namespace
-
 void* CudaRuntime::create_event(int index, bool timing) {
   state(index);
   DeviceGuard guard(index);

@@ -5,8 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <ostream>
 #include <random>
+#include <string>
 #include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include "tessel/kernels/attention/attention_problem.h"
 #include "tessel/tensor/dtype.h"
@@ -74,6 +79,20 @@ struct Qkv {
 inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0;
   for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(double(a[i]) - double(b[i]));
+    if (std::isnan(d)) return INFINITY;
+    m = std::max(m, d);
+  }
+  return m;
+}
+// The same with matching infinities counted as equal (fully masked rows' logsumexp is -inf).
+inline double max_abs_diff_inf(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isinf(a[i]) || std::isinf(b[i])) {
+      if (a[i] != b[i]) return INFINITY;
+      continue;
+    }
     const double d = std::fabs(double(a[i]) - double(b[i]));
     if (std::isnan(d)) return INFINITY;
     m = std::max(m, d);
@@ -175,6 +194,25 @@ inline void configure_mask(MaskKind kind, int64_t batch, int64_t sq, int64_t sk,
       break;
     case MaskKind::kCount: break;
   }
+}
+
+// One case of the kernel sweeps: dtype, batch, query and key/value heads, lengths, head dim,
+// mask; named "bf16_B2_Hq4_Hkv2_Sq129_Sk257_D64_Causal" in test names.
+struct KernelCase {
+  DType dtype;
+  int64_t b, hq, hkv, sq, sk, d;
+  MaskKind mask;
+};
+
+inline void PrintTo(const KernelCase& c, std::ostream* os) {
+  *os << fmt::format("{} B{} Hq{} Hkv{} Sq{} Sk{} D{} {}", dtype_name(c.dtype), c.b, c.hq, c.hkv,
+                     c.sq, c.sk, c.d, mask_kind_name(c.mask));
+}
+
+inline std::string kernel_case_name(const ::testing::TestParamInfo<KernelCase>& info) {
+  const KernelCase& c = info.param;
+  return fmt::format("{}_B{}_Hq{}_Hkv{}_Sq{}_Sk{}_D{}_{}", dtype_name(c.dtype), c.b, c.hq, c.hkv,
+                     c.sq, c.sk, c.d, mask_kind_name(c.mask));
 }
 
 }  // namespace tessel::kernels::attention::testing

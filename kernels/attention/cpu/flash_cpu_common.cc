@@ -84,6 +84,8 @@ FlashPlan make_flash_plan(const AttentionProblem& p, const FlashCpuOptions& o) {
   validate_attention_problem(p);
   TESSEL_CHECK(p.q.device.is_cpu(), InvalidArgument,
                "flash_cpu: tensors are on {}; expected cpu", p.q.device.str());
+  TESSEL_CHECK(p.q.dtype != DType::kF16, InvalidArgument,
+               "flash_cpu: dtype f16; flash_cpu supports f32 and bf16");
   const KernelChoice k = choose_kernels(p.q.dtype, o);
   FlashPlan plan;
   plan.ops = k.isa == CpuIsa::kAvx512 || k.isa == CpuIsa::kAmx ? &tile_ops_avx512()

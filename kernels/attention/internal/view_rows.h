@@ -1,6 +1,6 @@
 #pragma once
 // Row access to (B, H, S, D) attention views: load a row into a float/double buffer and store
-// one back, converting f32/bf16 and honouring any stride. Private to kernels/attention.
+// one back, converting f32/bf16/f16 and honouring any stride. Private to kernels/attention.
 
 #include <cstdint>
 #include <cstring>
@@ -22,6 +22,13 @@ inline void load_row(const AttentionView& v, int64_t b, int64_t h, int64_t s, Ac
       return;
     }
     for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<Acc>(src[d * ds]);
+  } else if (v.dtype == DType::kF16) {
+    const uint16_t* src = static_cast<const uint16_t*>(v.data) + base;
+    for (int64_t d = 0; d < n; ++d) {
+      Half h;
+      h.bits = src[d * ds];
+      dst[d] = static_cast<Acc>(static_cast<float>(h));
+    }
   } else {
     const uint16_t* src = static_cast<const uint16_t*>(v.data) + base;
     for (int64_t d = 0; d < n; ++d) {
@@ -42,6 +49,9 @@ inline void store_row(const AttentionView& v, int64_t b, int64_t h, int64_t s, c
   if (v.dtype == DType::kF32) {
     float* dst = static_cast<float*>(v.data) + base;
     for (int64_t d = 0; d < n; ++d) dst[d * ds] = static_cast<float>(src[d] * scale);
+  } else if (v.dtype == DType::kF16) {
+    uint16_t* dst = static_cast<uint16_t*>(v.data) + base;
+    for (int64_t d = 0; d < n; ++d) dst[d * ds] = Half(static_cast<float>(src[d] * scale)).bits;
   } else {
     uint16_t* dst = static_cast<uint16_t*>(v.data) + base;
     for (int64_t d = 0; d < n; ++d) {
