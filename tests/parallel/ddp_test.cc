@@ -13,7 +13,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -22,124 +21,23 @@
 #include "tessel/collectives/threads/threads_backend.h"
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/linear.h"
-#include "tessel/nn/optim/adamw.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
+#include "tests/parallel/ddp_checks.h"
 
 namespace tessel {
 namespace {
 
-// ---- A small GPT and its data ----------------------------------------------------------------
+using testing::Batch;
+using testing::flat_grads;
+using testing::global_batch;
+using testing::relative_diff;
+using testing::slice_of;
+using testing::Trajectory;
 
-constexpr int64_t kBatch = 12;  // global batch: divisible by every world size tested
-constexpr int64_t kSeq = 16;
 constexpr int64_t kSteps = 20;
 
-nn::GptConfig small_gpt() {
-  return {.vocab_size = 64, .block_size = kSeq, .n_layer = 2, .n_head = 2, .n_embd = 32, .seed = 3};
-}
-
-const nn::optim::AdamWOptions kAdam{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1};
-
-struct Batch {
-  Tensor x, y;
-};
-
-// Step `step`'s global batch: arithmetic progressions mod the vocabulary (a random start and a
-// stride of 1 to 3), so the model has something to learn and the loss falls.
-Batch global_batch(int64_t step, int64_t batch = kBatch, int64_t seq = kSeq, int64_t vocab = 64) {
-  std::mt19937_64 rng(1000 + static_cast<uint64_t>(step));
-  std::vector<int64_t> x(batch * seq), y(batch * seq);
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t start = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
-    const int64_t stride = 1 + static_cast<int64_t>(rng() % 3);
-    for (int64_t t = 0; t < seq; ++t) {
-      x[b * seq + t] = (start + stride * t) % vocab;
-      y[b * seq + t] = (start + stride * (t + 1)) % vocab;
-    }
-  }
-  return {from_vector<int64_t>(x, {batch, seq}), from_vector<int64_t>(y, {batch, seq})};
-}
-
-// Rank `rank`'s slice of a batch split `world` ways.
-Batch slice_of(const Batch& b, int rank, int world) {
-  const int64_t rows = b.x.size(0) / world;
-  return {contiguous(narrow(b.x, 0, rank * rows, rows)),
-          contiguous(narrow(b.y, 0, rank * rows, rows))};
-}
-
-// Every parameter's gradient (zeros where undefined) or value, concatenated in name order.
-std::vector<float> flat_grads(const nn::Module& m) {
-  std::vector<float> out;
-  for (const auto& [name, p] : m.named_parameters()) {
-    const Tensor g = p.grad();
-    const std::vector<float> v =
-        g.defined() ? to_vector<float>(g) : std::vector<float>(static_cast<size_t>(p.numel()));
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
-}
-std::vector<float> flat_params(const nn::Module& m) {
-  std::vector<float> out;
-  for (const Tensor& p : m.parameters()) {
-    const std::vector<float> v = to_vector<float>(p);
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
-}
-
-float loss_value(const Tensor& loss) { return to_vector<float>(loss)[0]; }
-
-// One training run: per step the global loss and every gradient, then the final parameters.
-struct Trajectory {
-  std::vector<float> losses;
-  std::vector<std::vector<float>> grads;
-  std::vector<float> params;
-};
-
-// Single process, the whole global batch per step.
-Trajectory train_whole_batch() {
-  nn::GPT model(small_gpt());
-  nn::optim::AdamW opt(model.parameters(), kAdam);
-  Trajectory t;
-  for (int64_t step = 0; step < kSteps; ++step) {
-    const Batch b = global_batch(step);
-    const Tensor loss = nn::GPT::loss(model(b.x), b.y);
-    backward(loss);
-    t.losses.push_back(loss_value(loss));
-    t.grads.push_back(flat_grads(model));
-    opt.step();
-    opt.zero_grad();
-  }
-  t.params = flat_params(model);
-  return t;
-}
-
-// Single process, the global batch as `world` micro-batches whose gradients accumulate in rank
-// order and are then divided by `world`: the threads backend's all_reduce(avg) adds the ranks'
-// buffers in rank order and divides, so DDP must match this bit for bit.
-Trajectory train_accumulated(int world) {
-  nn::GPT model(small_gpt());
-  nn::optim::AdamW opt(model.parameters(), kAdam);
-  Trajectory t;
-  for (int64_t step = 0; step < kSteps; ++step) {
-    const Batch b = global_batch(step);
-    float loss_sum = 0;
-    for (int r = 0; r < world; ++r) {
-      const Batch mine = slice_of(b, r, world);
-      const Tensor loss = nn::GPT::loss(model(mine.x), mine.y);
-      backward(loss);
-      loss_sum = r == 0 ? loss_value(loss) : loss_sum + loss_value(loss);
-    }
-    for (const Tensor& p : model.parameters()) p.set_grad(div(p.grad(), double(world)));
-    t.losses.push_back(loss_sum / static_cast<float>(world));
-    t.grads.push_back(flat_grads(model));
-    opt.step();
-    opt.zero_grad();
-  }
-  t.params = flat_params(model);
-  return t;
-}
+nn::GptConfig small_gpt() { return testing::ddp_gpt_config(); }
 
 // Runs fn(rank's group, its GPT, its DDPModule) on `world` rank threads over a 1-D "dp" mesh.
 void run_replicated_gpt(int world,
@@ -153,42 +51,15 @@ void run_replicated_gpt(int world,
   });
 }
 
-// DDP over `world` rank threads, each on its slice of the global batch; one trajectory per rank
-// (the loss is the ranks' average).
-std::vector<Trajectory> train_replicated(int world, ReplicateOptions options = {}) {
+// DDP over `world` rank threads, each on its slice of the global batch; one trajectory per rank.
+std::vector<Trajectory> train_replicated(int world) {
   std::vector<Trajectory> out(static_cast<size_t>(world));
-  run_replicated_gpt(
-      world,
-      [&](ProcessGroup& pg, nn::GPT& model, DDPModule& ddp) {
-        nn::optim::AdamW opt(model.parameters(), kAdam);
-        Trajectory& t = out[static_cast<size_t>(pg.rank())];
-        for (int64_t step = 0; step < kSteps; ++step) {
-          const Batch mine = slice_of(global_batch(step), pg.rank(), world);
-          const Tensor loss = nn::GPT::loss(ddp(mine.x), mine.y);
-          backward(loss);
-          Tensor global = from_vector<float>({loss_value(loss)});
-          pg.all_reduce(global, {.op = ReduceOp::kAvg});
-          t.losses.push_back(loss_value(global));
-          t.grads.push_back(flat_grads(model));
-          opt.step();
-          opt.zero_grad();
-        }
-        t.params = flat_params(model);
-        EXPECT_EQ(ddp.stats().synced_backwards, kSteps);
-      },
-      options);
+  threads::run_ranks(world, [&](ProcessGroup& pg) {
+    out[static_cast<size_t>(pg.rank())] =
+        testing::train_replicated_rank(pg.shared_from_this(), kSteps);
+  });
+  for (const Trajectory& t : out) EXPECT_EQ(t.synced_backwards, kSteps);
   return out;
-}
-
-// Largest |a - b| relative to the largest |b| (0 for equal vectors).
-double relative_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0, scale = 1e-30;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    diff = std::max(diff, static_cast<double>(std::abs(a[i] - b[i])));
-    scale = std::max(scale, static_cast<double>(std::abs(b[i])));
-  }
-  return diff / scale;
 }
 
 // ---- Parity with single-process training ------------------------------------------------------
@@ -203,7 +74,7 @@ constexpr double kGradTolerance = 1e-4;
 constexpr double kParamTolerance = 2e-4;
 
 TEST(ReplicateTest, TrainsLikeOneProcessOnTheWholeBatch_Worlds1To4) {
-  const Trajectory whole = train_whole_batch();
+  const Trajectory whole = testing::train_whole_batch(kSteps);
   ASSERT_LT(whole.losses.back(), whole.losses.front() - 0.5) << "the reference does not learn";
   for (int world : {1, 2, 3, 4}) {
     SCOPED_TRACE("world " + std::to_string(world));
@@ -236,7 +107,7 @@ TEST(ReplicateTest, TrainsLikeOneProcessOnTheWholeBatch_Worlds1To4) {
 TEST(ReplicateTest, BitwiseEqualToAccumulatingTheRanksMicroBatches_Worlds2To4) {
   for (int world : {2, 3, 4}) {
     SCOPED_TRACE("world " + std::to_string(world));
-    const Trajectory reference = train_accumulated(world);
+    const Trajectory reference = testing::train_accumulated(world, kSteps);
     const Trajectory ddp = train_replicated(world)[0];
     EXPECT_EQ(ddp.losses, reference.losses);
     EXPECT_EQ(ddp.grads, reference.grads);
