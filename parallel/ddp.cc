@@ -202,9 +202,16 @@ struct DDPModule::State : std::enable_shared_from_this<DDPModule::State> {
   void end_pass();
   void finish_sync();
   void reset_pass();
+  // Started calls that have not finished keep reading their buckets' buffers: give those
+  // buckets new ones, so the next pass cannot write under them.
+  void abandon_in_flight();
   // The buffer's slice holding parameter `p`'s gradient, in the parameter's shape.
   Tensor slot_view(const Bucket& b, const Param& p) const {
     return view(narrow(b.buffer, 0, p.offset, p.tensor.numel()), p.tensor.shape());
+  }
+  // Gradients, then one "has a gradient" flag per parameter.
+  static Tensor new_buffer(const Bucket& b) {
+    return zeros({b.numel + static_cast<int64_t>(b.params.size())}, b.dtype, b.device);
   }
   Tensor flags(const Bucket& b) const {
     return narrow(b.buffer, 0, b.numel, static_cast<int64_t>(b.params.size()));
@@ -240,7 +247,7 @@ void DDPModule::State::build_buckets(int64_t bucket_bytes) {
     b.numel += p.tensor.numel();
   }
   for (Bucket& b : buckets) {
-    b.buffer = zeros({b.numel + static_cast<int64_t>(b.params.size())}, b.dtype, b.device);
+    b.buffer = new_buffer(b);
     b.pending = b.params.size();
   }
 }
@@ -253,10 +260,7 @@ void DDPModule::State::on_forward() {
   // still read their buffers: give those buckets new ones, then start afresh.
   const bool synced = pass_syncs;
   const size_t started = next_bucket;
-  for (size_t i = 0; i < started; ++i) {
-    Bucket& b = buckets[i];
-    b.buffer = zeros({b.numel + static_cast<int64_t>(b.params.size())}, b.dtype, b.device);
-  }
+  abandon_in_flight();
   reset_pass();
   TESSEL_CHECK(!synced, InvalidArgument,
                "replicate over group '{}': the previous backward pass ended before averaging its "
@@ -314,7 +318,21 @@ void DDPModule::State::end_pass() {
     State& state;
     ~ResetOnExit() { state.reset_pass(); }
   } reset{*this};
-  if (pass_syncs) finish_sync();
+  if (!pass_syncs) return;
+  try {
+    finish_sync();
+  } catch (...) {
+    abandon_in_flight();  // a failed or timed-out wait
+    throw;
+  }
+}
+
+void DDPModule::State::abandon_in_flight() {
+  for (size_t i = 0; i < next_bucket; ++i) {
+    Bucket& b = buckets[i];
+    if (b.work.is_completed()) continue;
+    b.buffer = new_buffer(b);
+  }
 }
 
 void DDPModule::State::finish_sync() {

@@ -50,6 +50,8 @@
 //
 // Every rank must run each synced backward through the module (so its end-of-backward callback
 // runs). Buffers are broadcast from rank 0 at construction only (no per-forward buffer sync).
+// Buckets are laid out at construction: move or convert the module (to(), set_parameter()) before
+// replicate(), not after. The buckets hold a second copy of the gradients.
 //
 // Thread-safety: none. Like the module, a DDPModule and its hooks are used by the one thread that
 // runs the module's forward and backward; the group's worker thread only reads the bucket buffers

@@ -287,6 +287,45 @@ TEST(ReplicateTest, BucketsFillInReverseOrderUpToTheirSize) {
   });
 }
 
+// A backward that throws half-way (here a gradient hook, after most buckets started) leaves its
+// gradients unaveraged: the next forward says so, and the one after trains normally again.
+TEST(ReplicateTest, ABackwardThatThrowsIsReportedAtTheNextForward) {
+  constexpr int kWorld = 2;
+  std::vector<std::vector<float>> got(kWorld), clean(kWorld);
+  run_replicated_gpt(
+      kWorld,
+      [&](ProcessGroup& pg, nn::GPT& model, DDPModule& ddp) {
+        const Batch b = slice_of(global_batch(9), pg.rank(), kWorld);
+        bool fail = true;
+        register_hook(model.parameter("transformer.wte.weight"), [&](const Tensor&) {
+          if (fail) throw IoError("injected");
+          return Tensor();
+        });
+        EXPECT_THROW(backward(nn::GPT::loss(ddp(b.x), b.y)), IoError);
+        EXPECT_GT(ddp.stats().all_reduces, 0);  // buckets were in flight
+        fail = false;
+        try {
+          ddp(b.x);
+          ADD_FAILURE() << "expected InvalidArgument";
+        } catch (const InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find("the previous backward pass ended before averaging"),
+                    std::string::npos)
+              << e.what();
+        }
+        model.zero_grad();
+        backward(nn::GPT::loss(ddp(b.x), b.y));
+        EXPECT_EQ(ddp.stats().synced_backwards, 1);
+        got[static_cast<size_t>(pg.rank())] = flat_grads(model);
+      },
+      {.bucket_bytes = 1});
+  run_replicated_gpt(kWorld, [&](ProcessGroup& pg, nn::GPT& model, DDPModule& ddp) {
+    const Batch b = slice_of(global_batch(9), pg.rank(), kWorld);
+    backward(nn::GPT::loss(ddp(b.x), b.y));
+    clean[static_cast<size_t>(pg.rank())] = flat_grads(model);
+  });
+  EXPECT_EQ(got, clean);
+}
+
 // ---- Unused and frozen parameters, a 2-D mesh --------------------------------------------------
 
 // y = frozen * (a(x) + b(x)), a and b each used or not; c is never used; `frozen` does not
