@@ -270,20 +270,22 @@ Tensor all_gather_linear(const Tensor& x, const Tensor& weight, const Tensor& bi
     const Tensor& gathered = std::any_cast<const GatherLinearState&>(ctx.data).gathered;
     const Tensor dy = contiguous(g[0]);
     std::vector<Tensor> grads(ctx.num_inputs());
+    const int64_t out_features = dy.size(-1);
+    const Tensor dy2 = reshape(dy, {-1, out_features});  // 2-D: the matmuls' fast path
     // The input's gradient leaves first; the weight's is computed while it travels.
     Tensor dx;
     Work work;
     const std::vector<int64_t> sizes(static_cast<size_t>(parts), local);
     if (ctx.needs_input_grad(0)) {
-      const Tensor partial = matmul(dy, w);  // (..., in): this rank's columns' share
+      Shape in_shape = dy.shape();
+      in_shape.back() = w.size(1);
+      const Tensor partial = view(matmul(dy2, w), in_shape);  // this rank's columns' share
       const std::vector<int64_t> counts = counts_of(partial.shape(), d, sizes);
       dx = empty(with_size(partial.shape(), d, local), partial.dtype(), partial.device());
       Tensor dx_flat = view(dx, {dx.numel()});
       work = group->reduce_scatter(pack(partial, d, sizes), dx_flat,
                                    {.counts = counts, .async = true});
     }
-    const int64_t out_features = dy.size(-1);
-    const Tensor dy2 = reshape(dy, {-1, out_features});
     if (ctx.needs_input_grad(1)) {
       grads[1] = matmul(transpose(dy2, 0, 1), reshape(gathered, {-1, gathered.size(-1)}));
     }
