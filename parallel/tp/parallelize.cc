@@ -191,6 +191,12 @@ void apply_sequence_parallel(nn::Module& m, const DeviceMesh& tp) {
   }
   if (swap->names.empty()) return;
   m.register_forward_pre_hook([swap, tp](nn::Module& self, nn::Tensors&) {
+    // FSDP's own pre-forward would run after this hook and put its gathered parameters back in
+    // the slots, unwrapped: the gradients would silently miss their sum over tp.
+    TESSEL_CHECK(self.attachment(kFsdpAttachment) == nullptr, InvalidArgument,
+                 "SequenceParallel: this {} is fully_shard'ed on its own; fully_shard the "
+                 "module that contains it (its transformer block, the root) instead",
+                 self.type_name());
     const auto group = tp.group();
     swap->kept.clear();
     for (const std::string& name : swap->names) {

@@ -54,7 +54,8 @@ struct RowwiseParallel {
 
 // The module runs on sequence shards as it is (norms, dropout): its parameters stay whole on
 // every rank and their gradients — each rank's share from its shard — are summed over the group
-// in backward. Inputs and outputs pass unchanged (they are Shard(sequence_dim) already).
+// in backward. Inputs and outputs pass unchanged (they are Shard(sequence_dim) already). Under
+// FSDP, shard the module with its block (fully_shard on the module alone is refused at forward).
 struct SequenceParallel {
   int64_t sequence_dim = 1;
 };

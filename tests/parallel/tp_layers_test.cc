@@ -341,6 +341,14 @@ TEST(TpErrorTest, BadPlansFailOnEveryRankWithOneMessage) {
                       parallelize_module(model, mesh, gpt_tp_plan());
                     }),
                     "is already under fully_shard; apply tensor parallelism first");
+  expect_everywhere(errors_of(2, {1, 2}, {"dp", "tp"}, [](const DeviceMesh& mesh) {
+                      nn::GPT model(kGpt);
+                      parallelize_module(model, mesh["tp"],
+                                         gpt_tp_plan({.sequence_parallel = true}));
+                      fully_shard(model.submodule("transformer.ln_f"), mesh["dp"]);
+                      model(zeros({1, 4}, DType::kI64));
+                    }),
+                    "SequenceParallel: this LayerNorm is fully_shard'ed on its own");
   // Nothing changed when a later entry is bad: the model still runs whole.
   threads::run_ranks(2, [](ProcessGroup& pg) {
     DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {2}, {"tp"});
