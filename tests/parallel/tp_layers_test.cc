@@ -173,6 +173,18 @@ class Net : public nn::Module {
   }
 };
 
+// The sequence-parallel plan with the norm run whole instead: its input gathered from sequence
+// shards (PrepareModuleInput; the gradient sliced back), then c_attn-style column parallelism
+// from a Replicate input.
+ParallelizePlan net_plan_prepared() {
+  const Placement seq = Shard{1};
+  return {{"emb", RowwiseParallel{.output_layout = seq}},
+          {"up", ColwiseParallel{.input_layout = seq}},
+          {"down", RowwiseParallel{.output_layout = seq}},
+          {"norm", PrepareModuleInput{.input_layouts = {seq}, .desired_input_layouts = {Replicate{}}}},
+          {"qkv", ColwiseParallel{.sections = 3}}};
+}
+
 ParallelizePlan net_plan(bool sequence_parallel, int64_t overlap) {
   if (!sequence_parallel) {
     return {{"emb", RowwiseParallel{}},
@@ -194,7 +206,7 @@ Tensor whole_grad(const Tensor& p, const Shape& shape) {
   return reshape(DTensor(p.grad(), as_dtensor(p).spec()).full_tensor(), shape);
 }
 
-void check_net(int tp, bool sequence_parallel, int64_t overlap) {
+void check_net(int tp, const ParallelizePlan& plan) {
   Net reference;
   const Tensor tokens = from_vector<int64_t>({0, 3, 10, 7, 5, 1, 9, 2, 4, 8, 6, 10}, {2, 6});
   const Tensor c = draw({2, 6, 36}, 9);  // d loss / d output
@@ -204,7 +216,7 @@ void check_net(int tp, bool sequence_parallel, int64_t overlap) {
   threads::run_ranks(tp, [&](ProcessGroup& pg) {
     DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {tp}, {"tp"});
     Net net;
-    parallelize_module(net, mesh, net_plan(sequence_parallel, overlap));
+    parallelize_module(net, mesh, plan);
     const Tensor y = net(tokens);  // (2, 6, 3 sections of this rank's piece of 12)
     const Tensor c_mine = reshape(piece(view(c, {2, 6, 3, 12}), 3, tp, pg.rank()), y.shape());
     const Tensor y_mine = reshape(piece(y_ref, 3, tp, pg.rank()), y.shape());
@@ -220,15 +232,16 @@ void check_net(int tp, bool sequence_parallel, int64_t overlap) {
 TEST(TpLayersTest, ColumnRowVocabAndFusedLayersMatchTheWholeLayers) {
   for (int tp : {1, 2, 3, 4}) {
     SCOPED_TRACE("tp " + std::to_string(tp));
-    check_net(tp, false, 0);
+    check_net(tp, net_plan(false, 0));
   }
 }
 
 TEST(TpLayersTest, SequenceParallelLayersMatchTheWholeLayers) {
   for (int tp : {2, 3}) {
     SCOPED_TRACE("tp " + std::to_string(tp));
-    check_net(tp, true, 0);
-    check_net(tp, true, 2);  // the overlapped all_gather
+    check_net(tp, net_plan(true, 0));
+    check_net(tp, net_plan(true, 2));  // the overlapped all_gather
+    check_net(tp, net_plan_prepared());
   }
 }
 
