@@ -43,6 +43,7 @@ struct Flags {
   int64_t vocab = 256, seq = 256, layers = 4, heads = 4, embd = 256, batch = 8, chunks = 2;
   int steps = 6, warmup = 2, rounds = 2;
   std::string torch;
+  std::vector<std::string> setups = {"tp", "tp_sp", "tp_sp_overlap", "dp_tp", "fsdp"};
 };
 
 // Seconds of each timed step (after the warm-up) of one setup on this rank.
@@ -113,6 +114,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", f.warmup, "untimed steps first");
   app.add_option("--rounds", f.rounds, "rounds (ours and PyTorch's alternate)");
   app.add_option("--torch", f.torch, "python with torch, or 'auto' (scripts/torch-venv.sh)");
+  app.add_option("--setups", f.setups, "setups to run (comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"tp", "tp_sp", "tp_sp_overlap", "dp_tp", "fsdp"}));
   CLI11_PARSE(app, argc, argv);
   if (!gloo_is_available()) {
     std::printf("skipped: this build has no Gloo backend\n");
@@ -126,7 +130,11 @@ int main(int argc, char** argv) {
               bench::load_average().c_str(),
               bench::cpu_features({"avx512f", "avx512_bf16", "amx_tile"}).c_str());
   const std::string python = bench::torch_python(f.torch, TESSEL_SOURCE_DIR);
-  const std::vector<std::string> setups = {"tp", "tp_sp", "tp_sp_overlap", "dp_tp", "fsdp"};
+  const std::vector<std::string>& setups = f.setups;
+  std::string torch_setups;  // those PyTorch has
+  for (const std::string& s : setups) {
+    if (s == "tp" || s == "dp_tp" || s == "fsdp") torch_setups += (torch_setups.empty() ? "" : ",") + s;
+  }
   std::map<std::string, std::vector<double>> ours, theirs;
   std::string version;
   for (int round = 0; round < f.rounds; ++round) {
@@ -137,13 +145,13 @@ int main(int argc, char** argv) {
         return bench::median(train(f, s, std::move(pg)));
       }));
     }
-    if (!python.empty()) {
+    if (!python.empty() && !torch_setups.empty()) {
       const std::string cmd = fmt::format(
           "PYTHONWARNINGS=ignore '{}' '{}/bench/tp/torch_tp.py' --tp {} --dp {} --vocab {} "
           "--seq {} --layers {} --heads {} --embd {} --batch {} --steps {} --warmup {} "
-          "2>/dev/null",
+          "--setups {} 2>/dev/null",
           python, TESSEL_SOURCE_DIR, f.tp, f.dp, f.vocab, f.seq, f.layers, f.heads, f.embd,
-          f.batch, f.steps, f.warmup);
+          f.batch, f.steps, f.warmup, torch_setups);
       for (auto& [s, seconds] : bench::run_peer(cmd, &version)) theirs[s].push_back(seconds);
     }
   }
