@@ -172,9 +172,18 @@ int main(int argc, char** argv) {
     }
     std::printf("\n");
   }
+  // The spread: on a shared machine a round can be far from the median.
+  std::printf("\nms/step by round (ours | torch):\n");
+  for (const std::string& s : setups) {
+    std::string line;
+    for (double v : ours[s]) line += fmt::format(" {:.0f}", v * 1e3);
+    if (!theirs[s].empty()) line += " |";
+    for (double v : theirs[s]) line += fmt::format(" {:.0f}", v * 1e3);
+    std::printf("  %-14s%s\n", s.c_str(), line.c_str());
+  }
   const double sp = bench::median(ours["tp_sp"]), overlap = bench::median(ours["tp_sp_overlap"]);
   if (sp > 0 && overlap > 0) {
-    std::printf("\nsequence-parallel all_gather overlap (%lld chunks): %.1f ms/step, %+.1f%% vs "
+    std::printf("sequence-parallel all_gather overlap (%lld chunks): %.1f ms/step, %+.1f%% vs "
                 "unsplit\n",
                 static_cast<long long>(f.chunks), overlap * 1e3, (sp / overlap - 1) * 100);
   }
