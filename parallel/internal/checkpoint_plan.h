@@ -1,0 +1,71 @@
+#pragma once
+// Private: the arithmetic of sharded checkpoints. Saving: which rank writes which box of each
+// tensor (every distinct box once, by one of the ranks holding it, spreading the bytes), and the
+// file each rank writes. Loading: the byte runs of a saved shard that fall inside a wanted box.
+// Every rank computes the same save plan from the specs alone, so no shard list is exchanged.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessel/parallel/checkpoint.h"
+#include "tessel/parallel/checkpoint_metadata.h"
+#include "tessel/tensor/safetensors.h"
+
+namespace tessel::checkpoint::internal {
+
+// A box of a global tensor: [offsets, offsets + sizes) per dimension.
+struct Box {
+  Shape offsets;
+  Shape sizes;
+  bool operator==(const Box& other) const = default;
+};
+std::optional<Box> intersect(const Box& a, const Box& b);
+
+struct PlannedTensor {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  std::string saved_from;
+  std::vector<Box> boxes;     // the distinct non-empty boxes
+  std::vector<int> writers;   // the group rank writing each box
+  int mine = -1;              // the index of the box this rank writes, -1: none
+};
+
+struct SavePlan {
+  std::vector<PlannedTensor> tensors;  // in the state's order
+  // Each writing rank's file (names are tensor names), for every rank when planned with
+  // all_files, else only this rank's.
+  std::map<int, SafetensorsLayout> files;
+};
+
+// "rank_00003.safetensors".
+std::string shard_file_name(int rank);
+
+// The plan for `tensors` held by group rank `rank` of `world`. Throws InvalidArgument naming
+// the tensor for a Partial placement, or for a spec whose mesh puts this process at another
+// rank than `rank` or holds ranks outside the group.
+SavePlan plan_save(const std::vector<StateTensor>& tensors, int rank, int world, bool all_files);
+
+// The metadata rank 0 writes for `plan` (generators and strings are filled in by the caller).
+CheckpointMetadata metadata_of(const SavePlan& plan, int64_t step, int world);
+
+// A contiguous run of bytes to read: `bytes` at `file_offset` of the file, landing at
+// `buffer_offset` of a row-major buffer holding the intersection box.
+struct ByteRun {
+  uint64_t file_offset = 0;
+  uint64_t buffer_offset = 0;
+  uint64_t bytes = 0;
+};
+// The runs of `shard` (stored row-major at byte `begin`) that make up `box` (inside it),
+// elements of `element_size` bytes, in increasing file order (each as long as possible).
+std::vector<ByteRun> runs_of(const Box& shard, uint64_t begin, size_t element_size,
+                             const Box& box);
+
+// A stable 64-bit digest of what must agree across ranks for a save: names, dtypes, global
+// shapes, specs and generator names.
+uint64_t state_digest(const CheckpointState& state);
+
+}  // namespace tessel::checkpoint::internal
