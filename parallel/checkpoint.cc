@@ -156,11 +156,11 @@ std::string hidden_name(const std::string& dir, std::string_view kind, uint64_t 
                      nonce);
 }
 
-// Removes what crashed saves of `dir` left behind (rank 0, before a new save of it).
-void remove_leftovers(const std::string& dir) {
-  const std::string prefix = "." + fs::path(dir).filename().string() + ".";
+// Removes the temporary and trash folders in `parent` whose names start with `prefix`: what
+// crashed saves left behind (rank 0, while no save of this job is in flight).
+void remove_leftovers(const std::string& parent, const std::string& prefix) {
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(parent_of(dir), ec)) {
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
     const std::string name = entry.path().filename().string();
     if (name.starts_with(prefix) && (name.find(".tmp-") != std::string::npos ||
                                      name.find(".trash-") != std::string::npos)) {
@@ -197,7 +197,7 @@ void commit(Snapshot& s, ProcessGroup* group, const std::string& dir, Nanosecond
   if (s.rank == 0) {
     try {
       fs::create_directories(parent_of(dir));
-      remove_leftovers(dir);
+      remove_leftovers(parent_of(dir), "." + fs::path(dir).filename().string() + ".");
       const uint64_t n = random_nonce();
       fs::create_directory(hidden_name(dir, "tmp", n));
       nonce = static_cast<int64_t>(n);
@@ -588,6 +588,7 @@ void Checkpointer::wait() {
 void Checkpointer::retain() {
   fault_point("retention.begin");
   try {
+    remove_leftovers(root_, "." + std::string(kStepPrefix));
     const auto list = list_checkpoints(root_);
     const size_t keep = static_cast<size_t>(options_.keep_last);
     if (keep == 0 || list.size() <= keep) return;
