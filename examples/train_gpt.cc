@@ -47,6 +47,7 @@
 #include "tessel/nn/optim/schedule.h"
 #include "tessel/mesh/device_mesh.h"
 #include "tessel/parallel/checkpoint.h"
+#include "tessel/parallel/ddp.h"
 #include "tessel/parallel/fsdp.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
@@ -210,13 +211,16 @@ Layout make_layout(const Flags& f) {
 }
 
 // FSDP (with HSDP when replicated) on each block and then the root; the model is built on the
-// meta device so that only this rank's shards are ever allocated.
+// meta device so that only this rank's shards are ever allocated. With --ddp the whole model is
+// replicated (`ddp` is then set).
 std::unique_ptr<nn::GPT> build_model(const Flags& f, const nn::GptConfig& config,
-                                     const Layout& l) {
+                                     const Layout& l, std::unique_ptr<DDPModule>* ddp) {
   if (!l.world || f.ddp) {
     auto model = std::make_unique<nn::GPT>(config);
-    if (l.world) {  // DDP: every rank starts from rank 0's parameters
-      for (Tensor p : model->parameters()) l.world->broadcast(p, {.root = 0});
+    if (l.world) {
+      // Over every rank: the (dp_replicate, dp_shard) mesh flattened.
+      const DeviceMesh dp = l.mesh->flatten({"dp_replicate", "dp_shard"}, "dp");
+      *ddp = std::make_unique<DDPModule>(replicate(*model, dp));
     }
     return model;
   }
@@ -235,19 +239,6 @@ std::unique_ptr<nn::GPT> build_model(const Flags& f, const nn::GptConfig& config
   model->to_empty(Device::cpu());
   model->init_weights();  // each shard gets its part of the whole model's initial values
   return model;
-}
-
-// DDP's gradient averaging: one all_reduce over a flat bucket of every gradient.
-void average_gradients(ProcessGroup& world, const std::vector<Tensor>& params) {
-  std::vector<Tensor> grads;
-  for (const Tensor& p : params) grads.push_back(reshape(p.grad(), {-1}));
-  Tensor bucket = cat(grads, 0);
-  world.all_reduce(bucket, {.op = ReduceOp::kAvg});
-  int64_t at = 0;
-  for (const Tensor& p : params) {
-    copy_(p.grad(), view(narrow(bucket, 0, at, p.numel()), p.shape()));
-    at += p.numel();
-  }
 }
 
 int run(const Flags& f) {
@@ -270,7 +261,8 @@ int run(const Flags& f) {
 
   const nn::GptConfig config{.vocab_size = 256, .block_size = f.seq, .n_layer = f.layers,
                              .n_head = f.heads, .n_embd = f.embd, .seed = f.seed};
-  std::unique_ptr<nn::GPT> model = build_model(f, config, layout);
+  std::unique_ptr<DDPModule> ddp;
+  std::unique_ptr<nn::GPT> model = build_model(f, config, layout, &ddp);
   nn::optim::AdamW opt(model->parameters(), {.lr = f.lr, .beta1 = 0.9, .beta2 = 0.95,
                                              .weight_decay = f.weight_decay});
   nn::optim::WarmupCosine schedule({.max_lr = f.lr, .min_lr = f.min_lr,
@@ -337,7 +329,6 @@ int run(const Flags& f) {
     const Tensor y = narrow(gy, 0, layout.batch_index * rows, rows);
     const Tensor loss = nn::GPT::loss((*model)(x), y);
     backward(loss);
-    if (world && f.ddp) average_gradients(*world, model->parameters());
     const double norm = clip_grad_norm(model->parameters(), f.clip);
     opt.set_lr(schedule.lr(step));
     opt.step();
