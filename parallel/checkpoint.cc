@@ -57,17 +57,20 @@ int64_t broadcast(ProcessGroup* group, int64_t value, Nanoseconds timeout) {
 }
 
 // Every rank's ok flag (1/0); throws on every rank when one failed: the failing rank rethrows
-// its own error, the others an error of kind `kind` naming the failed ranks.
+// its own error, the others one of `kind` saying "<what> failed on rank R (see its error);
+// <consequence>".
 void agree(ProcessGroup* group, const std::exception_ptr& error, Nanoseconds timeout,
-           const std::string& what) {
+           ErrorKind kind, const std::string& what, std::string_view consequence) {
   const std::vector<int64_t> flags = all_gather(group, {error ? 0 : 1}, timeout);
   if (error) std::rethrow_exception(error);
   std::vector<int> failed;
   for (size_t r = 0; r < flags.size(); ++r) {
     if (flags[r] == 0) failed.push_back(static_cast<int>(r));
   }
-  TESSEL_CHECK(failed.empty(), InvalidArgument, "{} failed on rank {} (see its error)", what,
-               fmt::join(failed, ", "));
+  if (!failed.empty()) {
+    throw_error(kind, fmt::format("{} failed on rank {} (see its error); {}", what,
+                                  fmt::join(failed, ", "), consequence));
+  }
 }
 
 // --- Saving ------------------------------------------------------------------------------------
@@ -85,19 +88,35 @@ struct Staging {
   }
 };
 
-// What one rank writes, copied out of the live state: its file's image, its generator states,
-// and on rank 0 the checkpoint's metadata (without the other ranks' generator states).
+// What one rank writes: its file as a list of byte ranges in file order (the header, then its
+// boxes by name), its generator states, and on rank 0 the checkpoint's metadata (without the
+// other ranks' generator states). A copied snapshot (async saves) holds the bytes in a staging
+// buffer; otherwise the ranges point into the live tensors, kept in `tensors`.
 struct Snapshot {
   int rank = 0;
   int world = 1;
   uint64_t digest = 0;
-  std::span<const std::byte> image;  // empty: this rank writes no file
+  bool writes = false;                 // this rank writes a file
+  std::span<const std::byte> image;    // a copied snapshot: the whole file
+  std::string header;                  // otherwise: the header, then
+  std::vector<Tensor> tensors;         // the boxes' tensors (contiguous, on the CPU)
   std::vector<uint64_t> generator_states;  // (seed, offset) per generator
   std::vector<std::string> generator_names;
   CheckpointMetadata meta;
+
+  std::vector<std::span<const std::byte>> file() const {
+    if (!image.empty()) return {image};
+    std::vector<std::span<const std::byte>> pieces = {
+        std::as_bytes(std::span(header.data(), header.size()))};
+    for (const Tensor& t : tensors) {
+      pieces.emplace_back(static_cast<const std::byte*>(t.data_ptr()), t.nbytes());
+    }
+    return pieces;
+  }
 };
 
-Snapshot make_snapshot(const CheckpointState& state, Staging& staging) {
+// `staging`: copy this rank's share there (async saves); null: point into the live tensors.
+Snapshot make_snapshot(const CheckpointState& state, Staging* staging) {
   ProcessGroup* group = state.group().get();
   Snapshot s;
   s.rank = group ? group->rank() : 0;
@@ -110,25 +129,33 @@ Snapshot make_snapshot(const CheckpointState& state, Staging& staging) {
   }
   const internal::SavePlan plan =
       internal::plan_save(state.tensors(), s.rank, s.world, /*all_files=*/s.rank == 0);
-  const auto file = plan.files.find(s.rank);
-  if (file != plan.files.end()) {
+  if (const auto file = plan.files.find(s.rank); file != plan.files.end()) {
     const SafetensorsLayout& layout = file->second;
-    std::byte* image = staging.reserve(layout.file_bytes);
-    std::memcpy(image, layout.header.data(), layout.header.size());
-    std::map<std::string_view, const SafetensorsEntry*> entries;
-    for (const SafetensorsEntry& e : layout.entries) entries[e.name] = &e;
+    std::map<std::string_view, size_t> index;  // tensor name -> position in the state
     for (size_t i = 0; i < plan.tensors.size(); ++i) {
-      if (plan.tensors[i].mine < 0) continue;
-      const Tensor& local = state.tensors()[i].local;
-      const SafetensorsEntry& e = *entries.at(plan.tensors[i].name);
-      TESSEL_CHECK(local.nbytes() == e.end - e.begin, Internal,
-                   "checkpoint: tensor '{}' holds {} bytes but its box needs {}",
-                   plan.tensors[i].name, local.nbytes(), e.end - e.begin);
-      const Tensor host = local.device().is_cpu() ? contiguous(local)
-                                                  : to(contiguous(local), Device::cpu());
-      if (host.nbytes() > 0) std::memcpy(image + e.begin, host.data_ptr(), host.nbytes());
+      if (plan.tensors[i].mine >= 0) index[plan.tensors[i].name] = i;
     }
-    s.image = {image, layout.file_bytes};
+    s.writes = true;
+    std::byte* image = staging ? staging->reserve(layout.file_bytes) : nullptr;
+    if (image) {
+      std::memcpy(image, layout.header.data(), layout.header.size());
+      s.image = {image, layout.file_bytes};
+    } else {
+      s.header = layout.header;
+    }
+    for (const SafetensorsEntry& e : layout.entries) {  // in file order
+      const Tensor& local = state.tensors()[index.at(e.name)].local;
+      TESSEL_CHECK(local.nbytes() == e.end - e.begin, Internal,
+                   "checkpoint: tensor '{}' holds {} bytes but its box needs {}", e.name,
+                   local.nbytes(), e.end - e.begin);
+      Tensor host = local.device().is_cpu() ? contiguous(local) : to(contiguous(local), Device::cpu());
+      if (host.nbytes() == 0) continue;
+      if (image) {
+        std::memcpy(image + e.begin, host.data_ptr(), host.nbytes());
+      } else {
+        s.tensors.push_back(std::move(host));
+      }
+    }
   }
   for (const auto& [name, gen] : state.generators()) {
     s.generator_names.push_back(name);
@@ -219,8 +246,8 @@ void commit(Snapshot& s, ProcessGroup* group, const std::string& dir, Nanosecond
   // 3. Each rank writes and fsyncs its file.
   try {
     fault_point("write.begin");
-    if (!s.image.empty()) {
-      internal::write_file_durably(tmp + "/" + internal::shard_file_name(s.rank), s.image);
+    if (s.writes) {
+      internal::write_file_durably(tmp + "/" + internal::shard_file_name(s.rank), s.file());
     }
     fault_point("write.end");
   } catch (...) {
@@ -255,8 +282,8 @@ void commit(Snapshot& s, ProcessGroup* group, const std::string& dir, Nanosecond
       }
       fault_point("metadata.begin");
       const std::string json = s.meta.to_json();
-      internal::write_file_durably(tmp + "/" + kMetadataFileName,
-                                   std::as_bytes(std::span(json.data(), json.size())));
+      const std::span<const std::byte> bytes = std::as_bytes(std::span(json.data(), json.size()));
+      internal::write_file_durably(tmp + "/" + kMetadataFileName, {&bytes, 1});
       internal::fsync_dir(tmp);
       fault_point("rename.begin");
       internal::replace_dir(tmp, dir);
@@ -362,13 +389,15 @@ void load_dir(CheckpointState& state, ProcessGroup* group, const std::string& di
   } catch (...) {
     error = std::current_exception();
   }
-  agree(group, error, timeout, fmt::format("checking checkpoint {}; nothing was loaded", dir));
+  agree(group, error, timeout, ErrorKind::kInvalidArgument,
+        fmt::format("checking checkpoint {}", dir), "nothing was loaded");
   try {
     for (const StateTensor& t : state.tensors()) reader->read(t.name, box_of(t), t.local);
   } catch (...) {
     error = std::current_exception();
   }
-  agree(group, error, timeout, fmt::format("reading checkpoint {}", dir));
+  agree(group, error, timeout, ErrorKind::kIoError, fmt::format("reading checkpoint {}", dir),
+        "the state may be partly loaded");
   for (size_t g = 0; g < generators.size(); ++g) {
     Generator& gen = *state.generators()[g].second;
     gen.manual_seed(generators[g].first);
@@ -465,8 +494,7 @@ void CheckpointState::add_generator(const std::string& name, Generator& generato
 // --- Free functions ----------------------------------------------------------------------------
 
 void save(const CheckpointState& state, const std::string& dir, const SaveOptions& options) {
-  Staging staging;
-  Snapshot s = make_snapshot(state, staging);
+  Snapshot s = make_snapshot(state, /*staging=*/nullptr);
   commit(s, state.group().get(), dir, options.timeout);
 }
 
@@ -556,7 +584,7 @@ Work Checkpointer::async_save(const CheckpointState& state) {
                "Checkpointer::async_save: the state's group is not the one the Checkpointer "
                "was made with");
   writer_->join();
-  writer_->snapshot = make_snapshot(state, writer_->staging);
+  writer_->snapshot = make_snapshot(state, &writer_->staging);
   auto work_state = std::make_shared<WorkState>("checkpoint", 0, fr::OpType::kUserEvent,
                                                 ++writer_->saves, 0, options_.timeout);
   work_state->mark_started();

@@ -39,13 +39,26 @@ std::string parent_of(const std::string& path) {
 
 }  // namespace
 
-void write_file_durably(const std::string& path, std::span<const std::byte> bytes) {
+void write_file_durably(const std::string& path,
+                        std::span<const std::span<const std::byte>> pieces) {
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) throw_system_error(fmt::format("{}: cannot create", path), errno);
-  const size_t half = bytes.size() / 2;
-  write_all(fd.get(), bytes.data(), half, path);
-  fault_point("write.mid");
-  write_all(fd.get(), bytes.data() + half, bytes.size() - half, path);
+  size_t total = 0;
+  for (const auto& piece : pieces) total += piece.size();
+  // The piece holding the middle byte is written in two parts, with the fault point between.
+  size_t done = 0;
+  bool mid = false;
+  for (const auto& piece : pieces) {
+    size_t split = piece.size();
+    if (!mid && done + piece.size() >= total / 2) split = total / 2 - done;
+    write_all(fd.get(), piece.data(), split, path);
+    if (split < piece.size() || (!mid && done + split >= total / 2)) {
+      mid = true;
+      fault_point("write.mid");
+      write_all(fd.get(), piece.data() + split, piece.size() - split, path);
+    }
+    done += piece.size();
+  }
   if (::fsync(fd.get()) != 0) throw_system_error(fmt::format("{}: fsync", path), errno);
 }
 

@@ -13,9 +13,10 @@
 
 namespace tessel::checkpoint::internal {
 
-// Creates `path` (truncating it), writes `bytes` and fsyncs it; fault_point("write.mid")
-// halfway through (for the crash tests).
-void write_file_durably(const std::string& path, std::span<const std::byte> bytes);
+// Creates `path` (truncating it), writes `pieces` one after the other and fsyncs it;
+// fault_point("write.mid") halfway through the bytes (for the crash tests).
+void write_file_durably(const std::string& path,
+                        std::span<const std::span<const std::byte>> pieces);
 // fsync of a directory, so the entries created or renamed in it survive a crash.
 void fsync_dir(const std::string& dir);
 // Reads exactly `bytes` at `offset` of the open file `fd` into `out`.
