@@ -160,6 +160,55 @@ TEST(CheckpointTrainTest, KilledWorkerResumesFromTheLastCheckpointUnderMaxRestar
   expect_losses(losses(dir / "job.jsonl"), ref, 0, 0, kLongSteps);
 }
 
+// Two nodes (agents on this host, with a rendezvous server of their own) under --nnodes 1:2;
+// one node's agent is SIGKILLed after the step-10 checkpoint. The job restarts on the node left — one process instead of two — which
+// reshards the 2-way FSDP checkpoint on load and continues within 1e-5 of the 2-process run.
+TEST(CheckpointTrainTest, ElasticRestartOnFewerNodesReshardsOnLoad) {
+  TempDir dir;
+  std::vector<std::string> args = train_args(dir, "ref", kSteps);
+  args.insert(args.end(), {"--checkpoint-dir", dir / "ref_ck"});
+  run(under_tessel_run(2, args), dir, "ref");
+  const std::map<int, double> ref = losses(dir / "ref.jsonl");
+
+  const std::string endpoint = fmt::format("127.0.0.1:{}", launcher::testing::free_port());
+  const std::string token = dir / "token";
+  std::ofstream(token) << "0123456789abcdef0123456789abcdef";
+  fs::permissions(token, fs::perms::owner_read | fs::perms::owner_write);
+  // The server counts restarts, so it gets --max-restarts too; the agents only join it.
+  ChildProcess server({TESSEL_RUN_PATH, "--rdzv-server", "--nnodes", "1:2", "--max-restarts", "1",
+                       "--rdzv-endpoint", endpoint, "--rdzv-token-file", token},
+                      {}, dir / "server");
+  auto agent = [&](const std::string& tag) {
+    std::vector<std::string> argv = {
+        TESSEL_RUN_PATH, "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
+        "--rdzv-conf", "is_host=false", "--rdzv-token-file", token, "--max-restarts", "1",
+        "--last-call-timeout", "500ms"};
+    std::vector<std::string> job = train_args(dir, tag, kSteps);
+    job.insert(job.end(), {"--checkpoint-dir", dir / "job_ck", "--resume"});
+    argv.insert(argv.end(), job.begin(), job.end());
+    return argv;
+  };
+  ChildProcess a(agent("job"), {}, dir / "a");
+  ChildProcess b(agent("job_b"), {}, dir / "b");
+  ASSERT_TRUE(launcher::testing::wait_until(
+      [&] { return fs::exists(dir / "job_ck/step_00000010/metadata.json"); },
+      std::chrono::seconds(60)))
+      << a.out() << a.err() << b.out() << b.err();
+  b.signal(SIGKILL);
+  const auto status = a.wait(kJobTimeout);
+  ASSERT_EQ(status, 0) << a.out() << a.err();
+  EXPECT_NE(a.out().find("resumed from"), std::string::npos) << a.out();
+  // The first attempt ran on 2 nodes; the one after the restart on this node alone (one process
+  // says nothing about parallelism).
+  const std::string out = a.out();
+  const size_t first = out.find("FSDP over 2 ranks");
+  EXPECT_NE(first, std::string::npos) << out;
+  EXPECT_EQ(out.find("FSDP over", first + 1), std::string::npos) << out;
+  const std::map<int, double> got = losses(dir / "job.jsonl");
+  expect_losses(got, ref, 10, 1e-5);
+  EXPECT_EQ(server.wait(kJobTimeout), 0) << server.err();
+}
+
 // tessel-ckpt inspect and consolidate on a 2-process FSDP checkpoint; the consolidated model
 // equals the one the run gathered and saved itself, loads into nn::GPT, and reads in Python.
 TEST(CheckpointTrainTest, ToolInspectsAndConsolidatesForModuleLoadAndPython) {
