@@ -568,16 +568,7 @@ Checkpointer::Checkpointer(std::shared_ptr<ProcessGroup> group, std::string root
   }
 }
 
-Checkpointer::~Checkpointer() {
-  writer_->join();
-  if (writer_->work.exception()) {
-    try {
-      std::rethrow_exception(writer_->work.exception());
-    } catch (const std::exception& e) {
-      log_warn(LogComponent::kParallel, "checkpoint save failed: {}", e.what());
-    }
-  }
-}
+Checkpointer::~Checkpointer() { writer_->join(); }  // a failure was logged by the writer
 
 Work Checkpointer::async_save(const CheckpointState& state) {
   TESSEL_CHECK(state.group() == user_group_, InvalidArgument,

@@ -154,7 +154,7 @@ class Checkpointer {
   // Collective over `group` (null: one process): makes the private group.
   Checkpointer(std::shared_ptr<ProcessGroup> group, std::string root,
                CheckpointerOptions options = {});
-  // Waits for a save in flight (its errors are logged, not thrown).
+  // Waits for a save in flight (a failed save is logged when it fails, not thrown here).
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;

@@ -48,9 +48,21 @@ const Json& field(const Json& j, const char* key, const std::string& where) {
   return *it;
 }
 
+// The elements of `shape`, or -1 past 2^62 (sizes from a file may be anything).
+int64_t checked_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) {
+    if (__builtin_mul_overflow(n, s, &n) || n > (int64_t{1} << 62)) return -1;
+  }
+  return n;
+}
+
 // Throws unless the shards of `t` lie inside it, do not overlap and cover it exactly.
 void check_tiling(const TensorRecord& t, const std::string& source, const std::string& name) {
   const size_t rank = t.shape.size();
+  TESSEL_CHECK(checked_numel(t.shape) >= 0, InvalidArgument,
+               "{}: tensor '{}' has shape {}, too large to be real", source, name,
+               shape_str(t.shape));
   int64_t covered = 0;
   for (size_t i = 0; i < t.shards.size(); ++i) {
     const ShardRecord& s = t.shards[i];
@@ -58,7 +70,8 @@ void check_tiling(const TensorRecord& t, const std::string& source, const std::s
                  "{}: tensor '{}' of shape {} has a shard with offsets {} and sizes {}", source,
                  name, shape_str(t.shape), shape_str(s.offsets), shape_str(s.sizes));
     for (size_t d = 0; d < rank; ++d) {
-      TESSEL_CHECK(s.offsets[d] + s.sizes[d] <= t.shape[d], InvalidArgument,
+      TESSEL_CHECK(s.offsets[d] <= t.shape[d] && s.sizes[d] <= t.shape[d] - s.offsets[d],
+                   InvalidArgument,
                    "{}: tensor '{}' of shape {} has a shard at offsets {} of sizes {} that "
                    "runs past dimension {}",
                    source, name, shape_str(t.shape), shape_str(s.offsets), shape_str(s.sizes), d);
@@ -169,6 +182,13 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
     }
     check_tiling(t, source, name);
     for (const ShardRecord& s : t.shards) {
+      // Files are named inside the checkpoint folder: no path may lead out of it.
+      TESSEL_CHECK(!s.file.empty() && s.file.find('/') == std::string::npos &&
+                       s.file.front() != '.',
+                   InvalidArgument,
+                   "{}: tensor '{}' has a shard in file '{}', which is not a file name inside "
+                   "the checkpoint's folder",
+                   source, name, s.file);
       const auto file = m.files.find(s.file);
       TESSEL_CHECK(file != m.files.end(), InvalidArgument,
                    "{}: tensor '{}' has a shard in file '{}', which the checkpoint does not list",

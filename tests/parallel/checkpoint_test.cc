@@ -402,6 +402,20 @@ TEST_F(CheckpointBadInputTest, CorruptMetadata) {
   load_expecting({"metadata.json", "not valid JSON"});
 }
 
+// A metadata file naming a path outside the checkpoint is refused before anything is opened.
+TEST_F(CheckpointBadInputTest, ShardFilesOutsideTheFolderAreRefused) {
+  std::string text;
+  {
+    std::ifstream in(path_ + "/metadata.json");
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string from = "\"file\": \"rank_00000.safetensors\"";
+  ASSERT_NE(text.find(from), std::string::npos);
+  text.replace(text.find(from), from.size(), "\"file\": \"../rank_00000.safetensors\"");
+  std::ofstream(path_ + "/metadata.json") << text;
+  load_expecting({"metadata.json", "'../rank_00000.safetensors'", "not a file name inside"});
+}
+
 // Every rank fails with the same clear error, also the ranks whose own files were fine.
 TEST_F(CheckpointBadInputTest, EveryRankFailsWhenOneRanksFileIsBad) {
   fs::resize_file(path_ + "/rank_00001.safetensors", 10);
