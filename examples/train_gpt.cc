@@ -37,6 +37,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -99,6 +100,7 @@ struct Flags {
   int keep_checkpoints = 3;      // committed checkpoints kept (0: all)
   bool resume = false;           // continue from the latest checkpoint under checkpoint_dir
   std::string device = "cpu";    // where the model trains (one process for devices but the CPU)
+  std::string attention_dtype = "auto";  // what attention runs in: auto (bf16 on CUDA), f32, ...
 };
 
 std::string read_file(const std::string& path) {
@@ -302,8 +304,17 @@ int run(const Flags& f) {
   const std::string train_text = text.substr(0, split);
   const std::string val_text = text.substr(split);
 
+  // On CUDA, attention runs in bf16 by default so that it runs on the fused kernels (cuDNN on
+  // Hopper, flash_cuda otherwise); in f32 it would run the slow reference kernel.
+  std::optional<DType> attention_dtype;
+  if (f.attention_dtype != "auto") {
+    attention_dtype = dtype_from_name(f.attention_dtype);
+  } else if (device.is_cuda()) {
+    attention_dtype = DType::kBF16;
+  }
   const nn::GptConfig config{.vocab_size = 256, .block_size = f.seq, .n_layer = f.layers,
-                             .n_head = f.heads, .n_embd = f.embd, .seed = f.seed};
+                             .n_head = f.heads, .n_embd = f.embd, .seed = f.seed,
+                             .attention_dtype = attention_dtype};
   std::unique_ptr<DDPModule> ddp;
   std::unique_ptr<nn::GPT> model = build_model(f, config, layout, &ddp, device);
   nn::optim::AdamW opt(model->parameters(), {.lr = f.lr, .beta1 = 0.9, .beta2 = 0.95,
@@ -365,9 +376,10 @@ int run(const Flags& f) {
   print("corpus {}: {} bytes ({} train / {} val), unigram entropy {:.3f} nats/byte\n", f.data,
         text.size(), train_text.size(), val_text.size(), unigram_entropy(text));
   print("model: {} layers, {} heads, embd {}, context {}: {} parameters; global batch {} x {}, "
-        "{}\n",
+        "{}{}\n",
         f.layers, f.heads, f.embd, f.seq, nn::GPT(config).num_parameters(), f.batch, f.seq,
-        device.is_cpu() ? fmt::format("{} threads", num_threads()) : device.str());
+        device.is_cpu() ? fmt::format("{} threads", num_threads()) : device.str(),
+        attention_dtype ? fmt::format(", attention in {}", dtype_name(*attention_dtype)) : "");
   if (!resumed_from.empty()) {
     print("resumed from {} at step {}\n", resumed_from, first_step);
   } else if (f.resume) {
@@ -497,6 +509,9 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", f.resume,
                "continue from the latest checkpoint under --checkpoint-dir (if there is one)");
   app.add_option("--device", f.device, "where to train: cpu, cuda or cuda:N (one process)");
+  app.add_option("--attention-dtype", f.attention_dtype,
+                 "dtype attention runs in (q, k, v cast to it): auto (bf16 on CUDA, else the "
+                 "model's), f32, bf16 or f16");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(f);

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "tessel/nn/dropout.h"
 #include "tessel/nn/embedding.h"
@@ -30,6 +31,8 @@ struct GptConfig {
   double dropout = 0.0;
   bool bias = true;   // biases in Linear and LayerNorm
   uint64_t seed = 0;  // initialisation and dropout masks
+  // The dtype of attention itself (AttentionOptions::attention_dtype); unset: the model's.
+  std::optional<DType> attention_dtype;
 };
 
 // Initialisation follows GPT-2: weights N(0, 0.02), residual output projections ("c_proj")

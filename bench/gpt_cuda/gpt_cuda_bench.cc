@@ -14,10 +14,11 @@
 // a safetensors file the PyTorch script loads, and the token batches (uniform over the
 // vocabulary, one seed) to a file both read, so the losses of the first steps agree.
 //
-// Attention: whatever scaled_dot_product_attention picks for tessel on the device. Until fused
-// CUDA attention kernels are registered that is the math backend's plain attention (f32 scores,
-// masked softmax, two products), and PyTorch runs the same plain attention (--attention auto
-// picks "plain" for both then; "sdpa" lets PyTorch use its flash kernel).
+// Attention: q, k and v are cast to --attention-dtype (default bf16) on both sides, so that an
+// f32 run still attends on fused kernels: tessel's is whatever scaled_dot_product_attention
+// picks on the device (cuDNN on Hopper, flash_cuda otherwise; the math backend's reference
+// kernel for f32), PyTorch's F.scaled_dot_product_attention (--attention auto picks "plain", q
+// k^T, masked softmax and @ v as tensor ops, when tessel's is the math backend).
 //
 // Timing: each step ends with the loss read on the host (both sides), the step times after the
 // warm-up give the median; tokens/s = B * T / median; MFU = (6 N + 12 L C T) tokens/s / peak
@@ -69,6 +70,7 @@ struct Flags {
   std::string torch_script = TESSEL_SOURCE_DIR "/bench/gpt_cuda/gpt_cuda_torch.py";
   std::string torch_modes = "eager,compile";
   std::string attention = "auto";
+  std::string attention_dtype = "bf16";
   std::string work_dir;
   double peak_tflops = 0;
 };
@@ -155,10 +157,10 @@ Result run_torch(const Flags& f, const std::string& mode, const std::string& att
   const std::string cmd = fmt::format(
       "PYTHONWARNINGS=ignore '{}' '{}' --mode {} --init '{}' --tokens '{}' --batch {} --seq {} "
       "--layers {} --heads {} --embd {} --vocab {} --steps {} --warmup {} --dtype {} {} "
-      "--attention {} --device {} 2>&1",
+      "--attention {} --attention-dtype {} --device {} 2>&1",
       f.torch, f.torch_script, mode, (dir / "init.safetensors").string(),
       (dir / "tokens.i32").string(), f.batch, f.seq, f.layers, f.heads, f.embd, f.vocab, f.steps,
-      f.warmup, f.dtype, f.tf32 ? "--tf32" : "", attention, f.device);
+      f.warmup, f.dtype, f.tf32 ? "--tf32" : "", attention, f.attention_dtype, f.device);
   FILE* p = ::popen(cmd.c_str(), "r");
   TESSEL_CHECK(p != nullptr, IoError, "cannot start '{}'", cmd);
   char line[1 << 16];
@@ -193,8 +195,12 @@ int run(const Flags& f) {
   TESSEL_CHECK(f.dtype == "bf16" || f.dtype == "f32", InvalidArgument,
                "--dtype {}: expected bf16 or f32", f.dtype);
   cuda::set_matmul_allow_tf32(f.tf32);
+  const DType attention_dtype = dtype_from_name(f.attention_dtype);
+  TESSEL_CHECK(is_floating(attention_dtype), InvalidArgument,
+               "--attention-dtype {}: expected f32, bf16 or f16", f.attention_dtype);
   const nn::GptConfig config{.vocab_size = f.vocab, .block_size = f.seq, .n_layer = f.layers,
-                             .n_head = f.heads, .n_embd = f.embd, .dropout = 0.0, .seed = 1};
+                             .n_head = f.heads, .n_embd = f.embd, .dropout = 0.0, .seed = 1,
+                             .attention_dtype = attention_dtype};
   const std::filesystem::path dir =
       f.work_dir.empty() ? std::filesystem::temp_directory_path() / "gpt_cuda_bench"
                          : std::filesystem::path(f.work_dir);
@@ -208,7 +214,7 @@ int run(const Flags& f) {
   }
 
   // Which attention tessel runs here (a tiny causal problem on the device).
-  const Tensor probe = zeros({1, 1, 2, f.embd / f.heads}, DType::kF32, device);
+  const Tensor probe = zeros({1, 1, 2, f.embd / f.heads}, attention_dtype, device);
   kernels::SdpaOptions causal;
   causal.causal = true;
   const std::string tessel_attention(
@@ -227,9 +233,8 @@ int run(const Flags& f) {
              device.str(), name, f.layers, f.heads, f.embd, f.seq, f.vocab, n_params / 1e6,
              f.batch, f.seq, f.batch * f.seq, f.dtype == "bf16" ? "bf16 autocast" : "f32",
              f.tf32 ? " (TF32 matmuls)" : "", f.warmup, f.steps);
-  fmt::print("attention: tessel {} ({}), PyTorch {}\n", tessel_attention,
-             tessel_attention == "math" ? "plain attention of tensor ops: no fused CUDA kernel yet"
-                                        : "fused kernel",
+  fmt::print("attention in {}: tessel {} ({}), PyTorch {}\n", f.attention_dtype, tessel_attention,
+             tessel_attention == "math" ? "the reference kernel, not a fused one" : "fused kernel",
              attention == "plain" ? "plain (q k^T, masked_fill, softmax, @ v)"
                                   : "F.scaled_dot_product_attention");
   std::fflush(stdout);
@@ -294,7 +299,9 @@ int main(int argc, char** argv) {
   app.add_option("--torch-script", f.torch_script, "the peer script (gpt_cuda_torch.py)");
   app.add_option("--torch-modes", f.torch_modes, "comma-separated: eager, compile");
   app.add_option("--attention", f.attention,
-                 "PyTorch's attention: plain, sdpa, or auto (plain while tessel's is)");
+                 "PyTorch's attention: plain, sdpa, or auto (plain when tessel's is math)");
+  app.add_option("--attention-dtype", f.attention_dtype,
+                 "dtype attention runs in on both sides (q, k, v cast to it): bf16, f16, f32");
   app.add_option("--work-dir", f.work_dir, "where the shared weights and tokens are written");
   app.add_option("--peak-tflops", f.peak_tflops, "the device's peak for MFU (default: by name)");
   CLI11_PARSE(app, argc, argv);

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -139,27 +140,38 @@ TEST(SdpaCudaTest, ForcedBackendsThatCannotRunACallSayWhatTheySupport) {
   EXPECT_EQ(scaled_dot_product_attention(wide, wide, wide).backend, SdpaBackend::kMath);
 }
 
+// A bf16 model, and an f32 model whose attention runs in bf16 (GptConfig::attention_dtype, as
+// train_gpt does on CUDA): every layer's attention goes to a fused kernel, none to math.
 TEST(SdpaCudaTest, GptOnCudaRunsItsAttentionOnTheFusedKernels) {
   TESSEL_SKIP_WITHOUT_CUDA();
-  nn::GPT model({.vocab_size = 64, .block_size = 128, .n_layer = 2, .n_head = 4, .n_embd = 256,
-                 .seed = 5});
-  model.to(kGpu);
-  model.to(DType::kBF16);
+  const nn::GptConfig config{.vocab_size = 64, .block_size = 128, .n_layer = 2, .n_head = 4,
+                             .n_embd = 256, .seed = 5};
   std::vector<int64_t> tokens(2 * 128);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>(i * 7 % 64);
   const Tensor x = to(from_vector<int64_t>(tokens, {2, 128}), kGpu);
-  std::vector<std::string> lines = debug_log([&] {
-    Tensor loss = nn::GPT::loss(model(x), x);
-    backward(loss);
-    EXPECT_TRUE(std::isfinite(item(loss)));
-  });
-  int fused = 0;
-  for (const std::string& line : lines) {
-    if (line.find("scaled_dot_product_attention: ") == std::string::npos) continue;
-    EXPECT_EQ(line.find("scaled_dot_product_attention: math"), std::string::npos) << line;
-    ++fused;
+  for (const bool bf16_model : {true, false}) {
+    nn::GptConfig c = config;
+    if (!bf16_model) c.attention_dtype = DType::kBF16;
+    nn::GPT model(c);
+    model.to(kGpu);
+    if (bf16_model) model.to(DType::kBF16);
+    const std::vector<std::string> lines = debug_log([&] {
+      Tensor loss = nn::GPT::loss(model(x), x);
+      backward(loss);
+      EXPECT_TRUE(std::isfinite(item(loss)));
+    });
+    int fused = 0;
+    for (const std::string& line : lines) {
+      if (line.find("scaled_dot_product_attention: ") == std::string::npos) continue;
+      EXPECT_EQ(line.find("scaled_dot_product_attention: math"), std::string::npos) << line;
+      // cudnn on sm_90 unless it declines the strided q, k, v of a bf16 model; flash_cuda else.
+      EXPECT_TRUE(line.find("cudnn for bf16") != std::string::npos ||
+                  line.find("flash_cuda for bf16") != std::string::npos)
+          << line;
+      ++fused;
+    }
+    EXPECT_EQ(fused, 2) << (bf16_model ? "bf16 model" : "f32 model, bf16 attention");
   }
-  EXPECT_EQ(fused, 2);  // one call per layer
 }
 
 }  // namespace
