@@ -8,27 +8,17 @@
 #include <string>
 #include <vector>
 
-#include "tessel/base/error.h"
-#include "tessel/base/logging.h"
-#include "tessel/kernels/attention/cuda/flash_cuda.h"
-#include "tessel/kernels/attention/cudnn/cudnn_sdpa.h"
-#include "tessel/kernels/attention/sdpa.h"
-#include "tessel/tensor/ops.h"
+#include "attention_cuda_test_util.h"
 
 namespace tessel::kernels {
 namespace {
 
+using attention::testing::debug_log;
+
+// Forcing `forced` on CPU tensors of `dtype`.
 std::string error_of(SdpaBackend forced, DType dtype) {
   Generator gen(1);
-  const Tensor q = to(randn({1, 2, 8, 16}, gen), dtype), k = to(randn({1, 2, 8, 16}, gen), dtype);
-  SdpaOptions opts;
-  opts.backend = forced;
-  try {
-    scaled_dot_product_attention(q, k, k, opts);
-  } catch (const Unavailable& e) {
-    return e.message();
-  }
-  return "no error";
+  return attention::testing::forced_error(forced, to(randn({1, 2, 8, 16}, gen), dtype));
 }
 
 TEST(SdpaCudaDispatchTest, ForcedGpuBackendsOnCpuTensorsSayWhatTheyRun) {
@@ -67,18 +57,12 @@ TEST(SdpaCudaDispatchTest, F16OnTheCpuRunsOnMathAndMatchesF32) {
 }
 
 TEST(SdpaCudaDispatchTest, ChoiceIsLoggedAtDebug) {
-  std::vector<std::string> lines;
-  const LogSink previous = set_log_sink([&](LogLevel, std::string_view line) {
-    lines.emplace_back(line);
-  });
-  configure_logging("kernels=debug");
   Generator gen(3);
-  const Tensor q = randn({1, 1, 4, 8}, gen);
+  const Tensor q = to(randn({1, 1, 4, 8}, gen), DType::kF16);
   SdpaOptions opts;
   opts.causal = true;
-  scaled_dot_product_attention(to(q, DType::kF16), to(q, DType::kF16), to(q, DType::kF16), opts);
-  configure_logging("");
-  set_log_sink(previous);
+  const std::vector<std::string> lines =
+      debug_log([&] { scaled_dot_product_attention(q, q, q, opts); });
   ASSERT_FALSE(lines.empty());
   const std::string& line = lines.back();
   EXPECT_NE(line.find("scaled_dot_product_attention: math for f16 q (1, 1, 4, 8)"),

@@ -20,28 +20,11 @@
 namespace tessel::kernels {
 namespace {
 
+using attention::testing::debug_log;
+using attention::testing::forced_error;
 using attention::testing::kGpu;
 using attention::testing::on_cpu_f32;
 using attention::testing::on_gpu;
-
-// Lines logged while fn runs with TESSEL_LOGS=kernels=debug.
-template <typename Fn>
-std::vector<std::string> debug_log(Fn&& fn) {
-  std::vector<std::string> lines;
-  const LogSink previous =
-      set_log_sink([&](LogLevel, std::string_view line) { lines.emplace_back(line); });
-  configure_logging("kernels=debug");
-  try {
-    fn();
-  } catch (...) {
-    configure_logging("");
-    set_log_sink(previous);
-    throw;
-  }
-  configure_logging("");
-  set_log_sink(previous);
-  return lines;
-}
 
 SdpaBackend expected_default() {
   return attention::cudnn_sdpa_is_available() && attention::cuda_compute_capability(0) >= 90
@@ -102,17 +85,6 @@ TEST(SdpaCudaTest, GradientsMatchTheCpuWithGqaAndStrides) {
   EXPECT_LE(diff(qg.grad(), qc.grad()), 5e-2);
   EXPECT_LE(diff(kg.grad(), kc.grad()), 5e-2);
   EXPECT_LE(diff(vg.grad(), vc.grad()), 5e-2);
-}
-
-std::string forced_error(SdpaBackend backend, const Tensor& q, const SdpaOptions& base = {}) {
-  SdpaOptions opts = base;
-  opts.backend = backend;
-  try {
-    scaled_dot_product_attention(q, q, q, opts);
-  } catch (const Unavailable& e) {
-    return e.message();
-  }
-  return "no error";
 }
 
 TEST(SdpaCudaTest, ForcedBackendsThatCannotRunACallSayWhatTheySupport) {

@@ -13,6 +13,8 @@
 #include <fmt/format.h>
 
 #include "attention_test_util.h"
+#include "tessel/base/error.h"
+#include "tessel/base/logging.h"
 #include "tessel/kernels/attention/attention_math.h"
 #include "tessel/kernels/attention/cpu/flash_cpu.h"
 #include "tessel/kernels/attention/cuda/flash_cuda.h"
@@ -49,6 +51,37 @@ inline Tensor on_cpu_f32(const Tensor& t) { return to(to(t, Device::cpu()), DTyp
 inline std::vector<float> values(const Tensor& t) { return to_vector<float>(on_cpu_f32(t)); }
 // f32 values rounded to `dtype` and back, so that every backend sees identical inputs.
 inline Tensor rounded(const Tensor& cpu, DType dtype) { return to(to(cpu, dtype), DType::kF32); }
+
+// The message of the Unavailable that forcing `backend` on q (as q, k and v) throws, or
+// "no error".
+inline std::string forced_error(SdpaBackend backend, const Tensor& q, SdpaOptions opts = {}) {
+  opts.backend = backend;
+  try {
+    scaled_dot_product_attention(q, q, q, opts);
+  } catch (const Unavailable& e) {
+    return e.message();
+  }
+  return "no error";
+}
+
+// Lines logged while fn runs with TESSEL_LOGS=kernels=debug.
+template <typename Fn>
+std::vector<std::string> debug_log(Fn&& fn) {
+  std::vector<std::string> lines;
+  const LogSink previous =
+      set_log_sink([&](LogLevel, std::string_view line) { lines.emplace_back(line); });
+  configure_logging("kernels=debug");
+  try {
+    fn();
+  } catch (...) {
+    configure_logging("");
+    set_log_sink(previous);
+    throw;
+  }
+  configure_logging("");
+  set_log_sink(previous);
+  return lines;
+}
 
 // A view of a tensor for the raw backends.
 inline AttentionView view_of(const Tensor& t) { return attention_view_of(t, "tensor"); }
