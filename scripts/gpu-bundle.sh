@@ -10,6 +10,11 @@
 # target). On the target:
 #   mkdir -p B && tar -xzf OUT.tar.gz -C B && LD_LIBRARY_PATH=B/lib:B/tessel B/<file>
 set -euo pipefail
+if [[ $# -lt 3 || $1 == -h || $1 == --help ]]; then
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+  [[ $# -ge 1 && ($1 == -h || $1 == --help) ]] && exit 0
+  exit 2
+fi
 out=$1; build=$2; shift 2
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
