@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "tessel/base/error.h"
+#include "tessel/tensor/autocast.h"
 #include "tessel/tensor/backend.h"
 #include "tessel/tensor/ops.h"
 
@@ -206,6 +207,8 @@ void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
                "backward(): gradient shape {} does not match the root's shape {}",
                shape_str(seed.shape()), shape_str(root.shape()));
   NoGradGuard no_grad;
+  // Backward functions compute in the dtypes their forward saved, whatever the caller's policy.
+  AutocastGuard no_autocast(DType::kBF16, /*enabled=*/false);
   const Edge root_edge = gradient_edge(root);
   // Callbacks queued while this pass runs; restored on exit, so a backward() inside a hook
   // keeps its own queue.

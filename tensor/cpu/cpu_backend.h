@@ -47,6 +47,7 @@ class CpuBackend final : public Backend {
                               const Tensor& grad_logits) override;
   // cpu_matmul.cc (oneDNN)
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void addmm(const Tensor& bias, const Tensor& a, const Tensor& b, const Tensor& out) override;
   // cpu_optim.cc
   void adamw_step(std::span<const AdamWTensors> tensors, const AdamWHyper& hyper) override;
 };
