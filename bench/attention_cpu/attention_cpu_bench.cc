@@ -368,11 +368,13 @@ int main(int argc, char** argv) {
           bool torch_ok = with_torch && torch.load(in, causal != 0, dtype);
           for (int r = 0; r < rounds; ++r) {
             const double round_seconds = min_seconds / rounds;
-            time_round(per_round, round_seconds, flash_fwd, c_flash_f);
-            if (with_backward) time_round(per_round, round_seconds, flash_both, c_flash_fb);
-            if (with_math) time_round(per_round, round_seconds, math_fwd, c_math_f);
+            // Every round waits for PyTorch's OpenMP team too, which spins after its calls.
+            const pid_t peer = with_torch ? torch.pid() : 0;
+            time_round(per_round, round_seconds, flash_fwd, c_flash_f, peer);
+            if (with_backward) time_round(per_round, round_seconds, flash_both, c_flash_fb, peer);
+            if (with_math) time_round(per_round, round_seconds, math_fwd, c_math_f, peer);
             if (with_math && with_backward) {
-              time_round(per_round, round_seconds, math_both, c_math_fb);
+              time_round(per_round, round_seconds, math_both, c_math_fb, peer);
             }
             if (torch_ok) torch_ok = torch.time_round(false, per_round, round_seconds, c_torch_f);
             if (torch_ok && with_backward) {

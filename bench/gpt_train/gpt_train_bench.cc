@@ -5,11 +5,13 @@
 //
 //   bench/gpt_train/run.sh [flags]          # makes a PyTorch venv if needed, then runs this
 //   gpt_train [--layers 4] [--heads 4] [--embd 256] [--block 256] [--batch 8] [--vocab 256]
-//             [--steps 4] [--rounds 5] [--threads 2] [--torch PYTHON] [--contenders all]
+//             [--steps 4] [--rounds 5] [--warmup 8] [--threads 2] [--torch PYTHON]
+//             [--contenders all]
 //
 // A training step, on both sides: forward and mean cross-entropy (under autocast for bf16),
 // backward, gradient clipping to norm 1.0, fused AdamW (lr 1e-3, betas 0.9/0.95, weight decay
-// 0.1), zero_grad. Each contender trains its own copy of the model from the same weights; every
+// 0.1), zero_grad. Each contender trains its own copy of the model from the same weights, first
+// --warmup steps untimed (PyTorch's first steps after start-up take up to seconds); every
 // round runs --steps steps of each contender in turn, each started once no thread of this
 // process or of the PyTorch child still burns CPU (OpenMP teams spin after each call), so all
 // share whatever else runs on the machine alike. Figures are medians over the rounds' steps.
@@ -57,6 +59,7 @@ struct Config {
   int64_t batch = 8;
   int64_t batches = 4;  // distinct batches, cycled
   int steps = 4;        // per contender per round
+  int warmup = 8;       // untimed steps per contender before the rounds
   int rounds = 5;
   int threads = 2;
   std::string torch_python;
@@ -149,9 +152,11 @@ class TorchPeer {
     return static_cast<bool>(in >> ok >> *f32_loss >> *bf16_loss) && ok == "ok";
   }
 
-  bool warm(const std::string& mode) {
+  pid_t pid() const { return child_.pid(); }
+
+  bool warm(const std::string& mode, int steps) {
     std::string line;
-    return child_.ask("warm " + mode, &line) && line == "ok";
+    return child_.ask("warm " + mode + " " + std::to_string(steps), &line) && line == "ok";
   }
 
   // Runs `steps` steps of `mode` once the child is quiet; appends their times.
@@ -196,6 +201,9 @@ int main(int argc, char** argv) {
   app.add_option("--batches", c.batches, "distinct batches, cycled");
   app.add_option("--steps", c.steps, "training steps per contender per round");
   app.add_option("--rounds", c.rounds, "alternating rounds");
+  app.add_option("--warmup", c.warmup,
+                 "untimed steps per contender first (PyTorch's first steps after torch.compile "
+                 "or start-up take up to seconds)");
   app.add_option("--threads", c.threads, "threads, both sides (0: one per core)");
   app.add_option("--torch", c.torch_python, "a Python with torch (none: tessel only)");
   app.add_option("--torch-script", c.torch_script, "PyTorch's side of the bench");
@@ -269,8 +277,8 @@ int main(int argc, char** argv) {
   if (with_torch) {
     for (const char* mode : {"eager_f32", "eager_bf16", "compile_f32", "compile_bf16"}) {
       if (!wanted(c, mode)) continue;
-      std::fprintf(stderr, "warming torch %s up (two steps; torch.compile compiles here)...\n", mode);
-      if (!torch.warm(mode)) {
+      std::fprintf(stderr, "warming torch %s up (torch.compile compiles here)...\n", mode);
+      if (!torch.warm(mode, c.warmup)) {
         std::printf("torch: %s failed to warm up; PyTorch skipped\n", mode);
         with_torch = false;
         break;
@@ -286,10 +294,16 @@ int main(int argc, char** argv) {
     std::erase_if(contenders, [](const Contender& k) { return k.tessel == nullptr; });
   }
 
+  for (Contender& k : contenders) {
+    if (k.tessel == nullptr) continue;
+    for (int i = 0; i < c.warmup; ++i) k.tessel->step();
+    k.calls.warm = true;
+  }
   for (int r = 0; r < c.rounds; ++r) {
     for (Contender& k : contenders) {
       if (k.tessel != nullptr) {
-        time_round(c.steps, 0.0, [&] { k.tessel->step(); }, k.calls);
+        time_round(c.steps, 0.0, [&] { k.tessel->step(); }, k.calls,
+                   with_torch ? torch.pid() : 0);
       } else if (!torch.steps(k.key, c.steps, k.calls)) {
         std::printf("torch: %s stopped answering\n", k.key.c_str());
         return 1;

@@ -3,7 +3,7 @@
 # torch.compile, each f32 and bf16 autocast), each with its own copy of the model and optimizer.
 # Driven one command per line on stdin, one answer per line on stdout:
 #   load DIR V T C L H B NBATCHES  -> "ok <f32 loss> <bf16 loss>" of batch 0 before training
-#   warm MODE                      -> "ok" after two steps (torch.compile compiles here)
+#   warm MODE N                    -> "ok" after N steps (torch.compile compiles here)
 #   steps MODE N                   -> "wall:cpu ..." seconds of each of N training steps
 # A training step: forward and loss (under autocast in bf16 modes), backward, gradient clipping
 # to 1.0, fused AdamW, zero_grad — as bench/gpt_train does on tessel's side.
@@ -123,7 +123,7 @@ def main():
                         losses.append(trainers["eager_f32"].model(*batches[0]).item())
             print("ok", *(repr(v) for v in losses), flush=True)
         elif cmd[0] == "warm":
-            for _ in range(2):
+            for _ in range(int(cmd[2])):
                 trainers[cmd[1]].step()
             print("ok", flush=True)
         elif cmd[0] == "steps":
