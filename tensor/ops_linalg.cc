@@ -109,10 +109,11 @@ Tensor fused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, D
   const int64_t in = weight.size(1), out_features = weight.size(0);
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
+  const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
   Tensor xc, wc, out;
   {
     NoGradGuard no_grad;
-    xc = reshape(to(detach(x), compute), {-1, in});
+    xc = reshape(to(detach(x), compute), {rows, in});
     if (!gemm_layout(xc)) xc = contiguous(xc);
     wc = to(detach(weight), compute);
     if (!gemm_layout(wc)) wc = contiguous(wc);
@@ -129,11 +130,11 @@ Tensor fused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, D
     const bool rx = x.requires_grad(), rw = weight.requires_grad();
     const bool rb = bias.defined() && bias.requires_grad();
     record_op("linear", {x, weight, bias}, {out},
-              [rx, rw, rb, compute, x_shape = x.shape(), x_dtype = x.dtype(),
+              [rx, rw, rb, compute, rows, x_shape = x.shape(), x_dtype = x.dtype(),
                w_dtype = weight.dtype(), b_dtype = bias.defined() ? bias.dtype() : compute,
                xc = rw ? xc : Tensor(), wc = rx ? wc : Tensor()](const std::vector<Tensor>& g) {
                 const int64_t n = g[0].size(-1);
-                const Tensor g2 = contiguous(reshape(g[0], {-1, n}));
+                const Tensor g2 = contiguous(reshape(g[0], {rows, n}));
                 Backend& backend = internal::backend_of(g2);
                 Tensor dx, dw, db;
                 if (rx) {
@@ -185,7 +186,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   // Fold leading dims into one GEMM.
   Shape out_shape = x.shape();
   out_shape.back() = weight.size(0);
-  Tensor y = matmul(reshape(x, {-1, x.size(-1)}), transpose(weight, 0, 1));
+  const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
+  Tensor y = matmul(reshape(x, {rows, x.size(-1)}), transpose(weight, 0, 1));
   if (bias.defined()) y = add(y, autocast_cast(bias, AutocastCategory::kLowerPrecision));
   return reshape(y, out_shape);
 }

@@ -211,6 +211,17 @@ TEST(OpsTest, MatmulMatchesLoopsIncludingBroadcastAndTransposes) {
   EXPECT_EQ(linear(a, bt).shape(), Shape({2, 3, 4}));
   const auto lin = values(linear(a, bt));
   for (size_t i = 0; i < lin.size(); ++i) EXPECT_NEAR(lin[i], vc[i], 1e-5);
+  // The bias is added in the GEMM (Backend::addmm): every row, also with split rows and no
+  // reduction dim at all.
+  const Tensor bias = rnd({4}, 11);
+  const auto vbias = values(bias);
+  const auto lb = values(linear(a, bt, bias));
+  for (size_t i = 0; i < lb.size(); ++i) EXPECT_NEAR(lb[i], vc[i] + vbias[i % 4], 1e-5);
+  const Tensor x = rnd({300, 5}, 12);
+  EXPECT_LT(item(max(abs(sub(linear(x, bt, bias), add(matmul(x, b), bias))))), 1e-5);
+  const auto empty_k = values(linear(zeros({3, 0}), zeros({4, 0}), bias));
+  for (size_t i = 0; i < empty_k.size(); ++i) EXPECT_EQ(empty_k[i], vbias[i % 4]);
+  EXPECT_EQ(linear(zeros({0, 5}), bt, bias).shape(), Shape({0, 4}));
 }
 
 // Shapes large enough that the CPU matmul splits rows or batches across threads.
