@@ -312,6 +312,16 @@ StateDict random_state(const GPT& model, uint32_t seed) {
   return state;
 }
 
+// n tokens and n targets drawn from the vocabulary.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> random_tokens(const GptConfig& cfg,
+                                                                    int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int64_t> tokens(n), targets(n);
+  for (auto& x : tokens) x = static_cast<int64_t>(rng() % cfg.vocab_size);
+  for (auto& x : targets) x = static_cast<int64_t>(rng() % cfg.vocab_size);
+  return {tokens, targets};
+}
+
 struct GptCase {
   int B, T;
   GptConfig config;
@@ -323,10 +333,7 @@ TEST_P(GptReferenceTest, LossAndEveryGradientMatchTheLoopReference) {
   const auto [B, T, cfg] = GetParam();
   GPT model(cfg);
   model.load_state_dict(random_state(model, 7));
-  std::mt19937 rng(11);
-  std::vector<int64_t> tokens(B * T), targets(B * T);
-  for (auto& x : tokens) x = static_cast<int64_t>(rng() % cfg.vocab_size);
-  for (auto& x : targets) x = static_cast<int64_t>(rng() % cfg.vocab_size);
+  const auto [tokens, targets] = random_tokens(cfg, B * T, 11);
 
   const Tensor logits = model(from_vector<int64_t>(tokens, {B, T}));
   ASSERT_EQ(logits.shape(), (Shape{B, T, cfg.vocab_size}));
@@ -359,10 +366,7 @@ TEST_P(GptReferenceTest, UnderBf16AutocastWithinBf16ToleranceOfTheReference) {
   const auto [B, T, cfg] = GetParam();
   GPT model(cfg);
   model.load_state_dict(random_state(model, 7));
-  std::mt19937 rng(11);
-  std::vector<int64_t> tokens(B * T), targets(B * T);
-  for (auto& x : tokens) x = static_cast<int64_t>(rng() % cfg.vocab_size);
-  for (auto& x : targets) x = static_cast<int64_t>(rng() % cfg.vocab_size);
+  const auto [tokens, targets] = random_tokens(cfg, B * T, 11);
 
   Tensor loss;
   {
@@ -419,10 +423,7 @@ TEST(GptAutocastTest, TrainsLikeF32OnF32MasterWeightsAndOptimizerState) {
   const GptConfig cfg{.vocab_size = 32, .block_size = 16, .n_layer = 2, .n_head = 2,
                       .n_embd = 32, .seed = 5};
   const int64_t B = 4, T = 16;
-  std::mt19937 rng(3);
-  std::vector<int64_t> tokens(B * T), targets(B * T);
-  for (auto& x : tokens) x = static_cast<int64_t>(rng() % cfg.vocab_size);
-  for (auto& x : targets) x = static_cast<int64_t>(rng() % cfg.vocab_size);
+  const auto [tokens, targets] = random_tokens(cfg, B * T, 3);
   const Tensor x = from_vector<int64_t>(tokens, {B, T}), y = from_vector<int64_t>(targets, {B, T});
   auto train = [&](bool bf16) {
     GPT model(cfg);

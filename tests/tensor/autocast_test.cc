@@ -36,6 +36,21 @@ std::vector<double> values(const Tensor& t) {
   return {v.begin(), v.end()};
 }
 
+// sum_i a[i * a_step] * b[i * b_step] over n terms, in double, and the sum of the terms'
+// magnitudes (what f32 accumulation error scales with: about n * 2^-24 of it at most).
+struct Dot {
+  double value = 0, magnitude = 0;
+};
+Dot dot(const double* a, int64_t a_step, const double* b, int64_t b_step, int64_t n) {
+  Dot d;
+  for (int64_t i = 0; i < n; ++i) {
+    d.value += a[i * a_step] * b[i * b_step];
+    d.magnitude += std::fabs(a[i * a_step] * b[i * b_step]);
+  }
+  return d;
+}
+constexpr double kF32Rounding = 6e-8;
+
 TEST(AutocastTest, GuardScopesNestAndRestore) {
   EXPECT_FALSE(autocast_enabled());
   {
@@ -139,13 +154,9 @@ TEST(AutocastTest, LinearAndMatmulRoundInputsOnceAndAccumulateInF32) {
   const std::vector<double> got_y = values(y), got_z = values(z);
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {
-      double acc = 0, mag = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        acc += xr[m * K + k] * wr[n * K + k];
-        mag += std::fabs(xr[m * K + k] * wr[n * K + k]);
-      }
+      const auto [acc, mag] = dot(&xr[m * K], 1, &wr[n * K], 1, K);
       // f32 accumulation over K terms, then (for y) the bias, then one bf16 rounding.
-      const double accumulation = K * 6e-8 * mag;
+      const double accumulation = K * kF32Rounding * mag;
       const double want_y = acc + bv[n];
       EXPECT_NEAR(got_y[m * N + n], want_y, kBf16Rounding * std::fabs(want_y) + accumulation)
           << m << "," << n;
@@ -180,17 +191,13 @@ TEST(AutocastTest, GradientsOfF32LeavesComeBackF32FromF32Accumulators) {
   const std::vector<double> xr = bf16_values(x), wr = bf16_values(w), gr = bf16_values(g);
   const std::vector<double> dw = values(w.grad()), dx = values(x.grad()), db = values(b.grad());
   int not_bf16 = 0;
+  const std::vector<double> ones_m(M, 1.0);
   for (int64_t n = 0; n < N; ++n) {
-    double bias = 0;
-    for (int64_t m = 0; m < M; ++m) bias += gr[m * N + n];
-    EXPECT_NEAR(db[n], bias, M * 6e-8 * M) << n;
+    const Dot bias = dot(&gr[n], N, ones_m.data(), 1, M);
+    EXPECT_NEAR(db[n], bias.value, M * kF32Rounding * bias.magnitude) << n;
     for (int64_t k = 0; k < K; ++k) {
-      double acc = 0, mag = 0;
-      for (int64_t m = 0; m < M; ++m) {
-        acc += gr[m * N + n] * xr[m * K + k];
-        mag += std::fabs(gr[m * N + n] * xr[m * K + k]);
-      }
-      EXPECT_NEAR(dw[n * K + k], acc, M * 6e-8 * mag) << n << "," << k;
+      const auto [acc, mag] = dot(&gr[n], N, &xr[k], K, M);
+      EXPECT_NEAR(dw[n * K + k], acc, M * kF32Rounding * mag) << n << "," << k;
       const float f = static_cast<float>(dw[n * K + k]);
       not_bf16 += static_cast<float>(BFloat16(f)) != f;
     }
@@ -198,12 +205,8 @@ TEST(AutocastTest, GradientsOfF32LeavesComeBackF32FromF32Accumulators) {
   EXPECT_GT(not_bf16, N * K * 9 / 10);
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t k = 0; k < K; ++k) {
-      double acc = 0, mag = 0;
-      for (int64_t n = 0; n < N; ++n) {
-        acc += gr[m * N + n] * wr[n * K + k];
-        mag += std::fabs(gr[m * N + n] * wr[n * K + k]);
-      }
-      EXPECT_NEAR(dx[m * K + k], acc, N * 6e-8 * mag) << m << "," << k;
+      const auto [acc, mag] = dot(&gr[m * N], 1, &wr[k], K, N);
+      EXPECT_NEAR(dx[m * K + k], acc, N * kF32Rounding * mag) << m << "," << k;
     }
   }
 }
