@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "tessel/base/error.h"
+#include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/thread_pool.h"
 
@@ -193,6 +194,28 @@ TEST(OpsTest, SumIsIndependentOfThreadCount) {
   set_num_threads(3);
   EXPECT_EQ(item(sum(x)), one);
   EXPECT_EQ(values(sum(x, {1})), rows_one);
+  set_num_threads(before);
+}
+
+// layer_norm's input, weight and bias gradients (summed over blocks of rows) are bitwise the
+// same for any thread count, in f32 and bf16, with a last block of rows that is not full.
+TEST(OpsTest, LayerNormForwardAndBackwardAreIndependentOfThreadCount) {
+  const int before = num_threads();
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    auto run = [&](int threads) {
+      set_num_threads(threads);
+      const Tensor x = to(rnd({301, 40}, 20), dtype).set_requires_grad(true);
+      const Tensor w = rnd({40}, 21).set_requires_grad(true);
+      const Tensor b = rnd({40}, 22).set_requires_grad(true);
+      const Tensor y = layer_norm(x, w, b);
+      backward(sum(mul(to(y, DType::kF32), rnd({301, 40}, 23))));
+      return std::vector<std::vector<float>>{values(y), values(x.grad()), values(w.grad()),
+                                             values(b.grad())};
+    };
+    const auto one = run(1);
+    EXPECT_EQ(run(2), one) << dtype_name(dtype);
+    EXPECT_EQ(run(3), one) << dtype_name(dtype);
+  }
   set_num_threads(before);
 }
 
