@@ -2,17 +2,57 @@
 // Bandwidth counts bytes read + written: add reads a and b and writes c (3 streams), gelu reads
 // x and writes y (2 streams), memcpy reads and writes n bytes (2 streams). The threaded memcpy
 // peer splits the copy over tessel's thread pool, like the ops do.
+// A second table times each floating unary kernel and the row-wise softmax / cross-entropy
+// kernels in ns per element on 1 Mi elements (cache-resident, so the math is what is timed),
+// calling the backend directly into a preallocated output.
 //
-//   build/rel/bench/tensor_elementwise [--mb 64] [--threads N]
+//   build/release/bench/tensor_elementwise [--mb 64] [--threads N]
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
+#include <utility>
 
 #include "bench_timer.h"
+#include "tessel/tensor/backend.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/thread_pool.h"
 
 using namespace tessel;
+
+namespace {
+
+// ns per element of the floating unary kernels and of softmax / log_softmax / cross-entropy
+// rows (1024 x 1024), f32 and bf16, each into a preallocated output.
+void print_kernel_times() {
+  constexpr int64_t kRows = 1024, kCols = 1024, kN = kRows * kCols;
+  const std::pair<const char*, UnaryOp> unary_ops[] = {
+      {"neg", UnaryOp::kNeg},   {"exp", UnaryOp::kExp},           {"log", UnaryOp::kLog},
+      {"sqrt", UnaryOp::kSqrt}, {"rsqrt", UnaryOp::kRsqrt},       {"tanh", UnaryOp::kTanh},
+      {"relu", UnaryOp::kRelu}, {"silu", UnaryOp::kSilu},         {"gelu", UnaryOp::kGelu},
+      {"abs", UnaryOp::kAbs},   {"gelu_tanh", UnaryOp::kGeluTanh}, {"sigmoid", UnaryOp::kSigmoid}};
+  Backend& cpu = backend_for(Device::cpu());
+  Generator gen(2);
+  const Tensor x[2] = {randn({kRows, kCols}, gen), randn({kRows, kCols}, gen, DType::kBF16)};
+  const Tensor out[2] = {empty({kRows, kCols}), empty({kRows, kCols}, DType::kBF16)};
+  const Tensor target = arange(kRows), loss = empty({kRows}), lse = empty({kRows});
+  std::printf("\nkernel time, %lld x %lld (ns per element; median of 7)\n",
+              static_cast<long long>(kRows), static_cast<long long>(kCols));
+  std::printf("%-14s %8s %8s\n", "kernel", "f32", "bf16");
+  auto row = [&](const char* name, const std::function<void(int)>& run) {
+    const double f32 = bench::median_seconds([&] { run(0); }) / kN * 1e9;
+    const double bf16 = bench::median_seconds([&] { run(1); }) / kN * 1e9;
+    std::printf("%-14s %8.3f %8.3f\n", name, f32, bf16);
+  };
+  for (const auto& [name, op] : unary_ops) {
+    row(name, [&, op = op](int k) { cpu.unary(op, x[k], out[k]); });
+  }
+  row("softmax", [&](int k) { cpu.softmax(x[k], out[k], false); });
+  row("log_softmax", [&](int k) { cpu.softmax(x[k], out[k], true); });
+  row("cross_entropy", [&](int k) { cpu.cross_entropy(x[k], target, -100, loss, lse); });
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   int64_t mb = 64;
@@ -49,5 +89,6 @@ int main(int argc, char** argv) {
                 copy_mt_bw, gelu_bw / copy_mt_bw);
   }
   std::printf("ratio = tessel bandwidth / threaded memcpy bandwidth\n");
+  print_kernel_times();
   return 0;
 }

@@ -1,5 +1,7 @@
 #include "tessel/collectives/dump_coordinator.h"
 
+#include <unistd.h>
+
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -24,6 +26,8 @@ void DumpCoordinator::start() {
   // Requests already made (an earlier attempt of the job) are not ours; every one made after
   // start() returns is answered.
   const int64_t seen = store_->add(std::string(fr::kStoreDumpCounterKey), 0);
+  // Tells a launcher that this rank answers dump requests (it waits for none that do not).
+  store_->set(fr::store_ready_key(rank_), std::to_string(::getpid()));
   {
     std::lock_guard lock(mutex_);
     stop_ = false;
@@ -41,9 +45,11 @@ void DumpCoordinator::stop() {
 }
 
 void DumpCoordinator::on_timeout(const std::string& reason) {
+  const int64_t now_us = fr::FlightRecorder::global().wall_now_us();
   dumper_.notify_timeout(rank_, reason);
   std::lock_guard lock(mutex_);
   if (!pending_) pending_ = reason;
+  if (!failed_at_us_) failed_at_us_ = now_us;  // the first failure, by this rank's clock
 }
 
 void DumpCoordinator::answer(int64_t n, const std::string& value) {
@@ -72,7 +78,18 @@ void DumpCoordinator::run(int64_t seen) {
     if (stopping && !post) return;
     try {
       if (post) {
-        // Post, and answer at once: a rank whose collective failed may exit right after.
+        // Record when this rank's collective failed (the launcher orders failures by these
+        // times, not by exit order), then post, and answer at once: a rank whose collective
+        // failed may exit right after.
+        int64_t failed_at = 0;
+        {
+          std::lock_guard lock(mutex_);
+          failed_at = failed_at_us_.value_or(0);
+        }
+        if (!failure_posted_) {
+          store_->set(fr::store_failure_key(rank_), fr::encode_store_failure(failed_at, *post));
+          failure_posted_ = true;
+        }
         const int64_t n = store_->add(std::string(fr::kStoreDumpCounterKey), 1);
         const std::string value = fr::encode_store_dump_request(rank_, *post);
         store_->set(fr::store_dump_request_key(n), value);
@@ -143,8 +160,12 @@ void enable_flight_recorder_dumps(std::shared_ptr<Store> store, int rank, int wo
   }
   runtime.coordinator = std::make_unique<DumpCoordinator>(std::move(store), *runtime.dumper, rank);
   runtime.coordinator->start();
-  watchdog.set_dump_hook(
-      [c = runtime.coordinator.get()](const WatchdogEvent& event) { c->on_timeout(event.reason); });
+  watchdog.set_dump_hook([c = runtime.coordinator.get()](const WatchdogEvent& event) {
+    // The kind leads the reason ("Timeout: ...", "PeerLost: ..."): a launcher tells a timeout
+    // from its consequences by it.
+    const std::string kind = fmt::format("{}: ", error_kind_name(event.kind));
+    c->on_timeout(event.reason.rfind(kind, 0) == 0 ? event.reason : kind + event.reason);
+  });
 }
 
 }  // namespace tessel

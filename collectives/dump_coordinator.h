@@ -45,8 +45,9 @@ class DumpCoordinator {
   // dump in the store). Idempotent.
   void stop();
 
-  // A collective of this rank failed: dump here now, and ask every rank to dump (the watcher posts
-  // the request and publishes this rank's answer to it). Returns at once.
+  // A collective of this rank failed: dump here now, and ask every rank to dump (the watcher
+  // records the failure's time under store_failure_key, posts the request and publishes this
+  // rank's answer to it). Returns at once.
   void on_timeout(const std::string& reason);
 
   // Requests this rank has answered (dumped and published).
@@ -64,6 +65,8 @@ class DumpCoordinator {
   std::condition_variable stopping_;     // wakes the watcher's back-off on stop()
   std::optional<std::string> pending_;  // guarded by mutex_: a request to post
   bool stop_ = false;                   // guarded by mutex_
+  std::optional<int64_t> failed_at_us_;  // guarded by mutex_: wall time of the first failure
+  bool failure_posted_ = false;          // watcher thread only
   std::atomic<int64_t> answered_{0};
   std::thread thread_;
 };

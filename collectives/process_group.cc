@@ -38,15 +38,17 @@ std::vector<int64_t> counts_or_even(const std::vector<int64_t>& given, int64_t t
 
 int64_t sum_of(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), 0LL); }
 
-uint64_t mix_id(uint64_t parent, uint64_t split_index, int color) {
-  // FNV-1a over the three values: the same on every member, distinct per sub-group.
+uint64_t mix_id(uint64_t parent, uint64_t split_index, int color, std::string_view name) {
+  // FNV-1a over the values and the name: the same on every member, distinct per sub-group.
   uint64_t h = 1469598103934665603ULL;
+  auto mix = [&h](uint8_t byte) {
+    h ^= byte;
+    h *= 1099511628211ULL;
+  };
   for (uint64_t v : {parent, split_index, static_cast<uint64_t>(static_cast<int64_t>(color))}) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xff;
-      h *= 1099511628211ULL;
-    }
+    for (int i = 0; i < 8; ++i) mix(static_cast<uint8_t>(v >> (8 * i)));
   }
+  for (char c : name) mix(static_cast<uint8_t>(c));
   return h;
 }
 
@@ -458,22 +460,24 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key,
   }
   request.options.name =
       options.name.empty() ? fmt::format("{}/{}", name(), color) : options.name;
-  request.options.id = mix_id(options_.id, request.split_index, color);
+  // The requested name is part of the id, so ranks that create different groups at the same
+  // point (mesh dimensions made in different orders) never join one communicator by accident.
+  request.options.id = mix_id(options_.id, request.split_index, color, options.name);
   request.options.timeout = timeout_of(options.timeout);
 
-  // Step 3: the backend builds the sub-communicator (collective over the parent). The all_gather
-  // above was blocking, so nothing of ours is queued; run it in the execution slot.
-  TESSEL_CHECK(worker_->begin_inline_wait(request.options.timeout), Timeout,
-               "split of group '{}': queued operations did not finish within {}", name(),
-               format_duration(request.options.timeout));
-  std::unique_ptr<CommBackend> sub;
-  try {
-    sub = backend_->split(request);
-  } catch (...) {
-    worker_->end_inline();
-    throw;
-  }
-  worker_->end_inline();
+  // Step 3: the backend builds the sub-communicator, as a recorded collective of this group (op
+  // "split", text: the requested name), so a split that hangs is timed by the watchdog and shows
+  // in the dumps like any other collective.
+  auto made = std::make_shared<std::unique_ptr<CommBackend>>();
+  Call call;
+  call.record.op = fr::OpType::kSplit;
+  call.record.text = options.name;
+  const int64_t new_size = static_cast<int64_t>(request.members.size());
+  call.record.input = call.record.output = fr::TensorMeta::make("", &new_size, 1);
+  call.timeout = request.options.timeout;
+  call.run = [this, request, made](const OpContext&) { *made = backend_->split(request); };
+  issue(std::move(call));
+  std::unique_ptr<CommBackend> sub = std::move(*made);
   if (color == kNoColor) return nullptr;
   TESSEL_CHECK(sub != nullptr, Internal, "backend {} returned no group for split color {}",
                backend_name(), color);

@@ -40,8 +40,8 @@ std::string_view finding_kind_name(FindingKind kind) {
       return "unmatched_recv";
     case FindingKind::kDeadlock:
       return "deadlock";
-    case FindingKind::kStraggler:
-      return "straggler";
+    case FindingKind::kCrashed:
+      return "crashed";
   }
   return "unknown";
 }
@@ -56,6 +56,10 @@ std::string_view where_name(RankPosition::Where where) {
       return "no_dump";
     case RankPosition::Where::kStale:
       return "stale";
+    case RankPosition::Where::kCrashed:
+      return "crashed";
+    case RankPosition::Where::kExited:
+      return "exited";
   }
   return "unknown";
 }
@@ -89,50 +93,84 @@ std::string ranks_verb(const std::vector<int>& ranks, std::string_view verb) {
   return fmt::format("{} {}{}", ranks_phrase(ranks), verb, ranks.size() == 1 ? "s" : "");
 }
 
+// "rank 3 is" / "ranks 0-2 are".
+std::string ranks_are(const std::vector<int>& ranks) {
+  return fmt::format("{} {}", ranks_phrase(ranks), ranks.size() == 1 ? "is" : "are");
+}
+
 // Signature fields that every member of a collective must agree on.
 struct Signature {
   OpType op;
   std::optional<ReduceOp> reduce_op;
   int32_t root;
-  std::string dtype;
+  std::string_view dtype;  // into the entry, which outlives the signature
   int64_t in_numel, out_numel;
+  std::string_view name;  // split: the requested name of the new group
   bool operator<(const Signature& o) const {
-    return std::tie(op, reduce_op, root, dtype, in_numel, out_numel) <
-           std::tie(o.op, o.reduce_op, o.root, o.dtype, o.in_numel, o.out_numel);
+    return std::tie(op, reduce_op, root, dtype, in_numel, out_numel, name) <
+           std::tie(o.op, o.reduce_op, o.root, o.dtype, o.in_numel, o.out_numel, o.name);
   }
   bool operator==(const Signature& o) const { return !(*this < o) && !(o < *this); }
 };
 
-Signature signature_of(const TraceEntry& e) {
-  Signature s{e.op, std::nullopt, -1, e.input.dtype, -1, -1};
+Signature signature_of(const TraceEntry& e, bool compare_names) {
+  Signature s{e.op, std::nullopt, -1, e.input.dtype, -1, -1, {}};
   if (e.op == OpType::kAllReduce || e.op == OpType::kReduceScatter) s.reduce_op = e.reduce_op;
   if (e.op == OpType::kBroadcast) s.root = e.root;
-  // all_to_all may split unevenly; barrier carries no tensor.
-  if (e.op != OpType::kAllToAll && e.op != OpType::kBarrier) {
-    s.in_numel = e.input.numel;
-    s.out_numel = e.output.numel;
+  // What every member must agree on: all_gather's output (inputs may be uneven), reduce_scatter's
+  // input (outputs may be uneven); all_to_all may split unevenly and a barrier carries nothing.
+  switch (e.op) {
+    case OpType::kAllReduce:
+    case OpType::kBroadcast:
+      s.in_numel = e.input.numel;
+      s.out_numel = e.output.numel;
+      break;
+    case OpType::kAllGather:
+      s.out_numel = e.output.numel;
+      break;
+    case OpType::kReduceScatter:
+      s.in_numel = e.input.numel;
+      break;
+    case OpType::kSplit:
+      s.dtype = {};
+      if (compare_names) s.name = e.text;
+      break;
+    default:
+      break;
   }
   return s;
 }
 
-std::string describe_difference(const Signature& mine, const Signature& theirs) {
+std::string describe_difference(const Signature& mine, const Signature& theirs,
+                                std::string_view others) {
   if (mine.op != theirs.op) {
-    return fmt::format("called {} where the others called {}", op_name(mine.op),
+    return fmt::format("called {} where {} called {}", op_name(mine.op), others,
                        op_name(theirs.op));
   }
   if (mine.reduce_op != theirs.reduce_op) {
-    return fmt::format("reduced with {} where the others used {}", reduce_op_text(mine.reduce_op),
+    return fmt::format("reduced with {} where {} used {}", reduce_op_text(mine.reduce_op), others,
                        reduce_op_text(theirs.reduce_op));
   }
   if (mine.root != theirs.root) {
-    return fmt::format("broadcast from root {} where the others used root {}", mine.root,
+    return fmt::format("broadcast from root {} where {} used root {}", mine.root, others,
                        theirs.root);
   }
   if (mine.dtype != theirs.dtype) {
-    return fmt::format("passed dtype {} where the others passed {}", mine.dtype, theirs.dtype);
+    return fmt::format("passed dtype {} where {} passed {}", mine.dtype, others, theirs.dtype);
   }
-  return fmt::format("passed {} input / {} output elements where the others passed {} / {}",
-                     mine.in_numel, mine.out_numel, theirs.in_numel, theirs.out_numel);
+  if (mine.name != theirs.name) {
+    return fmt::format("created group '{}' where {} created '{}'", mine.name, others, theirs.name);
+  }
+  if (mine.in_numel < 0) {
+    return fmt::format("passed {} output elements where {} passed {}", mine.out_numel, others,
+                       theirs.out_numel);
+  }
+  if (mine.out_numel < 0) {
+    return fmt::format("passed {} input elements where {} passed {}", mine.in_numel, others,
+                       theirs.in_numel);
+  }
+  return fmt::format("passed {} input / {} output elements where {} passed {} / {}",
+                     mine.in_numel, mine.out_numel, others, theirs.in_numel, theirs.out_numel);
 }
 
 class Analysis {
@@ -150,6 +188,9 @@ class Analysis {
     std::set<int> all;
     for (const auto& f : v_.findings) all.insert(f.culprits.begin(), f.culprits.end());
     v_.culprits = sorted(all);
+    std::set<int> suspects;
+    if (v_.culprits.empty()) suspects = suspects_;
+    v_.suspects = sorted(suspects);
     v_.status = !v_.culprits.empty()       ? VerdictStatus::kCulpritFound
                 : !v_.inconclusive.empty() ? VerdictStatus::kInconclusive
                                            : VerdictStatus::kHealthy;
@@ -157,34 +198,58 @@ class Analysis {
   }
 
  private:
-  // Argument mismatches: at each (group, seq) the ranks that disagree with a strict plurality.
+  // Argument mismatches: at each (group, seq) whose members disagree, the ranks that disagree
+  // with a strict majority of the members and of the members of sibling groups at that seq.
   void find_mismatches() {
     for (const auto& [group, by_seq] : m_.aligned()) {
       for (const auto& [key, members] : by_seq) {
         const uint64_t seq = key.first;
         if (members.size() < 2) continue;
-        std::map<Signature, std::vector<int>> classes;
-        for (const auto& [rank, e] : members) classes[signature_of(*e)].push_back(rank);
-        if (classes.size() == 1) continue;
-        auto best = classes.begin();
-        bool unique = true;
-        for (auto it = classes.begin(); it != classes.end(); ++it) {
-          if (it->second.size() > best->second.size()) {
-            best = it;
-            unique = true;
-          } else if (it != best && it->second.size() == best->second.size()) {
-            unique = false;
-          }
+        const Model::Members siblings = m_.sibling_entries(group, key);
+        // Split names are compared only when every rank asked for one (mesh dimensions do).
+        bool compare_names = true;
+        for (const auto* list : {&members, &siblings}) {
+          for (const auto& [rank, e] : *list) compare_names &= !e->text.empty();
         }
-        const std::string where = m_.describe_collective(group, seq, *members.front().second);
-        if (!unique) {
+        std::map<Signature, std::vector<int>> classes, everyone;
+        std::map<Signature, const TraceEntry*> example;
+        for (const auto& [rank, e] : members) {
+          const Signature sig = signature_of(*e, compare_names);
+          classes[sig].push_back(rank);
+          everyone[sig].push_back(rank);
+          example.emplace(sig, e);
+        }
+        if (classes.size() == 1) continue;
+        for (const auto& [rank, e] : siblings) {
+          const Signature sig = signature_of(*e, compare_names);
+          everyone[sig].push_back(rank);
+          example.emplace(sig, e);
+        }
+        const Signature* best = nullptr;
+        size_t total = 0;
+        for (const auto& [sig, ranks] : everyone) {
+          total += ranks.size();
+          if (best == nullptr || ranks.size() > everyone[*best].size()) best = &sig;
+        }
+        const bool majority = 2 * everyone[*best].size() > total;
+        const std::string where = m_.describe_collective(group, seq, *example.at(*best));
+        const std::string others =
+            siblings.empty() ? "the others" : fmt::format("the others in '{}' groups", m_.group_name(group));
+        if (!majority) {
           std::string split;
+          std::set<int> involved;
           for (const auto& [sig, ranks] : classes) {
+            const Signature& other = sig == classes.begin()->first
+                                         ? std::next(classes.begin())->first
+                                         : classes.begin()->first;
             split += fmt::format("; {} {}", ranks_phrase(ranks),
-                                 describe_difference(sig, classes.begin()->first));
+                                 describe_difference(sig, other, ranks_phrase(classes[other])));
+            involved.insert(ranks.begin(), ranks.end());
           }
-          v_.inconclusive.push_back(
-              fmt::format("arguments of {} differ with no majority to blame{}", where, split));
+          v_.inconclusive.push_back(fmt::format(
+              "arguments of {} differ with no majority to tell which side deviated{}", where,
+              split));
+          suspects_.insert(involved.begin(), involved.end());
         } else {
           Finding f;
           f.kind = FindingKind::kMismatch;
@@ -193,15 +258,21 @@ class Analysis {
           f.seq = seq;
           std::set<int> minority;
           for (const auto& [sig, ranks] : classes) {
-            if (sig == best->first) continue;
+            if (sig == *best) {
+              f.waiting = ranks;
+              continue;
+            }
             minority.insert(ranks.begin(), ranks.end());
             f.details.push_back(
-                fmt::format("{} {}", ranks_phrase(ranks), describe_difference(sig, best->first)));
+                fmt::format("{} {}", ranks_phrase(ranks), describe_difference(sig, *best, others)));
           }
           f.culprits = sorted(minority);
-          f.waiting = best->second;
-          f.summary = fmt::format("argument mismatch in {}: {} with the other {}", where,
-                                  ranks_verb(f.culprits, "disagree"), best->second.size());
+          const size_t agree = everyone[*best].size();
+          f.summary = fmt::format("argument mismatch in {}: {} with the other {}{}", where,
+                                  ranks_verb(f.culprits, "disagree"), agree,
+                                  siblings.empty() ? ""
+                                                   : fmt::format(" members of '{}' groups",
+                                                                 m_.group_name(group)));
           mismatched_.insert({group, seq});
           add_finding(std::move(f));
         }
@@ -213,7 +284,6 @@ class Analysis {
   // Hangs: who waits for whom, then the culprits at the ends of the waits.
   void find_waits() {
     const auto& waits = m_.waits();  // rank -> what it waits in and on whom
-    // Strongly connected components of the wait-for graph (Tarjan, iterative-safe sizes).
     const auto components = m_.wait_cycles();
     std::set<int> in_cycle;
     for (const auto& comp : components) in_cycle.insert(comp.begin(), comp.end());
@@ -221,13 +291,12 @@ class Analysis {
     for (const auto& comp : components) cycle_finding(comp);
 
     // Acyclic waits, grouped by the operation waited in.
-    std::map<std::tuple<uint64_t, uint64_t, int, int, int>, std::vector<int>> by_op;
+    std::map<Op, std::vector<int>> by_op;
     for (const auto& [rank, w] : waits) {
       if (in_cycle.count(rank)) continue;
-      const Op& op = w.op;
-      by_op[{op.group, op.seq, op.p2p ? op.src : -1, op.p2p ? op.dst : -1, op.p2p}].push_back(rank);
+      by_op[w.op].push_back(rank);
     }
-    for (const auto& [key, ranks] : by_op) {
+    for (const auto& [op, ranks] : by_op) {
       const auto& w = waits.at(ranks.front());
       if (w.op.p2p) {
         p2p_finding(ranks.front(), w);
@@ -235,10 +304,46 @@ class Analysis {
         collective_finding(ranks, w);
       }
     }
-    // Dumps that are missing although nobody waits on them.
-    std::vector<int> unexplained;
+    // Ranks that died while nobody waits on them.
+    std::vector<int> unexplained, crashed;
+    for (int r = 0; r < m_.world_size(); ++r) {
+      if (blamed_.count(r) || suspects_.count(r) || m_.waited_on(r)) continue;
+      if (m_.crashed(r)) crashed.push_back(r);
+    }
     for (int r : m_.set().missing_ranks) {
-      if (!blamed_.count(r) && !m_.waited_on(r)) unexplained.push_back(r);
+      if (!blamed_.count(r) && !suspects_.count(r) && !m_.waited_on(r) && !m_.exited_cleanly(r)) {
+        unexplained.push_back(r);
+      }
+    }
+    // Deviations no wait points at (yet): a rank that skipped or added a collective its own
+    // group's members issued otherwise, while another fault holds the job up first.
+    for (const auto& [r, dev] : m_.deviations()) {
+      if (blamed_.count(r) || suspects_.count(r)) continue;
+      Finding f;
+      f.kind = dev.count < dev.norm ? FindingKind::kNotJoined : FindingKind::kExtraCollective;
+      f.culprits = {r};
+      f.summary = fmt::format(
+          "rank {} {} a collective of its '{}' group in step {} (the group's later collectives "
+          "then paired with the wrong ones; no rank waits on it yet)",
+          r, dev.count < dev.norm ? "skipped" : "added", dev.family, dev.step);
+      f.details.push_back(culprit_detail(r));
+      f.details.push_back("evidence: " + m_.describe_deviation(dev));
+      add_finding(std::move(f));
+    }
+    for (int r : crashed) {
+      const TraceEntry* in = m_.crash_op(r);
+      if (in != nullptr && in->is_collective() && mismatched_.count({in->group_id, in->seq})) {
+        v_.notes.push_back(fmt::format(
+            "rank {} {}, where the mismatch above made the transport fail (a consequence, not "
+            "a cause)",
+            r, v_.positions[r].summary));
+        continue;
+      }
+      Finding f;
+      f.kind = FindingKind::kCrashed;
+      f.culprits = {r};
+      f.summary = fmt::format("rank {} {}", r, v_.positions[r].summary);
+      add_finding(std::move(f));
     }
     std::vector<int> stale;
     for (const auto& p : v_.positions) {
@@ -258,28 +363,89 @@ class Analysis {
     }
   }
 
+  // Why `sink` (a member that never issued the collective and is not waiting anywhere) skipped
+  // it rather than the others adding it; empty when nothing says so.
+  std::string skip_evidence(int sink, uint64_t group, uint64_t seq) const {
+    if (m_.dead(sink)) return fmt::format("rank {}: {}", sink, m_.death(sink));
+    const auto ops = m_.waited_on_in(sink);
+    if (ops.size() >= 2) {
+      return fmt::format("rank {} is awaited in {} operations of different groups", sink,
+                         ops.size());
+    }
+    const auto dev = m_.deviations().find(sink);
+    if (dev != m_.deviations().end() && dev->second.count < dev->second.norm) {
+      return m_.describe_deviation(dev->second);
+    }
+    const auto sib = m_.sibling_progress(group, seq);
+    if (sib.members > 0 && 2 * sib.reached > sib.members) {
+      return fmt::format("{} of the {} members of the other '{}' groups issued #{} too", sib.reached,
+                         sib.members, m_.group_name(group), seq);
+    }
+    return "";
+  }
+
+  // Why the ranks that issued the collective added it; empty when nothing says so.
+  std::string extra_evidence(const std::vector<int>& issued, uint64_t group, uint64_t seq) const {
+    std::string why;
+    for (int r : issued) {
+      const auto dev = m_.deviations().find(r);
+      if (dev == m_.deviations().end() || dev->second.count <= dev->second.norm) return "";
+      if (why.empty()) why = m_.describe_deviation(dev->second);
+    }
+    if (!why.empty()) return why;
+    const auto sib = m_.sibling_progress(group, seq);
+    if (sib.members > 0 && sib.reached == 0) {
+      return fmt::format("none of the {} members of the other '{}' groups issued a #{}",
+                         sib.members, m_.group_name(group), seq);
+    }
+    return "";
+  }
+
+  // A wait at or after a mismatch of its group is a consequence of the mismatch.
+  bool after_mismatch(uint64_t group, uint64_t seq) const {
+    const auto it = mismatched_.lower_bound({group, 0});
+    return it != mismatched_.end() && it->first == group && it->second <= seq;
+  }
+
   void collective_finding(const std::vector<int>& waiting, const internal::Wait& w) {
     const Op& op = w.op;
+    if (after_mismatch(op.group, op.seq)) return;
     const std::string where = m_.describe_collective(op.group, op.seq, *w.entry);
     if (w.missing.empty()) {
-      if (!mismatched_.count({op.group, op.seq})) {
-        v_.inconclusive.push_back(fmt::format(
-            "every member of group '{}' issued {} and it did not complete: look below the "
-            "recorder (transport, network, device)",
-            m_.group_name(op.group), where));
+      // Every member issued it: one that died in it holds it up.
+      std::vector<int> dead;
+      for (int r : m_.issued(op.group, op.seq)) {
+        if (m_.dead(r)) dead.push_back(r);
       }
+      if (!dead.empty()) {
+        Finding f;
+        f.kind = FindingKind::kCrashed;
+        f.group_id = op.group;
+        f.group_name = m_.group_name(op.group);
+        f.seq = op.seq;
+        f.culprits = dead;
+        f.waiting = waiting;
+        f.summary = fmt::format("{} died in {}; {} in it", ranks_phrase(dead), where,
+                                ranks_verb(waiting, "wait"));
+        for (int s : dead) f.details.push_back(culprit_detail(s));
+        add_finding(std::move(f));
+        return;
+      }
+      v_.inconclusive.push_back(fmt::format(
+          "every member of group '{}' issued {} and it did not complete: look below the "
+          "recorder (transport, network, device)",
+          m_.group_name(op.group), where));
       return;
     }
-    std::vector<int> sinks, compute_only;
-    bool others = false;
+    std::vector<int> sinks;
+    bool others = false, all_finished = true;  // finished: alive in compute, or exited cleanly
     for (int s : w.missing) {
-      const auto where_s = v_.positions[s].where;
-      if (where_s == RankPosition::Where::kInOperation) {
+      if (v_.positions[s].where == RankPosition::Where::kInOperation) {
         others = true;
         continue;
       }
       sinks.push_back(s);
-      if (where_s == RankPosition::Where::kInCompute) compute_only.push_back(s);
+      all_finished &= !m_.dead(s);
     }
     if (sinks.empty()) return;  // they wait elsewhere; that wait has its own finding
     const std::vector<int> issued = m_.issued(op.group, op.seq);
@@ -287,65 +453,96 @@ class Analysis {
     f.group_id = op.group;
     f.group_name = m_.group_name(op.group);
     f.seq = op.seq;
-    if (!others && compute_only.size() == w.missing.size() && issued.size() <= w.missing.size()) {
-      if (issued.size() == w.missing.size()) {
-        v_.inconclusive.push_back(fmt::format(
-            "{} in {} while {} never issued it and {} in compute: as many issued it as did "
-            "not, so a skipped collective cannot be told from an extra one",
-            ranks_verb(issued, "wait"), where, ranks_phrase(w.missing),
-            w.missing.size() == 1 ? "is" : "are"));
+    if (!others && all_finished && issued.size() <= w.missing.size()) {
+      // The members that never issued it are done or in compute: either they skipped it or the
+      // ones waiting issued one too many. Evidence decides; without it, a minority added it.
+      std::string skipped;
+      for (int s : sinks) {
+        skipped = skip_evidence(s, op.group, op.seq);
+        if (!skipped.empty()) break;
+      }
+      const std::string extra = extra_evidence(issued, op.group, op.seq);
+      if (skipped.empty() && (!extra.empty() || issued.size() < w.missing.size())) {
+        f.kind = FindingKind::kExtraCollective;
+        f.culprits = issued;
+        f.summary = fmt::format("{} issued {}, which the other {} members never issued",
+                                ranks_phrase(issued), where, w.missing.size());
+        f.details.push_back(fmt::format("{} in compute: {}", ranks_are(w.missing),
+                                        v_.positions[w.missing.front()].summary));
+        if (!extra.empty()) f.details.push_back(extra);
+        add_finding(std::move(f));
         return;
       }
-      f.kind = FindingKind::kExtraCollective;
-      f.culprits = issued;
-      f.summary = fmt::format("{} issued {}, which the other {} members never issued",
-                              ranks_phrase(issued), where, w.missing.size());
-      f.details.push_back(fmt::format("{} {} in compute: {}", ranks_phrase(w.missing),
-                                      w.missing.size() == 1 ? "is" : "are",
-                                      v_.positions[w.missing.front()].summary));
-    } else {
-      f.kind = FindingKind::kNotJoined;
-      f.culprits = sinks;
-      f.waiting = waiting;
-      f.summary = fmt::format("{} did not join {}; {} in it", ranks_phrase(sinks), where,
-                              ranks_verb(waiting, "wait"));
-      for (int s : sinks) f.details.push_back(culprit_detail(s));
+      if (skipped.empty() || !extra.empty()) {
+        v_.inconclusive.push_back(fmt::format(
+            "{} in {} while {} never issued it and {} {}: {} issued it as did not, and nothing "
+            "tells whether {} skipped it or {} issued one too many",
+            ranks_verb(issued, "wait"), where, ranks_phrase(w.missing),
+            w.missing.size() == 1 ? "is" : "are", v_.positions[w.missing.front()].summary,
+            issued.size() == w.missing.size() ? "as many" : "fewer", ranks_phrase(w.missing),
+            ranks_phrase(issued)));
+        suspects_.insert(issued.begin(), issued.end());
+        suspects_.insert(w.missing.begin(), w.missing.end());
+        return;
+      }
+      f.details.push_back("evidence: " + skipped);
+    }
+    f.kind = FindingKind::kNotJoined;
+    std::vector<int> crashed;
+    for (int s : sinks) {
+      if (m_.crashed(s)) crashed.push_back(s);
+    }
+    if (crashed.size() == sinks.size()) f.kind = FindingKind::kCrashed;
+    f.culprits = sinks;
+    f.waiting = waiting;
+    f.summary = fmt::format("{} did not join {}; {} in it", ranks_phrase(sinks), where,
+                            ranks_verb(waiting, "wait"));
+    for (int s : sinks) {
+      const auto dev = m_.deviations().find(s);
+      if (dev != m_.deviations().end() && dev->second.count < dev->second.norm &&
+          std::find(f.details.begin(), f.details.end(),
+                    "evidence: " + m_.describe_deviation(dev->second)) == f.details.end()) {
+        f.details.push_back("evidence: " + m_.describe_deviation(dev->second));
+      }
+      f.details.insert(f.details.begin(), culprit_detail(s));
     }
     add_finding(std::move(f));
   }
 
   void p2p_finding(int rank, const internal::Wait& w) {
     const Op& op = w.op;
+    const bool is_send = op.src == rank;
+    const std::string what = m_.describe_p2p(op, !is_send);
     if (w.missing.empty()) {
       v_.inconclusive.push_back(fmt::format(
           "{} and its matching {} were both posted and did not complete: look below the "
           "recorder",
-          m_.describe_p2p(op), op.src == rank ? "recv" : "send"));
+          what, is_send ? "recv" : "send"));
       return;
     }
     if (w.unknown) {
       v_.inconclusive.push_back(fmt::format(
           "{} has no match on rank {}, but that rank's ring no longer holds entries that old",
-          m_.describe_p2p(op), w.missing.front()));
+          what, w.missing.front()));
       return;
     }
     Finding f;
-    const bool is_send = op.src == rank;
     f.kind = is_send ? FindingKind::kUnmatchedSend : FindingKind::kUnmatchedRecv;
     f.group_id = op.group;
     f.group_name = m_.group_name(op.group);
     f.seq = op.seq;
     f.culprits = w.missing;
     f.waiting = {rank};
-    f.summary = fmt::format("{} has no matching {}: rank {} never posted it", m_.describe_p2p(op),
+    f.summary = fmt::format("{} has no matching {}: rank {} never posted it", what,
                             is_send ? "recv" : "send", w.missing.front());
     f.details.push_back(culprit_detail(w.missing.front()));
     add_finding(std::move(f));
   }
 
   // A cycle of waits. With an unmatched send/recv in it, the rank that did not post its half is
-  // the culprit; otherwise each collective on the cycle blames the side in the minority (both
-  // sides on a tie).
+  // the culprit. Otherwise the ranks the evidence singles out: those whose per-step collectives
+  // deviate from their siblings', or those that took the cycle's operations in the order fewer
+  // ranks used. Without such evidence the cycle is symmetric: said in words, nobody blamed.
   void cycle_finding(const std::vector<int>& comp) {
     const auto& waits = m_.waits();
     const std::set<int> members(comp.begin(), comp.end());
@@ -368,57 +565,98 @@ class Analysis {
       }
       return;
     }
-    std::set<int> blamed;
-    Finding f;
-    f.kind = FindingKind::kDeadlock;
+    std::vector<std::string> lines;
     std::set<std::pair<uint64_t, uint64_t>> seen;
     for (int r : comp) {
       const auto& w = waits.at(r);
       if (!seen.insert({w.op.group, w.op.seq}).second) continue;
-      const std::vector<int> issued = m_.issued(w.op.group, w.op.seq);
-      const auto& missing = w.missing;
-      if (missing.size() <= issued.size()) blamed.insert(missing.begin(), missing.end());
-      if (issued.size() <= missing.size()) blamed.insert(issued.begin(), issued.end());
-      f.details.push_back(fmt::format(
-          "{} in {}, which {} never issued", ranks_verb(m_.waiting_in(w.op), "wait"),
-          m_.describe_collective(w.op.group, w.op.seq, *w.entry), ranks_phrase(missing)));
+      std::vector<int> missing;
+      for (int s : w.missing) {
+        if (members.count(s)) missing.push_back(s);
+      }
+      lines.push_back(fmt::format("{} in {}, which {} never issued",
+                                  ranks_verb(m_.waiting_in(w.op), "wait"),
+                                  m_.describe_collective(w.op.group, w.op.seq, *w.entry),
+                                  ranks_phrase(missing)));
+    }
+    // Evidence 1: per-step counts.
+    std::set<int> blamed;
+    std::vector<std::string> evidence;
+    for (int r : comp) {
+      const auto it = m_.deviations().find(r);
+      if (it == m_.deviations().end()) continue;
+      blamed.insert(r);
+      evidence.push_back(m_.describe_deviation(it->second));
+    }
+    // Evidence 2: the order in which the ranks (and their siblings) issue each pair of
+    // operations on the cycle.
+    if (blamed.empty() || blamed.size() == comp.size()) {
+      blamed.clear();
+      evidence.clear();
+      for (int r : comp) {
+        const Op& mine = waits.at(r).op;
+        for (int s : waits.at(r).missing) {
+          if (!members.count(s)) continue;
+          const Op& theirs = waits.at(s).op;
+          if (theirs == mine) continue;
+          // r issued `mine` and not yet `theirs`: it put mine first.
+          const auto [mine_first, theirs_first] = m_.order_votes(mine, theirs);
+          if (theirs_first > mine_first) {
+            blamed.insert(r);
+            evidence.push_back(fmt::format(
+                "rank {} issued {} before {}, an order {} rank{} used, against {}", r,
+                m_.describe_collective(mine.group, mine.seq, *waits.at(r).entry),
+                m_.describe_collective(theirs.group, theirs.seq, *waits.at(s).entry), mine_first,
+                mine_first == 1 ? "" : "s", theirs_first));
+          }
+        }
+      }
+    }
+    if (blamed.empty() || blamed.size() == comp.size()) {
+      std::string text = fmt::format("{} each wait for {}", ranks_phrase(comp),
+                                     comp.size() == 2 ? "the other" : "another");
+      for (const auto& l : lines) text += "; " + l;
+      text += "; nothing tells which of them deviated";
+      v_.inconclusive.push_back(std::move(text));
+      suspects_.insert(comp.begin(), comp.end());
+      return;
+    }
+    Finding f;
+    f.kind = FindingKind::kDeadlock;
+    for (int r : comp) {
+      const auto& w = waits.at(r);
       if (f.group_id == 0) {
         f.group_id = w.op.group;
         f.group_name = m_.group_name(w.op.group);
         f.seq = w.op.seq;
       }
-    }
-    f.culprits = sorted(blamed);
-    for (int r : comp) {
       if (!blamed.count(r)) f.waiting.push_back(r);
     }
-    f.summary = fmt::format(
-        "deadlock across groups: {} wait on each other in a cycle; blamed: "
-        "{} (the minority side of each collective on the cycle, both "
-        "sides on a tie)",
-        ranks_phrase(comp), ranks_phrase(f.culprits));
+    f.culprits = sorted(blamed);
+    f.summary = fmt::format("deadlock across groups: {} wait on each other in a cycle; {} deviated",
+                            ranks_phrase(comp), ranks_phrase(f.culprits));
+    f.details = lines;
+    for (auto& e : evidence) f.details.push_back("evidence: " + e);
     add_finding(std::move(f));
   }
 
   void find_stragglers() {
     const auto stragglers = m_.stragglers();
-    if (stragglers.empty()) return;
     const bool hang = !v_.findings.empty() || !v_.inconclusive.empty();
     for (const auto& s : stragglers) {
-      const std::string text = fmt::format(
-          "rank {} arrived clearly last at {} of the {} collectives with a clear last arrival it "
-          "took part in, a median {} after the next latest rank",
-          s.rank, s.times_last, s.samples, format_duration(Nanoseconds(s.median_lag_ns)));
-      if (hang) {
-        v_.notes.push_back("straggler (not blamed while something hangs): " + text);
-        continue;
-      }
-      Finding f;
-      f.kind = FindingKind::kStraggler;
-      f.culprits = {s.rank};
-      f.summary = "straggler: " + text;
-      f.details.push_back(culprit_detail(s.rank));
-      add_finding(std::move(f));
+      Straggler info;
+      info.rank = s.rank;
+      info.late = s.times_last;
+      info.samples = s.samples;
+      info.median_lag = std::chrono::nanoseconds(s.median_lag_ns);
+      info.median_duration = std::chrono::nanoseconds(s.median_duration_ns);
+      info.summary = fmt::format(
+          "rank {} arrived last, by a median {} (the collectives themselves took a median {}), "
+          "at {} of the {} collectives it took part in{}",
+          s.rank, format_duration(Nanoseconds(s.median_lag_ns)),
+          format_duration(Nanoseconds(s.median_duration_ns)), s.times_last, s.samples,
+          hang ? " (unrelated to the hang above unless it is blamed there)" : "");
+      v_.stragglers.push_back(std::move(info));
     }
   }
 
@@ -450,6 +688,7 @@ class Analysis {
   Verdict v_;
   std::set<std::pair<uint64_t, uint64_t>> mismatched_;
   std::set<int> blamed_;
+  std::set<int> suspects_;
 };
 
 }  // namespace

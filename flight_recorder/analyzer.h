@@ -2,21 +2,30 @@
 // The analyzer: reads every rank's dump together and names the ranks that hang the job and why.
 // It aligns collectives by (group, sequence number) and send/recv by (group, sender, receiver,
 // per-peer sequence number), works out where each rank is (waiting in which operation, in
-// compute after which one, dead with no dump, stale), and reports findings:
+// compute after which one, crashed, dead with no dump, exited, stale), and reports findings:
 //   - not_joined: ranks waiting in a collective that some members never issued; the members
-//     that are in compute, dead or stale are the culprits (the minority rule below applies);
+//     that are in compute, dead, exited or stale are the culprits;
+//   - crashed: a rank whose dump was written by its fatal-signal handler, which the others wait
+//     for (in a collective it never issued, or one it was in when it died);
 //   - extra_collective: a minority issued a collective the rest never did (they are all in
-//     compute); the minority is the culprit;
+//     compute or exited); the minority is the culprit;
 //   - mismatch: ranks called the same (group, seq) with different op, reduce op, root, dtype or
-//     size; the minority is blamed (no strict majority: inconclusive);
+//     size; the minority is blamed, counting the members of sibling groups (the other groups of
+//     the same mesh dimension) at the same seq;
 //   - unmatched_send / unmatched_recv: a send (recv) whose peer never posted the matching recv
 //     (send); the peer that did not post it is the culprit;
 //   - deadlock: a cycle in the wait-for graph (rank A waits in an op that rank B never issued
-//     because B waits in one A never issued); the ranks on the cycle are the culprits;
-//   - straggler: a rank last to arrive at most collectives by a clear margin (reported as a
-//     culprit only when nothing hangs);
-// and "inconclusive" with the reason when the evidence is not enough. A rank is blamed only by
-// a finding; a rank that merely waits is never a culprit.
+//     because B waits in one A never issued); blamed are the ranks the evidence singles out:
+//     those whose count of collectives in a training step differs from their siblings', or
+//     those that issued the cycle's operations in the order fewer ranks used.
+// Evidence that settles a two-sided wait (a skipped collective or an extra one; which side of a
+// cycle deviated): step stamps (per-step counts of collectives on sibling groups), whether the
+// sibling groups reached the collective, a rank that several groups wait on, the fatal-signal
+// trigger of a dump, and the launcher's record of which ranks exited. When nothing separates the
+// two sides, the verdict says so in words and names the suspects, and blames nobody.
+// Stragglers (a rank clearly last at most collectives, beyond a threshold relative to the
+// collectives' own duration) are information: they never make a verdict other than healthy.
+// A rank that merely waits is never a culprit.
 //
 // Thread-safe: pure functions of their inputs.
 
@@ -36,12 +45,15 @@ struct AnalyzerOptions {
   std::chrono::nanoseconds min_wait = std::chrono::seconds(1);
   // A dump written this much before the newest one is stale: its rank stopped answering.
   std::chrono::nanoseconds stale_after = std::chrono::seconds(60);
-  // Straggler: clearly last (at least `straggler_min_lag` after the next latest rank) at
-  // `straggler_min_samples` or more fully aligned collectives, and at this fraction or more of
-  // the clearly-ended collectives it took part in.
+  // Straggler (information only): at a completed collective, the last rank to arrive counts
+  // as late when it came at least max(straggler_min_lag, straggler_duration_factor x the
+  // collective's own duration) after the next latest rank, and its compute before it was that
+  // much longer than the others'. A rank late at `straggler_min_samples` or more collectives,
+  // and at this fraction or more of those it took part in, is reported.
   double straggler_fraction = 0.6;
   size_t straggler_min_samples = 5;
-  std::chrono::nanoseconds straggler_min_lag = std::chrono::milliseconds(5);
+  std::chrono::nanoseconds straggler_min_lag = std::chrono::milliseconds(20);
+  double straggler_duration_factor = 2.0;
 };
 
 enum class VerdictStatus { kHealthy, kCulpritFound, kInconclusive };
@@ -54,13 +66,13 @@ enum class FindingKind {
   kUnmatchedSend,
   kUnmatchedRecv,
   kDeadlock,
-  kStraggler,
+  kCrashed,
 };
 std::string_view finding_kind_name(FindingKind kind);  // "not_joined", "deadlock", ...
 
 // Where one rank is at the time of its dump.
 struct RankPosition {
-  enum class Where { kInOperation, kInCompute, kNoDump, kStale };
+  enum class Where { kInOperation, kInCompute, kNoDump, kStale, kCrashed, kExited };
   int rank = -1;
   Where where = Where::kNoDump;
   std::string summary;     // "waiting in all_reduce #42 of group 'world' (...) for 31.2s"
@@ -74,11 +86,19 @@ struct Finding {
   FindingKind kind = FindingKind::kNotJoined;
   std::vector<int> culprits;  // sorted global ranks this finding blames
   std::vector<int> waiting;   // ranks stuck because of it (not blamed)
-  uint64_t group_id = 0;      // the collective or channel concerned (0 for stragglers)
+  uint64_t group_id = 0;      // the collective or channel concerned
   std::string group_name;
   uint64_t seq = 0;                  // collective seq, or p2p seq for send/recv
   std::string summary;               // one line
   std::vector<std::string> details;  // where each culprit is, what differed, ...
+};
+
+// A rank that arrives clearly last at most collectives of a job that does not hang.
+struct Straggler {
+  int rank = -1;
+  size_t late = 0, samples = 0;
+  std::chrono::nanoseconds median_lag{0}, median_duration{0};
+  std::string summary;
 };
 
 struct Verdict {
@@ -86,6 +106,10 @@ struct Verdict {
   std::vector<int> culprits;  // union of the findings' culprits, sorted
   std::vector<Finding> findings;
   std::vector<std::string> inconclusive;  // reasons the evidence was not enough
+  // Inconclusive: ranks among which the evidence says the fault lies, without telling which
+  // (both sides of a symmetric wait). Never blamed.
+  std::vector<int> suspects;
+  std::vector<Straggler> stragglers;      // information, never a culprit
   std::vector<std::string> notes;         // context that blames nobody (failed ops, problems)
   std::vector<RankPosition> positions;    // one per rank of the world, by rank
   int world_size = 0;

@@ -16,7 +16,9 @@
 namespace tessel::fr {
 
 inline constexpr std::string_view kDumpFormatName = "tessel-flight-recorder";
-inline constexpr int kDumpFormatVersion = 1;
+// Version 2 added the "split" op; the reader also reads version 1.
+inline constexpr int kDumpFormatVersion = 2;
+inline constexpr int kOldestDumpFormatVersion = 1;
 
 // Why a dump was written.
 enum class DumpTrigger : uint8_t {

@@ -60,6 +60,17 @@ int parse_signal(std::string_view text);
 inline constexpr std::string_view kStoreDumpCounterKey = "tessel/fr/dump_requests";
 std::string store_dump_request_key(int64_t n);   // "tessel/fr/dump_request/<n>"
 std::string store_dump_key(int64_t n, int rank);  // "tessel/fr/dump/<n>/<rank>"
+// What a launcher reads besides the dumps:
+//   store_ready_key(rank)   a rank's coordinator answers dump requests (value: its pid)
+//   store_failure_key(rank) the rank's first failed collective, by its own clock:
+//                           "<wall_time_us> <reason>" (encode_store_failure)
+//   store_final_dump_key(rank)  a dead rank's dump file, posted by its launcher
+std::string store_ready_key(int rank);       // "tessel/fr/ready/<rank>"
+std::string store_failure_key(int rank);     // "tessel/fr/failure/<rank>"
+std::string store_final_dump_key(int rank);  // "tessel/fr/final/<rank>"
+std::string encode_store_failure(int64_t wall_time_us, std::string_view reason);
+// (wall_time_us, reason); throws InvalidArgument naming the value when it is malformed.
+std::pair<int64_t, std::string> decode_store_failure(std::string_view value);
 std::string encode_store_dump_request(int initiator, std::string_view reason);
 // Throws InvalidArgument naming the text when it is not an encoded request.
 DumpRequest decode_store_dump_request(std::string_view value);

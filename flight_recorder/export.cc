@@ -77,10 +77,30 @@ std::string export_perfetto(const DumpSet& set) {
                       {"name", "process_sort_index"},
                       {"pid", d.rank},
                       {"args", {{"sort_index", d.rank}}}});
-    std::map<uint64_t, bool> named;
+    // Thread ids are small per-rank track numbers (Perfetto's JSON importer takes 32-bit ids;
+    // group ids are 64-bit hashes): 0 for user markers, then 1, 2, ... per group in order of
+    // first use, each named.
+    std::map<uint64_t, int> track;
+    auto name_track = [&](int tid, const std::string& name) {
+      events.push_back({{"ph", "M"},
+                        {"name", "thread_name"},
+                        {"pid", d.rank},
+                        {"tid", tid},
+                        {"args", {{"name", name}}}});
+      events.push_back({{"ph", "M"},
+                        {"name", "thread_sort_index"},
+                        {"pid", d.rank},
+                        {"tid", tid},
+                        {"args", {{"sort_index", tid}}}});
+    };
+    bool markers = false;
     for (const auto& e : d.entries) {
       const double ts = d.to_wall_ns(e.enqueued_ns) / 1000.0;
       if (e.is_user_event()) {
+        if (!markers) {
+          markers = true;
+          name_track(0, "markers");
+        }
         events.push_back({{"ph", "i"},
                           {"s", "p"},
                           {"name", e.text},
@@ -90,14 +110,8 @@ std::string export_perfetto(const DumpSet& set) {
                           {"args", {{"step", e.step}}}});
         continue;
       }
-      if (!named[e.group_id]) {
-        named[e.group_id] = true;
-        events.push_back({{"ph", "M"},
-                          {"name", "thread_name"},
-                          {"pid", d.rank},
-                          {"tid", e.group_id},
-                          {"args", {{"name", "group " + group_label(d, e.group_id)}}}});
-      }
+      auto [it, fresh] = track.emplace(e.group_id, static_cast<int>(track.size()) + 1);
+      if (fresh) name_track(it->second, "group " + group_label(d, e.group_id));
       const bool pending = !e.finished();
       const int64_t end_ns = pending ? d.wall_time_us * 1000 : d.to_wall_ns(e.completed_ns);
       Json args = {{"state", state_name(e.state)},
@@ -118,7 +132,7 @@ std::string export_perfetto(const DumpSet& set) {
                         {"name", entry_name(d, e) + (pending ? " (pending)" : "")},
                         {"cat", op_name(e.op)},
                         {"pid", d.rank},
-                        {"tid", e.group_id},
+                        {"tid", it->second},
                         {"ts", ts},
                         {"dur", std::max<int64_t>(end_ns / 1000 - static_cast<int64_t>(ts), 0)},
                         {"args", args}});

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "tessel/base/error.h"
+#include "tessel/flight_recorder/pytorch_dump.h"
 
 namespace tessel::fr {
 namespace {
@@ -100,163 +101,92 @@ class Fields {
   std::string where_;
 };
 
-template <typename Enum, size_t N>
-Enum parse_enum(const Fields& f, const char* key, std::string_view (*name)(Enum),
-                const Enum (&values)[N], std::string_view expected) {
-  const std::string text = f.str(key);
-  for (Enum v : values) {
-    if (name(v) == text) return v;
-  }
-  f.bad_value(key, expected, text);
+}  // namespace
+
+RankDump read_dump(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary | std::ios::ate);
+  TESSEL_CHECK(in.good(), IoError, "{}: cannot open dump: {}", file.string(), std::strerror(errno));
+  std::string text(static_cast<size_t>(in.tellg()), '\0');
+  in.seekg(0);
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  TESSEL_CHECK(!in.bad(), IoError, "{}: error while reading the dump", file.string());
+  return parse_dump(text, file.string());
 }
 
-constexpr OpType kOps[] = {OpType::kAllReduce,     OpType::kBroadcast, OpType::kAllGather,
-                           OpType::kReduceScatter, OpType::kAllToAll,  OpType::kSend,
-                           OpType::kRecv,          OpType::kBarrier,   OpType::kUserEvent};
-constexpr EntryState kStates[] = {EntryState::kScheduled, EntryState::kStarted,
-                                  EntryState::kCompleted, EntryState::kFailed};
+namespace {
 
-TensorMeta parse_tensor(const Json& j, const std::string& file, const std::string& where) {
-  const Fields f(j, file, where);
-  TensorMeta t;
-  const std::string dtype = f.str("dtype");
-  if (dtype.size() >= sizeof(t.dtype)) f.bad_value("dtype", "a dtype name", dtype);
-  std::memcpy(t.dtype, dtype.data(), dtype.size());
-  const Json& shape = f.array("shape");
-  if (shape.size() > static_cast<size_t>(kMaxDims)) {
-    f.bad_value("shape", fmt::format("at most {} dimensions", kMaxDims),
-                std::to_string(shape.size()));
-  }
-  t.ndim = static_cast<uint8_t>(shape.size());
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (!shape[i].is_number_integer()) f.fail(fmt::format("shape[{}]", i), "an integer", shape[i]);
-    t.shape[i] = shape[i].get<int64_t>();
-  }
-  t.numel = f.i64("numel");
-  return t;
+std::string read_file_bytes(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  TESSEL_CHECK(in.good(), IoError, "{}: cannot open: {}", file.string(), std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
-TraceEntry parse_entry(const Json& j, const std::string& file, size_t index) {
-  const std::string where = fmt::format("entries[{}]", index);
-  const Fields f(j, file, where);
-  TraceEntry e;
-  e.record_id = f.u64("record_id");
-  e.group_id = f.u64("group_id");
-  e.seq = f.u64("seq");
-  e.peer = f.i32("peer");
-  e.p2p_seq = f.u64("p2p_seq");
-  e.op = parse_enum(f, "op", op_name, kOps, "an op name such as 'all_reduce'");
-  if (f.str("reduce_op") != "none") {
-    e.reduce_op = parse_enum(f, "reduce_op", reduce_op_name, kAllReduceOps,
-                             "a reduce op (none, sum, avg, max, min, product)");
+// A directory of PyTorch flight-recorder dumps (pytorch_dump.h): files that are not one are
+// ignored, files that claim to be one and do not parse are problems.
+DumpSet read_pytorch_dumps(const std::vector<std::filesystem::path>& files, int world_size_hint) {
+  DumpSet set;
+  std::map<int, std::filesystem::path> by_rank;
+  for (const auto& f : files) {
+    try {
+      const std::string bytes = read_file_bytes(f);
+      if (sniff_pytorch_dump(bytes) == ForeignFormat::kNone) continue;
+      const int rank = rank_from_dump_name(f.filename().string());
+      if (auto dup = by_rank.find(rank); dup != by_rank.end()) {
+        set.problems.push_back({f, fmt::format("{}: rank {} is also dumped in {}", f.string(),
+                                               rank, dup->second.string())});
+        continue;
+      }
+      by_rank[rank] = f;
+      set.dumps.push_back(parse_pytorch_dump(bytes, rank, f.string()));
+    } catch (const Error& e) {
+      set.problems.push_back({f, e.message()});
+    }
   }
-  e.root = f.i32("root");
-  e.state = parse_enum(f, "state", state_name, kStates, "scheduled/started/completed/failed");
-  e.coalesced_id = f.u32("coalesced_id");
-  e.coalesced_index = f.u32("coalesced_index");
-  e.callsite_id = f.u32("callsite_id");
-  e.step = f.i64("step");
-  e.input = parse_tensor(f.at("input"), file, where + ".input");
-  e.output = parse_tensor(f.at("output"), file, where + ".output");
-  e.enqueued_ns = f.time("enqueued_ns", kMaxNanoseconds);
-  e.started_ns = f.time("started_ns", kMaxNanoseconds);
-  e.completed_ns = f.time("completed_ns", kMaxNanoseconds);
-  e.thread_id = f.u32("thread_id");
-  e.text = f.str("text");
-  const Json& stack = f.array("stack");
-  for (size_t i = 0; i < stack.size(); ++i) {
-    const std::string frame = stack[i].is_string() ? stack[i].get<std::string>() : "";
-    uint64_t address = 0;
-    const bool hex = frame.size() > 2 && frame.rfind("0x", 0) == 0 &&
-                     std::all_of(frame.begin() + 2, frame.end(), ::isxdigit) && frame.size() <= 18;
-    if (!hex) f.fail(fmt::format("stack[{}]", i), "a hex address string", stack[i]);
-    address = std::stoull(frame.substr(2), nullptr, 16);
-    e.stack.push_back(address);
+  settle_pytorch_groups(set.dumps, world_size_hint);
+  std::sort(set.dumps.begin(), set.dumps.end(),
+            [](const RankDump& a, const RankDump& b) { return a.rank < b.rank; });
+  set.world_size = set.dumps.empty() ? world_size_hint : set.dumps.front().world_size;
+  for (int r = 0; r < set.world_size; ++r) {
+    if (!by_rank.count(r)) set.missing_ranks.push_back(r);
   }
-  return e;
+  return set;
 }
 
 }  // namespace
 
-RankDump parse_dump(std::string_view text, const std::string& name) {
+std::string exits_to_json(const std::vector<ExitRecord>& exits) {
+  Json j = {{"format", "tessel-run-exits"}, {"exits", Json::array()}};
+  for (const auto& e : exits) {
+    j["exits"].push_back({{"rank", e.rank},
+                          {"exit_code", e.exit_code},
+                          {"signal", e.signal},
+                          {"wall_time_us", e.wall_time_us}});
+  }
+  return j.dump(2) + "\n";
+}
+
+std::vector<ExitRecord> parse_exits(std::string_view text, const std::string& name) {
   Json j;
   try {
     j = Json::parse(text.begin(), text.end());
   } catch (const Json::parse_error& e) {
-    throw InvalidArgument(
-        fmt::format("{}: not valid JSON (truncated or corrupt dump?) at byte {} of {}: {}", name,
-                    e.byte, text.size(), e.what()));
+    throw InvalidArgument(fmt::format("{}: not valid JSON: {}", name, e.what()));
   }
   const Fields f(j, name, "");
-  RankDump d;
-  d.path = name;
   const std::string format = f.str("format");
-  if (format != kDumpFormatName)
-    f.bad_value("format", fmt::format("'{}'", kDumpFormatName), format);
-  d.version = static_cast<int>(f.i64("version"));
-  TESSEL_CHECK(d.version == kDumpFormatVersion, InvalidArgument,
-               "{}: dump format version {} is not supported; this reader understands version {}",
-               name, d.version, kDumpFormatVersion);
-  d.rank = f.i32("rank");
-  d.world_size = f.i32("world_size");
-  TESSEL_CHECK(d.world_size > 0 && d.rank >= 0 && d.rank < d.world_size, InvalidArgument,
-               "{}: rank {} is not a rank of a world of size {} (was set_process_info called?)",
-               name, d.rank, d.world_size);
-  d.hostname = f.str("hostname");
-  d.pid = f.i32("pid");
-  const std::string trigger = f.str("trigger");
-  const auto t = parse_trigger(trigger);
-  if (!t) f.bad_value("trigger", "a dump trigger such as 'timeout'", trigger);
-  d.trigger = *t;
-  d.initiator = f.i32("initiator");
-  d.reason = f.str("reason");
-  d.wall_time_us = f.time("wall_time_us", kMaxNanoseconds / 1000);
-  d.monotonic_ns = f.time("monotonic_ns", kMaxNanoseconds);
-  d.capacity = f.u64("capacity");
-  d.recorded = f.u64("recorded");
-  d.step = f.i64("step");
-  d.stack_captured = f.boolean("stack_captured");
-  const Json& groups = f.array("groups");
-  for (size_t i = 0; i < groups.size(); ++i) {
-    const Fields g(groups[i], name, fmt::format("groups[{}]", i));
-    GroupInfo info;
-    info.id = g.u64("id");
-    info.name = g.str("name");
-    const Json& ranks = g.array("ranks");
-    for (size_t k = 0; k < ranks.size(); ++k) {
-      if (!ranks[k].is_number_integer()) g.fail(fmt::format("ranks[{}]", k), "a rank", ranks[k]);
-      const int64_t r = ranks[k].get<int64_t>();
-      if (r < 0 || r >= d.world_size) {
-        g.bad_value(fmt::format("ranks[{}]", k),
-                    fmt::format("a rank below the world size {}", d.world_size), std::to_string(r));
-      }
-      info.ranks.push_back(static_cast<int>(r));
-    }
-    d.groups.push_back(std::move(info));
+  if (format != "tessel-run-exits") f.bad_value("format", "'tessel-run-exits'", format);
+  std::vector<ExitRecord> out;
+  const Json& exits = f.array("exits");
+  for (size_t i = 0; i < exits.size(); ++i) {
+    const Fields e(exits[i], name, fmt::format("exits[{}]", i));
+    out.push_back({e.i32("rank"), e.i32("exit_code"), e.i32("signal"), e.i64("wall_time_us")});
   }
-  std::sort(d.groups.begin(), d.groups.end(),
-            [](const GroupInfo& a, const GroupInfo& b) { return a.id < b.id; });
-  const Json& dropped = f.array("dropped");
-  for (size_t i = 0; i < dropped.size(); ++i) {
-    const Fields g(dropped[i], name, fmt::format("dropped[{}]", i));
-    d.dropped.push_back({g.u64("group_id"), g.u64("last_dropped_seq"), g.u64("dropped")});
-  }
-  const Json& entries = f.array("entries");
-  d.entries.reserve(entries.size());
-  for (size_t i = 0; i < entries.size(); ++i) d.entries.push_back(parse_entry(entries[i], name, i));
-  return d;
+  return out;
 }
 
-RankDump read_dump(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  TESSEL_CHECK(in.good(), IoError, "{}: cannot open dump: {}", file.string(), std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  TESSEL_CHECK(!in.bad(), IoError, "{}: error while reading the dump", file.string());
-  return parse_dump(text.str(), file.string());
-}
-
-DumpSet read_dump_dir(const std::filesystem::path& dir) {
+DumpSet read_dump_dir(const std::filesystem::path& dir, int world_size_hint) {
   std::error_code ec;
   TESSEL_CHECK(std::filesystem::is_directory(dir, ec), InvalidArgument,
                "'{}' is not a directory of flight-recorder dumps{}", dir.string(),
@@ -264,13 +194,18 @@ DumpSet read_dump_dir(const std::filesystem::path& dir) {
   std::vector<std::filesystem::path> files;
   std::filesystem::directory_iterator it(dir, ec);
   TESSEL_CHECK(!ec, IoError, "cannot list '{}': {}", dir.string(), ec.message());
+  std::vector<std::filesystem::path> others;  // may be PyTorch's dumps
   for (const auto& entry : it) {
     const std::string name = entry.path().filename().string();
     if (name.rfind("tessel_fr_", 0) == 0 && entry.path().extension() == ".json") {
       files.push_back(entry.path());
+    } else if (entry.is_regular_file() && name != kExitsFileName && rank_from_dump_name(name) >= 0) {
+      others.push_back(entry.path());
     }
   }
   std::sort(files.begin(), files.end());
+  std::sort(others.begin(), others.end());
+  if (files.empty() && !others.empty()) return read_pytorch_dumps(others, world_size_hint);
 
   // Parse in parallel: a thousand dumps are mostly JSON parsing.
   std::vector<std::optional<RankDump>> parsed(files.size());
@@ -320,6 +255,17 @@ DumpSet read_dump_dir(const std::filesystem::path& dir) {
             [](const RankDump& a, const RankDump& b) { return a.rank < b.rank; });
   for (int r = 0; r < set.world_size; ++r) {
     if (!by_rank.count(r)) set.missing_ranks.push_back(r);
+  }
+  const auto exits = dir / kExitsFileName;
+  if (std::filesystem::exists(exits, ec)) {
+    try {
+      std::ifstream in(exits, std::ios::binary);
+      std::ostringstream text;
+      text << in.rdbuf();
+      set.exits = parse_exits(text.str(), exits.string());
+    } catch (const Error& e) {
+      set.problems.push_back({exits, e.message()});
+    }
   }
   return set;
 }

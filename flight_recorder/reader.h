@@ -49,7 +49,7 @@ struct TraceEntry {
 // One rank's dump.
 struct RankDump {
   std::filesystem::path path;
-  int version = 0;
+  int version = 0;  // 0: read from another tool's format (PyTorch's)
   int rank = -1, world_size = -1;
   std::string hostname;
   int pid = 0;
@@ -84,18 +84,36 @@ struct DumpProblem {
   std::string message;  // names the file and the problem
 };
 
+// How a rank's process ended, as its launcher saw it: tessel-run writes these to `exits.json`
+// beside the dumps it gathers ({"format": "tessel-run-exits", "exits": [{"rank": 3,
+// "exit_code": 0, "signal": 0, "wall_time_us": ...}]}). A rank that is still running has none.
+struct ExitRecord {
+  int rank = -1;
+  int exit_code = -1;  // -1 when a signal ended it
+  int signal = 0;      // the signal that ended it, 0 when it exited
+  int64_t wall_time_us = 0;
+};
+inline constexpr std::string_view kExitsFileName = "exits.json";
+
 // Every usable dump of a directory, sorted by rank, plus what was wrong with the rest.
 struct DumpSet {
   std::vector<RankDump> dumps;
   std::vector<DumpProblem> problems;
   int world_size = -1;             // agreed by the dumps (-1 when none says)
   std::vector<int> missing_ranks;  // ranks of the world with no usable dump
+  std::vector<ExitRecord> exits;   // from exits.json, when the directory has one
 };
 
+// exits.json as text; parse_exits reads it back (throws InvalidArgument naming `name`).
+std::string exits_to_json(const std::vector<ExitRecord>& exits);
+std::vector<ExitRecord> parse_exits(std::string_view text, const std::string& name);
+
 // Loads every `tessel_fr_*.json` of `dir` (in parallel). Files that fail to parse, that carry a
-// version other than kDumpFormatVersion, duplicate a rank, or disagree on the world size become
-// problems; the set never throws for them. Throws IoError when `dir` cannot be listed and
-// InvalidArgument when it is not a directory.
-DumpSet read_dump_dir(const std::filesystem::path& dir);
+// version this reader does not read, duplicate a rank, or disagree on the world size become
+// problems; the set never throws for them. A directory without tessel dumps is read as
+// PyTorch's flight-recorder dumps (files named <prefix><rank>, JSON or pickle: pytorch_dump.h);
+// `world_size_hint` gives their world size when the highest ranks left no dump. Throws IoError
+// when `dir` cannot be listed and InvalidArgument when it is not a directory.
+DumpSet read_dump_dir(const std::filesystem::path& dir, int world_size_hint = -1);
 
 }  // namespace tessel::fr

@@ -41,6 +41,14 @@ std::string_view op_name(OpType op) {
       return "barrier";
     case OpType::kUserEvent:
       return "user_event";
+    case OpType::kSplit:
+      return "split";
+    case OpType::kReduce:
+      return "reduce";
+    case OpType::kGather:
+      return "gather";
+    case OpType::kScatter:
+      return "scatter";
   }
   return "unknown";
 }

@@ -42,10 +42,14 @@ enum class OpType : uint8_t {
   kRecv,
   kBarrier,
   kUserEvent,
+  kSplit,  // creation of a sub-group: a collective of the parent group (text: the new group's name)
+  kReduce,   // rooted collectives, as PyTorch dumps name them
+  kGather,
+  kScatter,
 };
 enum class EntryState : uint8_t { kScheduled, kStarted, kCompleted, kFailed };
 
-std::string_view op_name(OpType op);            // "all_reduce", "send", "user_event"
+std::string_view op_name(OpType op);            // "all_reduce", "send", "user_event", "split"
 // reduce_op_name(*op), or "none" for operations that reduce nothing.
 std::string_view reduce_op_text(std::optional<ReduceOp> op);
 std::string_view state_name(EntryState state);  // "scheduled", "started", "completed", "failed"

@@ -31,6 +31,14 @@ std::string format_verdict(const Verdict& v) {
   if (!v.inconclusive.empty()) {
     out += "\nnot enough evidence:\n";
     for (const auto& r : v.inconclusive) out += fmt::format("  - {}\n", r);
+    if (!v.suspects.empty()) {
+      out += fmt::format("  suspects (one side of the above deviated; not blamed): {} {}\n",
+                         v.suspects.size() == 1 ? "rank" : "ranks", format_rank_list(v.suspects));
+    }
+  }
+  if (!v.stragglers.empty()) {
+    out += "\ninformation (not a fault):\n";
+    for (const auto& s : v.stragglers) out += fmt::format("  - straggler: {}\n", s.summary);
   }
   if (!v.notes.empty()) {
     out += "\nnotes:\n";
@@ -73,6 +81,16 @@ std::string verdict_to_json(const Verdict& v) {
                              {"details", f.details}});
   }
   j["inconclusive"] = v.inconclusive;
+  j["suspects"] = v.suspects;
+  j["stragglers"] = Json::array();
+  for (const auto& s : v.stragglers) {
+    j["stragglers"].push_back({{"rank", s.rank},
+                               {"late", s.late},
+                               {"samples", s.samples},
+                               {"median_lag_ns", s.median_lag.count()},
+                               {"median_duration_ns", s.median_duration.count()},
+                               {"summary", s.summary}});
+  }
   j["notes"] = v.notes;
   j["positions"] = Json::array();
   for (const auto& p : v.positions) {

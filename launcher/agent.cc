@@ -365,12 +365,75 @@ std::string find_trace_tool(const std::string& tool) {
   return tool;
 }
 
-// The hook the server runs on a hang: dumps through the job store, verdict in the log.
-std::function<void(const proto::Failure&, int64_t, int)> hang_hook(
+// The root cause by the workers' own records. The first failure reported to the server is the
+// first worker reaped, not the first to fail: a rank that lost a peer (PeerLost, exit 1) may be
+// reaped before the rank that crashed or whose collective timed out. A reported root that is
+// only such a consequence (its own first failure was not a timeout) gives way to a rank killed
+// by a signal, else to the rank whose collective timed out first by its own clock.
+std::optional<proto::Failure> first_failure_root_cause(const proto::Failure& root,
+                                                       const HangReport& r) {
+  auto is_timeout = [](const CollectiveFailure& f) { return f.reason.rfind("Timeout", 0) == 0; };
+  const CollectiveFailure* own = nullptr;
+  for (const auto& f : r.failures) {
+    if (f.rank == root.rank()) own = &f;
+  }
+  if (root.rank() < 0 || own == nullptr || is_timeout(*own) || root.signal() != 0) return {};
+  proto::Failure f;
+  f.set_hang(true);
+  for (const auto& e : r.exits) {
+    if (e.exit.signal != 0 && f.reason().empty()) {
+      f.set_rank(e.exit.rank);
+      f.set_reason("killed by a signal while its peers were in collectives");
+    }
+  }
+  if (f.reason().empty()) {
+    const auto first = std::find_if(r.failures.begin(), r.failures.end(), is_timeout);
+    if (first == r.failures.end() || first->rank == root.rank()) return {};
+    f.set_rank(first->rank);
+    f.set_exit_code(kCollectiveTimeoutExitCode);
+    f.set_reason(fmt::format("its collective timed out first (by the workers' own clocks): {}",
+                             first->reason));
+  }
+  for (const auto& e : r.exits) {
+    if (e.exit.rank != f.rank()) continue;
+    f.set_exit_code(std::max(e.exit.exit_code, 0));
+    f.set_signal(e.exit.signal);
+    f.set_pid(e.pid);
+    f.set_local_rank(e.local_rank);
+    f.set_host(e.host);
+  }
+  log_warn(kL, "root cause: rank {} ({}); rank {}, reaped first, only saw the consequence: {}",
+           f.rank(), f.reason(), root.rank(), own->reason);
+  return f;
+}
+
+// The store client an agent records its workers' exits with; null (logged) when the store
+// cannot be reached.
+std::unique_ptr<WorkerExitLog> make_exit_log(const std::string& endpoint, const std::string& token,
+                                             const TlsFiles& tls) {
+  try {
+    StoreClientOptions client;
+    client.address = endpoint;
+    client.token = token;
+    client.tls = tls;
+    client.connect_timeout = std::chrono::seconds(5);
+    client.rpc_timeout = std::chrono::seconds(2);
+    return std::make_unique<WorkerExitLog>(std::make_shared<StoreClient>(client),
+                                           env_string(EnvKnob::kFrDumpDir));
+  } catch (const Error& e) {
+    log_warn(kL, "worker exits will not be recorded for dump gathering: {}", e.message());
+    return nullptr;
+  }
+}
+
+// The hook the server runs on a hang: dumps through the job store, verdict in the log; returns
+// the root cause by the workers' own failure times when it is another rank than the first
+// report's.
+std::function<std::optional<proto::Failure>(const proto::Failure&, int64_t, int)> hang_hook(
     const LaunchOptions& o, std::shared_ptr<std::string> server_address, std::string token,
     std::string log_dir) {
   return [o, server_address, token, log_dir](const proto::Failure& root, int64_t round,
-                                             int world_size) {
+                                             int world_size) -> std::optional<proto::Failure> {
     StoreClientOptions client;
     client.address = *server_address;
     client.token = token;
@@ -381,6 +444,7 @@ std::function<void(const proto::Failure&, int64_t, int)> hang_hook(
     HangReport r = gather_flight_recorder_dumps(channel, world_size, round, root.reason(), dir,
                                                 o.hang_dump_timeout, find_trace_tool(o.trace_tool));
     log_warn(kL, "tessel-trace analyze {} (status {}):\n{}", dir, r.trace_status, r.verdict);
+    return first_failure_root_cause(root, r);
   };
 }
 
@@ -443,6 +507,7 @@ struct NodeAgent::Impl {
   std::unique_ptr<RendezvousClient> client;
   std::unique_ptr<LogMux> mux;
   std::unique_ptr<WorkerGroup> workers;
+  std::unique_ptr<WorkerExitLog> exit_log;  // null when the job's store cannot be reached
   std::string endpoint;
   NetworkRoute route;               // this node's worker-facing address and its interface
   std::string attempt_dir;
@@ -535,10 +600,18 @@ struct NodeAgent::Impl {
       }
       WorkerEvents ev = workers->wait(kill_at);
       for (const WorkerExit& e : ev.exits) {
+        // Every exit goes on record, so a gatherer never waits for a rank that is gone.
+        if (exit_log) {
+          exit_log->record(r.round(), e.global_rank, e.local_rank, e.pid, e.exit_code, e.signal);
+        }
         if (e.success()) continue;
         all_ok = false;
         if (stopping) continue;
         proto::Failure f = failure_of(e, r);
+        // A failure in a job whose ranks answer dump requests (it runs tessel's collectives)
+        // takes the hang path whatever the exit status: a rank that lost a peer (exit 1) may be
+        // reaped before the one whose collective timed out.
+        if (!f.hang() && exit_log && exit_log->dump_responders(r.world_size())) f.set_hang(true);
         log_warn(kL, "rank {} (pid {}) failed: {}", e.global_rank, e.pid,
                  e.signal ? signal_name(e.signal) : fmt::format("exit code {}", e.exit_code));
         if (f.hang() || o.dump_on_hang) {
@@ -877,6 +950,7 @@ struct NodeAgent::Impl {
     event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (event_fd < 0) throw_system_error("eventfd", errno);
     workers = std::make_unique<WorkerGroup>(program, program_args, mux.get(), guard.get());
+    exit_log = make_exit_log(endpoint, token, o.tls);
     workers->add_external_fd(signal_fd);
     workers->add_external_fd(event_fd);
 

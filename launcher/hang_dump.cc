@@ -7,9 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
@@ -22,6 +25,8 @@ namespace tessel::launcher {
 
 // How long fetch_dump waits for the newest answer before looking at older ones again.
 constexpr Nanoseconds kFetchSlice = std::chrono::milliseconds(200);
+// How long the gatherer waits on one rank before looking at every pending rank again.
+constexpr Nanoseconds kPollSlice = std::chrono::milliseconds(50);
 
 StoreDumpChannel::StoreDumpChannel(std::shared_ptr<Store> store) : store_(std::move(store)) {}
 
@@ -48,6 +53,96 @@ std::optional<std::string> StoreDumpChannel::fetch_dump(int rank, Nanoseconds ti
     } catch (const Timeout&) {
     }
   }
+}
+
+std::optional<WorkerExitRecord> StoreDumpChannel::exit_of(int64_t round, int rank) {
+  const std::string key = store_exit_key(round, rank);
+  if (!store_->check({key})) return std::nullopt;
+  const std::string value = store_->get(key, kFetchSlice);
+  WorkerExitRecord e;
+  e.exit.rank = rank;
+  long long code = 0, sig = 0, us = 0;
+  int pid = 0, local = -1, used = 0;
+  if (std::sscanf(value.c_str(), "%lld %lld %lld %d %d %n", &code, &sig, &us, &pid, &local,
+                  &used) < 5) {
+    return std::nullopt;
+  }
+  e.exit.exit_code = static_cast<int>(code);
+  e.exit.signal = static_cast<int>(sig);
+  e.exit.wall_time_us = us;
+  e.pid = pid;
+  e.local_rank = local;
+  e.host = value.substr(static_cast<size_t>(used));
+  return e;
+}
+
+std::optional<std::string> StoreDumpChannel::final_dump(int rank) {
+  const std::string key = fr::store_final_dump_key(rank);
+  if (!store_->check({key})) return std::nullopt;
+  return store_->get(key, kFetchSlice);
+}
+
+std::optional<CollectiveFailure> StoreDumpChannel::failure_of(int rank) {
+  const std::string key = fr::store_failure_key(rank);
+  if (!store_->check({key})) return std::nullopt;
+  try {
+    auto [us, reason] = fr::decode_store_failure(store_->get(key, kFetchSlice));
+    return CollectiveFailure{rank, us, std::move(reason)};
+  } catch (const InvalidArgument& e) {
+    log_warn(LogComponent::kLauncher, "rank {}: {}", rank, e.message());
+    return std::nullopt;
+  }
+}
+
+void StoreDumpChannel::clear_failures(int world_size) {
+  for (int r = 0; r < world_size; ++r) {
+    store_->delete_key(fr::store_failure_key(r));
+    store_->delete_key(fr::store_final_dump_key(r));
+  }
+}
+
+std::string store_exit_key(int64_t round, int rank) {
+  return fmt::format("tessel/run/exit/{}/{}", round, rank);
+}
+
+WorkerExitLog::WorkerExitLog(std::shared_ptr<Store> store, std::string dump_dir)
+    : store_(std::move(store)), dump_dir_(std::move(dump_dir)) {}
+
+void WorkerExitLog::record(int64_t round, int rank, int local_rank, int pid, int exit_code,
+                           int signal) {
+  try {
+    // A worker that died may have left a dump (its fatal-signal handler): post it for the
+    // gatherer, which cannot ask a dead rank. Only this worker's: the file names its pid.
+    if (exit_code != 0 || signal != 0) {
+      std::ifstream in(fmt::format("{}/{}", dump_dir_, fr::dump_file_name(rank, 0)),
+                       std::ios::binary);
+      std::ostringstream text;
+      text << in.rdbuf();
+      const std::string dump = text.str();
+      if (dump.find(fmt::format("\"pid\":{},", pid)) != std::string::npos) {
+        store_->set(fr::store_final_dump_key(rank), dump);
+      }
+    }
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    store_->set(store_exit_key(round, rank),
+                fmt::format("{} {} {} {} {} {}", signal != 0 ? -1 : exit_code, signal,
+                            wall_time_us(), pid, local_rank, host));
+  } catch (const Error& e) {
+    log_warn(LogComponent::kLauncher, "could not record the exit of rank {}: {}", rank,
+             e.message());
+  }
+}
+
+bool WorkerExitLog::dump_responders(int world_size) {
+  try {
+    for (int r = 0; r < world_size; ++r) {
+      if (store_->check({fr::store_ready_key(r)})) return true;
+    }
+  } catch (const Error& e) {
+    log_warn(LogComponent::kLauncher, "cannot ask the store for dump responders: {}", e.message());
+  }
+  return false;
 }
 
 std::pair<int, std::string> run_capture(const std::vector<std::string>& argv,
@@ -109,17 +204,53 @@ HangReport gather_flight_recorder_dumps(DumpChannel& channel, int world_size, in
   }
   channel.request_dumps(round, reason);
   const Deadline deadline = Deadline::after(timeout);
-  for (int rank = 0; rank < world_size; ++rank) {
-    auto dump = channel.fetch_dump(rank, deadline.remaining());
-    if (!dump) {
-      report.missing.push_back(rank);
-      continue;
-    }
+  auto write = [&](int rank, const std::string& dump) {
     const std::string path = fmt::format("{}/{}", dump_dir, fr::dump_file_name(rank, 0));
     std::ofstream out(path, std::ios::trunc);
-    out << *dump;
+    out << dump;
     TESSEL_CHECK(out.good(), IoError, "cannot write flight-recorder dump {}", path);
     report.gathered.push_back(rank);
+  };
+  // Round-robin over the ranks still to answer: a live rank's dump, or, once its agent says it
+  // ended, whatever it left (never waiting for a dead rank).
+  std::vector<int> pending(static_cast<size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) pending[static_cast<size_t>(r)] = r;
+  while (!pending.empty()) {
+    std::vector<int> still;
+    for (int rank : pending) {
+      if (auto dump = channel.fetch_dump(rank, Nanoseconds::zero())) {
+        write(rank, *dump);
+      } else if (channel.exit_of(round, rank)) {
+        if (auto last = channel.final_dump(rank)) write(rank, *last);
+      } else {
+        still.push_back(rank);
+      }
+    }
+    pending = std::move(still);
+    if (pending.empty() || deadline.expired()) break;
+    // Wait on the first pending rank's answer for a slice, then look at all of them again.
+    (void)channel.fetch_dump(pending.front(), std::min(deadline.remaining(), kPollSlice));
+  }
+  report.missing = pending;
+  std::sort(report.gathered.begin(), report.gathered.end());
+  std::vector<fr::ExitRecord> exits;
+  for (int r = 0; r < world_size; ++r) {
+    if (auto e = channel.exit_of(round, r)) {
+      exits.push_back(e->exit);
+      report.exits.push_back(std::move(*e));
+    }
+    if (auto f = channel.failure_of(r)) report.failures.push_back(std::move(*f));
+  }
+  channel.clear_failures(world_size);
+  std::sort(report.failures.begin(), report.failures.end(),
+            [](const CollectiveFailure& a, const CollectiveFailure& b) {
+              return a.wall_time_us < b.wall_time_us;
+            });
+  if (!exits.empty()) {
+    const std::string path = fmt::format("{}/{}", dump_dir, fr::kExitsFileName);
+    std::ofstream out(path, std::ios::trunc);
+    out << fr::exits_to_json(exits);
+    TESSEL_CHECK(out.good(), IoError, "cannot write {}", path);
   }
   log_warn(LogComponent::kLauncher, "gathered {} of {} flight-recorder dumps into {}",
            report.gathered.size(), world_size, dump_dir);

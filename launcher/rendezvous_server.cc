@@ -251,12 +251,18 @@ class RendezvousServer::State {
         const int64_t round = round_;
         const int world = world_size_;
         lock.unlock();
+        std::optional<proto::Failure> first;
         try {
-          options_.on_hang(root, round, world);
+          first = options_.on_hang(root, round, world);
         } catch (const std::exception& e) {
           log_error(kL, "gathering flight-recorder dumps failed: {}", e.what());
         }
         lock.lock();
+        if (first) {
+          first->set_server_time_us(root_.server_time_us());
+          first->set_round(root_.round());
+          root_ = std::move(*first);
+        }
         last_tick_ = SteadyClock::now();  // busy gathering dumps, not stalled
         finish_all(end_round_locked(), lock);
         continue;

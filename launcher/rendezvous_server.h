@@ -20,6 +20,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "tessel/collectives/store_tls.h"
@@ -44,7 +45,11 @@ struct RendezvousServerOptions {
   bool host_store = true;    // serve the job's Store (collectives/grpc/store_service.h) too
   // Called on the monitor thread before a round that failed with a hang (or with dump_on_hang)
   // ends, while the workers still run: gathers flight-recorder dumps. May block (bounded).
-  std::function<void(const proto::Failure& root_cause, int64_t round, int world_size)> on_hang;
+  // Returns the root cause to report instead, when the workers' own failure times name another
+  // rank than the first report did.
+  std::function<std::optional<proto::Failure>(const proto::Failure& root_cause, int64_t round,
+                                              int world_size)>
+      on_hang;
   bool dump_on_hang = false;
 };
 

@@ -97,6 +97,16 @@ class DeviceMesh {
 
   // "DeviceMesh(shape=(2, 4), dims=(dp, tp), rank 5 at (1, 1))"
   std::string str() const;
+  // "(dp=2, tp=4)"
+  std::string shape_str() const { return layout_.str(); }
+
+  // The same mesh: one family (the same world and group cache) and the same dimensions over the
+  // same ranks. Views of one family with other dimensions compare unequal.
+  bool operator==(const DeviceMesh& other) const {
+    return state_ == other.state_ && layout_.dims() == other.layout_.dims();
+  }
+  // Identifies the mesh family (for caches keyed by mesh; pair it with shape_str()).
+  const void* family_id() const { return state_.get(); }
 
  private:
   struct State;

@@ -49,9 +49,8 @@ void GPT::init_weights() {
     } else if (ends_with(name, ".bias")) {
       zero_(p);
     } else {
-      const double std = ends_with(name, "c_proj.weight") ? residual_std : 0.02;
-      DefaultDeviceGuard on_device(p.device());  // draw where the parameter lives
-      copy_(p, normal_init(p.shape(), std, &gen_));
+      // In place: a shard (FSDP, TP) draws its box of the whole tensor's values.
+      normal_(p, 0.0, ends_with(name, "c_proj.weight") ? residual_std : 0.02, &gen_);
     }
   }
 }

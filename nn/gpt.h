@@ -42,7 +42,9 @@ class GPT : public Module {
   // Throws InvalidArgument for non-positive sizes or n_embd not divisible by n_head.
   explicit GPT(const GptConfig& config);
   // (Re)initialises every parameter as the constructor does, from a generator seeded with
-  // config().seed (the same values as a freshly constructed model), in place.
+  // config().seed (the same values as a freshly constructed model), in place. A parameter that
+  // is a shard (Tensor::shard_info) receives its box of the whole parameter's values, so a
+  // sharded model built on the meta device is initialised exactly like the whole one.
   void init_weights();
   // tokens (B, T) integer, T <= block_size -> logits (B, T, vocab_size). Throws InvalidArgument
   // naming the shape otherwise, OutOfRange for a token outside the vocabulary.

@@ -402,6 +402,19 @@ HookHandle Module::register_backward_hook(BackwardHook hook) {
   return {id};
 }
 
+void Module::set_attachment(const std::string& key, std::shared_ptr<void> value) {
+  if (value) {
+    attachments_[key] = std::move(value);
+  } else {
+    attachments_.erase(key);
+  }
+}
+
+std::shared_ptr<void> Module::attachment(const std::string& key) const {
+  const auto it = attachments_.find(key);
+  return it == attachments_.end() ? nullptr : it->second;
+}
+
 bool Module::remove_hook(HookHandle handle) {
   auto drop = [&](auto& hooks) {
     const auto before = hooks.size();

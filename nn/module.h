@@ -177,6 +177,11 @@ class Module {
   // Returns false when no hook of this module has that handle.
   bool remove_hook(HookHandle handle);
 
+  // State a wrapper keeps with the module and that lives as long as it (FSDP's per-module
+  // state), by key; null when absent. Setting a null value removes it.
+  void set_attachment(const std::string& key, std::shared_ptr<void> value);
+  std::shared_ptr<void> attachment(const std::string& key) const;
+
  private:
   struct Slot {
     std::string name;
@@ -205,6 +210,7 @@ class Module {
   std::vector<std::pair<uint64_t, ForwardHook>> post_hooks_;
   std::vector<std::pair<uint64_t, BackwardPreHook>> backward_pre_hooks_;
   std::vector<std::pair<uint64_t, BackwardHook>> backward_hooks_;
+  std::map<std::string, std::shared_ptr<void>> attachments_;
   uint64_t next_hook_id_ = 1;
 };
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Sets everything up, builds what the demo needs, and runs the main job: a GPT trained
-# data-parallel by two workers that tessel-run launches and supervises (Gloo collectives
+# Sets everything up, builds what the demo needs, and runs the main job: a GPT trained by two
+# workers that shard it with FSDP, launched and supervised by tessel-run (Gloo collectives
 # bootstrapped through the launcher's authenticated store), after a look at a 2x4 device mesh.
 #
 #   scripts/demo.sh                  defaults: 400 steps
@@ -17,6 +17,6 @@ echo "== A 2x4 (dp, tp) device mesh over 8 ranks (threads), one all_reduce per d
 build/release/examples/mesh_demo --threads 8 --shape 2x4 | head -6
 echo "..."
 echo
-echo "== GPT training, data-parallel over 2 workers: tessel-run --standalone --nproc-per-node 2 =="
+echo "== GPT training, FSDP over 2 workers: tessel-run --standalone --nproc-per-node 2 =="
 cd build/release  # the checkpoint (train_gpt.safetensors) lands here
 exec launcher/tessel-run --standalone --nproc-per-node 2 examples/train_gpt --threads 1 "$@"

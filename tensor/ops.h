@@ -64,6 +64,13 @@ Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::kF32,
              Device device = default_device());
 Tensor randn(const Shape& shape, DType dtype = DType::kF32, Device device = default_device());
 
+// In place (not recorded): fill t with draws from gen (default: default_generator()), like
+// rand/randn of t's shape. For a shard (t.shard_info() set), the generator advances by the
+// global tensor's element count and t receives its box of the global draw: a sharded model is
+// initialised exactly like the whole one. Floating dtypes only.
+void uniform_(const Tensor& t, double low = 0.0, double high = 1.0, Generator* gen = nullptr);
+void normal_(const Tensor& t, double mean = 0.0, double std = 1.0, Generator* gen = nullptr);
+
 // ---- Conversion and copies (ops_creation.cc) -------------------------------------------------
 
 // t converted to dtype (t itself when it already has it). Differentiable between floats.

@@ -87,6 +87,70 @@ Tensor randn(const Shape& shape, DType dtype, Device device) {
   return randn(shape, default_generator(), dtype, device);
 }
 
+namespace {
+
+// Fills dst (contiguous) with draws at counter offsets base + (flat index in the global tensor)
+// of each of its elements: rows of its box are contiguous runs of the global stream.
+void fill_random_box(const Tensor& dst, const ShardInfo& box, RandomDistribution dist, double a,
+                     double b, uint64_t seed, uint64_t base) {
+  const int64_t rank = dst.dim();
+  const Shape& g = box.global_shape;
+  // Trailing dims the box covers whole merge with the first partial one into one run.
+  int64_t split = rank;  // dims [split, rank) form one contiguous run
+  int64_t run = 1;
+  while (split > 0) {
+    run *= dst.shape()[split - 1];
+    --split;
+    if (dst.shape()[split] != g[split]) break;
+  }
+  if (dst.numel() == 0) return;
+  const Strides gstrides = contiguous_strides(g);
+  const int64_t runs = dst.numel() / run;
+  Tensor flat = reshape(dst, {runs, run});
+  Shape index(static_cast<size_t>(split), 0);  // position of the run among dims [0, split)
+  for (int64_t r = 0; r < runs; ++r) {
+    int64_t start = 0;
+    for (int64_t d = 0; d < rank; ++d) {
+      const int64_t i = d < split ? index[d] : 0;
+      start += (box.offset[d] + i) * gstrides[d];
+    }
+    backend_of(dst).random(select(flat, 0, r), dist, a, b, seed, base + static_cast<uint64_t>(start));
+    for (int64_t d = split - 1; d >= 0; --d) {  // next run, row-major
+      if (++index[d] < dst.shape()[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+void random_fill_(const char* op, const Tensor& t, RandomDistribution dist, double a, double b,
+                  Generator* gen) {
+  internal::check_inplace(op, t);
+  TESSEL_CHECK(is_floating(t.dtype()), InvalidArgument, "{}: {} is not floating", op, t.str());
+  Generator& g = gen ? *gen : default_generator();
+  const ShardInfo* box = t.shard_info();
+  const uint64_t count = static_cast<uint64_t>(box ? shape_numel(box->global_shape) : t.numel());
+  const uint64_t base = g.reserve(count);
+  if (t.is_meta()) return;
+  NoGradGuard no_grad;
+  Tensor dst = t.is_contiguous() ? t : empty(t.shape(), t.dtype(), t.device());
+  if (box) {
+    fill_random_box(dst, *box, dist, a, b, g.seed(), base);
+  } else {
+    backend_of(dst).random(dst, dist, a, b, g.seed(), base);
+  }
+  if (dst.impl_ptr() != t.impl_ptr()) copy_(t, dst);
+}
+
+}  // namespace
+
+void uniform_(const Tensor& t, double low, double high, Generator* gen) {
+  random_fill_("uniform_", t, RandomDistribution::kUniform, low, high, gen);
+}
+
+void normal_(const Tensor& t, double mean, double std, Generator* gen) {
+  random_fill_("normal_", t, RandomDistribution::kNormal, mean, std, gen);
+}
+
 Tensor to(const Tensor& t, DType dtype) {
   if (t.dtype() == dtype) return t;
   Tensor out = empty(t.shape(), dtype, t.device());

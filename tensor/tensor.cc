@@ -48,6 +48,7 @@ int64_t Tensor::stride(int64_t d) const { return impl().strides[wrap_dim(d, dim(
 
 bool Tensor::is_contiguous() const {
   const TensorImpl& t = impl();
+  if (shape_numel(t.shape) == 0) return true;  // no element: any strides describe it
   int64_t expected = 1;
   for (size_t i = t.shape.size(); i-- > 0;) {
     if (t.shape[i] == 1) continue;
@@ -167,6 +168,19 @@ AutogradMeta& Tensor::ensure_autograd_meta() const {
   TensorImpl& t = impl();
   if (!t.autograd) t.autograd = std::make_shared<AutogradMeta>();
   return *t.autograd;
+}
+
+void Tensor::set_shard_info(std::shared_ptr<const ShardInfo> info) const {
+  if (info) {
+    bool fits = info->global_shape.size() == shape().size() && info->offset.size() == shape().size();
+    for (size_t d = 0; fits && d < shape().size(); ++d) {
+      fits = info->offset[d] >= 0 && info->offset[d] + shape()[d] <= info->global_shape[d];
+    }
+    TESSEL_CHECK(fits, InvalidArgument,
+                 "set_shard_info: a box of shape {} at offset {} does not fit in {}",
+                 shape_str(shape()), shape_str(info->offset), shape_str(info->global_shape));
+  }
+  impl().shard = std::move(info);
 }
 
 Tensor empty(const Shape& shape, DType dtype, Device device) {

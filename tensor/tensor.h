@@ -35,6 +35,16 @@ Strides contiguous_strides(const Shape& shape);  // row-major
 
 struct AutogradMeta;  // defined with autograd; null for tensors that never needed a gradient
 
+// Marks a tensor as one box of a larger logical tensor: a shard made by a parallel wrapper
+// (FSDP, tensor parallelism). Initialisers (normal_, uniform_ in ops.h) draw the box's values
+// from the global tensor's random stream, so a sharded model is initialised exactly like the
+// whole one; checkpoints read where the box lies.
+struct ShardInfo {
+  Shape global_shape;
+  Shape offset;                      // of the box's first element, per dimension
+  std::shared_ptr<const void> spec;  // the wrapper's own description (parallel/: a DTensorSpec)
+};
+
 // The state behind a Tensor handle. Exposed for backends and autograd; users use Tensor.
 struct TensorImpl {
   Storage storage;
@@ -43,6 +53,7 @@ struct TensorImpl {
   Strides strides;     // in elements
   DType dtype = DType::kF32;
   std::shared_ptr<AutogradMeta> autograd;
+  std::shared_ptr<const ShardInfo> shard;  // null unless the tensor is a shard (kept by set_data)
 };
 
 class Tensor {
@@ -94,6 +105,10 @@ class Tensor {
   // requires_grad is set and `other` is not floating.
   void set_data(const Tensor& other) const;
   bool is_meta() const { return device().is_meta(); }
+  // The box of a larger tensor this tensor is (null when it is not a shard); see ShardInfo.
+  const ShardInfo* shard_info() const { return impl().shard.get(); }
+  // Throws InvalidArgument when the box does not fit this tensor's shape or the global shape.
+  void set_shard_info(std::shared_ptr<const ShardInfo> info) const;
   bool is_pinned() const { return impl().storage.is_pinned(); }
 
   // Autograd state (see tensor/autograd.h for backward()). A leaf that requires a gradient

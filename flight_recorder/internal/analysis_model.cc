@@ -1,5 +1,7 @@
 #include "tessel/flight_recorder/internal/analysis_model.h"
 
+#include <string.h>
+
 #include <algorithm>
 #include <functional>
 
@@ -15,11 +17,16 @@ Model::Model(const DumpSet& set, const AnalyzerOptions& options) : set_(set), op
   stale_.assign(world_size_, false);
   reached_.resize(world_size_);
   dropped_.resize(world_size_);
+  for (const auto& e : set.exits) {
+    if (e.rank >= 0 && e.rank < world_size_) exits_[e.rank] = &e;
+  }
   bool timed_out = false;
   for (const auto& d : set.dumps) {
     by_rank_[d.rank] = &d;
     newest_wall_us_ = std::max(newest_wall_us_, d.wall_time_us);
-    timed_out |= d.trigger == DumpTrigger::kTimeout;
+    // PyTorch's dumps (version 0 here) carry no time of their own: "now" is their newest
+    // stamp, so they are taken as dumps of a hung job.
+    timed_out |= d.trigger == DumpTrigger::kTimeout || d.version == 0;
   }
   // A watchdog timeout already says the job hangs; otherwise young pending ops are in flight.
   threshold_ns_ = timed_out ? 0 : options.min_wait.count();
@@ -28,9 +35,13 @@ Model::Model(const DumpSet& set, const AnalyzerOptions& options) : set_(set), op
     stale_[d.rank] = newest_wall_us_ - d.wall_time_us > stale_us;
     index_dump(d);
   }
-  for (const auto& d : set.dumps) {
-    if (!stale_[d.rank]) find_wait(d);
+  for (const auto& [id, g] : groups_) {
+    families_[family_of(id)].push_back(id);
   }
+  for (const auto& d : set.dumps) {
+    if (!stale_[d.rank] && d.trigger != DumpTrigger::kFatalSignal) find_wait(d);
+  }
+  find_deviations();
   for (const auto& [key, ranks] : failed_) {
     const auto& [group, seq, op] = key;
     notes_.push_back(fmt::format("{} #{} of group '{}' failed on {} {} (see their logs)", op, seq,
@@ -72,6 +83,68 @@ uint64_t Model::reached(int rank, uint64_t group) const {
   const auto& m = reached_[rank];
   const auto it = m.find(group);
   return it == m.end() ? 0 : it->second;
+}
+
+std::string Model::family_of(uint64_t group) const {
+  const auto it = groups_.find(group);
+  if (it == groups_.end()) return fmt::format("#{}", group);
+  return fmt::format("{}\x1f{}", it->second->name, it->second->ranks.size());
+}
+
+bool Model::member_of(int rank, uint64_t group) const {
+  const auto it = groups_.find(group);
+  if (it == groups_.end()) return false;
+  const auto& r = it->second->ranks;
+  return std::find(r.begin(), r.end(), rank) != r.end();
+}
+
+bool Model::crashed(int rank) const {
+  const RankDump* d = dump_of(rank);
+  return d != nullptr && d->trigger == DumpTrigger::kFatalSignal;
+}
+
+bool Model::exited_cleanly(int rank) const {
+  if (dump_of(rank) != nullptr) return false;
+  const auto it = exits_.find(rank);
+  return it != exits_.end() && it->second->signal == 0 && it->second->exit_code == 0;
+}
+
+bool Model::dead(int rank) const {
+  if (rank < 0 || rank >= world_size_) return false;
+  return (dump_of(rank) == nullptr && !exited_cleanly(rank)) || crashed(rank) || stale_[rank];
+}
+
+namespace {
+
+std::string signal_text(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev == nullptr ? fmt::format("signal {}", sig) : fmt::format("SIG{}", abbrev);
+}
+
+}  // namespace
+
+std::string Model::death(int rank) const {
+  if (crashed(rank)) {
+    const RankDump* d = dump_of(rank);
+    int sig = 0;
+    if (d->reason.rfind("signal ", 0) == 0) sig = std::atoi(d->reason.c_str() + 7);
+    return sig > 0 ? fmt::format("crashed ({})", signal_text(sig))
+                   : fmt::format("crashed ({})", d->reason);
+  }
+  const auto it = exits_.find(rank);
+  if (it != exits_.end()) {
+    return it->second->signal != 0 ? fmt::format("killed by {}", signal_text(it->second->signal))
+                                   : fmt::format("exited with status {}", it->second->exit_code);
+  }
+  return "no dump (killed, stopped, or unable to write one)";
+}
+
+const TraceEntry* Model::crash_op(int rank) const {
+  if (!crashed(rank)) return nullptr;
+  for (const auto& e : dump_of(rank)->entries) {
+    if (!e.is_user_event() && !e.finished()) return &e;
+  }
+  return nullptr;
 }
 
 void Model::find_wait(const RankDump& d) {
@@ -139,27 +212,231 @@ void Model::find_wait(const RankDump& d) {
   waits_[d.rank] = std::move(w);
 }
 
+// Per training step, how many collectives each rank issued on each family of sibling groups.
+// Only steps a rank has finished count (not its latest step, nor the oldest one its ring may
+// hold in part); a rank deviates where a strict majority of the family's members that finished
+// the step issued another count.
+void Model::find_deviations() {
+  // Families as small integers, so the per-step tallies key on numbers.
+  std::unordered_map<uint64_t, int> family_index;
+  std::vector<std::string> family_names;
+  std::unordered_map<std::string, int> by_name;
+  auto family_id = [&](uint64_t group) {
+    auto it = family_index.find(group);
+    if (it != family_index.end()) return it->second;
+    const std::string f = family_of(group);
+    auto [n, fresh] = by_name.emplace(f, static_cast<int>(family_names.size()));
+    if (fresh) family_names.push_back(f);
+    return family_index.emplace(group, n->second).first->second;
+  };
+  struct Counts {
+    std::map<std::pair<int, int64_t>, int64_t> by_family_step;
+    int64_t lo = 0, hi = -1;  // finished steps [lo, hi); hi is the step the rank is in
+    std::set<int> families;
+  };
+  std::map<int, Counts> counts;
+  for (const auto& d : set_.dumps) {
+    if (stale_[d.rank]) continue;
+    Counts c;
+    int64_t min_step = INT64_MAX, max_step = std::max<int64_t>(d.step, -1);
+    uint64_t last_group = UINT64_MAX;
+    int last_family = -1;
+    for (const auto& e : d.entries) {
+      if (!e.is_collective() || e.step < 0) continue;
+      if (e.group_id != last_group) {
+        last_group = e.group_id;
+        last_family = family_id(e.group_id);
+      }
+      ++c.by_family_step[{last_family, e.step}];
+      min_step = std::min(min_step, e.step);
+      max_step = std::max(max_step, e.step);
+    }
+    if (min_step == INT64_MAX) continue;
+    const bool wrapped = d.recorded > d.entries.size();
+    c.lo = wrapped ? min_step + 1 : min_step;
+    c.hi = max_step;
+    for (const auto& g : d.groups) {
+      if (std::find(g.ranks.begin(), g.ranks.end(), d.rank) != g.ranks.end()) {
+        c.families.insert(family_id(g.id));
+      }
+    }
+    counts[d.rank] = std::move(c);
+  }
+  // Whether a member of `rank`'s own group of `family` issued, in `step`, more (skipped) or, with
+  // the step finished, fewer (added) collectives than `count`.
+  auto group_disagrees = [&](int rank, int family, int64_t step, int64_t count, bool skipped) {
+    const RankDump* d = dump_of(rank);
+    for (const auto& g : d->groups) {
+      if (family_id(g.id) != family ||
+          std::find(g.ranks.begin(), g.ranks.end(), rank) == g.ranks.end()) {
+        continue;
+      }
+      for (int m : g.ranks) {
+        const auto it = counts.find(m);
+        if (m == rank || it == counts.end() || step < it->second.lo || step > it->second.hi) continue;
+        const auto n = it->second.by_family_step.find({family, step});
+        const int64_t k = n == it->second.by_family_step.end() ? 0 : n->second;
+        if (skipped ? k > count : (step < it->second.hi && k < count)) return true;
+      }
+    }
+    return false;
+  };
+  // Votes at (family, step): ranks that finished the step give their count; a rank now in the
+  // step gives a lower bound (it may issue more). A rank that finished the step with count c
+  // skipped a collective when a strict majority of the voters issued more than c, and added
+  // one when a strict majority finished the step with fewer.
+  struct Vote {
+    int rank;
+    int64_t count;
+    bool finished;
+  };
+  std::map<std::pair<int, int64_t>, std::vector<Vote>> votes;
+  for (const auto& [rank, c] : counts) {
+    for (int family : c.families) {
+      auto it = c.by_family_step.lower_bound({family, c.lo});
+      for (int64_t s = c.lo; s <= c.hi; ++s) {
+        int64_t n = 0;
+        if (it != c.by_family_step.end() && it->first == std::make_pair(family, s)) {
+          n = it->second;
+          ++it;
+        }
+        votes[{family, s}].push_back({rank, n, s < c.hi});
+      }
+    }
+  }
+  for (const auto& [key, list] : votes) {
+    // Fast path: everyone agrees.
+    if (std::all_of(list.begin(), list.end(),
+                    [&](const Vote& v) { return v.count == list.front().count; })) {
+      continue;
+    }
+    for (const Vote& v : list) {
+      if (!v.finished) continue;
+      std::map<int64_t, size_t> more, fewer;  // count -> voters
+      size_t n_more = 0, n_fewer = 0;
+      for (const Vote& o : list) {
+        if (o.count > v.count) {
+          ++more[o.count];
+          ++n_more;
+        } else if (o.finished && o.count < v.count) {
+          ++fewer[o.count];
+          ++n_fewer;
+        }
+      }
+      const auto& side = 2 * n_more > list.size() ? more : fewer;
+      if (2 * std::max(n_more, n_fewer) <= list.size()) continue;
+      const auto norm = std::max_element(side.begin(), side.end(), [](const auto& a, const auto& b) {
+        return a.second < b.second;
+      });
+      auto it = deviations_.find(v.rank);
+      if (it != deviations_.end() && it->second.step <= key.second) continue;
+      const std::string& f = family_names[static_cast<size_t>(key.first)];
+      deviations_[v.rank] = {v.rank,        f.substr(0, f.find('\x1f')),
+                             key.second,    v.count,
+                             norm->first,   std::max(n_more, n_fewer),
+                             false,
+                             group_disagrees(v.rank, key.first, key.second, v.count,
+                                             v.count < norm->first)};
+    }
+  }
+  // No majority (two ranks, or an even split): ranks that broke their own rhythm in this step
+  // (each issued the same count in each of at least three other finished steps) while every
+  // other voter kept its own, deviated.
+  auto rhythm = [&](int rank, int family, int64_t skip_step) -> std::optional<std::pair<int64_t, size_t>> {
+    const Counts& c = counts.at(rank);
+    std::optional<int64_t> value;
+    size_t n = 0;
+    for (int64_t s = c.lo; s < c.hi; ++s) {
+      if (s == skip_step) continue;
+      const auto it = c.by_family_step.find({family, s});
+      const int64_t k = it == c.by_family_step.end() ? 0 : it->second;
+      if (value && *value != k) return std::nullopt;
+      value = k;
+      ++n;
+    }
+    if (!value || n < 3) return std::nullopt;
+    return std::make_pair(*value, n);
+  };
+  for (const auto& [key, list] : votes) {
+    if (list.size() < 2 || std::all_of(list.begin(), list.end(), [&](const Vote& v) {
+          return v.count == list.front().count;
+        })) {
+      continue;
+    }
+    std::vector<std::pair<const Vote*, std::pair<int64_t, size_t>>> odd;
+    bool settled = true;
+    for (const Vote& v : list) {
+      const auto r = rhythm(v.rank, key.first, key.second);
+      if (!r) {
+        settled = false;
+        break;
+      }
+      const bool keeps = v.finished ? v.count == r->first : v.count <= r->first;
+      if (keeps) continue;
+      if (!v.finished) {
+        settled = false;
+        break;
+      }
+      odd.emplace_back(&v, *r);
+    }
+    if (!settled || odd.empty() || odd.size() == list.size()) continue;
+    for (const auto& [v, r] : odd) {
+      auto it = deviations_.find(v->rank);
+      if (it != deviations_.end() && it->second.step <= key.second) continue;
+      const std::string& f = family_names[static_cast<size_t>(key.first)];
+      deviations_[v->rank] = {v->rank,
+                              f.substr(0, f.find('\x1f')),
+                              key.second,
+                              v->count,
+                              r.first,
+                              r.second,
+                              true,
+                              group_disagrees(v->rank, key.first, key.second, v->count,
+                                              v->count < r.first)};
+    }
+  }
+  // Only deviations that broke the rank's own group count as evidence: sibling groups may run
+  // different numbers of collectives legitimately (pipeline stages of unequal size), the
+  // members of one group never.
+  std::erase_if(deviations_, [](const auto& kv) { return !kv.second.in_group; });
+}
+
 RankPosition Model::position(int rank) const {
   RankPosition p;
   p.rank = rank;
   const RankDump* d = dump_of(rank);
   if (d == nullptr) {
-    p.where = RankPosition::Where::kNoDump;
-    p.summary = p.place = "no dump (killed, stopped, or unable to write one)";
+    p.where = exits_.count(rank) ? RankPosition::Where::kExited : RankPosition::Where::kNoDump;
+    p.summary = p.place = exits_.count(rank) ? death(rank) + ", no dump" : death(rank);
     return p;
   }
   p.step = d->step;
   const TraceEntry* last_done = nullptr;
+  const TraceEntry* pending = nullptr;
   for (const auto& e : d->entries) {
     if (e.is_user_event()) p.last_event = e.text;
     if (!e.is_user_event() && e.finished()) last_done = &e;
+    if (!e.is_user_event() && !e.finished() && pending == nullptr) pending = &e;
   }
+  auto describe_entry = [&](const TraceEntry& e) {
+    return e.is_p2p() ? fmt::format("{} #{} (group '{}')", op_name(e.op), e.p2p_seq,
+                                    group_name(e.group_id))
+                      : describe_collective(e.group_id, e.seq, e);
+  };
   std::string where, place;
   const auto it = waits_.find(rank);
-  if (it != waits_.end()) {
+  if (crashed(rank)) {
+    place = pending != nullptr ? fmt::format("{} in {}", death(rank), describe_entry(*pending))
+            : last_done != nullptr
+                ? fmt::format("{} in compute after {} {}", death(rank), describe_entry(*last_done),
+                              state_name(last_done->state))
+                : death(rank);
+    where = place;
+    p.where = RankPosition::Where::kCrashed;
+  } else if (it != waits_.end()) {
     const Wait& w = it->second;
-    const std::string op =
-        w.op.p2p ? describe_p2p(w.op) : describe_collective(w.op.group, w.op.seq, *w.entry);
+    const std::string op = w.op.p2p ? describe_p2p(w.op, w.op.dst == rank)
+                                    : describe_collective(w.op.group, w.op.seq, *w.entry);
     if (w.entry->state == EntryState::kFailed) {
       place = fmt::format("stuck in {} until it failed", op);
       where = fmt::format("{} after {}", place,
@@ -171,10 +448,7 @@ RankPosition Model::position(int rank) const {
     }
     p.where = RankPosition::Where::kInOperation;
   } else if (last_done != nullptr) {
-    const std::string op =
-        last_done->is_p2p() ? fmt::format("{} #{} (group '{}')", op_name(last_done->op),
-                                          last_done->p2p_seq, group_name(last_done->group_id))
-                            : describe_collective(last_done->group_id, last_done->seq, *last_done);
+    const std::string op = describe_entry(*last_done);
     place = fmt::format("in compute since {} {}", op, state_name(last_done->state));
     where = fmt::format("in compute for {} since {} {}",
                         format_duration(Nanoseconds(d->monotonic_ns - last_done->completed_ns)), op,
@@ -257,43 +531,158 @@ std::vector<int> Model::waiting_in(const Op& op) const {
   return out;
 }
 
-bool Model::waited_on(int rank) const {
-  return std::any_of(waits_.begin(), waits_.end(), [&](const auto& kv) {
-    return std::binary_search(kv.second.missing.begin(), kv.second.missing.end(), rank);
-  });
+std::set<Op> Model::waited_on_in(int rank) const {
+  std::set<Op> ops;
+  for (const auto& [r, w] : waits_) {
+    if (std::binary_search(w.missing.begin(), w.missing.end(), rank)) ops.insert(w.op);
+  }
+  return ops;
+}
+
+bool Model::has_siblings(uint64_t group) const {
+  const auto it = families_.find(family_of(group));
+  return it != families_.end() && it->second.size() > 1;
+}
+
+Model::SiblingProgress Model::sibling_progress(uint64_t group, uint64_t seq) const {
+  SiblingProgress p;
+  const auto it = families_.find(family_of(group));
+  if (it == families_.end()) return p;
+  for (uint64_t g : it->second) {
+    if (g == group) continue;
+    for (int r : groups_.at(g)->ranks) {
+      if (dump_of(r) == nullptr || stale_[r]) continue;
+      ++p.members;
+      if (reached(r, g) >= seq) ++p.reached;
+    }
+  }
+  return p;
+}
+
+Model::Members Model::sibling_entries(uint64_t group, const SeqKey& key) const {
+  Members out;
+  const auto it = families_.find(family_of(group));
+  if (it == families_.end()) return out;
+  for (uint64_t g : it->second) {
+    if (g == group) continue;
+    const auto a = aligned_.find(g);
+    if (a == aligned_.end()) continue;
+    const auto m = a->second.find(key);
+    if (m != a->second.end()) out.insert(out.end(), m->second.begin(), m->second.end());
+  }
+  return out;
+}
+
+const TraceEntry* Model::entry_at(int rank, const std::string& family, uint64_t seq) const {
+  const auto it = families_.find(family);
+  if (it == families_.end()) return nullptr;
+  for (uint64_t g : it->second) {
+    if (!member_of(rank, g)) continue;
+    const auto a = aligned_.find(g);
+    if (a == aligned_.end()) continue;
+    const auto m = a->second.find({seq, 0});
+    if (m == a->second.end()) continue;
+    for (const auto& [r, e] : m->second) {
+      if (r == rank) return e;
+    }
+  }
+  return nullptr;
+}
+
+std::pair<size_t, size_t> Model::order_votes(const Op& a, const Op& b) const {
+  // Every rank in a group of a's family and one of b's votes by the order of its two entries
+  // (record ids); a rank blocked in one of them that never issued the other votes for the one
+  // it is blocked in.
+  const std::string fa = family_of(a.group), fb = family_of(b.group);
+  size_t a_first = 0, b_first = 0;
+  auto in_family = [&](int rank, const std::string& family) {
+    const auto it = families_.find(family);
+    return it != families_.end() && std::any_of(it->second.begin(), it->second.end(),
+                                                [&](uint64_t g) { return member_of(rank, g); });
+  };
+  for (const auto& d : set_.dumps) {
+    if (stale_[d.rank] || !in_family(d.rank, fa) || !in_family(d.rank, fb)) continue;
+    const TraceEntry* ea = entry_at(d.rank, fa, a.seq);
+    const TraceEntry* eb = entry_at(d.rank, fb, b.seq);
+    if (ea != nullptr && eb != nullptr) {
+      (ea->record_id < eb->record_id ? a_first : b_first)++;
+    } else if (ea != nullptr && !ea->finished()) {
+      ++a_first;
+    } else if (eb != nullptr && !eb->finished()) {
+      ++b_first;
+    }
+  }
+  return {a_first, b_first};
 }
 
 std::vector<StragglerStats> Model::stragglers() const {
-  // A collective counts when one rank arrived clearly last: at least straggler_min_lag after
-  // the next latest. Ties (ranks released together by an earlier collective) count for nobody.
+  // A collective counts against the rank that arrived clearly last: later than the next latest
+  // by at least straggler_min_lag and by straggler_duration_factor times the collective's own
+  // duration (from the last arrival to its completion), after subtracting what the rank spent in
+  // its previous operation (a rank that is late because it waited for another one in its
+  // previous collective inherited the lateness; it did not straggle).
   const int64_t min_lag = options_.straggler_min_lag.count();
   std::vector<size_t> samples(world_size_, 0), last(world_size_, 0);
-  std::vector<std::vector<int64_t>> lags(world_size_);
-  std::vector<std::pair<int64_t, int>> arrivals;
+  std::vector<std::vector<int64_t>> lags(world_size_), durations(world_size_);
+  struct Arrival {
+    int64_t at, waited_before, done;
+    int rank;
+  };
+  std::vector<Arrival> arrivals;
+  // How long each rank spent in its previous operation before each entry (by entry index).
+  std::vector<std::vector<int64_t>> previous_wait(world_size_);
+  for (const auto& d : set_.dumps) {
+    auto& waits = previous_wait[d.rank];
+    waits.resize(d.entries.size());
+    int64_t prev = 0;
+    for (size_t i = 0; i < d.entries.size(); ++i) {
+      const auto& e = d.entries[i];
+      if (e.is_user_event()) continue;
+      waits[i] = prev;
+      if (e.completed_ns != 0) prev = e.completed_ns - e.enqueued_ns;
+    }
+  }
   for (const auto& [group, by_seq] : aligned_) {
     const auto git = groups_.find(group);
     if (git == groups_.end() || git->second->ranks.size() < 2) continue;
     for (const auto& [key, members] : by_seq) {
       if (members.size() != git->second->ranks.size()) continue;
       arrivals.clear();
+      bool complete = true;
       for (const auto& [rank, e] : members) {
-        arrivals.emplace_back(by_rank_[rank]->to_wall_ns(e->enqueued_ns), rank);
+        if (e->state != EntryState::kCompleted) complete = false;
+        const RankDump& d = *by_rank_[rank];
+        const size_t index = static_cast<size_t>(e - d.entries.data());
+        arrivals.push_back({d.to_wall_ns(e->enqueued_ns), previous_wait[rank][index],
+                            d.to_wall_ns(e->completed_ns), rank});
       }
-      std::sort(arrivals.begin(), arrivals.end());
-      const int64_t gap = arrivals.back().first - arrivals[arrivals.size() - 2].first;
-      if (gap < min_lag) continue;
-      for (const auto& a : arrivals) ++samples[a.second];
-      ++last[arrivals.back().second];
-      lags[arrivals.back().second].push_back(gap);
+      if (!complete) continue;
+      std::sort(arrivals.begin(), arrivals.end(),
+                [](const Arrival& x, const Arrival& y) { return x.at < y.at; });
+      const Arrival& late = arrivals.back();
+      const int64_t lag = late.at - arrivals[arrivals.size() - 2].at;
+      const int64_t duration = std::max<int64_t>(late.done - late.at, 0);
+      const int64_t own_delay = lag - late.waited_before;
+      const int64_t needed =
+          std::max<int64_t>(min_lag, static_cast<int64_t>(options_.straggler_duration_factor *
+                                                          static_cast<double>(duration)));
+      if (lag < needed) continue;  // no clear last arrival
+      for (const auto& a : arrivals) ++samples[a.rank];
+      if (own_delay < needed) continue;
+      ++last[late.rank];
+      lags[late.rank].push_back(lag);
+      durations[late.rank].push_back(duration);
     }
   }
   std::vector<StragglerStats> out;
   for (int r = 0; r < world_size_; ++r) {
     if (last[r] < options_.straggler_min_samples) continue;
     if (static_cast<double>(last[r]) < options_.straggler_fraction * samples[r]) continue;
-    auto& l = lags[r];
-    std::nth_element(l.begin(), l.begin() + l.size() / 2, l.end());
-    out.push_back({r, samples[r], last[r], l[l.size() / 2]});
+    auto median = [](std::vector<int64_t>& v) {
+      std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+      return v[v.size() / 2];
+    };
+    out.push_back({r, samples[r], last[r], median(lags[r]), median(durations[r])});
   }
   return out;
 }
@@ -305,20 +694,45 @@ std::string Model::group_name(uint64_t group) const {
 
 std::string Model::describe_collective(uint64_t group, uint64_t seq, const TraceEntry& e) const {
   std::string args;
+  if (e.op == OpType::kSplit) {
+    args = e.text.empty() ? "" : fmt::format(", making '{}'", e.text);
+    return fmt::format("split #{} of group '{}' ({}{})", seq, group_name(group),
+                       e.step >= 0 ? fmt::format("step {}", e.step) : "no step", args);
+  }
   if (e.input.dtype[0] != '\0') {
     args = fmt::format(", {}[{}]", e.input.dtype, e.input.numel);
   }
-  if (e.op == OpType::kAllReduce || e.op == OpType::kReduceScatter) {
+  if ((e.op == OpType::kAllReduce || e.op == OpType::kReduceScatter) && e.reduce_op) {
     args += fmt::format(", {}", reduce_op_text(e.reduce_op));
   }
-  if (e.op == OpType::kBroadcast) args += fmt::format(", root {}", e.root);
+  if (e.op == OpType::kBroadcast && e.root >= 0) args += fmt::format(", root {}", e.root);
   return fmt::format("{} #{} of group '{}' ({}{})", op_name(e.op), seq, group_name(group),
                      e.step >= 0 ? fmt::format("step {}", e.step) : "no step", args);
 }
 
-std::string Model::describe_p2p(const Op& op) const {
+std::string Model::describe_p2p(const Op& op, bool as_recv) const {
+  if (as_recv) {
+    return fmt::format("recv #{} at rank {} from rank {} in group '{}'", op.seq, op.dst, op.src,
+                       group_name(op.group));
+  }
   return fmt::format("send #{} from rank {} to rank {} in group '{}'", op.seq, op.src, op.dst,
                      group_name(op.group));
+}
+
+std::string Model::describe_deviation(const StepDeviation& d) const {
+  if (d.own_rhythm) {
+    return fmt::format(
+        "rank {} issued {} collective{} on '{}' in step {}, where it issued {} in each of its {} "
+        "other finished steps and the other members kept their own rhythm: it {} one there",
+        d.rank, d.count, d.count == 1 ? "" : "s", d.family, d.step, d.norm, d.agreeing,
+        d.count < d.norm ? "skipped" : "added");
+  }
+  return fmt::format(
+      "rank {} issued {} collective{} on '{}' in step {}, where {} other member{} of '{}' "
+      "groups issued {}{}: it {} one there",
+      d.rank, d.count, d.count == 1 ? "" : "s", d.family, d.step, d.agreeing,
+      d.agreeing == 1 ? "" : "s", d.family, d.count < d.norm ? "at least " : "", d.norm,
+      d.count < d.norm ? "skipped" : "added");
 }
 
 }  // namespace tessel::fr::internal

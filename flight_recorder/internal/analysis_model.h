@@ -1,11 +1,18 @@
 #pragma once
 // The facts the analyzer reasons over, computed once from a DumpSet: entries aligned by
 // (group, seq), how far each rank got in each group, the operation each rank is blocked in and
-// the ranks it waits for, cycles among those waits, and arrival statistics for stragglers.
+// the ranks it waits for, cycles among those waits, who is dead or crashed, which ranks broke
+// the per-step rhythm of collectives that the other members kept, and arrival statistics for
+// stragglers.
+//
+// Sibling groups: groups with the same name and size (the groups of one mesh dimension, or of
+// one split given a name) run the same program, so their collectives at the same seq, and their
+// counts of collectives per training step, are evidence about each other.
 //
 // Not thread-safe; borrows the DumpSet, which must outlive it.
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -27,6 +34,9 @@ struct Op {
   bool operator==(const Op& o) const {
     return std::tie(group, seq, p2p, src, dst) == std::tie(o.group, o.seq, o.p2p, o.src, o.dst);
   }
+  bool operator<(const Op& o) const {
+    return std::tie(group, seq, p2p, src, dst) < std::tie(o.group, o.seq, o.p2p, o.src, o.dst);
+  }
 };
 
 // A rank blocked in `op` (its oldest operation that has not finished), and the ranks that have
@@ -39,10 +49,28 @@ struct Wait {
   bool unknown = false;
 };
 
+// A rank whose count of collectives on a family of sibling groups, in one completed training
+// step, differs from what the other members issued in that step.
+struct StepDeviation {
+  int rank = -1;
+  std::string family;  // the groups' name
+  int64_t step = -1;
+  int64_t count = 0;   // what the rank issued
+  int64_t norm = 0;    // what the majority issued
+  size_t agreeing = 0;  // ranks that issued `norm`
+  // Settled by the rank's own rhythm (no majority among ranks): it issued `norm` in each of its
+  // `agreeing` other finished steps, and the other side kept its own rhythm in this step.
+  bool own_rhythm = false;
+  // A member of the rank's own group (not only of a sibling group) issued a different count in
+  // that step: the deviation broke its group's program, whatever the siblings do.
+  bool in_group = false;
+};
+
 struct StragglerStats {
   int rank = -1;
   size_t samples = 0, times_last = 0;
-  int64_t median_lag_ns = 0;
+  int64_t median_lag_ns = 0;       // how much later than the next latest rank it arrived
+  int64_t median_duration_ns = 0;  // the collectives' own duration once every rank was there
 };
 
 class Model {
@@ -50,8 +78,8 @@ class Model {
   // group -> (seq, coalesced_index) -> (rank, entry): ops of one coalesced batch share a seq
   // on some backends, so the index inside the batch is part of the key.
   using SeqKey = std::pair<uint64_t, uint32_t>;
-  using Aligned =
-      std::map<uint64_t, std::map<SeqKey, std::vector<std::pair<int, const TraceEntry*>>>>;
+  using Members = std::vector<std::pair<int, const TraceEntry*>>;
+  using Aligned = std::map<uint64_t, std::map<SeqKey, Members>>;
 
   Model(const DumpSet& set, const AnalyzerOptions& options);
 
@@ -67,20 +95,55 @@ class Model {
   // Members of `group` whose dump shows they issued collective `seq` (sorted).
   std::vector<int> issued(uint64_t group, uint64_t seq) const;
   std::vector<int> waiting_in(const Op& op) const;
-  bool waited_on(int rank) const;
+  // Distinct operations some rank waits in that `rank` has not issued.
+  std::set<Op> waited_on_in(int rank) const;
+  bool waited_on(int rank) const { return !waited_on_in(rank).empty(); }
   std::vector<StragglerStats> stragglers() const;
+
+  // Liveness from the dumps and the launcher's exit record.
+  bool crashed(int rank) const;        // its dump was written by a fatal-signal handler
+  bool exited_cleanly(int rank) const;  // no dump, and the launcher saw it exit with status 0
+  bool dead(int rank) const;           // no dump (and not a clean exit), crashed, or stale
+  std::string death(int rank) const;  // "crashed (SIGSEGV)", "killed by SIGKILL", ...
+  // The operation a crashed rank was in when it died (null when it was in compute).
+  const TraceEntry* crash_op(int rank) const;
+
+  // Sibling evidence for collective `seq` of `group`: members of the sibling groups (with a
+  // dump) and how many of them issued a collective with that seq.
+  struct SiblingProgress {
+    size_t members = 0, reached = 0;
+  };
+  SiblingProgress sibling_progress(uint64_t group, uint64_t seq) const;
+  // The entries of sibling groups at `seq`, for majorities that span a mesh dimension.
+  Members sibling_entries(uint64_t group, const SeqKey& key) const;
+  bool has_siblings(uint64_t group) const;
+  // Earliest per-step deviation of each rank, by rank; only those its own group's members
+  // contradict (StepDeviation::in_group).
+  const std::map<int, StepDeviation>& deviations() const { return deviations_; }
+  // Which of two operations the ranks that issue both (or their siblings' equivalents) issue
+  // first: the votes for `a` first and for `b` first.
+  std::pair<size_t, size_t> order_votes(const Op& a, const Op& b) const;
 
   std::string group_name(uint64_t group) const;
   std::string describe_collective(uint64_t group, uint64_t seq, const TraceEntry& e) const;
-  std::string describe_p2p(const Op& op) const;
+  // "send #3 from rank 1 to rank 2 in group 'tp'" or, seen from the receiver, "recv #3 at rank
+  // 2 from rank 1 in group 'tp'".
+  std::string describe_p2p(const Op& op, bool as_recv = false) const;
+  std::string describe_deviation(const StepDeviation& d) const;
 
  private:
   const RankDump* dump_of(int rank) const {
     return rank >= 0 && rank < world_size_ ? by_rank_[rank] : nullptr;
   }
   uint64_t reached(int rank, uint64_t group) const;
+  std::string family_of(uint64_t group) const;
+  bool member_of(int rank, uint64_t group) const;
   void index_dump(const RankDump& d);
   void find_wait(const RankDump& d);
+  void find_deviations();
+  // The entry `rank` recorded for collective `seq` of `group` (or of a sibling group the rank
+  // belongs to), null when none.
+  const TraceEntry* entry_at(int rank, const std::string& family, uint64_t seq) const;
 
   const DumpSet& set_;
   const AnalyzerOptions options_;
@@ -89,13 +152,16 @@ class Model {
   int64_t newest_wall_us_ = 0;
   std::vector<const RankDump*> by_rank_;
   std::vector<bool> stale_;
+  std::map<int, const ExitRecord*> exits_;
   std::unordered_map<uint64_t, const GroupInfo*> groups_;
+  std::map<std::string, std::vector<uint64_t>> families_;  // family -> group ids
   std::vector<std::unordered_map<uint64_t, uint64_t>> reached_;  // rank -> group -> max seq
   std::vector<std::unordered_map<uint64_t, uint64_t>> dropped_;  // rank -> group -> count
   Aligned aligned_;
   // (group, src, dst, p2p seq, is_send) of every send/recv any rank recorded.
   std::set<std::tuple<uint64_t, int, int, uint64_t, bool>> posted_;
   std::map<int, Wait> waits_;
+  std::map<int, StepDeviation> deviations_;
   std::map<std::tuple<uint64_t, uint64_t, std::string>, std::vector<int>> failed_;
   std::vector<std::string> notes_;
 };

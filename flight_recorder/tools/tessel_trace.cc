@@ -1,6 +1,7 @@
 // tessel-trace: reads flight-recorder dumps and says which ranks hang the job and why.
 //
-//   tessel-trace analyze DIR [--json]        verdict for a directory of dumps
+//   tessel-trace analyze DIR [--json]        verdict for a directory of dumps (tessel's, or
+//                                            PyTorch's flight-recorder JSON/pickle dumps)
 //   tessel-trace show FILE                   one rank's entries as a table
 //   tessel-trace export DIR --perfetto OUT   Chrome trace event JSON for Perfetto
 //   tessel-trace synth SCENARIO --ranks N --out DIR   synthetic dumps for a fault scenario
@@ -11,14 +12,17 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
 #include "tessel/flight_recorder/analyzer.h"
 #include "tessel/flight_recorder/dump.h"
 #include "tessel/flight_recorder/export.h"
+#include "tessel/flight_recorder/pytorch_dump.h"
 #include "tessel/flight_recorder/reader.h"
 #include "tessel/flight_recorder/synth.h"
 
@@ -37,8 +41,9 @@ int print_problems(const DumpSet& set) {
   return kExitBadInput;
 }
 
-int run_analyze(const std::string& dir, bool json, bool skip_bad, const AnalyzerOptions& options) {
-  const DumpSet set = read_dump_dir(dir);
+int run_analyze(const std::string& dir, bool json, bool skip_bad, int world_size,
+                const AnalyzerOptions& options) {
+  const DumpSet set = read_dump_dir(dir, world_size);
   if (set.dumps.empty()) {
     print_problems(set);
     std::cerr << "tessel-trace: no usable dump (tessel_fr_*.json) in '" << dir << "'\n";
@@ -112,9 +117,13 @@ int main(int argc, char** argv) {
   analyze_cmd
       ->add_option("--stale-after", stale_after, "a dump this much older than the newest is stale")
       ->capture_default_str();
+  int world_size = -1;
+  analyze_cmd->add_option("--world-size", world_size,
+                          "ranks in the job, for PyTorch dumps whose highest ranks left none");
 
   auto* show_cmd = app.add_subcommand("show", "one rank's entries as a table");
-  show_cmd->add_option("FILE", file, "a tessel_fr_rank<R>.json file")->required();
+  show_cmd->add_option("FILE", file, "a tessel_fr_rank<R>.json file (or one PyTorch dump)")
+      ->required();
 
   auto* export_cmd = app.add_subcommand("export", "Chrome trace event JSON (Perfetto)");
   export_cmd->add_option("DIR", dir, "directory of dumps")->required();
@@ -155,9 +164,19 @@ int main(int argc, char** argv) {
       AnalyzerOptions options;
       options.min_wait = parse_duration(min_wait);
       options.stale_after = parse_duration(stale_after);
-      return run_analyze(dir, json, skip_bad, options);
+      return run_analyze(dir, json, skip_bad, world_size, options);
     }
     if (*show_cmd) {
+      std::ifstream in(file, std::ios::binary);
+      const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (in.good() && sniff_pytorch_dump(bytes) != ForeignFormat::kNone) {
+        const int rank = rank_from_dump_name(std::filesystem::path(file).filename().string());
+        std::vector<RankDump> one;
+        one.push_back(parse_pytorch_dump(bytes, rank, file));
+        settle_pytorch_groups(one, -1);
+        std::cout << format_dump_table(one.front());
+        return 0;
+      }
       std::cout << format_dump_table(read_dump(file));
       return 0;
     }

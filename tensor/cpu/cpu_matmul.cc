@@ -58,8 +58,10 @@ Operand operand_of(const Tensor& t) {
 }
 
 // o narrowed to [start, start + length) on dim d, unless it broadcasts there (size 1).
+// o narrowed to [start, start + length) on dim d, unless it broadcasts there (size 1: every
+// chunk uses its only index, also a chunk of length 1 that starts past 0).
 Operand narrow(Operand o, int d, int64_t start, int64_t length) {
-  if (o.dims[d] == 1 && length != 1) return o;
+  if (o.dims[d] == 1) return o;
   o.data = static_cast<char*>(o.data) + start * o.strides[d] * static_cast<int64_t>(dtype_size(o.dtype));
   o.dims[d] = length;
   if (length == 1) o.strides[d] = 0;

@@ -70,6 +70,8 @@ void CpuBackend::softmax(const Tensor& x, const Tensor& out, bool log) {
     for_each_row_scratch(rows, cols, 1, [&](int64_t r, float* tmp) {
       const float* xr = row_f32(px + r * cols, cols, tmp);
       float* o = out_f32(po + r * cols, tmp);
+      // max_f32 skips NaN, but exp(NaN - mx) makes the sum NaN and so the whole row (as in
+      // PyTorch); so does +inf (inf - inf) and an all -inf row.
       const float mx = max_f32(xr, cols);
       const float sum = sum_exp_f32(xr, mx, cols);
       if (log) {

@@ -10,10 +10,16 @@
 
 namespace tessel::cpu {
 namespace {
-constexpr float kSqrt1_2 = 0.70710678118654752f;
 constexpr float kSqrt2OverPi = 0.79788456080286536f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 constexpr float kGeluCoeff = 0.044715f;
+
+// The tanh form of gelu, 0.5 x (1 + tanh u) with u = sqrt(2 / pi) (x + 0.044715 x^3), computed
+// as x sigmoid(2u) (the same function, without the cancellation of 1 + tanh u for x < 0);
+// 2u = x (2 sqrt(2 / pi) + 2 sqrt(2 / pi) 0.044715 x^2).
+[[gnu::always_inline]] inline float gelu_tanh_gate(float v) {
+  return fast_sigmoid(v * (1.5957691216057308f + 0.071354816272681539f * (v * v)));
+}
 }  // namespace
 
 // One loop per op; `v` is x[i].
@@ -32,11 +38,10 @@ TESSEL_ISA_CLONES void unary_f32(UnaryOp op, const float* x, float* out, int64_t
     case UnaryOp::kSqrt: TESSEL_UNARY_LOOP(std::sqrt(v));
     case UnaryOp::kRsqrt: TESSEL_UNARY_LOOP(1.0f / std::sqrt(v));
     case UnaryOp::kTanh: TESSEL_UNARY_LOOP(fast_tanh(v));
-    case UnaryOp::kRelu: TESSEL_UNARY_LOOP(v > 0.0f ? v : 0.0f);
+    case UnaryOp::kRelu: TESSEL_UNARY_LOOP(v <= 0.0f ? 0.0f : v);  // NaN stays, -0 gives +0
     case UnaryOp::kSilu: TESSEL_UNARY_LOOP(v * fast_sigmoid(v));
-    case UnaryOp::kGelu: TESSEL_UNARY_LOOP(0.5f * v * (1.0f + fast_erf(v * kSqrt1_2)));
-    case UnaryOp::kGeluTanh:
-      TESSEL_UNARY_LOOP(0.5f * v * (1.0f + fast_tanh(kSqrt2OverPi * (v + kGeluCoeff * v * v * v))));
+    case UnaryOp::kGelu: TESSEL_UNARY_LOOP(v * fast_normal_cdf(v));
+    case UnaryOp::kGeluTanh: TESSEL_UNARY_LOOP(v * gelu_tanh_gate(v));
     case UnaryOp::kAbs: TESSEL_UNARY_LOOP(std::fabs(v));
     case UnaryOp::kSigmoid: TESSEL_UNARY_LOOP(fast_sigmoid(v));
     case UnaryOp::kLogicalNot: TESSEL_UNARY_LOOP(v == 0.0f ? 1.0f : 0.0f);
@@ -63,10 +68,13 @@ TESSEL_ISA_CLONES void unary_f32(UnaryOp op, const float* x, float* out, int64_t
   return
 
 namespace {
+// d/dv [v s(2u)] = s + 2 v s (1 - s) u' with s = sigmoid(2u). s (1 - s) is 0 once |v| > 10,
+// so v^2 is capped in u' to keep it finite there (0 * inf would be NaN).
 [[gnu::always_inline]] inline float gelu_tanh_grad(float g, float v) {
-  const float t = fast_tanh(kSqrt2OverPi * (v + kGeluCoeff * v * v * v));
-  const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * v * v);
-  return g * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+  const float s = gelu_tanh_gate(v);
+  const float v2 = v * v > 1e4f ? 1e4f : v * v;
+  const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * v2);
+  return g * (s + v * (s * (1.0f - s)) * (2.0f * du));
 }
 [[gnu::always_inline]] inline float silu_grad(float g, float v) {
   const float s = fast_sigmoid(v);
@@ -85,11 +93,10 @@ TESSEL_ISA_CLONES void binary_f32(BinaryOp op, const float* a, const float* b, i
     case BinaryOp::kMaximum: TESSEL_BINARY_LOOP((p != p || p > q) ? p : q);
     case BinaryOp::kMinimum: TESSEL_BINARY_LOOP((p != p || p < q) ? p : q);
     case BinaryOp::kGeluBackward:
-      TESSEL_BINARY_LOOP(p * (0.5f * (1.0f + fast_erf(q * kSqrt1_2)) +
-                              q * kInvSqrt2Pi * fast_exp(-0.5f * q * q)));
+      TESSEL_BINARY_LOOP(p * (fast_normal_cdf(q) + q * kInvSqrt2Pi * fast_exp(-0.5f * q * q)));
     case BinaryOp::kGeluTanhBackward: TESSEL_BINARY_LOOP(gelu_tanh_grad(p, q));
     case BinaryOp::kSiluBackward: TESSEL_BINARY_LOOP(silu_grad(p, q));
-    case BinaryOp::kReluBackward: TESSEL_BINARY_LOOP(q > 0.0f ? p : 0.0f);
+    case BinaryOp::kReluBackward: TESSEL_BINARY_LOOP(q <= 0.0f ? 0.0f : p);  // as PyTorch: NaN passes
     default: return;  // comparisons: not handled here (binary_f32_supported is false)
   }
 }

@@ -57,6 +57,43 @@ TEST(ExportTest, PerfettoHasATrackPerRankASlicePerOpAndInstantUserEvents) {
   EXPECT_EQ(pending[0], 1);
 }
 
+// Perfetto's JSON importer takes 32-bit thread ids: every track of a rank has a small id (0 for
+// markers, then one per group) and a name, and one group keeps one id across its slices.
+TEST(ExportTest, TracksHaveSmallThreadIdsAndNames) {
+  TempDir dir;
+  SynthOptions o;
+  o.ranks = 4;
+  o.steps = 3;
+  synth_write("healthy", o, dir.path());
+  const DumpSet set = read_dump_dir(dir.path());
+  const auto j = nlohmann::json::parse(export_perfetto(set));
+  std::map<std::pair<int, int64_t>, std::string> names;     // (pid, tid) -> track name
+  std::map<std::pair<int, std::string>, int64_t> group_tid;  // (pid, group) -> tid
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") {
+      names[{e["pid"].get<int>(), e["tid"].get<int64_t>()}] = e["args"]["name"];
+    }
+  }
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] != "X" && e["ph"] != "i") continue;
+    const int pid = e["pid"];
+    const int64_t tid = e["tid"];
+    EXPECT_GE(tid, 0);
+    EXPECT_LT(tid, 64) << e.dump();
+    ASSERT_TRUE(names.count({pid, tid})) << "unnamed track " << e.dump();
+    if (e["ph"] == "X") {
+      const std::string group = names[{pid, tid}];
+      EXPECT_EQ(group.rfind("group ", 0), 0u) << group;
+      auto [it, fresh] = group_tid.emplace(std::make_pair(pid, group), tid);
+      EXPECT_EQ(it->second, tid) << group;
+    } else {
+      EXPECT_EQ(names[std::make_pair(pid, tid)], "markers");
+    }
+  }
+  const std::string first = names[std::make_pair(0, int64_t{1})];
+  EXPECT_EQ(first.substr(0, 6), "group ");
+}
+
 TEST(ExportTest, ShowTableListsEveryEntry) {
   TempDir dir;
   SynthOptions o;

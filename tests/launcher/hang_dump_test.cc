@@ -1,5 +1,6 @@
 #include "tessel/launcher/hang_dump.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <gtest/gtest.h>
@@ -87,6 +88,43 @@ TEST(HangDumpTest, MissingRanksAreNamedAndBounded) {
   EXPECT_EQ(report.gathered, (std::vector<int>{0, 2}));
   EXPECT_EQ(report.missing, (std::vector<int>{1}));
   EXPECT_EQ(report.trace_status, 0);
+}
+
+// A rank its agent reported as ended is not waited for (the hang-dump timeout is 30 s): its
+// final dump is used when the agent posted one, its exit lands in exits.json, and the workers'
+// own failure records come back ordered by time.
+TEST(HangDumpTest, EndedRanksAreNotWaitedForAndTheirExitsAreKept) {
+  const std::string dir = testing::make_temp_dir("hang-ended");
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<std::unique_ptr<SimulatedRank>> dumpers;
+  dumpers.push_back(std::make_unique<SimulatedRank>(store, 0, 3, dir + "/ranks"));
+  // Rank 1 exited cleanly (no dump); rank 2 crashed and left a dump its agent posts.
+  WorkerExitLog exits(store, dir + "/local");
+  exits.record(0, 1, 1, 4242, 0, 0);
+  store->set(fr::store_final_dump_key(2), "{\"final\": true}");
+  exits.record(0, 2, 2, 4343, 0, SIGSEGV);
+  store->set(fr::store_failure_key(0), fr::encode_store_failure(2000, "PeerLost: lost rank 2"));
+  store->set(fr::store_failure_key(2), fr::encode_store_failure(1000, "Timeout: all_reduce"));
+  StoreDumpChannel channel(store);
+  const auto start = std::chrono::steady_clock::now();
+  HangReport report =
+      gather_flight_recorder_dumps(channel, 3, 0, "hang", dir + "/d", 30s, "/bin/true");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);  // correctness bound, with slack
+  dumpers.clear();
+  EXPECT_EQ(report.gathered, (std::vector<int>{0, 2}));
+  EXPECT_TRUE(report.missing.empty());
+  EXPECT_EQ(testing::read_file(dir + "/d/tessel_fr_rank2.json"), "{\"final\": true}");
+  ASSERT_EQ(report.exits.size(), 2u);
+  EXPECT_EQ(report.exits[0].exit.rank, 1);
+  EXPECT_EQ(report.exits[0].pid, 4242);
+  EXPECT_EQ(report.exits[1].exit.signal, SIGSEGV);
+  const auto parsed = fr::parse_exits(testing::read_file(dir + "/d/exits.json"), "exits.json");
+  ASSERT_EQ(parsed.size(), 2u);
+  EXPECT_EQ(parsed[0].exit_code, 0);
+  EXPECT_EQ(parsed[1].exit_code, -1);
+  ASSERT_EQ(report.failures.size(), 2u);
+  EXPECT_EQ(report.failures[0].rank, 2);
+  EXPECT_EQ(report.failures[0].reason, "Timeout: all_reduce");
 }
 
 TEST(HangDumpTest, MissingTraceToolIsReportedNotThrown) {

@@ -21,9 +21,16 @@
 //                            max=US" per phase at the end; exit 1 on any store error
 //   error-file RANK          rank RANK writes a torchrun-style TORCHELASTIC_ERROR_FILE and
 //                            exits 1; the others sleep
-//   hang R                   Gloo world with a 2 s timeout; after one all_reduce, rank R stops
-//                            taking part (stays alive) and the others' next all_reduce times
-//                            out: they exit 124, the launcher's collective-timeout status
+//   hang R                   fault hang R: after one all_reduce rank R stops taking part (stays
+//                            alive) and the others' next all_reduce times out: they exit 124,
+//                            the launcher's collective-timeout status
+//   mesh-skip R              a 2x2 (dp, tp) mesh over a Gloo world with a 2 s timeout, four
+//                            steps of a tp then a dp all_reduce; rank R leaves out its tp
+//                            all_reduce in step 2. Exit 124 on a timeout, 1 on another error
+//   fault KIND R             Gloo world with a 2 s timeout, one all_reduce, then rank R: stays
+//                            (KIND hang), dies of SIGSEGV (crash) or SIGKILL (kill), or exits
+//                            0 (exit); the
+//                            others' next all_reduce fails: exit 124 on a timeout, 1 otherwise
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,6 +45,8 @@
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/init.h"
+#include "tessel/flight_recorder/recorder.h"
+#include "tessel/mesh/device_mesh.h"
 #include "tessel/collectives/store_client.h"
 
 extern char** environ;
@@ -220,8 +229,32 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  if (mode == "hang" && argc >= 3) {
+  if (mode == "mesh-skip" && argc >= 3) {
     const int culprit = std::atoi(argv[2]);
+    try {
+      tessel::InitOptions options;
+      options.backend = "gloo";
+      options.timeout = std::chrono::seconds(2);
+      auto mesh = tessel::init_device_mesh(tessel::init_process_group(options), {2, 2},
+                                           {"dp", "tp"}, {.eager = true});
+      for (int step = 0; step < 4; ++step) {
+        tessel::fr::FlightRecorder::global().set_step(step);
+        tessel::Tensor t = tessel::from_vector<float>({1.0f, 2.0f});
+        if (!(rank == culprit && step == 2)) mesh.group("tp")->all_reduce(t);
+        mesh.group("dp")->all_reduce(t);
+      }
+      return 0;
+    } catch (const tessel::Timeout& e) {
+      std::fprintf(stderr, "mesh-skip rank %d: %s\n", rank, e.what());
+      return 124;
+    } catch (const tessel::Error& e) {
+      std::fprintf(stderr, "mesh-skip rank %d: %s\n", rank, e.what());
+      return 1;
+    }
+  }
+  if ((mode == "fault" && argc >= 4) || (mode == "hang" && argc >= 3)) {
+    const std::string kind = mode == "hang" ? "hang" : argv[2];
+    const int culprit = std::atoi(argv[mode == "hang" ? 2 : 3]);
     try {
       tessel::InitOptions options;
       options.backend = "gloo";
@@ -229,12 +262,20 @@ int main(int argc, char** argv) {
       auto world = tessel::init_process_group(options);
       tessel::Tensor t = tessel::from_vector<float>({1.0f});
       world->all_reduce(t);
-      if (rank == culprit) sleep_forever();
+      if (rank == culprit) {
+        if (kind == "crash") raise(SIGSEGV);
+        if (kind == "kill") raise(SIGKILL);
+        if (kind == "exit") _exit(0);
+        sleep_forever();
+      }
       world->all_reduce(t);
       return 0;
-    } catch (const tessel::Error& e) {
-      std::fprintf(stderr, "hang rank %d: %s\n", rank, e.what());
+    } catch (const tessel::Timeout& e) {
+      std::fprintf(stderr, "fault rank %d: %s\n", rank, e.what());
       return 124;
+    } catch (const tessel::Error& e) {
+      std::fprintf(stderr, "fault rank %d: %s\n", rank, e.what());
+      return 1;
     }
   }
   std::fprintf(stderr, "launcher_test_worker: unknown mode '%s'\n", mode.c_str());

@@ -224,6 +224,7 @@ TEST(RendezvousServerTest, HangRunsTheDumpHookBeforeTheRoundEnds) {
     EXPECT_EQ(round, 0);
     hook_world = world;
     ++hook_calls;
+    return std::optional<proto::Failure>();
   };
   RendezvousServer server(o);
   RendezvousClient client(server.address(), kToken);

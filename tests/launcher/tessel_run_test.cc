@@ -148,6 +148,57 @@ TEST(TesselRunTest, HungRankIsNamedByTheLaunchersVerdict) {
   EXPECT_NE(run.err().find("verdict: CULPRIT FOUND: rank 1"), std::string::npos) << run.err();
 }
 
+// Every launcher path of a hang prints a verdict naming the rank at fault, without waiting for
+// ranks known to be dead: a rank that stays out (its peers time out, exit 124, or lose it, exit
+// 1, in either reaping order), one that crashes (its fatal-signal dump, posted by its agent,
+// says so), one that is SIGKILLed (no dump; its agent's exit record says so), and one that
+// exits cleanly too early. The hang-dump timeout is 30 s; the job must
+// end well before it.
+TEST(TesselRunTest, EveryHangPathPrintsAVerdictWithoutWaitingForTheDead) {
+  struct Case {
+    std::string kind;
+    std::vector<std::string> words;
+    int status;  // the root cause's: a timeout (124), the crash (128 + SIGSEGV), a lost peer (1)
+  };
+  for (const Case& c :
+       {Case{"hang", {"verdict: CULPRIT FOUND: rank 1\n", "[not_joined] rank 1"}, 124},
+        Case{"crash", {"verdict: CULPRIT FOUND: rank 1\n", "crashed (SIGSEGV)"}, 128 + SIGSEGV},
+        Case{"kill", {"verdict: CULPRIT FOUND: rank 1\n", "rank 1: killed by SIGKILL, no dump"},
+             128 + SIGKILL},
+        Case{"exit", {"verdict: CULPRIT FOUND: rank 1\n", "rank 1: exited with status 0, no dump"},
+             1}}) {
+    const std::string dir = testing::make_temp_dir("hangpath_" + c.kind);
+    const auto start = std::chrono::steady_clock::now();
+    ChildProcess run(run_args({"--standalone", "--nproc-per-node", "3", "--log-dir", dir,
+                               "--hang-dump-timeout", "30s"},
+                              {"fault", c.kind, "1"}),
+                     {"TESSEL_FR_DUMP_DIR=" + dir + "/fr"}, dir + "/run");
+    const int status = run.wait(90s).value_or(-1);
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_EQ(status, c.status) << c.kind << run.err();
+    for (const auto& w : c.words) EXPECT_NE(run.err().find(w), std::string::npos) << w << run.err();
+    // A correctness bound (the dead rank is not waited for), with slack for a loaded machine.
+    EXPECT_LT(took, 25s) << c.kind << run.err();
+  }
+}
+
+// The whole path on a mesh: four workers form a 2x2 (dp, tp) mesh and rank 1 leaves out a tp
+// all_reduce in step 2. The job shifts and hangs at its end; the printed verdict names rank 1
+// only, with its step evidence.
+TEST(TesselRunTest, MeshSkipIsNamedByTheLaunchersVerdict) {
+  const std::string dir = testing::make_temp_dir("meshskip");
+  ChildProcess run(run_args({"--standalone", "--nproc-per-node", "4", "--log-dir", dir,
+                             "--hang-dump-timeout", "30s"},
+                            {"mesh-skip", "1"}),
+                   {"TESSEL_FR_DUMP_DIR=" + dir + "/fr"}, dir + "/run");
+  EXPECT_NE(run.wait(90s).value_or(-1), 0) << run.err();
+  for (const char* words :
+       {"verdict: CULPRIT FOUND: rank 1\n",
+        "rank 1 issued 0 collectives on 'tp' in step 2, where 3 other members of 'tp' groups"}) {
+    EXPECT_NE(run.err().find(words), std::string::npos) << words << "\n" << run.err();
+  }
+}
+
 // Elastic scale-up: a 1:2 job runs on one node; a second node arriving ends that round and the
 // next one runs on both (WORLD_SIZE 2 everywhere), without spending the restart budget.
 TEST(TesselRunTest, ArrivingNodeScalesTheJobUp) {

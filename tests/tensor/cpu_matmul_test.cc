@@ -109,5 +109,31 @@ TEST(CpuMatmulTest, CachedPrimitivesTakeEachCallsOperands) {
   }
 }
 
+// A batch-broadcast operand (size 1 on the batch dim the kernel splits across threads) is used
+// whole by every chunk. Taking it as a narrow of a larger tensor, a chunk that indexed past its
+// size-1 dim would read the next batch's data instead of failing (found by
+// backend_conformance_test; the fresh-tensor case threw OutOfRange).
+TEST(CpuMatmulTest, BroadcastBatchOperandSplitAcrossThreads) {
+  ThreadCountGuard guard;
+  Generator gen(22);
+  const Tensor big = randn({3, 4, 5}, gen), b = randn({3, 5, 6}, gen);
+  for (const Tensor& a : {narrow(big, 0, 0, 1), contiguous(narrow(big, 0, 0, 1))}) {
+    const std::vector<float> va = to_vector<float>(a), vb = to_vector<float>(b);
+    for (int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      const std::vector<float> got = to_vector<float>(matmul(a, b));  // [3, 4, 6]
+      ASSERT_EQ(got.size(), 72u);
+      for (int64_t batch = 0; batch < 3; ++batch)
+        for (int64_t i = 0; i < 4; ++i)
+          for (int64_t j = 0; j < 6; ++j) {
+            double acc = 0;
+            for (int64_t q = 0; q < 5; ++q) acc += double{va[i * 5 + q]} * vb[(batch * 5 + q) * 6 + j];
+            ASSERT_NEAR(got[(batch * 4 + i) * 6 + j], acc, 1e-5)
+                << "threads " << threads << ", batch " << batch << ", row " << i << ", col " << j;
+          }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tessel

@@ -189,6 +189,34 @@ TEST(SetDataTest, KeepsIdentityAndAutogradStateAndDropsAStaleGradient) {
   EXPECT_THROW(p.set_data(zeros({2}, DType::kI64)), InvalidArgument);
 }
 
+// A shard initialised in place gets exactly its box of the whole tensor's draw, and the
+// generator advances as for the whole tensor (row boxes, column boxes, inner boxes of 3-D).
+TEST(ShardInitTest, BoxesDrawTheirPartOfTheWholeTensorsValues) {
+  const Shape global = {6, 5, 4};
+  for (const auto& [offset, size] : std::vector<std::pair<Shape, Shape>>{
+           {{2, 0, 0}, {3, 5, 4}}, {{0, 1, 0}, {6, 3, 4}}, {{1, 2, 1}, {4, 2, 2}},
+           {{5, 0, 0}, {0, 5, 4}}}) {
+    Generator whole_gen(9), box_gen(9);
+    Tensor whole = empty(global);
+    normal_(whole, 0.5, 2.0, &whole_gen);
+    Tensor box = empty(size);
+    box.set_shard_info(std::make_shared<ShardInfo>(ShardInfo{global, offset, nullptr}));
+    normal_(box, 0.5, 2.0, &box_gen);
+    Tensor expected = whole;
+    for (int64_t d = 0; d < 3; ++d) expected = narrow(expected, d, offset[d], size[d]);
+    EXPECT_EQ(to_vector<float>(box), to_vector<float>(expected)) << shape_str(offset);
+    EXPECT_EQ(box_gen.offset(), whole_gen.offset());
+    uniform_(box, -1.0, 1.0, &box_gen);
+    uniform_(whole, -1.0, 1.0, &whole_gen);
+    expected = whole;
+    for (int64_t d = 0; d < 3; ++d) expected = narrow(expected, d, offset[d], size[d]);
+    EXPECT_EQ(to_vector<float>(box), to_vector<float>(expected)) << shape_str(offset);
+  }
+  Tensor t = empty({2, 2});
+  EXPECT_THROW(t.set_shard_info(std::make_shared<ShardInfo>(ShardInfo{{3, 2}, {2, 0}, nullptr})),
+               InvalidArgument);
+}
+
 TEST(CopyTest, SameDeviceCopiesConvertAndBroadcast) {
   const Tensor src = from_vector<float>({1.5f, -2.0f, 3.25f});
   Tensor dst = zeros({2, 3}, DType::kBF16);
