@@ -154,9 +154,15 @@ class TorchPeer {
 
   pid_t pid() const { return child_.pid(); }
 
-  bool warm(const std::string& mode, int steps) {
+  // Runs `steps` untimed steps of `mode`; false with the reason in *why when it cannot.
+  bool warm(const std::string& mode, int steps, std::string* why) {
     std::string line;
-    return child_.ask("warm " + mode + " " + std::to_string(steps), &line) && line == "ok";
+    if (!child_.ask("warm " + mode + " " + std::to_string(steps), &line)) {
+      *why = "the PyTorch process stopped answering";
+      return false;
+    }
+    *why = line;
+    return line == "ok";
   }
 
   // Runs `steps` steps of `mode` once the child is quiet; appends their times.
@@ -266,7 +272,11 @@ int main(int argc, char** argv) {
       }
     }
     std::string info;
-    with_torch = torch.start(c, &info) && torch.load(c, dir, &torch_loss[0], &torch_loss[1]);
+    with_torch = torch.start(c, &info);
+    if (with_torch && !torch.load(c, dir, &torch_loss[0], &torch_loss[1])) {
+      with_torch = false;
+      info = "it could not build the model from " + dir + " (see its error above)";
+    }
     std::printf("torch: %s: %s%s\n", c.torch_python.c_str(), with_torch ? "" : "skipped: ",
                 with_torch ? ("version, CPU capability, threads: " + info).c_str()
                            : info.c_str());
@@ -278,10 +288,10 @@ int main(int argc, char** argv) {
     for (const char* mode : {"eager_f32", "eager_bf16", "compile_f32", "compile_bf16"}) {
       if (!wanted(c, mode)) continue;
       std::fprintf(stderr, "warming torch %s up (torch.compile compiles here)...\n", mode);
-      if (!torch.warm(mode, c.warmup)) {
-        std::printf("torch: %s failed to warm up; PyTorch skipped\n", mode);
-        with_torch = false;
-        break;
+      std::string why;
+      if (!torch.warm(mode, c.warmup, &why)) {
+        std::printf("torch: %s skipped: %s\n", mode, why.c_str());
+        continue;
       }
       const bool bf16 = std::string(mode).ends_with("bf16");
       const std::string name = std::string("torch ") + (std::string(mode).starts_with("eager")
