@@ -32,6 +32,7 @@
 #include "tessel/collectives/threads/threads_backend.h"
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/optim/adamw.h"
+#include "tessel/parallel/ddp.h"
 #include "tessel/parallel/fsdp.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
@@ -53,9 +54,10 @@ nn::GptConfig config_of(const Flags& f) {
           .n_embd = f.embd, .seed = 1};
 }
 
-// Seconds of each timed step (after the warm-up) of training `model` on this rank's rows.
+// Seconds of each timed step (after the warm-up) of training `model` on this rank's rows;
+// `group` (may be null) lines the ranks up before each step.
 std::vector<double> train(nn::GPT& model, const Flags& f, int rank, int world,
-                          ProcessGroup* ddp_group) {
+                          ProcessGroup* group) {
   nn::optim::AdamW opt(model.parameters(), {.lr = 3e-4, .weight_decay = 0.1});
   Generator gen(1);
   const int64_t rows = f.batch / world;
@@ -65,20 +67,9 @@ std::vector<double> train(nn::GPT& model, const Flags& f, int rank, int world,
                              DType::kI64);
     const Tensor x = narrow(narrow(tokens, 1, 0, f.seq), 0, rank * rows, rows);
     const Tensor y = narrow(narrow(tokens, 1, 1, f.seq), 0, rank * rows, rows);
-    if (ddp_group) ddp_group->barrier();
+    if (group) group->barrier();
     const Stopwatch watch;
     backward(nn::GPT::loss(model(x), y));
-    if (ddp_group) {  // DDP: one flat all_reduce of every gradient
-      std::vector<Tensor> grads;
-      for (const Tensor& p : model.parameters()) grads.push_back(reshape(p.grad(), {-1}));
-      Tensor bucket = cat(grads, 0);
-      ddp_group->all_reduce(bucket, {.op = ReduceOp::kAvg});
-      int64_t at = 0;
-      for (const Tensor& p : model.parameters()) {
-        copy_(p.grad(), view(narrow(bucket, 0, at, p.numel()), p.shape()));
-        at += p.numel();
-      }
-    }
     clip_grad_norm(model.parameters(), 1.0);
     opt.step();
     opt.zero_grad();
@@ -131,14 +122,14 @@ double run_processes(const Flags& f, const std::string& setup) {
         auto store = std::make_shared<FileStore>(dir + "/store", std::chrono::seconds(60));
         auto pg = gloo_create_process_group(store, rank, f.np, {.hostname = "127.0.0.1"});
         nn::GPT model(config_of(f));
-        std::vector<double> times;
+        const DeviceMesh mesh = init_device_mesh(pg, {f.np}, {"dp"});
+        std::unique_ptr<DDPModule> ddp;
         if (setup == "fsdp") {
-          const DeviceMesh mesh = init_device_mesh(pg, {f.np}, {"dp"});
           shard(model, mesh, f.layers);
-          times = train(model, f, rank, f.np, nullptr);
         } else {
-          times = train(model, f, rank, f.np, pg.get());
+          ddp = std::make_unique<DDPModule>(replicate(model, mesh));
         }
+        const std::vector<double> times = train(model, f, rank, f.np, pg.get());
         if (rank == 0) std::ofstream(out) << median(times);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "rank %d: %s\n", rank, e.what());

@@ -47,11 +47,14 @@ function(tessel_add_tool name)
   set_property(GLOBAL APPEND PROPERTY TESSEL_TOOLS ${name})
 endfunction()
 
-# tessel_add_test(<name> SOURCES ... [LIBS ...] [LABELS ...] [TIMEOUT seconds] [NO_MAIN])
+# tessel_add_test(<name> SOURCES ... [LIBS ...] [LABELS ...] [TIMEOUT seconds] [NO_MAIN]
+#                 [RUN_SERIAL])
 # One GoogleTest executable; every TEST in it becomes a ctest test with the folder's label
 # (the first path component under tests/), the extra LABELS, and a timeout (default 60 s).
+# RUN_SERIAL: ctest runs its tests with no other test beside them (for tests that measure
+# overlap in time and would read another test's load as their own).
 function(tessel_add_test name)
-  cmake_parse_arguments(ARG "NO_MAIN" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "NO_MAIN;RUN_SERIAL" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 60)
   endif()
@@ -71,9 +74,13 @@ function(tessel_add_test name)
   # Labels are set after discovery by a file ctest reads next: a list value would not survive
   # gtest_discover_tests' own argument parsing.
   set(labels_file ${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake)
+  set(serial "")
+  if(ARG_RUN_SERIAL)
+    set(serial " RUN_SERIAL TRUE")
+  endif()
   file(WRITE ${labels_file}
     "if(${name}_TESTS)\n"
-    "  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS \"${folder_label};${ARG_LABELS}\")\n"
+    "  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS \"${folder_label};${ARG_LABELS}\"${serial})\n"
     "endif()\n")
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${labels_file})
 endfunction()

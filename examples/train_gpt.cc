@@ -13,12 +13,17 @@
 // model with FSDP (default: every rank), --dp-replicate R replicas of that make HSDP, and --ddp
 // replicates the model instead (DDP). Every rank draws the same global batch of --batch
 // sequences from --seed and takes its slice, so a run on N ranks sees the data a 1-rank run
-// sees. Rank 0 logs (and with --log-json writes one JSON object per step), then gathers the
-// whole model to evaluate, save and sample.
+// sees. --tp T splits every layer over T ranks (tensor parallelism, gpt_tp_plan: a tp group
+// trains on the same rows; --sequence-parallel also splits the norms and residual stream by
+// sequence), composing with --dp-shard / --dp-replicate on a (dp_replicate, dp_shard, tp) mesh.
+// Rank 0 logs (and with --log-json writes one JSON object per step), then gathers the whole
+// model to evaluate, save and sample.
 //
 //   tessel-run --standalone --nproc-per-node 2 build/release/examples/train_gpt --threads 1
 //   tessel-run --standalone --nproc-per-node 4 build/release/examples/train_gpt
 //       --dp-replicate 2 --dp-shard 2 --log-json /tmp/steps.jsonl      (one command line)
+//   tessel-run --standalone --nproc-per-node 4 build/release/examples/train_gpt --threads 1
+//       --dp-shard 2 --tp 2 --sequence-parallel                         (one command line)
 
 #include <algorithm>
 #include <chrono>
@@ -31,6 +36,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/init.h"
@@ -39,7 +45,10 @@
 #include "tessel/nn/optim/clip.h"
 #include "tessel/nn/optim/schedule.h"
 #include "tessel/mesh/device_mesh.h"
+#include "tessel/parallel/ddp.h"
 #include "tessel/parallel/fsdp.h"
+#include "tessel/parallel/tp/gpt_plan.h"
+#include "tessel/parallel/tp/loss.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/storage.h"
@@ -73,6 +82,8 @@ struct Flags {
   int64_t dp_shard = -1;     // ranks sharding the model (FSDP); -1: every rank not used otherwise
   int64_t dp_replicate = 1;  // replicas of the sharded model (HSDP when > 1)
   bool ddp = false;          // replicate the model instead of sharding it
+  int64_t tp = 1;            // tensor-parallel ranks (each layer split over them)
+  bool sequence_parallel = false;
   std::string log_json;      // one JSON object per step
 };
 
@@ -164,13 +175,13 @@ double world_mean(ProcessGroup* world, double value) {  // every rank, every ste
   return t.data<float>()[0];
 }
 
-// How the ranks split the work: a mesh (dp_replicate, dp_shard) over the world, and this rank's
-// slice of the global batch.
+// How the ranks split the work: a mesh (dp_replicate, dp_shard[, tp]) over the world, and this
+// rank's slice of the global batch (the same for every rank of a tp group).
 struct Layout {
   std::shared_ptr<ProcessGroup> world;
   std::unique_ptr<DeviceMesh> mesh;
-  int64_t replicate = 1, shard = 1;  // mesh sizes
-  int64_t batch_index = 0;           // this rank's slice of the global batch
+  int64_t replicate = 1, shard = 1, tp = 1;  // mesh sizes
+  int64_t batch_index = 0;                   // this rank's slice of the global batch
   int64_t batch_parts = 1;
 };
 
@@ -178,33 +189,52 @@ Layout make_layout(const Flags& f) {
   Layout l;
   if (read_launch_env().world_size > 1) l.world = init_process_group();
   const int64_t world = l.world ? l.world->size() : 1;
+  l.tp = f.tp;
+  TESSEL_CHECK(l.tp >= 1 && world % l.tp == 0, InvalidArgument,
+               "--tp {} does not divide the {} ranks", l.tp, world);
+  TESSEL_CHECK(l.tp == 1 || !f.ddp, InvalidArgument,
+               "--ddp replicates the whole model; with --tp {} use --dp-shard / --dp-replicate",
+               l.tp);
+  TESSEL_CHECK(!f.sequence_parallel || f.seq % l.tp == 0, InvalidArgument,
+               "--sequence-parallel splits the sequence of {} over --tp {}: make --seq a multiple",
+               f.seq, l.tp);
   l.replicate = f.dp_replicate;
-  TESSEL_CHECK(l.replicate >= 1 && world % l.replicate == 0, InvalidArgument,
-               "--dp-replicate {} does not divide the {} ranks", l.replicate, world);
-  l.shard = f.dp_shard < 0 ? world / l.replicate : f.dp_shard;
-  TESSEL_CHECK(l.replicate * l.shard == world, InvalidArgument,
-               "--dp-replicate {} x --dp-shard {} = {} ranks, but the job has {}", l.replicate,
-               l.shard, l.replicate * l.shard, world);
-  TESSEL_CHECK(f.batch % world == 0, InvalidArgument,
+  TESSEL_CHECK(l.replicate >= 1 && world % (l.replicate * l.tp) == 0, InvalidArgument,
+               "--dp-replicate {} x --tp {} does not divide the {} ranks", l.replicate, l.tp,
+               world);
+  l.shard = f.dp_shard < 0 ? world / (l.replicate * l.tp) : f.dp_shard;
+  TESSEL_CHECK(l.replicate * l.shard * l.tp == world, InvalidArgument,
+               "--dp-replicate {} x --dp-shard {} x --tp {} = {} ranks, but the job has {}",
+               l.replicate, l.shard, l.tp, l.replicate * l.shard * l.tp, world);
+  const int64_t dp = l.replicate * l.shard;
+  TESSEL_CHECK(f.batch % dp == 0, InvalidArgument,
                "--batch {} (the global batch) does not split evenly over {} data-parallel ranks",
-               f.batch, world);
+               f.batch, dp);
   if (l.world) {
-    l.mesh = std::make_unique<DeviceMesh>(
-        init_device_mesh(l.world, {l.replicate, l.shard}, {"dp_replicate", "dp_shard"}));
-    l.batch_index = l.world->rank();
-    l.batch_parts = world;
+    std::vector<int64_t> shape = {l.replicate, l.shard};
+    std::vector<std::string> names = {"dp_replicate", "dp_shard"};
+    if (l.tp > 1) {
+      shape.push_back(l.tp);
+      names.push_back("tp");
+    }
+    l.mesh = std::make_unique<DeviceMesh>(init_device_mesh(l.world, shape, names));
+    l.batch_index = l.mesh->local_rank("dp_replicate") * l.shard + l.mesh->local_rank("dp_shard");
+    l.batch_parts = dp;
   }
   return l;
 }
 
 // FSDP (with HSDP when replicated) on each block and then the root; the model is built on the
-// meta device so that only this rank's shards are ever allocated.
+// meta device so that only this rank's shards are ever allocated. With --ddp the whole model is
+// replicated (`ddp` is then set).
 std::unique_ptr<nn::GPT> build_model(const Flags& f, const nn::GptConfig& config,
-                                     const Layout& l) {
+                                     const Layout& l, std::unique_ptr<DDPModule>* ddp) {
   if (!l.world || f.ddp) {
     auto model = std::make_unique<nn::GPT>(config);
-    if (l.world) {  // DDP: every rank starts from rank 0's parameters
-      for (Tensor p : model->parameters()) l.world->broadcast(p, {.root = 0});
+    if (l.world) {
+      // Over every rank: the (dp_replicate, dp_shard) mesh flattened.
+      const DeviceMesh dp = l.mesh->flatten({"dp_replicate", "dp_shard"}, "dp");
+      *ddp = std::make_unique<DDPModule>(replicate(*model, dp));
     }
     return model;
   }
@@ -213,29 +243,23 @@ std::unique_ptr<nn::GPT> build_model(const Flags& f, const nn::GptConfig& config
     DefaultDeviceGuard meta(Device::meta());
     model = std::make_unique<nn::GPT>(config);
   }
-  const DeviceMesh fsdp_mesh =
-      l.replicate > 1 ? l.mesh->slice({"dp_replicate", "dp_shard"}) : (*l.mesh)["dp_shard"];
-  auto& blocks = model->submodule("transformer.h");
-  for (int64_t i = 0; i < config.n_layer; ++i) {
-    fully_shard(blocks.child(std::to_string(i)), fsdp_mesh);
+  // Tensor parallelism first (each layer split over tp), then FSDP over the data-parallel ranks.
+  if (l.tp > 1) {
+    parallelize_module(*model, (*l.mesh)["tp"],
+                       gpt_tp_plan({.sequence_parallel = f.sequence_parallel}));
   }
-  fully_shard(*model, fsdp_mesh);
+  if (l.replicate * l.shard > 1) {
+    const DeviceMesh fsdp_mesh =
+        l.replicate > 1 ? l.mesh->slice({"dp_replicate", "dp_shard"}) : (*l.mesh)["dp_shard"];
+    auto& blocks = model->submodule("transformer.h");
+    for (int64_t i = 0; i < config.n_layer; ++i) {
+      fully_shard(blocks.child(std::to_string(i)), fsdp_mesh);
+    }
+    fully_shard(*model, fsdp_mesh);
+  }
   model->to_empty(Device::cpu());
   model->init_weights();  // each shard gets its part of the whole model's initial values
   return model;
-}
-
-// DDP's gradient averaging: one all_reduce over a flat bucket of every gradient.
-void average_gradients(ProcessGroup& world, const std::vector<Tensor>& params) {
-  std::vector<Tensor> grads;
-  for (const Tensor& p : params) grads.push_back(reshape(p.grad(), {-1}));
-  Tensor bucket = cat(grads, 0);
-  world.all_reduce(bucket, {.op = ReduceOp::kAvg});
-  int64_t at = 0;
-  for (const Tensor& p : params) {
-    copy_(p.grad(), view(narrow(bucket, 0, at, p.numel()), p.shape()));
-    at += p.numel();
-  }
 }
 
 int run(const Flags& f) {
@@ -258,7 +282,8 @@ int run(const Flags& f) {
 
   const nn::GptConfig config{.vocab_size = 256, .block_size = f.seq, .n_layer = f.layers,
                              .n_head = f.heads, .n_embd = f.embd, .seed = f.seed};
-  std::unique_ptr<nn::GPT> model = build_model(f, config, layout);
+  std::unique_ptr<DDPModule> ddp;
+  std::unique_ptr<nn::GPT> model = build_model(f, config, layout, &ddp);
   nn::optim::AdamW opt(model->parameters(), {.lr = f.lr, .beta1 = 0.9, .beta2 = 0.95,
                                              .weight_decay = f.weight_decay});
   nn::optim::WarmupCosine schedule({.max_lr = f.lr, .min_lr = f.min_lr,
@@ -273,11 +298,27 @@ int run(const Flags& f) {
   }
 
   if (world) {
-    print("{} over {} ranks ({}): mesh {}, {} of {} sequences per rank per step\n",
-          f.ddp ? "data parallel (DDP)"
-                : layout.replicate > 1 ? "HSDP (FSDP within replicas)" : "FSDP",
+    std::string how = f.ddp                  ? "data parallel (DDP)"
+                      : layout.replicate > 1 ? "HSDP (FSDP within replicas)"
+                      : layout.shard > 1     ? "FSDP"
+                                             : "";
+    if (layout.tp > 1) {
+      how += fmt::format("{}tensor parallel{}", how.empty() ? "" : " x ",
+                         f.sequence_parallel ? " (sequence parallel)" : "");
+    }
+    print("{} over {} ranks ({}): mesh {}, {} of {} sequences per {} per step\n", how,
           world->size(), world->backend_name(), layout.mesh->shape_str(),
-          f.batch / layout.batch_parts, f.batch);
+          f.batch / layout.batch_parts, f.batch, layout.tp > 1 ? "tp group" : "rank");
+    if (layout.tp > 1) {  // every rank: where it sits and the groups it talks in
+      std::string groups;
+      for (const std::string& dim : layout.mesh->dim_names()) {
+        groups += fmt::format("{}{} {}", groups.empty() ? "" : ", ", dim,
+                              fmt::join((*layout.mesh)[dim].ranks(), "+"));
+      }
+      fmt::print("rank {} at mesh coordinate ({}): groups {}\n", rank,
+                 fmt::join(layout.mesh->coordinate(), ", "), groups);
+      std::fflush(stdout);
+    }
   }
   print("corpus {}: {} bytes ({} train / {} val), unigram entropy {:.3f} nats/byte\n", f.data,
         text.size(), train_text.size(), val_text.size(), unigram_entropy(text));
@@ -298,9 +339,11 @@ int run(const Flags& f) {
     auto [gx, gy] = train.next(f.batch, f.seq);
     const Tensor x = narrow(gx, 0, layout.batch_index * rows, rows);
     const Tensor y = narrow(gy, 0, layout.batch_index * rows, rows);
-    const Tensor loss = nn::GPT::loss((*model)(x), y);
+    const Tensor logits = (*model)(x);  // with --tp: this rank's share of the vocabulary
+    const Tensor loss = layout.tp > 1 ? loss_parallel_cross_entropy(logits, y, (*layout.mesh)["tp"],
+                                                                    config.vocab_size)
+                                      : nn::GPT::loss(logits, y);
     backward(loss);
-    if (world && f.ddp) average_gradients(*world, model->parameters());
     const double norm = clip_grad_norm(model->parameters(), f.clip);
     opt.set_lr(schedule.lr(step));
     opt.step();
@@ -379,10 +422,14 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--threads", f.threads, "CPU threads (0: all cores)");
   app.add_option("--dp-shard", f.dp_shard,
-                 "ranks that shard the model with FSDP (-1: all not used by --dp-replicate)");
+                 "ranks that shard the model with FSDP (-1: all not used by --dp-replicate, --tp)");
   app.add_option("--dp-replicate", f.dp_replicate, "replicas of the sharded model (HSDP)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--ddp", f.ddp, "replicate the model on every rank (DDP) instead of sharding it");
+  app.add_option("--tp", f.tp, "tensor-parallel ranks: every layer split over them")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--sequence-parallel", f.sequence_parallel,
+               "with --tp, also split the norms and the residual stream by sequence");
   app.add_option("--log-json", f.log_json, "write one JSON object per step to this file");
   CLI11_PARSE(app, argc, argv);
   try {

@@ -125,6 +125,14 @@ DeviceMesh DeviceMesh::unflatten(const std::string& dim, const std::vector<int64
   return DeviceMesh(state_, layout_.unflatten(dim, sizes, names));
 }
 
+DeviceMesh DeviceMesh::join(const DeviceMesh& other) const {
+  TESSEL_CHECK(state_ == other.state_, InvalidArgument,
+               "join of {} with {}: the meshes belong to different families (join views of one "
+               "init_device_mesh)",
+               str(), other.str());
+  return DeviceMesh(state_, layout_.join(other.layout_));
+}
+
 std::shared_ptr<ProcessGroup> DeviceMesh::group(const std::string& dim) const {
   const MeshDim& d = layout_.dim(dim);
   const auto key = cache_key(d);

@@ -76,6 +76,12 @@ class DeviceMesh {
   DeviceMesh flatten(const std::vector<std::string>& dims, const std::string& name) const;
   DeviceMesh unflatten(const std::string& dim, const std::vector<int64_t>& sizes,
                        const std::vector<std::string>& names) const;
+  // This mesh's dimensions followed by `other`'s, as one mesh: views of one family joined back
+  // together (mesh["dp"].join(mesh["tp"]) is mesh.slice({"dp", "tp"})) — how FSDP records a
+  // tensor-parallel parameter's placements over (dp, tp). Throws InvalidArgument when `other`
+  // belongs to another family, when a dimension name appears in both, or when the dimensions
+  // overlap (see MeshLayout::join).
+  DeviceMesh join(const DeviceMesh& other) const;
 
   // The group along `dim` (made by one split of the parent on first use: collective over the
   // whole world). The 1-D overload is for meshes of one dimension.

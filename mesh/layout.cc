@@ -180,6 +180,48 @@ MeshLayout MeshLayout::unflatten(const std::string& name, const std::vector<int6
   return MeshLayout(root_size_, std::move(dims));
 }
 
+MeshLayout MeshLayout::join(const MeshLayout& other) const {
+  TESSEL_CHECK(root_size_ == other.root_size_, InvalidArgument,
+               "join of mesh {} (over {} ranks) with mesh {} (over {} ranks): the meshes come "
+               "from different roots",
+               str(), root_size_, other.str(), other.root_size_);
+  std::vector<MeshDim> dims = dims_;
+  dims.insert(dims.end(), other.dims_.begin(), other.dims_.end());
+  std::vector<std::string> names;
+  for (const MeshDim& d : dims) names.push_back(d.name);
+  std::set<std::string> seen;
+  for (const std::string& n : names) {
+    TESSEL_CHECK(seen.insert(n).second, InvalidArgument,
+                 "join of mesh {} with mesh {}: both have a dimension '{}'", str(), other.str(),
+                 n);
+  }
+  // Every coordinate of the joined grid must land on its own root offset.
+  int64_t size = 1;
+  for (const MeshDim& d : dims) size *= d.size();
+  const auto overlap = [&] {
+    return InvalidArgument(fmt::format(
+        "join of mesh {} with mesh {}: the dimensions overlap (they do not span {} distinct "
+        "ranks of the root's {})",
+        str(), other.str(), size, root_size_));
+  };
+  if (size > root_size_) throw overlap();
+  std::vector<int64_t> offsets = {0};
+  for (const MeshDim& d : dims) {
+    std::vector<int64_t> next;
+    next.reserve(offsets.size() * static_cast<size_t>(d.size()));
+    for (int64_t base : offsets) {
+      for (int64_t o : d.offsets()) next.push_back(base + o);
+    }
+    offsets = std::move(next);
+  }
+  std::vector<bool> hit(static_cast<size_t>(root_size_), false);
+  for (int64_t o : offsets) {
+    if (o >= root_size_ || hit[static_cast<size_t>(o)]) throw overlap();
+    hit[static_cast<size_t>(o)] = true;
+  }
+  return MeshLayout(root_size_, std::move(dims));
+}
+
 MeshLayout::Membership MeshLayout::membership(const MeshDim& dim, int64_t offset) {
   // Every mode (size, stride) made by row_major/flatten/unflatten is a digit range of the
   // root's mixed-radix offsets, so its coordinate is (offset / stride) % size.

@@ -63,6 +63,11 @@ class MeshLayout {
   // when the sizes' product differs from the dimension's size or they do not divide its modes.
   MeshLayout unflatten(const std::string& name, const std::vector<int64_t>& sizes,
                        const std::vector<std::string>& new_names) const;
+  // This layout's dimensions followed by `other`'s (two slices of one root, e.g. dp and tp
+  // joined back into (dp, tp)). Throws InvalidArgument when the roots differ, a name appears in
+  // both, or the dimensions overlap (some root offset reached by two coordinates: the joined
+  // dimensions would not form a grid of distinct ranks).
+  MeshLayout join(const MeshLayout& other) const;
 
   // The coordinate (one index per dimension of this layout) of root offset `offset` in the
   // sub-mesh whose origin is `origin`; nullopt when the offset lies outside that sub-mesh.

@@ -23,16 +23,20 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   TESSEL_CHECK(x.dim() == 3 && x.size(2) == options_.n_embd, InvalidArgument,
                "CausalSelfAttention expects (B, T, {}), got {}", options_.n_embd,
                shape_str(x.shape()));
-  const int64_t B = x.size(0), T = x.size(1), C = options_.n_embd, H = options_.n_head;
-  const int64_t D = C / H;
-  // (B, T, 3C) -> q, k, v each (B, H, T, D).
-  const std::vector<Tensor> qkv = split(child("c_attn")(x), C, -1);
+  const int64_t D = options_.n_embd / options_.n_head;
+  // (B, T, 3 H D) -> q, k, v each (B, H, T, D); H and T as c_attn gives them (see attention.h).
+  const Tensor qkv = child("c_attn")(x);
+  TESSEL_CHECK(qkv.dim() == 3 && qkv.size(2) % (3 * D) == 0, InvalidArgument,
+               "CausalSelfAttention: c_attn gave {}, expected (B, T, 3 * heads * {})",
+               shape_str(qkv.shape()), D);
+  const int64_t B = qkv.size(0), T = qkv.size(1), H = qkv.size(2) / (3 * D);
+  const std::vector<Tensor> q_k_v = split(qkv, H * D, -1);
   auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, H, D}), 1, 2); };
   kernels::SdpaOptions sdpa;
   sdpa.causal = true;
-  Tensor y = kernels::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
-                                                   sdpa);
-  y = reshape(transpose(y, 1, 2), {B, T, C});  // re-assemble the heads side by side
+  Tensor y = kernels::scaled_dot_product_attention(heads(q_k_v[0]), heads(q_k_v[1]),
+                                                   heads(q_k_v[2]), sdpa);
+  y = reshape(transpose(y, 1, 2), {B, T, H * D});  // re-assemble the heads side by side
   return child("resid_dropout")(child("c_proj")(y));
 }
 

@@ -24,8 +24,13 @@ class CausalSelfAttention : public Module {
  public:
   // Throws InvalidArgument unless n_embd is a positive multiple of n_head.
   explicit CausalSelfAttention(const AttentionOptions& options, Generator* gen = nullptr);
-  // x (B, T, C) -> (B, T, C); position t attends positions 0..t.
+  // x (B, T, C) -> (B, T, C); position t attends positions 0..t. The heads are counted from
+  // c_attn's output, (B, T', 3 * H' * C / n_head): whole, H' = n_head and T' = T; under tensor
+  // parallelism (c_attn replaced by a column-parallel layer) this rank's heads, and with
+  // sequence parallelism the whole sequence gathered from T-row shards.
   Tensor forward(const Tensor& x) override;
+
+  const AttentionOptions& options() const { return options_; }
 
  private:
   AttentionOptions options_;

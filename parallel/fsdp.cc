@@ -11,6 +11,7 @@
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
 #include "tessel/parallel/internal/mesh_util.h"
+#include "tessel/parallel/internal/state_dict_shape.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 
@@ -153,10 +154,6 @@ class Group final : public FSDPModule {
       if (below) continue;
       TESSEL_CHECK(tensor.dim() >= 1, InvalidArgument,
                    "fully_shard: parameter '{}' is a scalar; FSDP shards dim 0", name);
-      TESSEL_CHECK(tensor.shard_info() == nullptr, NotImplemented,
-                   "fully_shard: parameter '{}' is already a shard ({}); compose with tensor "
-                   "parallelism through parallelize_module first",
-                   name, tensor.str());
       Param p;
       p.name = name;
       p.slot = &module_.parameter(name);
@@ -174,20 +171,50 @@ class Group final : public FSDPModule {
                         ? empty(shard_shape, tensor.dtype(), Device::meta())
                         : contiguous(clone(narrow(detach(tensor), 0, row0, rows)));
       }
-      std::vector<Placement> placements;
-      for (const std::string& dim : mesh_.dim_names()) {
-        placements.push_back(dim == shard_dim_ ? Placement(Shard{0}) : Placement(Replicate{}));
-      }
-      auto spec = std::make_shared<const DTensorSpec>(mesh_, placements, p.full_shape,
-                                                      tensor.dtype());
-      Shape offset(p.full_shape.size(), 0);
-      offset[0] = row0;
-      p.sharded.set_shard_info(std::make_shared<ShardInfo>(ShardInfo{p.full_shape, offset, spec}));
+      const auto spec = shard_spec(name, tensor);
+      const Shape offset = spec->region(spec->mesh().coordinate()).first;
+      p.sharded.set_shard_info(
+          std::make_shared<ShardInfo>(ShardInfo{spec->global_shape(), offset, spec}));
       if (p.requires_grad) p.sharded.set_requires_grad(true);
       *p.slot = p.sharded;
       params_.push_back(std::move(p));
     }
     (void)coord;
+  }
+
+  // The DTensor spec of a parameter's shard: Shard(0) over the shard dimension. A parameter
+  // that tensor parallelism split already (a spec on the tp mesh) is split again — FSDP shards
+  // its local tensor on dim 0 — so its spec joins both meshes, (dp..., tp...), tp splitting
+  // first: for a column-parallel weight (Shard(0), Shard(0)) with shard order {tp, dp}.
+  std::shared_ptr<const DTensorSpec> shard_spec(const std::string& name, const Tensor& t) const {
+    std::vector<Placement> placements;
+    for (const std::string& dim : mesh_.dim_names()) {
+      placements.push_back(dim == shard_dim_ ? Placement(Shard{0}) : Placement(Replicate{}));
+    }
+    const ShardInfo* split = t.shard_info();
+    if (split == nullptr) {
+      return std::make_shared<const DTensorSpec>(mesh_, placements, t.shape(), t.dtype());
+    }
+    TESSEL_CHECK(split->spec != nullptr, InvalidArgument,
+                 "fully_shard: parameter '{}' is a piece of a larger tensor without a DTensor "
+                 "spec ({})",
+                 name, t.str());
+    const auto& inner = *std::static_pointer_cast<const DTensorSpec>(split->spec);
+    std::optional<DeviceMesh> joined;
+    try {
+      joined = mesh_.join(inner.mesh());
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format(
+          "fully_shard: parameter '{}' is split over mesh {}, which does not combine with the "
+          "FSDP mesh {}: {}",
+          name, inner.mesh().shape_str(), mesh_.shape_str(), e.message()));
+    }
+    placements.insert(placements.end(), inner.placements().begin(), inner.placements().end());
+    std::vector<int64_t> order;
+    for (int64_t d : inner.shard_order()) order.push_back(mesh_.ndim() + d);
+    for (int64_t d = 0; d < mesh_.ndim(); ++d) order.push_back(d);
+    return std::make_shared<const DTensorSpec>(*joined, placements, inner.global_shape(),
+                                               t.dtype(), order);
   }
 
   void register_hooks() {
@@ -570,8 +597,10 @@ class Group final : public FSDPModule {
     std::vector<std::string> entries;
     for (const Group* g : ctx.groups) {
       for (const Param& p : g->params_) {
+        // The whole parameter's shape: tensor-parallel pieces may differ across ranks.
         entries.push_back(fmt::format("{}:{} {}", g->module_.type_name(), p.name,
-                                      typed_shape_str(p.sharded.dtype(), p.full_shape)));
+                                      typed_shape_str(p.sharded.dtype(),
+                                                      p.sharded.shard_info()->global_shape)));
       }
     }
     auto group = internal::whole_mesh_group(mesh_);
@@ -700,22 +729,20 @@ std::vector<std::pair<std::string, DTensor>> sharded_state_dict(nn::Module& mode
 
 nn::StateDict full_state_dict(nn::Module& model, bool rank0_only) {
   nn::StateDict out;
-  bool keep = true;
+  bool keep = true;  // rank 0 of every parameter's mesh (with tensor parallelism, of both)
   for (auto& [name, t] : model.named_parameters()) {
     if (is_dtensor(t)) {
       const DTensor d = as_dtensor(t);
+      // A tensor-parallel piece of a view (fused sections) takes the module's shape again.
       const Tensor whole = detach(d.full_tensor());
-      keep = !rank0_only || internal::whole_mesh_group(d.mesh())->rank() == 0;
-      if (keep) out.emplace(name, whole);
-    } else if (!rank0_only || keep) {
+      out.emplace(name, reshape(whole, internal::state_dict_shape(model, name, whole.shape())));
+      keep = keep && (!rank0_only || internal::whole_mesh_group(d.mesh())->rank() == 0);
+    } else {
       out.emplace(name, t);
     }
   }
-  if (keep) {
-    for (auto& [name, t] : model.named_buffers()) out.emplace(name, t);
-  } else {
-    out.clear();
-  }
+  for (auto& [name, t] : model.named_buffers()) out.emplace(name, t);
+  if (!keep) out.clear();
   return out;
 }
 

@@ -18,6 +18,12 @@
 // reduce_scatter (average over the shard dimension; then an all_reduce over the replicate
 // dimension for HSDP) as soon as they are complete in backward.
 //
+// With tensor parallelism (parallelize_module first, over another dimension of the same mesh):
+// a parameter the plan split is a DTensor on the tp mesh; FSDP shards its local tensor on dim 0
+// the same way and records the spec on the joined mesh (DeviceMesh::join), tp splitting first —
+// a column-parallel weight on (dp, tp) is (Shard(0), Shard(0)) with shard order {tp, dp} — so
+// as_dtensor, the state dicts and clip_grad_norm see both dimensions.
+//
 // Overlap: after the first step, which records the groups' forward order, each group's
 // pre-forward issues the next group's all_gather asynchronously, and backward prefetches in
 // reverse order; reductions run asynchronously too and are waited for at the end of backward

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Sets everything up, builds what the demo needs, and runs the main job: a GPT trained by two
-# workers that shard it with FSDP, launched and supervised by tessel-run (Gloo collectives
-# bootstrapped through the launcher's authenticated store), after a look at a 2x4 device mesh.
+# Sets everything up, builds what the demo needs, and runs the main job: a GPT trained by four
+# workers on a 2x2 (dp_shard, tp) mesh — FSDP over dp_shard, every layer split over tp —
+# launched and supervised by tessel-run (Gloo collectives bootstrapped through the launcher's
+# authenticated store), after a look at a 2x4 device mesh and the same training on one process,
+# whose loss curve the four workers reproduce.
 #
 #   scripts/demo.sh                  defaults: 400 steps
-#   scripts/demo.sh --steps 100      extra arguments go to examples/train_gpt
+#   scripts/demo.sh --steps 100      extra arguments go to both runs of examples/train_gpt
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +18,12 @@ echo
 echo "== A 2x4 (dp, tp) device mesh over 8 ranks (threads), one all_reduce per dimension =="
 build/release/examples/mesh_demo --threads 8 --shape 2x4 | head -6
 echo "..."
-echo
-echo "== GPT training, FSDP over 2 workers: tessel-run --standalone --nproc-per-node 2 =="
 cd build/release  # the checkpoint (train_gpt.safetensors) lands here
-exec launcher/tessel-run --standalone --nproc-per-node 2 examples/train_gpt --threads 1 "$@"
+echo
+echo "== The reference: the same GPT and batches on one process =="
+examples/train_gpt --threads 2 --log-every 50 --sample 0 --checkpoint train_gpt_single.safetensors \
+  "$@" | grep -E "^(step|trained)"
+echo
+echo "== GPT training on a 2x2 (dp_shard, tp) mesh: tessel-run --standalone --nproc-per-node 4 =="
+exec launcher/tessel-run --standalone --nproc-per-node 4 examples/train_gpt --threads 1 \
+  --dp-shard 2 --tp 2 --log-every 50 "$@"

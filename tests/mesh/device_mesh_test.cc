@@ -125,6 +125,32 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
+TEST(DeviceMeshTest, JoinPutsViewsBackTogetherWithTheirGroups) {
+  threads::run_ranks(8, [](ProcessGroup& pg) {
+    DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {2, 2, 2},
+                                       {"dp_replicate", "dp_shard", "tp"});
+    const DeviceMesh joined = mesh["dp_shard"].join(mesh["tp"]);
+    EXPECT_EQ(joined, mesh.slice({"dp_shard", "tp"}));
+    EXPECT_EQ(joined.coordinate(), (std::vector<int64_t>{mesh.local_rank("dp_shard"),
+                                                         mesh.local_rank("tp")}));
+    EXPECT_EQ(joined.ranks(), mesh.slice({"dp_shard", "tp"}).ranks());
+    const int64_t splits = mesh.splits_made();
+    joined.group("tp");  // the family's group cache: tp's group, made once
+    mesh.group("tp");
+    EXPECT_EQ(mesh.splits_made(), splits + 1);
+    const DeviceMesh three = mesh.slice({"dp_replicate", "dp_shard"}).join(mesh["tp"]);
+    EXPECT_EQ(three, mesh);
+    EXPECT_EQ(three.group("dp_replicate")->size(), 2);
+    DeviceMesh other = init_device_mesh(pg.shared_from_this(), {8}, {"cp"});
+    try {
+      mesh["tp"].join(other);
+      ADD_FAILURE() << "joined meshes of two families";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("different families"), std::string::npos) << e.what();
+    }
+  });
+}
+
 TEST(DeviceMeshTest, PrintsShapeDimsAndCoordinate) {
   threads::run_ranks(8, [](ProcessGroup& pg) {
     DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {2, 4}, {"dp", "tp"});

@@ -66,6 +66,17 @@ std::set<std::vector<int64_t>> layout_groups(const MeshDim& dim, int64_t world) 
   return out;
 }
 
+// The message of the InvalidArgument `f` throws, or "no error".
+template <typename F>
+std::string message(F&& f) {
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    return e.message();
+  }
+  return std::string("no error");
+}
+
 struct Case {
   std::vector<int64_t> shape;
   std::vector<std::string> names;
@@ -150,15 +161,42 @@ TEST(MeshLayoutTest, CanonicalModesIdentifySameGroups) {
             layout.flatten({"dp", "tp"}, "x").dim("x").canonical_modes());
 }
 
+TEST(MeshLayoutTest, JoinOfSlicesIsTheSliceOfBoth) {
+  const MeshLayout mesh = MeshLayout::row_major({2, 3, 2}, {"dp_replicate", "dp_shard", "tp"});
+  EXPECT_EQ(mesh.slice({"dp_shard"}).join(mesh.slice({"tp"})).dims(),
+            mesh.slice({"dp_shard", "tp"}).dims());
+  EXPECT_EQ(mesh.slice({"dp_replicate", "dp_shard"}).join(mesh.slice({"tp"})).dims(),
+            mesh.dims());
+  // Any order and non-adjacent dimensions: tp before dp_replicate.
+  const MeshLayout odd = mesh.slice({"tp"}).join(mesh.slice({"dp_replicate"}));
+  EXPECT_EQ(odd.names(), (std::vector<std::string>{"tp", "dp_replicate"}));
+  EXPECT_EQ(layout_groups(odd.dims()[1], 12), expected_groups({2, 3, 2}, {0}));
+  // A flattened dimension joins with what it does not contain.
+  const MeshLayout dp = mesh.flatten({"dp_replicate", "dp_shard"}, "dp");
+  EXPECT_EQ(dp.slice({"dp"}).join(mesh.slice({"tp"})).shape(), (std::vector<int64_t>{6, 2}));
+}
+
+TEST(MeshLayoutTest, JoinRefusesSharedNamesOverlapAndOtherRoots) {
+  const MeshLayout mesh = MeshLayout::row_major({2, 4}, {"dp", "tp"});
+  EXPECT_NE(message([&] { mesh.slice({"tp"}).join(mesh.slice({"tp"})); })
+                .find("both have a dimension 'tp'"),
+            std::string::npos);
+  const MeshLayout flat = mesh.flatten({"dp", "tp"}, "world");
+  EXPECT_NE(message([&] { flat.join(mesh.slice({"tp"})); }).find("the dimensions overlap"),
+            std::string::npos);
+  // Same size, overlapping digits: tp's low half twice.
+  const MeshLayout split = mesh.unflatten("tp", {2, 2}, {"hi", "lo"});
+  const MeshLayout lo_again = MeshLayout::row_major({2, 4}, {"a", "b"}).unflatten(
+      "b", {2, 2}, {"x", "lo2"});
+  EXPECT_NE(message([&] { split.slice({"lo"}).join(lo_again.slice({"lo2"})); })
+                .find("the dimensions overlap"),
+            std::string::npos);
+  EXPECT_NE(message([&] { mesh.join(MeshLayout::row_major({4}, {"cp"})); })
+                .find("different roots"),
+            std::string::npos);
+}
+
 TEST(MeshLayoutTest, BadInputNamesTheProblem) {
-  auto message = [](auto&& f) {
-    try {
-      f();
-    } catch (const InvalidArgument& e) {
-      return e.message();
-    }
-    return std::string("no error");
-  };
   EXPECT_NE(message([] { MeshLayout::row_major({2, 4}, {"dp"}); }).find("2 dimensions but 1"),
             std::string::npos);
   EXPECT_NE(message([] { MeshLayout::row_major({2, 4}, {"dp", "dp"}); }).find("'dp' appears twice"),

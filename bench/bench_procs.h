@@ -1,0 +1,99 @@
+#pragma once
+// Helpers of the training benchmarks that fork Gloo ranks and run a PyTorch peer script in the
+// same run: forked processes over a FileStore, the peer's python (scripts/torch-venv.sh) and its
+// "torch <setup> <tokens/s> <seconds>" lines. Their medians: bench_host.h's median().
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "bench_host.h"  // median
+#include "tessel/collectives/file_store.h"
+#include "tessel/collectives/gloo/gloo_backend.h"
+
+namespace tessel::bench {
+
+// Runs fn(rank, world group) in `np` forked processes joined over Gloo on loopback; returns the
+// value rank 0's fn returned (seconds per step, say), or 0 when any process failed (its error
+// printed).
+inline double run_forked(int np, const std::string& tag,
+                         const std::function<double(int, std::shared_ptr<ProcessGroup>)>& fn) {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          fmt::format("tessel-bench-{}-{}", ::getpid(), tag);
+  std::filesystem::create_directories(dir);
+  const std::string out = dir + "/result";
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < np; ++rank) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 0;
+      try {
+        auto store = std::make_shared<FileStore>(dir + "/store", std::chrono::seconds(60));
+        auto pg = gloo_create_process_group(store, rank, np, {.hostname = "127.0.0.1"});
+        const double value = fn(rank, pg);
+        if (rank == 0) std::ofstream(out) << value;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s rank %d: %s\n", tag.c_str(), rank, e.what());
+        code = 1;
+      }
+      ::_exit(code);
+    }
+    children.push_back(pid);
+  }
+  bool ok = true;
+  for (pid_t pid : children) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  double value = 0;
+  std::ifstream(out) >> value;
+  std::filesystem::remove_all(dir);
+  return ok ? value : 0;
+}
+
+// The python to run a PyTorch peer with: `flag` itself, or for "auto" the venv's
+// (scripts/torch-venv.sh, made on first use); empty when none.
+inline std::string torch_python(const std::string& flag, const std::string& source_dir) {
+  if (flag != "auto") return flag;
+  FILE* p = ::popen((source_dir + "/scripts/torch-venv.sh").c_str(), "r");
+  char buf[1024] = {};
+  std::string python = p != nullptr && std::fgets(buf, sizeof(buf), p) != nullptr ? buf : "";
+  if (p != nullptr) ::pclose(p);
+  while (!python.empty() && python.back() == '\n') python.pop_back();
+  return python;
+}
+
+// Runs a peer command printing "torch <version>" then "torch <setup> <tokens/s> <seconds>" lines:
+// seconds per setup, and the version in *version.
+inline std::map<std::string, double> run_peer(const std::string& cmd, std::string* version) {
+  std::map<std::string, double> out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char line[512];
+  while (std::fgets(line, sizeof(line), p) != nullptr) {
+    char setup[64];
+    double tps = 0, seconds = 0;
+    if (std::sscanf(line, "torch %63s %lf %lf", setup, &tps, &seconds) == 3) {
+      out[setup] = seconds;
+    } else if (std::string(line).rfind("torch ", 0) == 0) {
+      *version = std::string(line + 6);
+      while (!version->empty() && version->back() == '\n') version->pop_back();
+    }
+  }
+  ::pclose(p);
+  return out;
+}
+
+}  // namespace tessel::bench

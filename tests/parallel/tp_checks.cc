@@ -1,0 +1,142 @@
+#include "tests/parallel/tp_checks.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "tessel/nn/optim/adamw.h"
+#include "tessel/nn/optim/clip.h"
+#include "tessel/parallel/fsdp.h"
+#include "tessel/parallel/tp/gpt_plan.h"
+#include "tessel/parallel/tp/loss.h"
+#include "tessel/tensor/autograd.h"
+#include "tessel/tensor/ops.h"
+
+namespace tessel::testing {
+namespace {
+
+constexpr int64_t kBatch = 8;  // global batch (sequences); every dp size here divides it
+
+// The global batch of step `step`, the same on every rank: sequences that count up in steps of
+// 5 from a random start, so the loss falls (on random tokens it stays at ln V and hides bugs).
+std::pair<Tensor, Tensor> batch_of(int step) {
+  const nn::GptConfig c = tp_gpt_config();
+  Generator gen(200 + step);
+  const Tensor start = to(mul(rand({kBatch, 1}, gen), static_cast<double>(c.vocab_size)),
+                          DType::kI64);
+  Tensor tokens = contiguous(add(start, unsqueeze(mul(arange(c.block_size + 1), 5.0), 0)));
+  int64_t* t = tokens.data<int64_t>();
+  for (int64_t i = 0; i < tokens.numel(); ++i) t[i] %= c.vocab_size;
+  return {narrow(tokens, 1, 0, c.block_size), narrow(tokens, 1, 1, c.block_size)};
+}
+
+nn::optim::AdamWOptions adamw() { return {.lr = 1e-2, .weight_decay = 0.1}; }
+
+// The whole gradient of parameter p in `shape`, gathered over its mesh when it is a DTensor
+// (collective); a copy, as clipping scales gradients in place.
+Tensor whole_grad(const Tensor& p, const Shape& shape) {
+  if (!is_dtensor(p)) return clone(p.grad());
+  return clone(reshape(DTensor(p.grad(), as_dtensor(p).spec()).full_tensor(), shape));
+}
+
+}  // namespace
+
+nn::GptConfig tp_gpt_config() {
+  return {.vocab_size = 66, .block_size = 16, .n_layer = 2, .n_head = 4, .n_embd = 32,
+          .seed = 3};
+}
+
+TpRun train_single_process(int steps) {
+  nn::GPT model(tp_gpt_config());
+  nn::optim::AdamW opt(model.parameters(), adamw());
+  TpRun run;
+  for (int step = 0; step < steps; ++step) {
+    const auto [x, y] = batch_of(step);
+    const Tensor loss = nn::GPT::loss(model(x), y);
+    backward(loss);
+    if (step == 0) {
+      for (auto& [name, p] : model.named_parameters()) run.first_grads[name] = clone(p.grad());
+    }
+    nn::optim::clip_grad_norm(model.parameters(), 1.0);
+    opt.step();
+    opt.zero_grad();
+    run.losses.push_back(static_cast<float>(item(loss)));
+  }
+  return run;
+}
+
+TpRun train_tensor_parallel(const std::shared_ptr<ProcessGroup>& world, const TpSetup& s) {
+  const nn::GptConfig config = tp_gpt_config();
+  DeviceMesh mesh = init_device_mesh(world, s.shape, s.names);
+  nn::GPT model(config);
+  parallelize_module(model, mesh["tp"],
+                     gpt_tp_plan({.sequence_parallel = s.sequence_parallel,
+                                  .overlap_chunks = s.overlap_chunks}));
+  const std::vector<std::string> dp_dims(s.names.begin(), s.names.end() - 1);
+  int64_t dp_size = 1, dp_rank = 0;
+  if (!dp_dims.empty()) {
+    const DeviceMesh dp = mesh.slice(dp_dims);
+    for (int64_t i = 0; i < config.n_layer; ++i) {
+      fully_shard(model.submodule("transformer.h").child(std::to_string(i)), dp);
+    }
+    fully_shard(model, dp);
+    for (const std::string& d : dp_dims) {
+      dp_rank = dp_rank * mesh.size(d) + mesh.local_rank(d);
+      dp_size *= mesh.size(d);
+    }
+  }
+  const nn::StateDict whole = nn::GPT(config).state_dict();  // the whole parameters' shapes
+  nn::optim::AdamW opt(model.parameters(), adamw());
+  const int64_t rows = kBatch / dp_size;
+  TpRun run;
+  for (int step = 0; step < s.steps; ++step) {
+    const auto [x, y] = batch_of(step);
+    const Tensor logits = model(narrow(x, 0, dp_rank * rows, rows));
+    const Tensor loss = loss_parallel_cross_entropy(logits, narrow(y, 0, dp_rank * rows, rows),
+                                                    mesh["tp"], config.vocab_size);
+    backward(loss);
+    if (step == 0) {
+      for (auto& [name, p] : model.named_parameters()) {
+        run.first_grads[name] = whole_grad(p, whole.at(name).shape());
+      }
+    }
+    clip_grad_norm(model.parameters(), 1.0);
+    opt.step();
+    opt.zero_grad();
+    Tensor mean = from_vector<float>({static_cast<float>(item(loss))});
+    world->all_reduce(mean, {.op = ReduceOp::kAvg});  // tp ranks agree; dp slices averaged
+    run.losses.push_back(mean.data<float>()[0]);
+  }
+  return run;
+}
+
+std::string parity_error(const TpRun& got, const TpRun& want, double loss_rtol,
+                         double grad_tol) {
+  if (want.losses.back() > want.losses.front() - 1.0) {
+    return fmt::format("the single-process loss fell only from {} to {}: the data teaches "
+                       "nothing",
+                       want.losses.front(), want.losses.back());
+  }
+  if (got.losses.size() != want.losses.size()) return "the runs have different step counts";
+  for (size_t i = 0; i < got.losses.size(); ++i) {
+    if (std::abs(got.losses[i] - want.losses[i]) > loss_rtol * std::abs(want.losses[i])) {
+      return fmt::format("step {}: loss {} but {} single-process", i, got.losses[i],
+                         want.losses[i]);
+    }
+  }
+  if (got.first_grads.size() != want.first_grads.size()) return "different parameters";
+  for (const auto& [name, w] : want.first_grads) {
+    const auto it = got.first_grads.find(name);
+    if (it == got.first_grads.end()) return fmt::format("no gradient for {}", name);
+    if (it->second.shape() != w.shape()) return fmt::format("{}: gradient shape differs", name);
+    const double scale = item(max(abs(w)));
+    const double err = item(max(abs(sub(it->second, w))));
+    if (err > grad_tol * scale) {
+      return fmt::format("{}: first-step gradient differs by {} (largest entry {})", name, err,
+                         scale);
+    }
+  }
+  return "";
+}
+
+}  // namespace tessel::testing

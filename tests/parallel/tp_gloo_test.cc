@@ -1,0 +1,41 @@
+// Tensor parallelism over Gloo with real processes (forked, FileStore rendezvous): dp_shard 2 x
+// tp 2 with sequence parallelism and the all_gathers split in asynchronous chunks, so the
+// tensor-parallel collectives, the overlapped ones and FSDP's all cross TCP; every process
+// compares its run with single-process training (the tolerances of the threads test).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tessel/collectives/file_store.h"
+#include "tessel/collectives/gloo/gloo_backend.h"
+#include "tests/collectives/collective_checks.h"
+#include "tests/collectives/fork_harness.h"
+#include "tests/parallel/tp_checks.h"
+
+namespace tessel {
+namespace {
+
+TEST(TpGlooTest, FsdpTimesSequenceParallelOverFourProcessesMatchesSingleProcess) {
+  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  const testing::TpSetup setup{.shape = {2, 2}, .names = {"dp_shard", "tp"},
+                               .sequence_parallel = true, .overlap_chunks = 2, .steps = 8};
+  const auto outcomes = testing::run_processes(
+      4,
+      [&setup](int rank, const std::string& store_dir) {
+        auto store = std::make_shared<FileStore>(store_dir);
+        GlooOptions options;
+        options.hostname = "127.0.0.1";
+        options.group.timeout = std::chrono::seconds(30);
+        auto pg = gloo_create_process_group(store, rank, 4, options);
+        const testing::TpRun got = testing::train_tensor_parallel(pg, setup);
+        const std::string error =
+            testing::parity_error(got, testing::train_single_process(setup.steps), 1e-5, 1e-5);
+        if (!error.empty()) throw testing::CheckFailure(error);
+      },
+      std::chrono::seconds(100));
+  for (const auto& o : outcomes) EXPECT_TRUE(o.exited && o.exit_code == 0) << testing::describe(o);
+}
+
+}  // namespace
+}  // namespace tessel
