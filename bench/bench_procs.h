@@ -1,7 +1,7 @@
 #pragma once
 // Helpers of the training benchmarks that fork Gloo ranks and run a PyTorch peer script in the
-// same run: forked processes over a FileStore, the peer's python (scripts/torch-venv.sh) and its
-// "torch <setup> <tokens/s> <seconds>" lines. Their medians: bench_host.h's median().
+// same run: forked processes over a FileStore and the peer's "torch <setup> <tokens/s>
+// <seconds>" lines. The peer's python and the medians: bench_host.h.
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,7 +18,7 @@
 
 #include <fmt/format.h>
 
-#include "bench_host.h"  // median
+#include "bench_host.h"  // median, torch_python
 #include "tessel/collectives/file_store.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
 
@@ -61,18 +61,6 @@ inline double run_forked(int np, const std::string& tag,
   std::ifstream(out) >> value;
   std::filesystem::remove_all(dir);
   return ok ? value : 0;
-}
-
-// The python to run a PyTorch peer with: `flag` itself, or for "auto" the venv's
-// (scripts/torch-venv.sh, made on first use); empty when none.
-inline std::string torch_python(const std::string& flag, const std::string& source_dir) {
-  if (flag != "auto") return flag;
-  FILE* p = ::popen((source_dir + "/scripts/torch-venv.sh").c_str(), "r");
-  char buf[1024] = {};
-  std::string python = p != nullptr && std::fgets(buf, sizeof(buf), p) != nullptr ? buf : "";
-  if (p != nullptr) ::pclose(p);
-  while (!python.empty() && python.back() == '\n') python.pop_back();
-  return python;
 }
 
 // Runs a peer command printing "torch <version>" then "torch <setup> <tokens/s> <seconds>" lines:

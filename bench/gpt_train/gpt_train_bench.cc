@@ -3,9 +3,9 @@
 // layout, tied head), the same initial weights (tessel writes them, PyTorch loads them) and the
 // same batches, timed in alternating rounds of one run.
 //
-//   bench/gpt_train/run.sh [flags]          # makes a PyTorch venv if needed, then runs this
+//   bench/gpt_train/run.sh [flags]          # builds this, then runs it with --torch auto
 //   gpt_train [--layers 4] [--heads 4] [--embd 256] [--block 256] [--batch 8] [--vocab 256]
-//             [--steps 4] [--rounds 5] [--warmup 8] [--threads 2] [--torch PYTHON]
+//             [--steps 4] [--rounds 5] [--warmup 8] [--threads 2] [--torch PYTHON|auto]
 //             [--contenders all]
 //
 // A training step, on both sides: forward and mean cross-entropy (under autocast for bf16),
@@ -62,8 +62,9 @@ struct Config {
   int warmup = 8;       // untimed steps per contender before the rounds
   int rounds = 5;
   int threads = 2;
-  std::string torch_python;
-  std::string torch_script = GPT_TRAIN_TORCH_SCRIPT;
+  std::string torch;         // --torch as given: a python, "auto" or none
+  std::string torch_python;  // the python that runs PyTorch's side; empty: tessel only
+  std::string torch_script = TESSEL_SOURCE_DIR "/bench/gpt_train/gpt_train_torch.py";
   std::string contenders = "all";
 };
 
@@ -211,7 +212,9 @@ int main(int argc, char** argv) {
                  "untimed steps per contender first (PyTorch's first steps after torch.compile "
                  "or start-up take up to seconds)");
   app.add_option("--threads", c.threads, "threads, both sides (0: one per core)");
-  app.add_option("--torch", c.torch_python, "a Python with torch (none: tessel only)");
+  app.add_option("--torch", c.torch,
+                 "a python with torch, or 'auto' (scripts/torch-venv.sh's venv, made on first "
+                 "use); none: tessel only");
   app.add_option("--torch-script", c.torch_script, "PyTorch's side of the bench");
   app.add_option("--contenders", c.contenders,
                  "comma-separated subset of tessel_f32, tessel_bf16, eager_f32, eager_bf16, "
@@ -219,6 +222,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   set_num_threads(c.threads);
   c.threads = num_threads();
+  c.torch_python = torch_python(c.torch, TESSEL_SOURCE_DIR);
 
   const std::vector<Batch> batches = make_batches(c);
   const int64_t tokens = c.batch * c.block;
@@ -259,8 +263,11 @@ int main(int argc, char** argv) {
   TorchPeer torch;
   bool with_torch = false;
   double torch_loss[2] = {NAN, NAN};
-  if (c.torch_python.empty()) {
-    std::printf("torch: skipped: no --torch PYTHON given (bench/gpt_train/run.sh makes a venv)\n");
+  if (c.torch.empty()) {
+    std::printf("torch: skipped: no --torch PYTHON or --torch auto given\n");
+  } else if (c.torch_python.empty()) {
+    std::printf("torch: skipped: scripts/torch-venv.sh found no torch and could not install it "
+                "(its messages are above)\n");
   } else {
     std::system(("mkdir -p " + dir).c_str());
     tessel_f32.model().save(dir + "/init.safetensors");
@@ -281,9 +288,13 @@ int main(int argc, char** argv) {
                 with_torch ? ("version, CPU capability, threads: " + info).c_str()
                            : info.c_str());
   }
-  std::printf("loss of batch 0 before training (same model on both sides): tessel f32 %.6f, "
-              "bf16 %.6f; torch f32 %.6f, bf16 %.6f\n",
-              tessel_loss[0], tessel_loss[1], torch_loss[0], torch_loss[1]);
+  std::printf("loss of batch 0 before training: tessel f32 %.6f, bf16 %.6f", tessel_loss[0],
+              tessel_loss[1]);
+  if (with_torch) {
+    std::printf("; torch f32 %.6f, bf16 %.6f (the same model on both sides)", torch_loss[0],
+                torch_loss[1]);
+  }
+  std::printf("\n");
   if (with_torch) {
     for (const char* mode : {"eager_f32", "eager_bf16", "compile_f32", "compile_bf16"}) {
       if (!wanted(c, mode)) continue;
@@ -316,6 +327,7 @@ int main(int argc, char** argv) {
                    with_torch ? torch.pid() : 0);
       } else if (!torch.steps(k.key, c.steps, k.calls)) {
         std::printf("torch: %s stopped answering\n", k.key.c_str());
+        std::system(("rm -rf " + dir).c_str());
         return 1;
       }
     }
@@ -330,7 +342,7 @@ int main(int argc, char** argv) {
     std::printf("%-28s %9.1f %9.0f %9.1f %9.1f %6d %11.3f\n", k.name.c_str(), 1e3 * t.wall,
                 rate[k.key], 1e3 * t.wall_lo, 1e3 * t.wall_hi, t.calls, t.cpu);
   }
-  std::printf("\nratios (tessel tokens/s / PyTorch tokens/s):\n");
+  if (rate.size() > 1) std::printf("\nratios of tokens/s:\n");
   for (const char* dtype : {"f32", "bf16"}) {
     const std::string ours = std::string("tessel_") + dtype;
     if (!rate.contains(ours)) continue;
