@@ -1,9 +1,8 @@
 #pragma once
 // What benchmarks share about the machine they run on and how they time on it: the CPU's model
 // and vector features (/proc/cpuinfo), the load average (/proc/loadavg), CPU-time counters,
-// alternating timing rounds that start only once no helper thread still spins, the python of a
-// PyTorch peer (scripts/torch-venv.sh) and a peer process driven one command line at a time over
-// pipes.
+// alternating timing rounds that start only once no helper thread still spins, and a peer
+// process (PyTorch, say) driven one command line at a time over pipes.
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -164,18 +163,6 @@ inline void append_peer_times(const std::string& line, Calls& calls) {
     calls.walls.push_back(std::stod(pair.substr(0, pair.find(':'))));
     calls.cpus.push_back(std::stod(pair.substr(pair.find(':') + 1)));
   }
-}
-
-// The python to run a PyTorch peer with: `flag` itself, or for "auto" the venv's
-// (scripts/torch-venv.sh, made on first use); empty when none.
-inline std::string torch_python(const std::string& flag, const std::string& source_dir) {
-  if (flag != "auto") return flag;
-  FILE* p = ::popen((source_dir + "/scripts/torch-venv.sh").c_str(), "r");
-  char buf[1024] = {};
-  std::string python = p != nullptr && std::fgets(buf, sizeof(buf), p) != nullptr ? buf : "";
-  if (p != nullptr) ::pclose(p);
-  while (!python.empty() && python.back() == '\n') python.pop_back();
-  return python;
 }
 
 // A child process running `python script args...` that reads one command per line on stdin and

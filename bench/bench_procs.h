@@ -1,10 +1,7 @@
 #pragma once
 // Helpers of the training benchmarks that fork Gloo ranks and run a PyTorch peer script in the
-// same run: forked processes over a FileStore and the peer's "torch <setup> <tokens/s>
-// <seconds>" lines. The peer's python and the medians: bench_host.h.
-
-#include <sys/wait.h>
-#include <unistd.h>
+// same run: forked processes over a FileStore (bench_processes.h), the medians they report
+// (bench_host.h's median), and the peer's "torch <setup> <tokens/s> <seconds>" lines.
 
 #include <algorithm>
 #include <cstdio>
@@ -18,7 +15,8 @@
 
 #include <fmt/format.h>
 
-#include "bench_host.h"  // median, torch_python
+#include "bench_host.h"  // median
+#include "bench_processes.h"
 #include "tessel/collectives/file_store.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
 
@@ -33,30 +31,12 @@ inline double run_forked(int np, const std::string& tag,
                           fmt::format("tessel-bench-{}-{}", ::getpid(), tag);
   std::filesystem::create_directories(dir);
   const std::string out = dir + "/result";
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < np; ++rank) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = 0;
-      try {
-        auto store = std::make_shared<FileStore>(dir + "/store", std::chrono::seconds(60));
-        auto pg = gloo_create_process_group(store, rank, np, {.hostname = "127.0.0.1"});
-        const double value = fn(rank, pg);
-        if (rank == 0) std::ofstream(out) << value;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "%s rank %d: %s\n", tag.c_str(), rank, e.what());
-        code = 1;
-      }
-      ::_exit(code);
-    }
-    children.push_back(pid);
-  }
-  bool ok = true;
-  for (pid_t pid : children) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
+  const bool ok = fork_ranks(np, [&](int rank) {
+    auto store = std::make_shared<FileStore>(dir + "/store", std::chrono::seconds(60));
+    auto pg = gloo_create_process_group(store, rank, np, {.hostname = "127.0.0.1"});
+    const double value = fn(rank, pg);
+    if (rank == 0) std::ofstream(out) << value;
+  });
   double value = 0;
   std::ifstream(out) >> value;
   std::filesystem::remove_all(dir);

@@ -29,6 +29,7 @@
 
 #include "bench_host.h"
 #include "bench_pair.h"
+#include "bench_processes.h"
 #include "tessel/base/clock.h"
 #include "tessel/collectives/fake/fake_backend.h"
 #include "tessel/collectives/file_store.h"
@@ -140,36 +141,18 @@ bool run_ours(const Flags& flags, const std::string& out) {
   const std::string dir = std::filesystem::temp_directory_path() /
                           fmt::format("tessel-bench-dtensor-{}", ::getpid());
   std::filesystem::create_directories(dir);
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < flags.np; ++rank) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = 0;
-      try {
-        auto store = std::make_shared<FileStore>(dir, std::chrono::seconds(60));
-        auto pg = gloo_create_process_group(store, rank, flags.np, {.hostname = "127.0.0.1"});
-        const std::vector<Row> rows = run_rank(*pg, flags);
-        if (rank == 0) {
-          std::ofstream f(out);
-          for (const Row& r : rows) {
-            f << r.transition << " " << r.bytes << " " << r.ours << " " << r.raw << " "
-              << r.median_ratio << "\n";
-          }
-        }
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-        code = 1;
+  const bool ok = bench::fork_ranks(flags.np, [&](int rank) {
+    auto store = std::make_shared<FileStore>(dir, std::chrono::seconds(60));
+    auto pg = gloo_create_process_group(store, rank, flags.np, {.hostname = "127.0.0.1"});
+    const std::vector<Row> rows = run_rank(*pg, flags);
+    if (rank == 0) {
+      std::ofstream f(out);
+      for (const Row& r : rows) {
+        f << r.transition << " " << r.bytes << " " << r.ours << " " << r.raw << " "
+          << r.median_ratio << "\n";
       }
-      ::_exit(code);
     }
-    children.push_back(pid);
-  }
-  bool ok = true;
-  for (pid_t pid : children) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
+  });
   std::filesystem::remove_all(dir);
   return ok;
 }
@@ -264,15 +247,9 @@ int main(int argc, char** argv) {
 
   TorchRows torch;
   bool with_torch = false;
-  std::string python = flags.torch, why = "not asked for (--torch PYTHON or --torch auto)";
-  if (python == "auto") {
-    FILE* p = ::popen((std::string(TESSEL_SOURCE_DIR) + "/scripts/torch-venv.sh").c_str(), "r");
-    char buf[1024] = {};
-    if (p != nullptr && std::fgets(buf, sizeof(buf), p) != nullptr) python = buf;
-    if (p != nullptr) ::pclose(p);
-    while (!python.empty() && python.back() == '\n') python.pop_back();
-    if (python == "auto") python.clear(), why = "scripts/torch-venv.sh failed";
-  }
+  std::string why = "not asked for (--torch PYTHON or --torch auto)";
+  const std::string python = bench::torch_python(flags.torch, TESSEL_SOURCE_DIR);
+  if (python.empty() && flags.torch == "auto") why = "scripts/torch-venv.sh failed";
   if (!python.empty()) with_torch = run_torch(flags, python, &torch, &why);
   std::printf("torch: %s\n\n", with_torch ? ("PyTorch " + torch.version).c_str()
                                           : ("skipped: " + why).c_str());

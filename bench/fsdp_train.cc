@@ -26,6 +26,7 @@
 #include <fmt/format.h>
 
 #include "bench_host.h"
+#include "bench_processes.h"
 #include "tessel/base/clock.h"
 #include "tessel/collectives/file_store.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
@@ -112,39 +113,21 @@ double run_processes(const Flags& f, const std::string& setup) {
                           fmt::format("tessel-bench-fsdp-{}-{}", ::getpid(), setup);
   std::filesystem::create_directories(dir);
   const std::string out = dir + "/median";
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < f.np; ++rank) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = 0;
-      try {
-        set_num_threads(1);
-        auto store = std::make_shared<FileStore>(dir + "/store", std::chrono::seconds(60));
-        auto pg = gloo_create_process_group(store, rank, f.np, {.hostname = "127.0.0.1"});
-        nn::GPT model(config_of(f));
-        const DeviceMesh mesh = init_device_mesh(pg, {f.np}, {"dp"});
-        std::unique_ptr<DDPModule> ddp;
-        if (setup == "fsdp") {
-          shard(model, mesh, f.layers);
-        } else {
-          ddp = std::make_unique<DDPModule>(replicate(model, mesh));
-        }
-        const std::vector<double> times = train(model, f, rank, f.np, pg.get());
-        if (rank == 0) std::ofstream(out) << median(times);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-        code = 1;
-      }
-      ::_exit(code);
+  const bool ok = bench::fork_ranks(f.np, [&](int rank) {
+    set_num_threads(1);
+    auto store = std::make_shared<FileStore>(dir + "/store", std::chrono::seconds(60));
+    auto pg = gloo_create_process_group(store, rank, f.np, {.hostname = "127.0.0.1"});
+    nn::GPT model(config_of(f));
+    const DeviceMesh mesh = init_device_mesh(pg, {f.np}, {"dp"});
+    std::unique_ptr<DDPModule> ddp;
+    if (setup == "fsdp") {
+      shard(model, mesh, f.layers);
+    } else {
+      ddp = std::make_unique<DDPModule>(replicate(model, mesh));
     }
-    children.push_back(pid);
-  }
-  bool ok = true;
-  for (pid_t pid : children) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
+    const std::vector<double> times = train(model, f, rank, f.np, pg.get());
+    if (rank == 0) std::ofstream(out) << median(times);
+  });
   double seconds = 0;
   std::ifstream(out) >> seconds;
   std::filesystem::remove_all(dir);
@@ -206,14 +189,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(f.vocab), static_cast<long long>(f.batch), f.np,
               bench::load_average().c_str(),
               bench::cpu_features({"avx512f", "avx512_bf16", "amx_tile"}).c_str());
-  std::string python = f.torch;
-  if (python == "auto") {
-    FILE* p = ::popen((std::string(TESSEL_SOURCE_DIR) + "/scripts/torch-venv.sh").c_str(), "r");
-    char buf[1024] = {};
-    python = p != nullptr && std::fgets(buf, sizeof(buf), p) != nullptr ? buf : "";
-    if (p != nullptr) ::pclose(p);
-    while (!python.empty() && python.back() == '\n') python.pop_back();
-  }
+  const std::string python = bench::torch_python(f.torch, TESSEL_SOURCE_DIR);
   const std::vector<std::string> setups = {"single", "single1", "fsdp1", "fsdp", "ddp"};
   std::map<std::string, std::vector<double>> ours, theirs;
   std::string version;

@@ -1,6 +1,7 @@
 #include "tessel/collectives/init.h"
 
 #include "tessel/collectives/store_client.h"
+#include "tessel/collectives/store.h"
 
 #include <charconv>
 #include <cstdlib>
@@ -133,16 +134,23 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
                "rank {} of {}: no store to rendezvous through; set TESSEL_STORE_ADDR (tessel-run "
                "does), MASTER_ADDR/MASTER_PORT, or TESSEL_STORE_DIR",
                env.rank, env.world_size);
+  // A restarted job (tessel-run, torchrun --max-restarts) keeps its store, so the previous
+  // attempt's rendezvous keys (the addresses of processes now gone) are still there: each
+  // attempt rendezvouses under its own prefix.
+  std::shared_ptr<Store> rendezvous = store;
+  if (const auto attempt = int_var("TORCHELASTIC_RESTART_COUNT"); attempt && *attempt > 0) {
+    rendezvous = std::make_shared<PrefixStore>(fmt::format("attempt_{}", *attempt), store);
+  }
   if (backend == "gloo") {
     GlooOptions gloo = options.gloo;
     gloo.group = group;
-    auto world = gloo_create_process_group(store, env.rank, env.world_size, gloo);
+    auto world = gloo_create_process_group(rendezvous, env.rank, env.world_size, gloo);
     if (env.world_size > 1) enable_flight_recorder_dumps(store, env.rank, env.world_size);
     return world;
   }
   if (env.world_size > 1) enable_flight_recorder_dumps(store, env.rank, env.world_size);
   return nccl_create_process_group(
-      store, env.rank, env.world_size,
+      rendezvous, env.rank, env.world_size,
       NcclOptions{.device = options.device.is_cuda() ? options.device.index : -1,
                   .group = group});
 }

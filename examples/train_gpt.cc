@@ -24,6 +24,12 @@
 //       --dp-replicate 2 --dp-shard 2 --log-json /tmp/steps.jsonl      (one command line)
 //   tessel-run --standalone --nproc-per-node 4 build/release/examples/train_gpt --threads 1
 //       --dp-shard 2 --tp 2 --sequence-parallel                         (one command line)
+//
+// With --checkpoint-dir DIR every --checkpoint-every steps saves a distributed checkpoint (the
+// model's shards, AdamW's moments, the step, the batch sampler's state) in the background;
+// --resume continues from the latest committed one, bit for bit on the same mesh and resharded
+// on another world size (docs/parallel.md, "Checkpoints"). Under tessel-run --max-restarts, a
+// restarted job with --resume picks up where the last checkpoint left it.
 
 #include <algorithm>
 #include <chrono>
@@ -31,6 +37,7 @@
 #include <cstdio>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -45,6 +52,7 @@
 #include "tessel/nn/optim/clip.h"
 #include "tessel/nn/optim/schedule.h"
 #include "tessel/mesh/device_mesh.h"
+#include "tessel/parallel/checkpoint.h"
 #include "tessel/parallel/ddp.h"
 #include "tessel/parallel/fsdp.h"
 #include "tessel/parallel/tp/gpt_plan.h"
@@ -85,6 +93,10 @@ struct Flags {
   int64_t tp = 1;            // tensor-parallel ranks (each layer split over them)
   bool sequence_parallel = false;
   std::string log_json;      // one JSON object per step
+  std::string checkpoint_dir;    // distributed checkpoints (step_<N> folders)
+  int64_t checkpoint_every = 0;  // steps between checkpoints (0: none)
+  int keep_checkpoints = 3;      // committed checkpoints kept (0: all)
+  bool resume = false;           // continue from the latest checkpoint under checkpoint_dir
 };
 
 std::string read_file(const std::string& path) {
@@ -291,9 +303,29 @@ int run(const Flags& f) {
                                     .total_steps = f.steps});
   Batcher train{train_text, std::mt19937_64(f.seed)};
   Batcher val{val_text, std::mt19937_64(f.seed + 1)};
+
+  // Checkpoints: the model (shards under FSDP), AdamW's state and the sampler's position.
+  checkpoint::CheckpointState ckpt_state(layout.world);
+  std::unique_ptr<checkpoint::Checkpointer> ckpt;
+  int64_t first_step = 0;
+  std::string resumed_from;
+  if (!f.checkpoint_dir.empty()) {
+    ckpt_state.add_model("model", *model);
+    ckpt_state.add_optimizer("optim", opt, *model);
+    ckpt = std::make_unique<checkpoint::Checkpointer>(
+        layout.world, f.checkpoint_dir,
+        checkpoint::CheckpointerOptions{.keep_last = f.keep_checkpoints});
+    if (f.resume) {
+      if (const auto dir = ckpt->load_latest(ckpt_state)) {
+        std::istringstream(ckpt_state.metadata.at("data.sampler")) >> train.rng;
+        first_step = ckpt_state.step;
+        resumed_from = *dir;
+      }
+    }
+  }
   std::ofstream json;
   if (lead && !f.log_json.empty()) {
-    json.open(f.log_json);
+    json.open(f.log_json, first_step > 0 ? std::ios::app : std::ios::trunc);
     TESSEL_CHECK(json.good(), IoError, "cannot write --log-json file '{}'", f.log_json);
   }
 
@@ -326,6 +358,11 @@ int run(const Flags& f) {
         "{} threads\n",
         f.layers, f.heads, f.embd, f.seq, nn::GPT(config).num_parameters(), f.batch, f.seq,
         num_threads());
+  if (!resumed_from.empty()) {
+    print("resumed from {} at step {}\n", resumed_from, first_step);
+  } else if (f.resume) {
+    print("no checkpoint under {}: starting from step 0\n", f.checkpoint_dir);
+  }
 
   const int64_t tokens_per_step = f.batch * f.seq;
   const int64_t rows = f.batch / layout.batch_parts;
@@ -334,7 +371,7 @@ int run(const Flags& f) {
   double window_loss = 0;
   int64_t window_steps = 0;
   reset_peak_memory_stats(Device::cpu());
-  for (int64_t step = 0; step < f.steps; ++step) {
+  for (int64_t step = first_step; step < f.steps; ++step) {
     const auto step_start = Clock::now();
     auto [gx, gy] = train.next(f.batch, f.seq);
     const Tensor x = narrow(gx, 0, layout.batch_index * rows, rows);
@@ -370,7 +407,15 @@ int run(const Flags& f) {
       window_steps = 0;
       window_start = Clock::now();
     }
+    if (ckpt && f.checkpoint_every > 0 && (step + 1) % f.checkpoint_every == 0) {
+      ckpt_state.step = step + 1;
+      std::ostringstream sampler;
+      sampler << train.rng;
+      ckpt_state.metadata["data.sampler"] = sampler.str();
+      ckpt->async_save(ckpt_state);  // training goes on while it is written
+    }
   }
+  if (ckpt) ckpt->wait();
   const double total_seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
   // The whole model on rank 0 (a collective when sharded) for evaluation, saving and sampling.
   nn::GPT whole(config);
@@ -381,7 +426,8 @@ int run(const Flags& f) {
   }
   fmt::print("trained {} steps in {:.1f} s ({:.0f} tok/s); peak memory {:.1f} MiB; val loss "
              "{:.4f} nats/byte\n",
-             f.steps, total_seconds, tokens_per_step * f.steps / total_seconds,
+             f.steps - first_step, total_seconds,
+             tokens_per_step * (f.steps - first_step) / total_seconds,
              memory_stats(Device::cpu()).peak_allocated_bytes / 1048576.0,
              evaluate(whole, val, f));
   whole.save(f.checkpoint, {{"steps", std::to_string(f.steps)},
@@ -431,6 +477,15 @@ int main(int argc, char** argv) {
   app.add_flag("--sequence-parallel", f.sequence_parallel,
                "with --tp, also split the norms and the residual stream by sequence");
   app.add_option("--log-json", f.log_json, "write one JSON object per step to this file");
+  app.add_option("--checkpoint-dir", f.checkpoint_dir,
+                 "save distributed checkpoints under this folder (step_<N>)");
+  app.add_option("--checkpoint-every", f.checkpoint_every, "steps between checkpoints (0: none)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keep-checkpoints", f.keep_checkpoints,
+                 "committed checkpoints to keep (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--resume", f.resume,
+               "continue from the latest checkpoint under --checkpoint-dir (if there is one)");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(f);

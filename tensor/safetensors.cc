@@ -13,14 +13,7 @@
 #include "tessel/base/error.h"
 
 namespace tessel {
-namespace {
 
-static_assert(std::endian::native == std::endian::little,
-              "safetensors stores little-endian data; big-endian hosts need byte swapping");
-
-constexpr std::string_view kMetadataKey = "__metadata__";
-
-// safetensors dtype names for the dtypes tessel supports.
 std::string_view safetensors_dtype_name(DType dtype) {
   switch (dtype) {
     case DType::kF32: return "F32";
@@ -33,6 +26,13 @@ std::string_view safetensors_dtype_name(DType dtype) {
   throw Internal(fmt::format("unknown DType {}", static_cast<int>(dtype)));
 }
 
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors stores little-endian data; big-endian hosts need byte swapping");
+
+constexpr std::string_view kMetadataKey = "__metadata__";
+
 bool parse_safetensors_dtype(std::string_view name, DType* dtype) {
   for (int i = 0; i < kDTypeCount; ++i) {
     const auto d = static_cast<DType>(i);
@@ -44,15 +44,8 @@ bool parse_safetensors_dtype(std::string_view name, DType* dtype) {
   return false;
 }
 
-// One tensor described by a validated header: its bytes are data[begin, end).
-struct Entry {
-  std::string name;
-  DType dtype = DType::kF32;
-  Shape shape;
-  uint64_t begin = 0;
-  uint64_t end = 0;
-};
-
+// A validated header; each entry's bytes are data[begin, end) (offsets in the data area).
+using Entry = SafetensorsEntry;
 struct Header {
   std::vector<Entry> entries;
   std::map<std::string, std::string> metadata;
@@ -185,30 +178,43 @@ void copy_to_contiguous(const Tensor& t, std::byte* out) {
   }
 }
 
-// The header JSON (padded to 8 bytes) and the total data size for `tensors`.
-std::string build_header(const TensorMap& tensors,
+// The header JSON (padded to 8 bytes) for `entries` in the given order, setting each entry's
+// [begin, end) in the data area; returns the JSON and the total data size in *data_bytes.
+std::string build_header(std::vector<Entry>& entries,
                          const std::map<std::string, std::string>& metadata, uint64_t* data_bytes) {
   nlohmann::ordered_json json = nlohmann::ordered_json::object();
   if (!metadata.empty()) json[std::string(kMetadataKey)] = metadata;
   uint64_t position = 0;
-  for (const auto& [name, t] : tensors) {
-    TESSEL_CHECK(!name.empty() && name != kMetadataKey, InvalidArgument,
-                 "safetensors: tensor name '{}' is reserved or empty", name);
-    TESSEL_CHECK(t.defined(), InvalidArgument, "safetensors: tensor '{}' is undefined", name);
-    TESSEL_CHECK(t.device().is_cpu(), InvalidArgument,
-                 "safetensors: tensor '{}' is on {}; copy it to the CPU first", name,
-                 t.device().str());
+  for (Entry& e : entries) {
+    TESSEL_CHECK(!e.name.empty() && e.name != kMetadataKey, InvalidArgument,
+                 "safetensors: tensor name '{}' is reserved or empty", e.name);
+    const uint64_t bytes = static_cast<uint64_t>(shape_numel(e.shape)) * dtype_size(e.dtype);
     nlohmann::ordered_json entry;
-    entry["dtype"] = safetensors_dtype_name(t.dtype());
-    entry["shape"] = t.shape();
-    entry["data_offsets"] = {position, position + t.nbytes()};
-    json[name] = std::move(entry);
-    position += t.nbytes();
+    entry["dtype"] = safetensors_dtype_name(e.dtype);
+    entry["shape"] = e.shape;
+    entry["data_offsets"] = {position, position + bytes};
+    json[e.name] = std::move(entry);
+    e.begin = position;
+    e.end = position + bytes;
+    position += bytes;
   }
   std::string text = json.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   *data_bytes = position;
   return text;
+}
+
+// The entries of `tensors` (checked: defined, on the CPU), in name order.
+std::vector<Entry> entries_of(const TensorMap& tensors) {
+  std::vector<Entry> entries;
+  for (const auto& [name, t] : tensors) {
+    TESSEL_CHECK(t.defined(), InvalidArgument, "safetensors: tensor '{}' is undefined", name);
+    TESSEL_CHECK(t.device().is_cpu(), InvalidArgument,
+                 "safetensors: tensor '{}' is on {}; copy it to the CPU first", name,
+                 t.device().str());
+    entries.push_back({name, t.dtype(), t.shape(), 0, 0});
+  }
+  return entries;
 }
 
 std::string length_prefix(uint64_t n) {
@@ -222,7 +228,8 @@ std::string length_prefix(uint64_t n) {
 std::string serialize_safetensors(const TensorMap& tensors,
                                   const std::map<std::string, std::string>& metadata) {
   uint64_t data_bytes = 0;
-  const std::string header = build_header(tensors, metadata, &data_bytes);
+  std::vector<Entry> entries = entries_of(tensors);
+  const std::string header = build_header(entries, metadata, &data_bytes);
   std::string out = length_prefix(header.size()) + header;
   const size_t data_start = out.size();
   out.resize(data_start + data_bytes);
@@ -237,7 +244,8 @@ std::string serialize_safetensors(const TensorMap& tensors,
 void save_safetensors(const std::string& path, const TensorMap& tensors,
                       const std::map<std::string, std::string>& metadata) {
   uint64_t data_bytes = 0;
-  const std::string header = build_header(tensors, metadata, &data_bytes);
+  std::vector<Entry> entries = entries_of(tensors);
+  const std::string header = build_header(entries, metadata, &data_bytes);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) throw_system_error(fmt::format("{}: cannot open for writing", path), errno);
   out.write(length_prefix(header.size()).data(), 8);
@@ -300,21 +308,69 @@ SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, std::string_
   return file;
 }
 
-SafetensorsFile load_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
+namespace {
+
+// Opens `path` and reads its validated header; *data_start and *total receive the data area's
+// first byte and the file's size.
+Header read_header(std::ifstream& in, const std::string& path, uint64_t* data_start,
+                   uint64_t* total) {
+  in.open(path, std::ios::binary | std::ios::ate);
   if (!in) throw_system_error(fmt::format("{}: cannot open safetensors file", path), errno);
   const auto end = in.tellg();
   TESSEL_CHECK(end >= 0, IoError, "{}: cannot determine the file size", path);
-  const uint64_t total = static_cast<uint64_t>(end);
+  *total = static_cast<uint64_t>(end);
   in.seekg(0);
   std::byte prefix[8] = {};
-  if (total >= 8) in.read(reinterpret_cast<char*>(prefix), 8);
-  const uint64_t n = checked_header_length(prefix, total, path);
+  if (*total >= 8) in.read(reinterpret_cast<char*>(prefix), 8);
+  const uint64_t n = checked_header_length(prefix, *total, path);
   std::string text(n, '\0');
   in.read(text.data(), static_cast<std::streamsize>(n));
   TESSEL_CHECK(in.good(), IoError, "{}: reading the {}-byte header failed", path, n);
-  const uint64_t data_start = 8 + n;
-  Header header = parse_header(text, total - data_start, path);
+  *data_start = 8 + n;
+  return parse_header(text, *total - *data_start, path);
+}
+
+}  // namespace
+
+SafetensorsIndex read_safetensors_index(const std::string& path) {
+  std::ifstream in;
+  SafetensorsIndex index;
+  Header header = read_header(in, path, &index.data_start, &index.file_bytes);
+  index.metadata = std::move(header.metadata);
+  for (Entry& e : header.entries) {
+    e.begin += index.data_start;
+    e.end += index.data_start;
+    std::string name = e.name;
+    index.entries.emplace(std::move(name), std::move(e));
+  }
+  return index;
+}
+
+SafetensorsLayout plan_safetensors(const std::vector<SafetensorsEntry>& tensors,
+                                   const std::map<std::string, std::string>& metadata) {
+  SafetensorsLayout layout;
+  layout.entries = tensors;
+  std::sort(layout.entries.begin(), layout.entries.end(),
+            [](const Entry& a, const Entry& b) { return a.name < b.name; });
+  for (size_t i = 1; i < layout.entries.size(); ++i) {
+    TESSEL_CHECK(layout.entries[i].name != layout.entries[i - 1].name, InvalidArgument,
+                 "safetensors: tensor name '{}' appears twice", layout.entries[i].name);
+  }
+  uint64_t data_bytes = 0;
+  const std::string json = build_header(layout.entries, metadata, &data_bytes);
+  layout.header = length_prefix(json.size()) + json;
+  for (Entry& e : layout.entries) {
+    e.begin += layout.header.size();
+    e.end += layout.header.size();
+  }
+  layout.file_bytes = layout.header.size() + data_bytes;
+  return layout;
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  std::ifstream in;
+  uint64_t data_start = 0, total = 0;
+  Header header = read_header(in, path, &data_start, &total);
 
   SafetensorsFile file;
   file.metadata = std::move(header.metadata);

@@ -20,6 +20,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tessel/tensor/tensor.h"
 
@@ -53,5 +54,52 @@ SafetensorsFile load_safetensors(const std::string& path);
 std::string serialize_safetensors(const TensorMap& tensors,
                                   const std::map<std::string, std::string>& metadata = {});
 SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, std::string_view source);
+
+// --- Partial reads and streaming writes (sharded checkpoints) ---------------------------------
+//
+// A file's tensors are addressed by absolute byte ranges, so a reader can pread only the bytes
+// it needs and a writer can lay out a file before it has the data:
+//
+//   SafetensorsIndex index = read_safetensors_index("rank_00001.safetensors");  // header only
+//   const SafetensorsEntry& e = index.entries.at("w");     // e.begin: w's first byte in the file
+//
+//   SafetensorsLayout layout = plan_safetensors({{"w", DType::kF32, {4, 8}}});
+//   // write layout.header, then each entry's bytes at layout.entries[i].begin (name order)
+
+// One tensor of a header: dtype, shape and its bytes [begin, end) counted from the start of
+// the file (not of the data area).
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+// What a header says, validated as load_safetensors validates it (against the file's size).
+struct SafetensorsIndex {
+  std::map<std::string, SafetensorsEntry> entries;
+  std::map<std::string, std::string> metadata;
+  uint64_t data_start = 0;  // 8 + header length
+  uint64_t file_bytes = 0;  // the file's size
+};
+
+// Reads and validates the header of `path` without reading the data area. Throws as
+// load_safetensors does (a truncated file is an InvalidArgument naming the path).
+SafetensorsIndex read_safetensors_index(const std::string& path);
+
+// The header of a file holding `tensors` (name, dtype, shape; begin/end ignored): the bytes to
+// write first (length prefix and padded JSON, as save_safetensors writes them), and each tensor
+// with its absolute byte range, sorted by name (the order of the data area).
+struct SafetensorsLayout {
+  std::string header;
+  std::vector<SafetensorsEntry> entries;
+  uint64_t file_bytes = 0;
+};
+SafetensorsLayout plan_safetensors(const std::vector<SafetensorsEntry>& tensors,
+                                   const std::map<std::string, std::string>& metadata = {});
+
+// "F32", "BF16", ...: the dtype's name in safetensors headers.
+std::string_view safetensors_dtype_name(DType dtype);
 
 }  // namespace tessel

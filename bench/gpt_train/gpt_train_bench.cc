@@ -36,6 +36,7 @@
 
 #include "../bench_dnnl.h"
 #include "../bench_host.h"
+#include "../bench_processes.h"  // torch_python
 #include "tessel/kernels/attention/cpu/flash_cpu.h"
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/optim/adamw.h"

@@ -22,6 +22,12 @@ AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
   }
 }
 
+std::vector<std::pair<std::string, Tensor>> AdamW::state(size_t i) const {
+  TESSEL_CHECK(i < params_.size(), OutOfRange, "AdamW state of parameter {}: it has {}", i,
+               params_.size());
+  return {{"exp_avg", exp_avg_[i]}, {"exp_avg_sq", exp_avg_sq_[i]}};
+}
+
 void AdamW::step() {
   // One fused kernel call per device, parameters in their order.
   std::vector<std::pair<Device, std::vector<AdamWTensors>>> by_device;

@@ -30,6 +30,8 @@ class AdamW : public Optimizer {
   // The moments of params()[i] (for checkpoints and tests).
   const Tensor& exp_avg(size_t i) const { return exp_avg_.at(i); }
   const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_.at(i); }
+  // {"exp_avg", exp_avg(i)}, {"exp_avg_sq", exp_avg_sq(i)}.
+  std::vector<std::pair<std::string, Tensor>> state(size_t i) const override;
 
  private:
   AdamWOptions options_;

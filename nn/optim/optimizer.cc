@@ -19,6 +19,17 @@ void Optimizer::set_lr(double lr) {
   lr_ = lr;
 }
 
+void Optimizer::set_step_count(int64_t count) {
+  TESSEL_CHECK(count >= 0, InvalidArgument, "optimizer step count must be >= 0, got {}", count);
+  step_count_ = count;
+}
+
+std::vector<std::pair<std::string, Tensor>> Optimizer::state(size_t i) const {
+  TESSEL_CHECK(i < params_.size(), OutOfRange, "optimizer state of parameter {}: it has {}", i,
+               params_.size());
+  return {};
+}
+
 void Optimizer::zero_grad() {
   for (const Tensor& p : params_) p.set_grad(Tensor());
 }

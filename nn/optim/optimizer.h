@@ -9,6 +9,8 @@
 // Thread-safety: none; one thread steps an optimizer.
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "tessel/tensor/tensor.h"
@@ -32,9 +34,16 @@ class Optimizer {
 
   double lr() const { return lr_; }
   void set_lr(double lr);
-  // Number of step() calls so far.
+  // Number of step() calls so far; set_step_count restores it from a checkpoint (throws
+  // InvalidArgument when negative).
   int64_t step_count() const { return step_count_; }
+  void set_step_count(int64_t count);
   const std::vector<Tensor>& params() const { return params_; }
+
+  // The state tensors of params()[i] by name (AdamW: "exp_avg", "exp_avg_sq"; each shaped like
+  // the parameter), for checkpoints: handles of the optimizer's own tensors, so copying into
+  // them restores the state. Empty for an optimizer that keeps none. Throws OutOfRange for i.
+  virtual std::vector<std::pair<std::string, Tensor>> state(size_t i) const;
 
  protected:
   // The gradient of params()[i], checked against it; undefined when it has none.

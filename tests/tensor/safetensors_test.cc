@@ -226,6 +226,50 @@ TEST(SafetensorsTest, RejectsMalformedFilesWithTheirName) {
   }
 }
 
+// The index reader validates like the loader, and its absolute ranges address the bytes.
+TEST(SafetensorsIndexTest, HeaderOnlyReadGivesAbsoluteByteRanges) {
+  const std::string path = temp_path("index");
+  const Tensor a = from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor b = from_vector<int32_t>({7, 8}, {2});
+  save_safetensors(path, {{"b", b}, {"a", a}}, {{"k", "v"}});
+  const SafetensorsIndex index = read_safetensors_index(path);
+  EXPECT_EQ(index.metadata.at("k"), "v");
+  ASSERT_EQ(index.entries.size(), 2u);
+  const SafetensorsEntry& e = index.entries.at("a");
+  EXPECT_EQ(e.shape, (Shape{2, 3}));
+  EXPECT_EQ(e.end - e.begin, 24u);
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(e.begin + 4));
+  float second = 0;
+  in.read(reinterpret_cast<char*>(&second), 4);
+  EXPECT_EQ(second, 2.0f);
+  EXPECT_EQ(index.file_bytes, index.entries.at("b").end);
+  for (const BadFile& bad : bad_files()) {
+    write_file(path, bad.bytes);
+    const std::string message = error_of([&] { read_safetensors_index(path); });
+    EXPECT_NE(message.find(bad.phrase), std::string::npos) << bad.label << ": " << message;
+  }
+}
+
+// A planned layout is byte for byte the header save_safetensors writes, with the data where
+// the entries say.
+TEST(SafetensorsIndexTest, PlannedLayoutMatchesTheWriter) {
+  const Tensor a = from_vector<float>({1, 2, 3}, {3});
+  const Tensor b = from_vector<int64_t>({4, 5}, {1, 2});
+  const std::string bytes = serialize_safetensors({{"a", a}, {"b", b}}, {{"m", "x"}});
+  const SafetensorsLayout layout = plan_safetensors(
+      {{"b", DType::kI64, {1, 2}, 0, 0}, {"a", DType::kF32, {3}, 0, 0}}, {{"m", "x"}});
+  EXPECT_EQ(layout.file_bytes, bytes.size());
+  EXPECT_EQ(bytes.substr(0, layout.header.size()), layout.header);
+  ASSERT_EQ(layout.entries.size(), 2u);
+  EXPECT_EQ(layout.entries[0].name, "a");
+  int64_t first_of_b = 0;
+  std::memcpy(&first_of_b, bytes.data() + layout.entries[1].begin, 8);
+  EXPECT_EQ(first_of_b, 4);
+  EXPECT_THROW(plan_safetensors({{"a", DType::kF32, {1}, 0, 0}, {"a", DType::kF32, {1}, 0, 0}}),
+               InvalidArgument);
+}
+
 TEST(SafetensorsTest, NonZeroBoolBytesLoadAsTrue) {
   const std::string bytes =
       make_file(R"({"m": {"dtype": "BOOL", "shape": [3], "data_offsets": [0, 3]}})",

@@ -1,0 +1,139 @@
+// tessel-ckpt: looks inside distributed checkpoints and turns one into a single file.
+//
+//   tessel-ckpt inspect DIR [--verify]     what a checkpoint holds, by tensor, shard and file
+//                                          (DIR: a checkpoint, or a root of step_<N> folders)
+//   tessel-ckpt consolidate DIR OUT.safetensors [--prefix model.]
+//                                          the tensors named PREFIX* as one safetensors file,
+//                                          the prefix removed (Module::load, Python safetensors)
+//
+// Exit status: 0 on success, 3 on bad input or usage.
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "tessel/base/error.h"
+#include "tessel/parallel/checkpoint.h"
+#include "tessel/parallel/checkpoint_metadata.h"
+#include "tessel/parallel/internal/checkpoint_reader.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace tessel;
+using namespace tessel::checkpoint;
+
+constexpr int kExitBadInput = 3;
+
+std::string bytes_str(uint64_t bytes) {
+  if (bytes >= (uint64_t{1} << 30)) return fmt::format("{:.2f} GiB", bytes / 1073741824.0);
+  if (bytes >= (uint64_t{1} << 20)) return fmt::format("{:.2f} MiB", bytes / 1048576.0);
+  if (bytes >= (uint64_t{1} << 10)) return fmt::format("{:.1f} KiB", bytes / 1024.0);
+  return fmt::format("{} B", bytes);
+}
+
+// The checkpoint DIR names: itself, or the latest under a root (listing the root's contents).
+std::string pick(const std::string& dir) {
+  if (fs::exists(fs::path(dir) / kMetadataFileName)) return dir;
+  const auto list = list_checkpoints(dir);
+  TESSEL_CHECK(!list.empty(), InvalidArgument,
+               "{} is neither a checkpoint (no {}) nor a folder of committed checkpoints", dir,
+               kMetadataFileName);
+  fmt::print("{}: {} committed checkpoint{}:", dir, list.size(), list.size() == 1 ? "" : "s");
+  for (const auto& [step, path] : list) fmt::print(" {}", fs::path(path).filename().string());
+  fmt::print("\n");
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with(".step_")) fmt::print("  (not committed: {})\n", name);
+  }
+  fmt::print("latest: {}\n\n", list.back().second);
+  return list.back().second;
+}
+
+int inspect(const std::string& dir, bool verify) {
+  const std::string path = pick(dir);
+  const CheckpointMetadata m = read_checkpoint_metadata(path);
+  uint64_t total = 0;
+  for (const auto& [file, bytes] : m.files) total += bytes;
+  fmt::print("checkpoint {}\n  step {}, saved by {} rank{}, {} tensors in {} files ({})\n", path,
+             m.step, m.world_size, m.world_size == 1 ? "" : "s", m.tensors.size(), m.files.size(),
+             bytes_str(total));
+  for (const auto& [key, value] : m.metadata) {
+    fmt::print("  metadata {} = {}\n", key, value.size() > 60 ? value.substr(0, 57) + "..." : value);
+  }
+  for (const auto& [name, states] : m.generators) {
+    const bool same = std::all_of(states.begin(), states.end(),
+                                  [&](const auto& s) { return s == states.front(); });
+    fmt::print("  generator {}: seed {} offset {}{}\n", name, states.front().first,
+               states.front().second, same ? " (every rank)" : " (rank 0; ranks differ)");
+  }
+
+  fmt::print("\ntensors:\n");
+  std::map<std::string, std::pair<int, uint64_t>> per_file;  // shards, bytes
+  for (const auto& [name, t] : m.tensors) {
+    fmt::print("  {} {}  {} shard{}  saved from {}\n", name, typed_shape_str(t.dtype, t.shape),
+               t.shards.size(), t.shards.size() == 1 ? "" : "s", t.saved_from);
+    for (const ShardRecord& s : t.shards) {
+      fmt::print("    [{}] + [{}]  {} bytes [{}, {})\n", fmt::join(s.offsets, ", "),
+                 fmt::join(s.sizes, ", "), s.file, s.begin, s.end);
+      ++per_file[s.file].first;
+      per_file[s.file].second += s.end - s.begin;
+    }
+  }
+  fmt::print("\nfiles:\n");
+  for (const auto& [file, bytes] : m.files) {
+    fmt::print("  {}  {}  {} shards ({} of data)\n", file, bytes_str(bytes), per_file[file].first,
+               bytes_str(per_file[file].second));
+  }
+  if (verify) {
+    checkpoint::internal::ShardReader reader(path, m);
+    for (const auto& [name, t] : m.tensors) {
+      reader.check(name, {Shape(t.shape.size(), 0), t.shape});
+    }
+    fmt::print("\nverified: every file is present, of its recorded size, and its header agrees\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tessel-ckpt: inspect and consolidate distributed checkpoints"};
+  app.require_subcommand(1);
+  std::string dir, out, prefix = "model.";
+  bool verify = false;
+  auto* inspect_cmd = app.add_subcommand("inspect", "what a checkpoint holds");
+  inspect_cmd->add_option("DIR", dir, "a checkpoint folder, or a root of step_<N> folders")
+      ->required();
+  inspect_cmd->add_flag("--verify", verify,
+                        "check every shard file's presence, size and header against the metadata");
+  auto* consolidate_cmd =
+      app.add_subcommand("consolidate", "the tensors named PREFIX* as one safetensors file");
+  consolidate_cmd->add_option("DIR", dir, "a checkpoint folder, or a root (its latest)")
+      ->required();
+  consolidate_cmd->add_option("OUT", out, "the safetensors file to write")->required();
+  consolidate_cmd->add_option("--prefix", prefix, "names to keep, removed from them")
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : kExitBadInput;
+  }
+  try {
+    if (*inspect_cmd) return inspect(dir, verify);
+    const int64_t n = consolidate(dir, out, prefix);
+    fmt::print("wrote {} tensors ({}) to {}\n", n, bytes_str(fs::file_size(out)), out);
+    return 0;
+  } catch (const tessel::Error& e) {
+    fmt::print(stderr, "tessel-ckpt: {}\n", e.what());
+    return kExitBadInput;
+  } catch (const fs::filesystem_error& e) {
+    fmt::print(stderr, "tessel-ckpt: {}\n", e.what());
+    return kExitBadInput;
+  }
+}
