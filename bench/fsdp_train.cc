@@ -11,9 +11,6 @@
 // global batch over the median step time; "FSDP host cost" is fsdp1 - single1 per step, what the
 // wrapper adds with no communication to hide. Rounds alternate ours and PyTorch's.
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -26,7 +23,7 @@
 #include <fmt/format.h>
 
 #include "bench_host.h"
-#include "bench_processes.h"
+#include "bench_procs.h"
 #include "tessel/base/clock.h"
 #include "tessel/collectives/file_store.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
@@ -86,11 +83,6 @@ void shard(nn::GPT& model, const DeviceMesh& mesh, int64_t layers) {
   fully_shard(model, mesh);
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 // One setup in this process (single, single1, fsdp1): median seconds per step.
 double run_local(const Flags& f, const std::string& setup) {
   set_num_threads(setup == "single" ? f.np : 1);
@@ -100,23 +92,17 @@ double run_local(const Flags& f, const std::string& setup) {
     threads::run_ranks(1, [&](ProcessGroup& pg) {
       const DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {1}, {"dp"});
       shard(model, mesh, f.layers);
-      result = median(train(model, f, 0, 1, nullptr));
+      result = bench::median(train(model, f, 0, 1, nullptr));
     });
     return result;
   }
-  return median(train(model, f, 0, 1, nullptr));
+  return bench::median(train(model, f, 0, 1, nullptr));
 }
 
 // fsdp or ddp over np forked processes (Gloo): rank 0's median seconds per step.
 double run_processes(const Flags& f, const std::string& setup) {
-  const std::string dir = std::filesystem::temp_directory_path() /
-                          fmt::format("tessel-bench-fsdp-{}-{}", ::getpid(), setup);
-  std::filesystem::create_directories(dir);
-  const std::string out = dir + "/median";
-  const bool ok = bench::fork_ranks(f.np, [&](int rank) {
+  return bench::run_forked(f.np, "fsdp-" + setup, [&](int rank, std::shared_ptr<ProcessGroup> pg) {
     set_num_threads(1);
-    auto store = std::make_shared<FileStore>(dir + "/store", std::chrono::seconds(60));
-    auto pg = gloo_create_process_group(store, rank, f.np, {.hostname = "127.0.0.1"});
     nn::GPT model(config_of(f));
     const DeviceMesh mesh = init_device_mesh(pg, {f.np}, {"dp"});
     std::unique_ptr<DDPModule> ddp;
@@ -125,13 +111,8 @@ double run_processes(const Flags& f, const std::string& setup) {
     } else {
       ddp = std::make_unique<DDPModule>(replicate(model, mesh));
     }
-    const std::vector<double> times = train(model, f, rank, f.np, pg.get());
-    if (rank == 0) std::ofstream(out) << median(times);
+    return bench::median(train(model, f, rank, f.np, pg.get()));
   });
-  double seconds = 0;
-  std::ifstream(out) >> seconds;
-  std::filesystem::remove_all(dir);
-  return ok ? seconds : 0;
 }
 
 // PyTorch's medians by setup, from bench/fsdp/torch_fsdp.py.
@@ -142,22 +123,7 @@ std::map<std::string, double> run_torch(const Flags& f, const std::string& pytho
       "--layers {} --heads {} --embd {} --batch {} --steps {} --warmup {} 2>/dev/null",
       python, TESSEL_SOURCE_DIR, f.np, f.vocab, f.seq, f.layers, f.heads, f.embd, f.batch,
       f.steps, f.warmup);
-  std::map<std::string, double> out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char line[512];
-  while (std::fgets(line, sizeof(line), p) != nullptr) {
-    char setup[64];
-    double tps = 0, seconds = 0;
-    if (std::sscanf(line, "torch %63s %lf %lf", setup, &tps, &seconds) == 3) {
-      out[setup] = seconds;
-    } else if (std::string(line).rfind("torch ", 0) == 0) {
-      *version = std::string(line + 6);
-      while (!version->empty() && version->back() == '\n') version->pop_back();
-    }
-  }
-  ::pclose(p);
-  return out;
+  return bench::run_peer(cmd, version);
 }
 
 }  // namespace
@@ -209,18 +175,18 @@ int main(int argc, char** argv) {
   if (with_torch) std::printf(" %12s %12s %9s", "torch tok/s", "ms/step", "ours/torch");
   std::printf("\n");
   for (const std::string& s : setups) {
-    const double o = median(ours[s]);
+    const double o = bench::median(ours[s]);
     std::printf("%-8s %12.0f %12.1f", s.c_str(), o > 0 ? tokens / o : 0, o * 1e3);
     if (with_torch && !theirs[s].empty()) {
-      const double t = median(theirs[s]);
+      const double t = bench::median(theirs[s]);
       std::printf(" %12.0f %12.1f %9.2f", tokens / t, t * 1e3, t / o);
     }
     std::printf("\n");
   }
-  const double host = median(ours["fsdp1"]) - median(ours["single1"]);
+  const double host = bench::median(ours["fsdp1"]) - bench::median(ours["single1"]);
   std::printf("\nFSDP host cost per step (fsdp1 - single1): ours %.1f ms", host * 1e3);
   if (with_torch && !theirs["fsdp1"].empty() && !theirs["single1"].empty()) {
-    std::printf(", torch %.1f ms", (median(theirs["fsdp1"]) - median(theirs["single1"])) * 1e3);
+    std::printf(", torch %.1f ms", (bench::median(theirs["fsdp1"]) - bench::median(theirs["single1"])) * 1e3);
   }
   std::printf("\n");
   return 0;

@@ -128,8 +128,8 @@ TEST(CheckpointTrainTest, ResumeOnTheSameWorldIsBitwiseAndOnOthersWithinToleranc
 // Tensor parallelism keeps the fused c_attn weight as (3, C, C) sections; its checkpoint holds
 // the model's own (3C, C) shapes, so it reshards both ways: a (dp_shard 2, tp 2) job with
 // sequence parallelism saves at step 10 and resumes on tp 2, 2-way FSDP and one process; a
-// one-process checkpoint resumes on (dp_shard 2, tp 2). Every resumed run continues with the
-// (dp_shard 2, tp 2) run's losses, within 1e-5.
+// one-process and a 4-way FSDP checkpoint resume on (dp_shard 2, tp 2). Every resumed run
+// continues with the (dp_shard 2, tp 2) run's losses, within 1e-5.
 TEST(CheckpointTrainTest, TensorParallelCheckpointsReshardToAndFromOtherMeshes) {
   TempDir dir;
   const std::vector<std::string> mesh_2x2 = {"--dp-shard", "2", "--tp", "2",
@@ -143,6 +143,9 @@ TEST(CheckpointTrainTest, TensorParallelCheckpointsReshardToAndFromOtherMeshes) 
   args = train_args(dir, "single", kSteps);
   args.insert(args.end(), {"--checkpoint-dir", dir / "single_ck"});
   run(args, dir, "single");
+  args = train_args(dir, "fsdp4", kSteps);
+  args.insert(args.end(), {"--checkpoint-dir", dir / "fsdp4_ck"});
+  run(under_tessel_run(4, args), dir, "fsdp4");
 
   struct Resume {
     std::string tag, from;
@@ -152,7 +155,8 @@ TEST(CheckpointTrainTest, TensorParallelCheckpointsReshardToAndFromOtherMeshes) 
   const std::vector<Resume> resumes = {{"tp2", "ref_ck", 2, {"--tp", "2"}},
                                        {"fsdp2", "ref_ck", 2, {}},
                                        {"one", "ref_ck", 1, {}},
-                                       {"to_2x2", "single_ck", 4, mesh_2x2}};
+                                       {"to_2x2", "single_ck", 4, mesh_2x2},
+                                       {"fsdp4_to_2x2", "fsdp4_ck", 4, mesh_2x2}};
   for (const Resume& r : resumes) {
     SCOPED_TRACE(r.tag);
     args = train_args(dir, r.tag, kSteps);
