@@ -223,6 +223,17 @@ class PeerProcess {
     return send(command) && read_line(answer);
   }
 
+  // A timed command: once this process and the child are quiet (see wait_until_quiet), asks
+  // `command` and appends the "wall:cpu ..." times it answers with to `calls`; false when the
+  // child stopped answering.
+  bool ask_times(const std::string& command, Calls& calls) {
+    if (!wait_until_quiet(pid_)) std::fprintf(stderr, "warning: background threads still busy\n");
+    std::string line;
+    if (!ask(command, &line)) return false;
+    append_peer_times(line, calls);
+    return true;
+  }
+
   void stop() {
     if (to_) std::fclose(to_);  // end of input: the script's loop ends
     if (from_) std::fclose(from_);

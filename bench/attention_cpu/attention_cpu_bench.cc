@@ -212,18 +212,11 @@ class TorchPeer {
   // One round like time_round's: >= calls calls lasting >= min_seconds, after a warm-up call
   // the first time; appends the per-call wall and CPU seconds (of the whole child process).
   bool time_round(bool backward, int calls, double min_seconds, Calls& out) {
-    if (!wait_until_quiet(child_.pid())) {
-      std::fprintf(stderr, "warning: background threads still busy\n");
-    }
-    std::string line;
-    if (!child_.ask(std::string(backward ? "fb " : "fwd ") + std::to_string(calls) + " " +
-                        std::to_string(min_seconds) + " " + (out.warm ? "0" : "1"),
-                    &line)) {
-      return false;
-    }
+    const bool warm_up = !out.warm;
     out.warm = true;
-    append_peer_times(line, out);
-    return true;
+    return child_.ask_times(std::string(backward ? "fb " : "fwd ") + std::to_string(calls) + " " +
+                                std::to_string(min_seconds) + " " + (warm_up ? "1" : "0"),
+                            out);
   }
 
  private:

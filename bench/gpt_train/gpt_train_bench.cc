@@ -169,13 +169,7 @@ class TorchPeer {
 
   // Runs `steps` steps of `mode` once the child is quiet; appends their times.
   bool steps(const std::string& mode, int steps, Calls& calls) {
-    if (!wait_until_quiet(child_.pid())) {
-      std::fprintf(stderr, "warning: background threads still busy\n");
-    }
-    std::string line;
-    if (!child_.ask("steps " + mode + " " + std::to_string(steps), &line)) return false;
-    append_peer_times(line, calls);
-    return true;
+    return child_.ask_times("steps " + mode + " " + std::to_string(steps), calls);
   }
 
  private:
