@@ -185,7 +185,8 @@ struct Contender {
 };
 
 bool wanted(const Config& c, const std::string& key) {
-  return c.contenders == "all" || ("," + c.contenders + ",").find("," + key + ",") != std::string::npos;
+  return c.contenders == "all" ||
+         ("," + c.contenders + ",").find("," + key + ",") != std::string::npos;
 }
 
 }  // namespace
@@ -242,7 +243,9 @@ int main(int argc, char** argv) {
 
   TesselTrainer tessel_f32(c, batches, false), tessel_bf16(c, batches, true);
   std::vector<Contender> contenders;
-  if (wanted(c, "tessel_f32")) contenders.push_back({"tessel f32", "tessel_f32", false, &tessel_f32, {}});
+  if (wanted(c, "tessel_f32")) {
+    contenders.push_back({"tessel f32", "tessel_f32", false, &tessel_f32, {}});
+  }
   if (wanted(c, "tessel_bf16")) {
     contenders.push_back({"tessel bf16 autocast", "tessel_bf16", true, &tessel_bf16, {}});
   }
