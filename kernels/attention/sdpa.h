@@ -60,7 +60,10 @@ struct SdpaOutput {
 // Computes softmax(scale * q k^T + mask) v (with dropout) and records an autograd node when
 // grad mode is on and q, k or v requires a gradient; backward gives dq, dk, dv through the same
 // backend (logsumexp is not differentiable: its gradient is ignored). q (B, H_q, S_q, D),
-// k and v (B, H_kv, S_k, D), one dtype (f32 or bf16), one device. Blocking.
+// k and v (B, H_kv, S_k, D), one dtype (f32 or bf16), one device. Blocking. The output, and
+// dq, dk, dv in backward, are laid out in memory like q (and k, v): dims by decreasing stride,
+// so heads split out of a (B, S, H·D) projection re-assemble without a copy. A
+// lower-precision op under autocast (tensor/autocast.h): q, k, v are cast to its dtype.
 // Throws InvalidArgument for bad shapes, dtypes, devices, windows or document ids, and
 // Unavailable when no allowed backend can run the call.
 SdpaOutput scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
