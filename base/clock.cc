@@ -2,8 +2,10 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <thread>
 
 #include "tessel/base/error.h"
 
@@ -32,6 +34,11 @@ Nanoseconds Deadline::remaining() const {
   const auto left = when_ - SteadyClock::now();
   return left > Nanoseconds::zero() ? std::chrono::duration_cast<Nanoseconds>(left)
                                     : Nanoseconds::zero();
+}
+
+void Backoff::pause(const Deadline& deadline) {
+  std::this_thread::sleep_for(std::min(step_, deadline.remaining()));
+  step_ = std::min(step_ * 2, most_);
 }
 
 Nanoseconds parse_duration(std::string_view text) {

@@ -38,6 +38,19 @@ class Deadline {
   SteadyClock::time_point when_;
 };
 
+// Sleeps between polls of something that finishes elsewhere (a file, a peer, a device): `first`,
+// doubling up to `most`, never past the deadline. Polling loops keep their latency low at first
+// and cost almost no CPU when they wait long.
+class Backoff {
+ public:
+  Backoff(Nanoseconds first, Nanoseconds most) : step_(first), most_(most) {}
+  void pause(const Deadline& deadline);
+
+ private:
+  Nanoseconds step_;
+  Nanoseconds most_;
+};
+
 // Measures elapsed monotonic time since construction or the last restart().
 class Stopwatch {
  public:

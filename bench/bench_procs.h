@@ -1,7 +1,7 @@
 #pragma once
 // Helpers of the training benchmarks that fork Gloo ranks and run a PyTorch peer script in the
-// same run: forked processes over a FileStore (bench_processes.h), the medians they report, and
-// the peer's "torch <setup> <tokens/s> <seconds>" lines.
+// same run: forked processes over a FileStore (bench_processes.h), the medians they report
+// (bench_host.h's median), and the peer's "torch <setup> <tokens/s> <seconds>" lines.
 
 #include <algorithm>
 #include <cstdio>
@@ -15,16 +15,12 @@
 
 #include <fmt/format.h>
 
+#include "bench_host.h"  // median
 #include "bench_processes.h"
 #include "tessel/collectives/file_store.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
 
 namespace tessel::bench {
-
-inline double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // Runs fn(rank, world group) in `np` forked processes joined over Gloo on loopback; returns the
 // value rank 0's fn returned (seconds per step, say), or 0 when any process failed (its error

@@ -5,7 +5,8 @@
 // 1. One record() (and one full record/started/completed lifecycle) timed individually with
 //    the TSC, p50/p99/p99.9, with and without stack capture, beside the peer: the same entry
 //    pushed into a mutex-protected ring (the obvious implementation).
-// 2. The analyzer on N synthetic rank dumps (default 1,024): read + analyze wall time.
+// 2. The analyzer on N synthetic rank dumps (default 1,024): read + analyze wall time, for the
+//    set read whole and for the streaming reader tessel-trace uses (analyze_dump_dir).
 // The recorder's cost inside a real collectives loop (on vs off, 1 KiB all_reduce) is measured by
 // bench_collectives, which has the process groups.
 
@@ -247,6 +248,13 @@ int main(int argc, char** argv) {
       "(target <= 10 s)\n  verdict: %s, culprits %s (expected %d)\n",
       read_s, analyze_s, read_s + analyze_s, std::string(verdict_status_name(v.status)).c_str(),
       format_rank_list(v.culprits).c_str(), o.culprit);
+  Stopwatch stream_clock;
+  const DirAnalysis streamed = analyze_dump_dir(dir);
+  std::printf(
+      "  streamed       %7.3f s   (read + analyze holding a window per rank, as "
+      "tessel-trace does; same verdict: %s)\n",
+      stream_clock.elapsed_seconds(),
+      verdict_to_json(streamed.verdict) == verdict_to_json(v) ? "yes" : "NO");
   std::filesystem::remove_all(dir);
 
   return 0;

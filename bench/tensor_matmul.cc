@@ -26,6 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "bench_dnnl.h"
 #include "bench_host.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/thread_pool.h"
@@ -98,17 +99,6 @@ std::vector<double> alternate(const std::vector<std::function<void()>>& fns, int
   return medians;
 }
 
-const char* dnnl_isa_name(dnnl::cpu_isa isa) {
-  switch (isa) {
-    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx (AMX)";
-    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
-    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
-    case dnnl::cpu_isa::avx512_core: return "avx512_core";
-    case dnnl::cpu_isa::avx2: return "avx2";
-    default: return "other";
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -133,7 +123,7 @@ int main(int argc, char** argv) {
       bench::cpu_features({"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"});
   std::printf("CPU: %s; oneDNN %d.%d.%d, ISA %s; load average %s\n", cpu.c_str(),
               dnnl_version()->major, dnnl_version()->minor, dnnl_version()->patch,
-              dnnl_isa_name(dnnl::get_effective_cpu_isa()), bench::load_average().c_str());
+              bench::dnnl_isa_name(), bench::load_average().c_str());
   std::printf("%-22s %-5s %10s %12s %8s %14s %16s\n", "M x K x N", "dtype", "tessel",
               "raw oneDNN", "ratio", "OpenBLAS sgemm", "bf16->f32+sgemm");
   for (const GemmShape& s : shapes) {

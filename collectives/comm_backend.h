@@ -5,19 +5,22 @@
 // timeout. Sizes reaching a backend are already checked and every count vector is filled in.
 //
 // Thread-safety: a backend is driven by one thread at a time (its group's executing thread),
-// except missing_ranks() and abort(), which the watchdog may call concurrently.
+// except missing_ranks(), abort() and abort_together(), which the watchdog may call concurrently.
 // Errors: Timeout (naming the ranks that had not arrived, where known), PeerLost when a peer
 // went away, CommError for other transport failures; ProcessGroup prefixes group/op/seq.
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "tessel/base/clock.h"
+#include "tessel/collectives/device_work.h"
 #include "tessel/collectives/process_group.h"
+#include "tessel/tensor/stream.h"
 #include "tessel/tensor/tensor.h"
 
 namespace tessel {
@@ -26,6 +29,15 @@ namespace tessel {
 struct OpContext {
   uint64_t seq = 0;         // the group's collective sequence number (a tag for the transport)
   Nanoseconds timeout{0};   // the call's timeout
+  // The caller's current stream on the tensors' device, taken on the caller's thread when the
+  // call was issued, where that device type has a registered runtime (tensor/stream.h); empty
+  // for CPU tensors and where none is (a CUDA backend then orders after the legacy default
+  // stream).
+  std::optional<Stream> stream = {};
+  // Where a backend that enqueues the operation on a device stream instead of finishing it
+  // (NCCL) leaves the operation's device part; the Work then completes with it. Null: the
+  // backend must finish the operation before returning.
+  std::unique_ptr<DeviceWork>* device_work = nullptr;
 };
 
 // A split as every rank of the parent sees it after exchanging (color, key).
@@ -71,6 +83,10 @@ class CommBackend {
   virtual std::vector<int> missing_ranks(uint64_t seq) const;
   // Makes blocked and future calls fail promptly (CommError); best effort.
   virtual void abort(const std::string& reason);
+  // Aborts `backends`, all of this backend's kind (name()) and this one among them, at once:
+  // NCCL aborts every communicator inside one ncclGroupStart/ncclGroupEnd, so no communicator's
+  // teardown waits on another's hung kernel. Default: abort() each in turn.
+  virtual void abort_together(std::span<CommBackend* const> backends, const std::string& reason);
 };
 
 }  // namespace tessel

@@ -22,17 +22,10 @@
 namespace tessel {
 namespace {
 
-// Sleeps between polls: 1 ms doubling to 32 ms, never past the deadline.
-class Backoff {
- public:
-  void pause(const Deadline& deadline) {
-    std::this_thread::sleep_for(std::min<Nanoseconds>(step_, deadline.remaining()));
-    step_ = std::min<Nanoseconds>(step_ * 2, std::chrono::milliseconds(32));
-  }
-
- private:
-  Nanoseconds step_ = std::chrono::milliseconds(1);
-};
+// Polls for a file: 1 ms doubling to 32 ms.
+Backoff file_backoff() {
+  return Backoff(std::chrono::milliseconds(1), std::chrono::milliseconds(32));
+}
 
 std::optional<std::string> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -49,7 +42,7 @@ class FileLock {
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0) throw_system_error("FileStore: open " + path, errno);
     const Deadline deadline = Deadline::after(timeout);
-    Backoff backoff;
+    Backoff backoff = file_backoff();
     while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       if (errno != EWOULDBLOCK && errno != EINTR) {
         const int err = errno;
@@ -145,7 +138,7 @@ std::string FileStore::compare_set(const std::string& key, const std::string& ex
 
 void FileStore::wait(const std::vector<std::string>& keys, Nanoseconds timeout) {
   const Deadline deadline = Deadline::after(timeout);
-  Backoff backoff;
+  Backoff backoff = file_backoff();
   for (;;) {
     std::vector<std::string> missing;
     for (const auto& key : keys) {

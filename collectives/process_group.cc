@@ -60,6 +60,14 @@ std::exception_ptr wrap_error(ErrorKind kind, const std::string& message) {
   }
 }
 
+// The caller's current stream on `t`'s device where streams there run asynchronously (a device
+// with a registered runtime); CPU streams are always complete, so nothing to capture.
+std::optional<Stream> caller_stream(const Tensor& t) {
+  const Device device = t.device();
+  if (device.is_cpu() || device.is_meta() || device_count(device.type) == 0) return std::nullopt;
+  return current_stream(device);
+}
+
 }  // namespace
 
 void CommBackend::check_device(const Tensor& tensor) const {
@@ -68,11 +76,16 @@ void CommBackend::check_device(const Tensor& tensor) const {
 }
 std::vector<int> CommBackend::missing_ranks(uint64_t) const { return {}; }
 void CommBackend::abort(const std::string&) {}
+void CommBackend::abort_together(std::span<CommBackend* const> backends,
+                                 const std::string& reason) {
+  for (CommBackend* b : backends) b->abort(reason);
+}
 
 struct ProcessGroup::Call {
   fr::RecordArgs record;
   bool async = false;
   Nanoseconds timeout{0};
+  std::optional<Stream> stream;  // the caller's, for device tensors (OpContext::stream)
   std::function<void(const OpContext&)> run;
 };
 
@@ -110,7 +123,12 @@ ProcessGroup::ProcessGroup(std::unique_ptr<CommBackend> backend, ProcessGroupOpt
   fr::FlightRecorder::global().register_group(options_.id, options_.name, global_ranks_);
 }
 
-ProcessGroup::~ProcessGroup() { worker_->stop(); }
+ProcessGroup::~ProcessGroup() {
+  worker_->stop();
+  // The backend before the operations in flight: NCCL lets its communication stream drain first,
+  // so their tensors are released once the device is done with them.
+  backend_.reset();
+}
 
 std::string_view ProcessGroup::backend_name() const { return backend_->name(); }
 
@@ -153,15 +171,57 @@ std::string ProcessGroup::abort_reason() const {
   return abort_reason_;
 }
 
-void ProcessGroup::abort(const std::string& reason) {
+bool ProcessGroup::mark_aborted(const std::string& reason) {
   {
     std::lock_guard lock(mutex_);
-    if (aborted_.load(std::memory_order_relaxed)) return;
+    if (aborted_.load(std::memory_order_relaxed)) return false;
     abort_reason_ = reason;
     aborted_.store(true, std::memory_order_release);
   }
   log_warn(LogComponent::kCollectives, "aborting group '{}' (id {}): {}", name(), id(), reason);
-  backend_->abort(reason);
+  // Operations in flight on the device: their kernels are about to be stopped, so an end event
+  // that completes from now on says nothing about the data. They stay in the list until their
+  // events complete, so their tensors outlive the device's use of them.
+  std::vector<std::shared_ptr<WorkState>> in_flight;
+  {
+    std::lock_guard lock(running_mutex_);
+    in_flight.assign(in_flight_.begin(), in_flight_.end());
+  }
+  for (const auto& work : in_flight) {
+    if (work->finished()) continue;
+    const std::string what = fmt::format("{} (rank {} of {}): group was aborted: {}",
+                                         work->describe(), rank_, size_, reason);
+    if (work->fail(wrap_error(ErrorKind::kCommError, what))) {
+      fr::FlightRecorder::global().failed(work->record_id());
+    }
+  }
+  return true;
+}
+
+void ProcessGroup::abort(const std::string& reason) {
+  if (mark_aborted(reason)) backend_->abort(reason);
+}
+
+void ProcessGroup::abort_together(std::span<const std::shared_ptr<ProcessGroup>> groups,
+                                  const std::string& reason) {
+  // Step 1: every group refuses new calls and fails its work in flight.
+  std::vector<ProcessGroup*> marked;
+  for (const auto& group : groups) {
+    if (group != nullptr && group->mark_aborted(reason)) marked.push_back(group.get());
+  }
+  // Step 2: the backends, each kind in one call.
+  std::vector<bool> done(marked.size(), false);
+  for (size_t i = 0; i < marked.size(); ++i) {
+    if (done[i]) continue;
+    std::vector<CommBackend*> same_kind;
+    for (size_t j = i; j < marked.size(); ++j) {
+      if (!done[j] && marked[j]->backend_name() == marked[i]->backend_name()) {
+        same_kind.push_back(marked[j]->backend_.get());
+        done[j] = true;
+      }
+    }
+    marked[i]->backend_->abort_together(same_kind, reason);
+  }
 }
 
 std::shared_ptr<WorkState> ProcessGroup::running() const {
@@ -171,6 +231,54 @@ std::shared_ptr<WorkState> ProcessGroup::running() const {
 
 std::vector<int> ProcessGroup::missing_ranks(uint64_t seq) const {
   return backend_->missing_ranks(seq);
+}
+
+std::vector<std::shared_ptr<WorkState>> ProcessGroup::poll_device_work() {
+  std::vector<std::shared_ptr<WorkState>> in_flight;
+  {
+    std::lock_guard lock(running_mutex_);
+    if (in_flight_.empty()) return {};
+    in_flight.assign(in_flight_.begin(), in_flight_.end());
+  }
+  std::vector<std::shared_ptr<WorkState>> running;
+  for (const auto& work : in_flight) {
+    std::exception_ptr error;
+    switch (work->poll_device(&error)) {
+      case WorkState::DeviceStatus::kRunning:
+        // A failed operation is still polled, until its tensors can go, but no longer timed.
+        if (!work->finished()) running.push_back(work);
+        break;
+      case WorkState::DeviceStatus::kError:
+        fail_device_work(*work, error);
+        break;
+      default:
+        break;
+    }
+  }
+  std::lock_guard lock(running_mutex_);
+  std::erase_if(in_flight_, [](const auto& work) { return !work->device_pending(); });
+  return running;
+}
+
+void ProcessGroup::fail_device_work(WorkState& work, std::exception_ptr error) {
+  if (work.finished()) return;
+  ErrorKind kind = ErrorKind::kCommError;
+  std::string message = "the device reported an unknown error";
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    kind = e.kind();
+    message = e.message();
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  const std::string what =
+      fmt::format("{} (rank {} of {}): {}", work.describe(), rank_, size_, message);
+  fr::FlightRecorder::global().failed(work.record_id());
+  Watchdog::global().dump(work, kind, what);
+  if (!work.fail(wrap_error(kind, what))) return;
+  abort(what);
+  Watchdog::global().enforce(this, what);
 }
 
 Work ProcessGroup::issue(Call call) {
@@ -244,8 +352,24 @@ void ProcessGroup::execute(const std::shared_ptr<WorkState>& state, Call& call,
   std::string message;
   try {
     if (aborted()) throw CommError(fmt::format("group was aborted: {}", abort_reason()));
-    call.run(OpContext{.seq = state->seq(), .timeout = call.timeout});
-    if (state->complete()) recorder.completed(id);
+    std::unique_ptr<DeviceWork> device;
+    call.run(OpContext{.seq = state->seq(),
+                       .timeout = call.timeout,
+                       .stream = call.stream,
+                       .device_work = &device});
+    if (device == nullptr) {
+      if (state->complete()) recorder.completed(id);
+      return;
+    }
+    // Enqueued on a device stream: it completes when its end event does. In the list before the
+    // abort check, so an abort either fails it there or is seen here.
+    state->attach_device_work(std::move(device));
+    {
+      std::lock_guard lock(running_mutex_);
+      in_flight_.push_back(state);
+    }
+    Watchdog::global().device_work_added();
+    if (aborted()) throw CommError(fmt::format("group was aborted: {}", abort_reason()));
     return;
   } catch (const Error& e) {
     kind = e.kind();
@@ -268,6 +392,7 @@ Work ProcessGroup::all_reduce(Tensor& tensor, const AllReduceOptions& options) {
   check_tensor(tensor, "all_reduce");
   Call call;
   call.record.op = fr::OpType::kAllReduce;
+  call.stream = caller_stream(tensor);
   call.record.reduce_op = options.op;
   call.record.input = call.record.output = meta_of(tensor);
   call.async = options.async;
@@ -285,6 +410,7 @@ Work ProcessGroup::broadcast(Tensor& tensor, const BroadcastOptions& options) {
                options.root, size_);
   Call call;
   call.record.op = fr::OpType::kBroadcast;
+  call.stream = caller_stream(tensor);
   call.record.root = options.root;
   call.record.input = call.record.output = meta_of(tensor);
   call.async = options.async;
@@ -309,6 +435,7 @@ Work ProcessGroup::all_gather(const Tensor& input, Tensor& output,
                name(), output.numel(), sum_of(counts));
   Call call;
   call.record.op = fr::OpType::kAllGather;
+  call.stream = caller_stream(input);
   call.record.input = meta_of(input);
   call.record.output = meta_of(output);
   call.async = options.async;
@@ -332,6 +459,7 @@ Work ProcessGroup::reduce_scatter(const Tensor& input, Tensor& output,
                name(), rank_, output.numel(), counts[static_cast<size_t>(rank_)]);
   Call call;
   call.record.op = fr::OpType::kReduceScatter;
+  call.stream = caller_stream(input);
   call.record.reduce_op = options.op;
   call.record.input = meta_of(input);
   call.record.output = meta_of(output);
@@ -355,6 +483,7 @@ Work ProcessGroup::all_to_all(const Tensor& input, Tensor& output,
                name(), sum_of(send), sum_of(recv), input.numel(), output.numel());
   Call call;
   call.record.op = fr::OpType::kAllToAll;
+  call.stream = caller_stream(input);
   call.record.input = meta_of(input);
   call.record.output = meta_of(output);
   call.async = options.async;
@@ -373,6 +502,7 @@ Work ProcessGroup::send(const Tensor& tensor, int peer, const SendOptions& optio
                rank_, peer, size_);
   Call call;
   call.record.op = fr::OpType::kSend;
+  call.stream = caller_stream(tensor);
   call.record.peer = peer;
   call.record.input = meta_of(tensor);
   call.async = options.async;
@@ -390,6 +520,7 @@ Work ProcessGroup::recv(Tensor& tensor, int peer, const RecvOptions& options) {
                rank_, peer, size_);
   Call call;
   call.record.op = fr::OpType::kRecv;
+  call.stream = caller_stream(tensor);
   call.record.peer = peer;
   call.record.output = meta_of(tensor);
   call.async = options.async;

@@ -21,6 +21,13 @@
 // and completed or failed when it ends, and registered with the process's watchdog, which fails
 // it once it runs past its timeout (collectives/watchdog.h).
 //
+// On a device with asynchronous streams (NCCL) a call "runs" until it is enqueued: the
+// collective is ordered after the work issued so far to the caller's current stream of the
+// tensors' device, and the call (also a blocking one) returns once the caller's current stream
+// waits for it — the host does not wait for the device (Work::synchronize() does). Such
+// operations stay in the group's list of operations in flight until the watchdog (or a caller's
+// poll) sees their end events complete; their timeout counts from when they were issued.
+//
 // Thread-safety: all methods are thread-safe; calls from several threads are ordered by the
 // group's internal lock, which is only deterministic across ranks if the caller orders them.
 // Ownership: groups are shared (std::shared_ptr) by meshes and users; a group owns its backend
@@ -28,8 +35,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -160,16 +169,28 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // old rank). Returns null for ranks passing kNoColor. Blocks; throws as the collectives do.
   std::shared_ptr<ProcessGroup> split(int color, int key, const SplitOptions& options = {});
 
-  // Fails everything queued and in flight with CommError(reason) and asks the backend to abort
-  // its communicator (a no-op where the backend cannot). The group is unusable afterwards.
+  // Fails everything queued and in flight (also on the device) with CommError(reason) and asks
+  // the backend to abort its communicator (a no-op where the backend cannot). The group is
+  // unusable afterwards.
   void abort(const std::string& reason);
   bool aborted() const;
+  // abort() of several groups at once (DeviceMesh::abort): every group is marked aborted first,
+  // then the backends of each kind go down in one call (NCCL: every communicator inside one
+  // ncclGroupStart/ncclGroupEnd). Null and repeated groups are skipped.
+  static void abort_together(std::span<const std::shared_ptr<ProcessGroup>> groups,
+                             const std::string& reason);
 
   // For the watchdog: the group ranks the backend knows have not reached collective `seq`
   // (empty when it cannot know).
   std::vector<int> missing_ranks(uint64_t seq) const;
   // The operation now in the execution slot, null when none: what the watchdog times.
   std::shared_ptr<WorkState> running() const;
+  // For the watchdog: polls the device part of the operations in flight on the device, oldest
+  // first, without blocking. Completes those whose end events completed and drops them from the
+  // list; fails those whose device or transport reported an error (flight recorder, dump hook,
+  // then the group is aborted, whatever the policy: a failed device operation leaves kernels
+  // that only an abort stops). Returns those still running, for their timeouts.
+  std::vector<std::shared_ptr<WorkState>> poll_device_work();
 
   // The transport behind this group (for backend tests and for run_ranks to abort it).
   CommBackend& backend() const { return *backend_; }
@@ -181,6 +202,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // already started (an inline call), else it is marked started here.
   void execute(const std::shared_ptr<WorkState>& state, Call& call, bool recorded_started);
   std::string abort_reason() const;
+  // Marks the group aborted and fails its operations in flight on the device; false when it
+  // already was. The backend is left to the caller.
+  bool mark_aborted(const std::string& reason);
+  // Fails `work`, in flight on the device, with the error its device part reported.
+  void fail_device_work(WorkState& work, std::exception_ptr error);
   Nanoseconds timeout_of(Nanoseconds requested) const;
   // `op` ("all_gather") and `role` ("input", or empty) name the tensor in errors.
   void check_tensor(const Tensor& tensor, std::string_view op, std::string_view role = {}) const;
@@ -200,6 +226,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   bool watched_ = false;                   // registered with the watchdog; guarded by mutex_
   mutable std::mutex running_mutex_;
   std::shared_ptr<WorkState> running_;     // guarded by running_mutex_
+  // Operations whose device part may still run, in issue order; guarded by running_mutex_.
+  std::deque<std::shared_ptr<WorkState>> in_flight_;
   std::string abort_reason_;               // guarded by mutex_
   std::unique_ptr<internal::GroupWorker> worker_;
 };

@@ -121,6 +121,15 @@ void Watchdog::enforce(ProcessGroup* group, const std::string& what) {
   }
 }
 
+void Watchdog::device_work_added() {
+  if (polling_device_.load(std::memory_order_seq_cst)) return;
+  {
+    std::lock_guard lock(mutex_);
+    wake_ = true;
+  }
+  cv_.notify_all();
+}
+
 void Watchdog::expire(const std::shared_ptr<WorkState>& state, ProcessGroup& group) {
   WorkState& work = *state;
   if (work.finished()) return;
@@ -134,44 +143,66 @@ void Watchdog::expire(const std::shared_ptr<WorkState>& state, ProcessGroup& gro
   // backend call return, which must find the Work already failed with this Timeout).
   fr::FlightRecorder::global().failed(work.record_id());
   dump(work, ErrorKind::kTimeout, "Timeout: " + what);
-  if (work.fail(std::make_exception_ptr(Timeout(what)))) enforce(&group, "Timeout: " + what);
+  if (!work.fail(std::make_exception_ptr(Timeout(what)))) return;
+  // A device operation's kernels keep waiting for their peers until the communicator is aborted.
+  if (work.on_device()) group.abort("Timeout: " + what);
+  enforce(&group, "Timeout: " + what);
 }
 
 void Watchdog::run() {
   pthread_setname_np(pthread_self(), "tessel-watchdog");
   std::unique_lock lock(mutex_);
   while (!stopping_) {
-    // Each live group's running operation: expired ones are failed (outside the lock), the
-    // earliest deadline of the others sets the next wake-up. Gone groups are dropped.
-    const auto now = SteadyClock::now();
-    auto next_wake = now + options_.poll_interval;
-    std::vector<std::pair<std::shared_ptr<WorkState>, std::shared_ptr<ProcessGroup>>> expired;
-    // Groups are released after the lock: dropping the last reference runs a group's destructor.
+    const WatchdogOptions options = options_;
+    // The live groups (gone ones are dropped), released after the lock: dropping the last
+    // reference runs a group's destructor.
     std::vector<std::shared_ptr<ProcessGroup>> held;
     std::erase_if(groups_, [&](const std::weak_ptr<ProcessGroup>& weak) {
       auto group = weak.lock();
       if (!group) return true;
-      held.push_back(group);
-      auto work = group->running();
-      if (!work || work->finished()) return false;
+      held.push_back(std::move(group));
+      return false;
+    });
+    wake_ = false;
+    lock.unlock();
+    // Cleared before the groups are looked at: work added after this point either is seen by
+    // this pass or finds the flag clear and wakes the next one (device_work_added).
+    polling_device_.store(false, std::memory_order_seq_cst);
+    // Each group's running operation and its operations in flight on the device: expired ones
+    // are failed, the earliest deadline of the others sets the next wake-up.
+    const auto now = SteadyClock::now();
+    auto next_wake = now + options.poll_interval;
+    std::vector<std::pair<std::shared_ptr<WorkState>, std::shared_ptr<ProcessGroup>>> expired;
+    auto check = [&](std::shared_ptr<WorkState> work, const std::shared_ptr<ProcessGroup>& group) {
+      if (!work || work->finished()) return;
       const auto started = work->started_at();
-      if (started == SteadyClock::time_point::max()) return false;
-      const auto due = started + work->timeout() + options_.grace;
+      if (started == SteadyClock::time_point::max()) return;
+      const auto due = started + work->timeout() + options.grace;
       if (due <= now) {
-        expired.emplace_back(std::move(work), std::move(group));
+        expired.emplace_back(std::move(work), group);
       } else {
         next_wake = std::min(next_wake, due);
       }
-      return false;
-    });
-    lock.unlock();
+    };
+    bool on_device = false;
+    for (const auto& group : held) {
+      check(group->running(), group);
+      for (auto& work : group->poll_device_work()) {
+        on_device = true;
+        check(std::move(work), group);
+      }
+    }
+    if (on_device) {
+      polling_device_.store(true, std::memory_order_seq_cst);
+      next_wake = std::min(next_wake, now + options.device_poll_interval);
+    }
     for (const auto& [work, group] : expired) expire(work, *group);
     const bool any_expired = !expired.empty();
     expired.clear();
     held.clear();
     lock.lock();
     if (any_expired) continue;
-    cv_.wait_until(lock, next_wake, [&] { return stopping_; });
+    cv_.wait_until(lock, next_wake, [&] { return stopping_ || wake_; });
   }
 }
 

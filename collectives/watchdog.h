@@ -17,6 +17,14 @@
 // The policy comes from WatchdogOptions or TESSEL_WATCHDOG_POLICY. Failures a backend detects
 // itself (its own Timeout, PeerLost, CommError) go through the same hook and policy.
 //
+// Operations in flight on a device (NCCL: enqueued on the group's communication stream, see
+// ProcessGroup) are polled every WatchdogOptions::device_poll_interval, and only while there are
+// any: their end events (cudaEventQuery) and the transport's asynchronous errors
+// (ncclCommGetAsyncError). A completed one is completed in the Work and the flight recorder
+// (completed = when the watchdog saw it, started = that minus the duration the events measured);
+// one that failed or ran past its timeout is failed like any other, and its group is aborted
+// whatever the policy (ncclCommAbort: nothing else stops a kernel waiting for a peer).
+//
 // Nothing is registered per operation, so a loop of small collectives costs the watchdog nothing
 // and finished work is freed by its last handle, not retired in batches.
 //
@@ -24,6 +32,7 @@
 // (dropped once a group is gone); the thread starts on first watch() and is joined by stop() /
 // the destructor.
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -51,6 +60,9 @@ struct WatchdogOptions {
   WatchdogPolicy policy = WatchdogPolicy::kRaise;
   // How often finished work is retired when nothing is about to expire.
   Nanoseconds poll_interval = std::chrono::milliseconds(200);
+  // How often operations in flight on a device are polled while there are any: the delay before
+  // their completion is seen (their flight-recorder durations come from the device's events).
+  Nanoseconds device_poll_interval = std::chrono::milliseconds(2);
   // Extra time given to a backend to report its own (more precise) timeout before the
   // watchdog fails the work.
   Nanoseconds grace = std::chrono::milliseconds(250);
@@ -88,6 +100,9 @@ class Watchdog {
   // enforce() (the policy) once the Work holds the error.
   void dump(const WorkState& work, ErrorKind kind, const std::string& what);
   void enforce(ProcessGroup* group, const std::string& what);
+  // Tells the watchdog an operation went in flight on a device (ProcessGroup calls it), so it
+  // starts polling now rather than at its next idle wake-up. One atomic load while it polls.
+  void device_work_added();
 
   // Replaces the dump hook (null: none). The hook runs on the watchdog thread or on the thread
   // that saw the failure, must be thread-safe and must not block for long.
@@ -107,6 +122,10 @@ class Watchdog {
   WatchdogDumpHook dump_hook_;    // guarded by mutex_
   std::vector<std::weak_ptr<ProcessGroup>> groups_;  // guarded by mutex_
   bool stopping_ = false;
+  bool wake_ = false;  // guarded by mutex_: device work was added while it slept
+  // Set by the watchdog's pass when it found operations in flight on a device (cleared before
+  // each pass looks), so device_work_added() knows whether to wake it.
+  std::atomic<bool> polling_device_{false};
   std::thread thread_;
 };
 

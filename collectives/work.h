@@ -6,9 +6,14 @@
 //   ... overlap compute ...
 //   w.wait(std::chrono::seconds(30));   // throws the collective's error, or Timeout
 //
+// Operations a backend enqueues on a device stream (NCCL) have a device part (DeviceWork): once
+// the host part returned, the Work is "enqueued" and completes when the device part's end event
+// does. For them wait() makes the caller's current stream wait for that event and returns without
+// waiting for the device; synchronize() blocks the host until the device is done.
+//
 // Thread-safety: Work is a cheap copyable handle to shared state; every method is thread-safe.
-// Ownership: the state is shared by the caller's handles, the group's worker thread and the
-// watchdog (the last owner frees it).
+// Ownership: the state is shared by the caller's handles, the group's worker thread, the group's
+// list of operations in flight on the device, and the watchdog (the last owner frees it).
 
 #include <atomic>
 #include <chrono>
@@ -20,6 +25,7 @@
 #include <string>
 
 #include "tessel/base/clock.h"
+#include "tessel/collectives/device_work.h"
 #include "tessel/flight_recorder/recorder.h"
 
 namespace tessel {
@@ -55,6 +61,32 @@ class WorkState {
   // Waits until finished or the timeout passes; true when finished.
   bool wait_for(Nanoseconds timeout) const;
 
+  // ---- The device part (operations a backend enqueued on a device stream) ----
+  // Attaches it once the host part returned (ProcessGroup does): the Work is enqueued from now
+  // on, and completes when the device part's end event does.
+  void attach_device_work(std::unique_ptr<DeviceWork> device);
+  // True once a device part was attached (also after it completed).
+  bool on_device() const;
+  // True while a device part is attached and its end event was not yet seen complete.
+  bool device_pending() const;
+  // True once the host part is done: finished, or a device part attached.
+  bool enqueued() const;
+  // Waits until enqueued or the timeout passes; true when enqueued.
+  bool wait_enqueued_for(Nanoseconds timeout) const;
+
+  enum class DeviceStatus : uint8_t { kNone, kRunning, kDone, kError };
+  // Polls the device part without blocking. kDone once its end event completed: the Work is then
+  // completed (unless it failed before, e.g. its group was aborted), its flight-recorder entry
+  // completed with the device-measured duration, and the device part (events, tensors) freed.
+  // kError when the device or the transport reported an error, stored in *error: failing the
+  // Work is left to the caller (ProcessGroup, with the dump and the policy). kNone without one.
+  DeviceStatus poll_device(std::exception_ptr* error = nullptr);
+  // Makes the calling thread's current stream wait for the device part; nothing when there is
+  // none or it completed. Never blocks the host. Throws CommError on a device API error.
+  void wait_device_on_current_stream();
+  // The device-measured duration of a completed device part; zero before and without one.
+  Nanoseconds device_time() const;
+
  private:
   const std::string group_name_;
   const uint64_t group_id_;
@@ -66,6 +98,10 @@ class WorkState {
   // the finisher before kFailed is published, and never again.
   enum Status : uint8_t { kPending, kFinishing, kCompleted, kFailed };
   bool finish(std::exception_ptr error);
+  // Wakes blocking waiters after a status change (they re-check their condition).
+  void notify_waiters() const;
+  // Waits until finished (or, with `enqueued_enough`, enqueued) or the timeout passes.
+  bool wait_until(Nanoseconds timeout, bool enqueued_enough) const;
   std::atomic<uint8_t> status_{kPending};
   std::atomic<int64_t> started_ns_{INT64_MAX};
   std::exception_ptr error_;
@@ -73,6 +109,13 @@ class WorkState {
   mutable std::atomic<int> waiters_{0};
   mutable std::mutex mutex_;
   mutable std::condition_variable done_cv_;
+  // The device part: kNoDevice -> kDeviceRunning (attached) -> kDeviceDone (end event seen,
+  // device_ freed). device_mutex_ serialises the watchdog's polls with callers' waits.
+  enum DeviceState : uint8_t { kNoDevice, kDeviceRunning, kDeviceDone };
+  std::atomic<uint8_t> device_state_{kNoDevice};
+  std::atomic<int64_t> device_ns_{0};
+  std::mutex device_mutex_;
+  std::unique_ptr<DeviceWork> device_;  // guarded by device_mutex_
 };
 
 class Work {
@@ -80,7 +123,8 @@ class Work {
   Work() = default;  // an empty, already-completed Work
   explicit Work(std::shared_ptr<WorkState> state) : state_(std::move(state)) {}
 
-  // True once the operation finished (successfully or not). Never blocks.
+  // True once the operation finished (successfully or not); for an operation with a device part,
+  // once its end event completed (polled here). Never blocks.
   bool is_completed() const;
   // True when it finished successfully.
   bool is_success() const;
@@ -90,7 +134,18 @@ class Work {
   // Blocks until the operation finishes, then rethrows its error if it failed. Throws Timeout
   // (naming the op, group and sequence number) when `timeout` passes first; the operation keeps
   // its own timeout and the watchdog still enforces it. Returns true on success.
+  //
+  // With a device part (NCCL), blocks only until the host part is done (the call is enqueued on
+  // the group's communication stream), then makes the calling thread's current stream of the
+  // device wait for the operation's end event and returns: later work on that stream runs after
+  // the collective, and the host never waits for the device. An error the device part reports
+  // later is stored in the Work (is_completed(), synchronize(), exception()).
   bool wait(Nanoseconds timeout = std::chrono::hours(24 * 365));
+  // Blocks the calling thread until the operation finished, its device part included (polling
+  // the end event with sleeps of at most a millisecond; never a device-wide synchronisation),
+  // then rethrows its error. Throws Timeout when `timeout` passes first. Without a device part
+  // the same as wait().
+  bool synchronize(Nanoseconds timeout = std::chrono::hours(24 * 365));
 
   const std::shared_ptr<WorkState>& state() const { return state_; }
 

@@ -79,6 +79,7 @@ std::string format_rank_list(const std::vector<int>& ranks) {
 
 namespace {
 
+using internal::MemberClass;
 using internal::Model;
 using internal::Op;
 
@@ -103,7 +104,7 @@ struct Signature {
   OpType op;
   std::optional<ReduceOp> reduce_op;
   int32_t root;
-  std::string_view dtype;  // into the entry, which outlives the signature
+  std::string_view dtype;  // into the call, which outlives the signature
   int64_t in_numel, out_numel;
   std::string_view name;  // split: the requested name of the new group
   bool operator<(const Signature& o) const {
@@ -113,7 +114,7 @@ struct Signature {
   bool operator==(const Signature& o) const { return !(*this < o) && !(o < *this); }
 };
 
-Signature signature_of(const TraceEntry& e, bool compare_names) {
+Signature signature_of(const internal::Call& e, bool compare_names) {
   Signature s{e.op, std::nullopt, -1, e.input.dtype, -1, -1, {}};
   if (e.op == OpType::kAllReduce || e.op == OpType::kReduceScatter) s.reduce_op = e.reduce_op;
   if (e.op == OpType::kBroadcast) s.root = e.root;
@@ -175,7 +176,7 @@ std::string describe_difference(const Signature& mine, const Signature& theirs,
 
 class Analysis {
  public:
-  Analysis(const DumpSet& set, const AnalyzerOptions& options) : m_(set, options) {}
+  Analysis(const internal::Digest& digest, const AnalyzerOptions& options) : m_(digest, options) {}
 
   Verdict run() {
     v_.world_size = m_.world_size();
@@ -201,83 +202,93 @@ class Analysis {
   // Argument mismatches: at each (group, seq) whose members disagree, the ranks that disagree
   // with a strict majority of the members and of the members of sibling groups at that seq.
   void find_mismatches() {
-    for (const auto& [group, by_seq] : m_.aligned()) {
-      for (const auto& [key, members] : by_seq) {
-        const uint64_t seq = key.first;
-        if (members.size() < 2) continue;
-        const Model::Members siblings = m_.sibling_entries(group, key);
-        // Split names are compared only when every rank asked for one (mesh dimensions do).
-        bool compare_names = true;
-        for (const auto* list : {&members, &siblings}) {
-          for (const auto& [rank, e] : *list) compare_names &= !e->text.empty();
-        }
-        std::map<Signature, std::vector<int>> classes, everyone;
-        std::map<Signature, const TraceEntry*> example;
-        for (const auto& [rank, e] : members) {
-          const Signature sig = signature_of(*e, compare_names);
-          classes[sig].push_back(rank);
-          everyone[sig].push_back(rank);
-          example.emplace(sig, e);
-        }
-        if (classes.size() == 1) continue;
-        for (const auto& [rank, e] : siblings) {
-          const Signature sig = signature_of(*e, compare_names);
-          everyone[sig].push_back(rank);
-          example.emplace(sig, e);
-        }
-        const Signature* best = nullptr;
-        size_t total = 0;
-        for (const auto& [sig, ranks] : everyone) {
-          total += ranks.size();
-          if (best == nullptr || ranks.size() > everyone[*best].size()) best = &sig;
-        }
-        const bool majority = 2 * everyone[*best].size() > total;
-        const std::string where = m_.describe_collective(group, seq, *example.at(*best));
-        const std::string others =
-            siblings.empty() ? "the others" : fmt::format("the others in '{}' groups", m_.group_name(group));
-        if (!majority) {
-          std::string split;
-          std::set<int> involved;
-          for (const auto& [sig, ranks] : classes) {
-            const Signature& other = sig == classes.begin()->first
-                                         ? std::next(classes.begin())->first
-                                         : classes.begin()->first;
-            split += fmt::format("; {} {}", ranks_phrase(ranks),
-                                 describe_difference(sig, other, ranks_phrase(classes[other])));
-            involved.insert(ranks.begin(), ranks.end());
-          }
-          v_.inconclusive.push_back(fmt::format(
-              "arguments of {} differ with no majority to tell which side deviated{}", where,
-              split));
-          suspects_.insert(involved.begin(), involved.end());
-        } else {
-          Finding f;
-          f.kind = FindingKind::kMismatch;
-          f.group_id = group;
-          f.group_name = m_.group_name(group);
-          f.seq = seq;
-          std::set<int> minority;
-          for (const auto& [sig, ranks] : classes) {
-            if (sig == *best) {
-              f.waiting = ranks;
-              continue;
-            }
-            minority.insert(ranks.begin(), ranks.end());
-            f.details.push_back(
-                fmt::format("{} {}", ranks_phrase(ranks), describe_difference(sig, *best, others)));
-          }
-          f.culprits = sorted(minority);
-          const size_t agree = everyone[*best].size();
-          f.summary = fmt::format("argument mismatch in {}: {} with the other {}{}", where,
-                                  ranks_verb(f.culprits, "disagree"), agree,
-                                  siblings.empty() ? ""
-                                                   : fmt::format(" members of '{}' groups",
-                                                                 m_.group_name(group)));
-          mismatched_.insert({group, seq});
-          add_finding(std::move(f));
-        }
-        break;  // later seqs of a group are unreliable once one mismatched
+    std::set<uint64_t> done;  // later seqs of a group are unreliable once one mismatched
+    for (const auto& [group, key] : m_.contested()) {
+      if (done.count(group)) continue;
+      const uint64_t seq = key.first;
+      const std::vector<MemberClass> members = m_.members(group, key);
+      const std::vector<std::vector<MemberClass>> siblings = m_.sibling_members(group, key);
+      // Split names are compared only when every rank asked for one (mesh dimensions do).
+      bool compare_names = true;
+      for (const auto& c : members) compare_names &= !m_.call(c.call).text.empty();
+      for (const auto& list : siblings) {
+        for (const auto& c : list) compare_names &= !m_.call(c.call).text.empty();
       }
+      // Ranks by signature. A signature's example is the call of its lowest rank among the
+      // members, or else in the first sibling group that made it.
+      std::map<Signature, std::vector<int>> classes, everyone;
+      std::map<Signature, std::pair<size_t, const MemberClass*>> example;  // (source, call)
+      auto add = [&](const MemberClass& c, size_t source) {
+        const Signature sig = signature_of(m_.call(c.call), compare_names);
+        if (source == 0) classes[sig].insert(classes[sig].end(), c.ranks.begin(), c.ranks.end());
+        everyone[sig].insert(everyone[sig].end(), c.ranks.begin(), c.ranks.end());
+        const auto [it, fresh] = example.try_emplace(sig, source, &c);
+        if (!fresh && it->second.first == source && c.first_rank < it->second.second->first_rank) {
+          it->second.second = &c;
+        }
+      };
+      for (const auto& c : members) add(c, 0);
+      if (classes.size() == 1) continue;
+      for (auto& [sig, ranks] : classes) std::sort(ranks.begin(), ranks.end());
+      for (size_t i = 0; i < siblings.size(); ++i) {
+        for (const auto& c : siblings[i]) add(c, i + 1);
+      }
+      const bool has_siblings = std::any_of(siblings.begin(), siblings.end(),
+                                            [](const auto& list) { return !list.empty(); });
+      const auto describe = [&](const Signature& sig) {
+        const MemberClass& c = *example.at(sig).second;
+        return m_.describe_collective(group, seq, m_.call(c.call), c.first_step);
+      };
+      const Signature* best = nullptr;
+      size_t total = 0;
+      for (const auto& [sig, ranks] : everyone) {
+        total += ranks.size();
+        if (best == nullptr || ranks.size() > everyone[*best].size()) best = &sig;
+      }
+      const bool majority = 2 * everyone[*best].size() > total;
+      const std::string where = describe(*best);
+      const std::string others =
+          !has_siblings ? "the others"
+                        : fmt::format("the others in '{}' groups", m_.group_name(group));
+      if (!majority) {
+        std::string split;
+        std::set<int> involved;
+        for (const auto& [sig, ranks] : classes) {
+          const Signature& other = sig == classes.begin()->first ? std::next(classes.begin())->first
+                                                                 : classes.begin()->first;
+          split += fmt::format("; {} {}", ranks_phrase(ranks),
+                               describe_difference(sig, other, ranks_phrase(classes[other])));
+          involved.insert(ranks.begin(), ranks.end());
+        }
+        v_.inconclusive.push_back(fmt::format(
+            "arguments of {} differ with no majority to tell which side deviated{}", where, split));
+        suspects_.insert(involved.begin(), involved.end());
+      } else {
+        Finding f;
+        f.kind = FindingKind::kMismatch;
+        f.group_id = group;
+        f.group_name = m_.group_name(group);
+        f.seq = seq;
+        std::set<int> minority;
+        for (const auto& [sig, ranks] : classes) {
+          if (sig == *best) {
+            f.waiting = ranks;
+            continue;
+          }
+          minority.insert(ranks.begin(), ranks.end());
+          f.details.push_back(
+              fmt::format("{} {}", ranks_phrase(ranks), describe_difference(sig, *best, others)));
+        }
+        f.culprits = sorted(minority);
+        const size_t agree = everyone[*best].size();
+        f.summary = fmt::format(
+            "argument mismatch in {}: {} with the other {}{}", where,
+            ranks_verb(f.culprits, "disagree"), agree,
+            !has_siblings ? "" : fmt::format(" members of '{}' groups", m_.group_name(group)));
+        mismatched_.insert({group, seq});
+        add_finding(std::move(f));
+      }
+      done.insert(group);
     }
   }
 
@@ -331,7 +342,7 @@ class Analysis {
       add_finding(std::move(f));
     }
     for (int r : crashed) {
-      const TraceEntry* in = m_.crash_op(r);
+      const internal::HeldEntry* in = m_.crash_op(r);
       if (in != nullptr && in->is_collective() && mismatched_.count({in->group_id, in->seq})) {
         v_.notes.push_back(fmt::format(
             "rank {} {}, where the mismatch above made the transport fail (a consequence, not "
@@ -697,7 +708,17 @@ Verdict analyze(const DumpSet& set, const AnalyzerOptions& options) {
   TESSEL_CHECK(!set.dumps.empty(), InvalidArgument,
                "no usable flight-recorder dump to analyze ({} unusable file(s))",
                set.problems.size());
-  return Analysis(set, options).run();
+  const internal::Digest digest(set);
+  return Analysis(digest, options).run();
+}
+
+DirAnalysis analyze_dump_dir(const std::filesystem::path& dir, const AnalyzerOptions& options,
+                             int world_size_hint) {
+  const auto digest = internal::Digest::read(dir, world_size_hint);
+  DirAnalysis out;
+  if (!digest->set().dumps.empty()) out.verdict = Analysis(*digest, options).run();
+  out.set = digest->set();
+  return out;
 }
 
 }  // namespace tessel::fr

@@ -31,6 +31,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -119,6 +120,20 @@ struct Verdict {
 // Analyzes a set of dumps. Never throws on odd content (it becomes notes or inconclusive);
 // throws InvalidArgument only when `set` has no dump at all.
 Verdict analyze(const DumpSet& set, const AnalyzerOptions& options = {});
+
+// The dumps of a directory and their verdict.
+struct DirAnalysis {
+  // Which dumps were read and what was wrong with the rest, as read_dump_dir says; the dumps
+  // keep neither their entries nor their groups.
+  DumpSet set;
+  Verdict verdict;  // of the usable dumps; default (world_size 0) when there is none
+};
+// analyze(read_dump_dir(dir, world_size_hint), options) while the dumps are read: per rank it
+// keeps only a window of each group's newest entries and summaries of the rest (internal/
+// dump_digest.h), so memory does not grow with the rings' capacity. The same verdict. Throws as
+// read_dump_dir.
+DirAnalysis analyze_dump_dir(const std::filesystem::path& dir, const AnalyzerOptions& options = {},
+                             int world_size_hint = -1);
 
 // The verdict for people: status line, findings with details, then where ranks are (ranks in
 // the same place folded together: "ranks 0-2,4-7: waiting in all_reduce ...").

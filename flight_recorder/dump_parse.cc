@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "tessel/base/error.h"
+#include "tessel/flight_recorder/internal/dump_stream.h"
 #include "tessel/flight_recorder/internal/json_cursor.h"
 #include "tessel/flight_recorder/reader.h"
 
@@ -38,7 +39,9 @@ struct Path {
 
 class Parser {
  public:
-  Parser(std::string_view text, const std::string& name) : c_(text), name_(name), size_(text.size()) {}
+  // Entries go to `sink` when one is given, else into RankDump::entries.
+  Parser(std::string_view text, const std::string& name, internal::EntrySink* sink)
+      : c_(text), name_(name), size_(text.size()), sink_(sink) {}
 
   RankDump run() {
     RankDump d;
@@ -342,8 +345,12 @@ class Parser {
           // The header precedes the entries in every dump we write: check it before reading
           // thousands of entries of a file that is not ours.
           check_header(d, format, seen);
-          if (d.capacity > 0) d.entries.reserve(std::min<uint64_t>(d.capacity, 1 << 20));
-          array(p, [&](size_t i) { d.entries.push_back(entry(Path{&root, "entries", i})); });
+          if (sink_ != nullptr) {
+            array(p, [&](size_t i) { sink_->add(entry(Path{&root, "entries", i})); });
+          } else {
+            if (d.capacity > 0) d.entries.reserve(std::min<uint64_t>(d.capacity, 1 << 20));
+            array(p, [&](size_t i) { d.entries.push_back(entry(Path{&root, "entries", i})); });
+          }
           seen |= 1 << 17;
           return;
         default:
@@ -394,12 +401,18 @@ class Parser {
   JsonCursor c_;
   const std::string& name_;
   const size_t size_;
+  internal::EntrySink* const sink_;
 };
 
 }  // namespace
 
 RankDump parse_dump(std::string_view text, const std::string& name) {
-  return Parser(text, name).run();
+  return Parser(text, name, nullptr).run();
+}
+
+RankDump internal::parse_dump_into(std::string_view text, const std::string& name,
+                                   EntrySink& sink) {
+  return Parser(text, name, &sink).run();
 }
 
 }  // namespace tessel::fr

@@ -4,12 +4,15 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <optional>
+#include <set>
 #include <thread>
 
 #include "tessel/base/error.h"
+#include "tessel/flight_recorder/internal/dump_stream.h"
 #include "tessel/flight_recorder/pytorch_dump.h"
 
 namespace tessel::fr {
@@ -103,25 +106,32 @@ class Fields {
 
 }  // namespace
 
-RankDump read_dump(const std::filesystem::path& file) {
+std::string internal::read_file_bytes(const std::filesystem::path& file) {
   std::ifstream in(file, std::ios::binary | std::ios::ate);
-  TESSEL_CHECK(in.good(), IoError, "{}: cannot open dump: {}", file.string(), std::strerror(errno));
+  TESSEL_CHECK(in.good(), IoError, "{}: cannot open: {}", file.string(), std::strerror(errno));
   std::string text(static_cast<size_t>(in.tellg()), '\0');
   in.seekg(0);
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  TESSEL_CHECK(!in.bad(), IoError, "{}: error while reading the dump", file.string());
-  return parse_dump(text, file.string());
+  TESSEL_CHECK(!in.bad(), IoError, "{}: error while reading", file.string());
+  return text;
+}
+
+void internal::parallel_for(size_t n, const std::function<void(size_t)>& work) {
+  std::atomic<size_t> next{0};
+  auto run = [&] {
+    for (size_t i = next++; i < n; i = next++) work(i);
+  };
+  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
+  std::vector<std::jthread> workers;  // joined at the end of this scope
+  for (size_t i = 1; i < std::min(threads, n); ++i) workers.emplace_back(run);
+  run();
+}
+
+RankDump read_dump(const std::filesystem::path& file) {
+  return parse_dump(internal::read_file_bytes(file), file.string());
 }
 
 namespace {
-
-std::string read_file_bytes(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  TESSEL_CHECK(in.good(), IoError, "{}: cannot open: {}", file.string(), std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // A directory of PyTorch flight-recorder dumps (pytorch_dump.h): files that are not one are
 // ignored, files that claim to be one and do not parse are problems.
@@ -130,7 +140,7 @@ DumpSet read_pytorch_dumps(const std::vector<std::filesystem::path>& files, int 
   std::map<int, std::filesystem::path> by_rank;
   for (const auto& f : files) {
     try {
-      const std::string bytes = read_file_bytes(f);
+      const std::string bytes = internal::read_file_bytes(f);
       if (sniff_pytorch_dump(bytes) == ForeignFormat::kNone) continue;
       const int rank = rank_from_dump_name(f.filename().string());
       if (auto dup = by_rank.find(rank); dup != by_rank.end()) {
@@ -186,7 +196,11 @@ std::vector<ExitRecord> parse_exits(std::string_view text, const std::string& na
   return out;
 }
 
-DumpSet read_dump_dir(const std::filesystem::path& dir, int world_size_hint) {
+namespace internal {
+
+StreamedDumps stream_dump_dir(const std::filesystem::path& dir, int world_size_hint,
+                              const std::function<std::unique_ptr<EntrySink>()>& make_sink,
+                              const std::vector<std::filesystem::path>& only) {
   std::error_code ec;
   TESSEL_CHECK(std::filesystem::is_directory(dir, ec), InvalidArgument,
                "'{}' is not a directory of flight-recorder dumps{}", dir.string(),
@@ -195,7 +209,9 @@ DumpSet read_dump_dir(const std::filesystem::path& dir, int world_size_hint) {
   std::filesystem::directory_iterator it(dir, ec);
   TESSEL_CHECK(!ec, IoError, "cannot list '{}': {}", dir.string(), ec.message());
   std::vector<std::filesystem::path> others;  // may be PyTorch's dumps
+  const std::set<std::filesystem::path> wanted(only.begin(), only.end());
   for (const auto& entry : it) {
+    if (!wanted.empty() && !wanted.count(entry.path())) continue;
     const std::string name = entry.path().filename().string();
     if (name.rfind("tessel_fr_", 0) == 0 && entry.path().extension() == ".json") {
       files.push_back(entry.path());
@@ -205,29 +221,37 @@ DumpSet read_dump_dir(const std::filesystem::path& dir, int world_size_hint) {
   }
   std::sort(files.begin(), files.end());
   std::sort(others.begin(), others.end());
-  if (files.empty() && !others.empty()) return read_pytorch_dumps(others, world_size_hint);
-
-  // Parse in parallel: a thousand dumps are mostly JSON parsing.
-  std::vector<std::optional<RankDump>> parsed(files.size());
-  std::vector<std::string> errors(files.size());
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i = next++; i < files.size(); i = next++) {
-      try {
-        parsed[i] = read_dump(files[i]);
-      } catch (const Error& e) {
-        errors[i] = e.message();
-      }
+  StreamedDumps out;
+  if (files.empty() && !others.empty()) {
+    // PyTorch's dumps settle their groups from every dump's entries: read whole, then handed on.
+    out.set = read_pytorch_dumps(others, world_size_hint);
+    for (auto& d : out.set.dumps) {
+      auto sink = make_sink();
+      for (auto& e : d.entries) sink->add(std::move(e));
+      std::vector<TraceEntry>().swap(d.entries);
+      sink->finish(d);
+      out.sinks.push_back(std::move(sink));
+      out.files.push_back(d.path);
     }
-  };
-  {
-    const size_t n = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
-    std::vector<std::jthread> workers;  // joined at the end of this scope
-    for (size_t i = 1; i < std::min(n, files.size()); ++i) workers.emplace_back(work);
-    work();
+    return out;
   }
 
-  DumpSet set;
+  std::vector<std::optional<RankDump>> parsed(files.size());
+  std::vector<std::unique_ptr<EntrySink>> sinks(files.size());
+  std::vector<std::string> errors(files.size());
+  parallel_for(files.size(), [&](size_t i) {
+    try {
+      auto sink = make_sink();
+      RankDump d = parse_dump_into(read_file_bytes(files[i]), files[i].string(), *sink);
+      sink->finish(d);
+      parsed[i] = std::move(d);
+      sinks[i] = std::move(sink);
+    } catch (const Error& e) {
+      errors[i] = e.message();
+    }
+  });
+
+  DumpSet& set = out.set;
   std::map<int, size_t> by_rank;  // rank -> index in set.dumps
   for (size_t i = 0; i < files.size(); ++i) {
     if (!parsed[i]) {
@@ -240,34 +264,71 @@ DumpSet read_dump_dir(const std::filesystem::path& dir, int world_size_hint) {
       set.problems.push_back(
           {files[i], fmt::format("{}: world size {} disagrees with {} in the other dumps",
                                  files[i].string(), d.world_size, set.world_size)});
+      out.finished_then_rejected = true;
       continue;
     }
     if (auto dup = by_rank.find(d.rank); dup != by_rank.end()) {
       set.problems.push_back(
           {files[i], fmt::format("{}: rank {} is also dumped in {}", files[i].string(), d.rank,
                                  set.dumps[dup->second].path.string())});
+      out.finished_then_rejected = true;
       continue;
     }
     by_rank[d.rank] = set.dumps.size();
     set.dumps.push_back(std::move(d));
+    out.sinks.push_back(std::move(sinks[i]));
+    out.files.push_back(files[i]);
   }
-  std::sort(set.dumps.begin(), set.dumps.end(),
-            [](const RankDump& a, const RankDump& b) { return a.rank < b.rank; });
-  for (int r = 0; r < set.world_size; ++r) {
-    if (!by_rank.count(r)) set.missing_ranks.push_back(r);
+  // Sort by rank, keeping sinks and files beside their dumps.
+  std::vector<size_t> order(set.dumps.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return set.dumps[a].rank < set.dumps[b].rank; });
+  StreamedDumps sorted;
+  for (size_t i : order) {
+    sorted.set.dumps.push_back(std::move(set.dumps[i]));
+    sorted.sinks.push_back(std::move(out.sinks[i]));
+    sorted.files.push_back(std::move(out.files[i]));
+  }
+  sorted.set.problems = std::move(set.problems);
+  sorted.set.world_size = set.world_size;
+  sorted.finished_then_rejected = out.finished_then_rejected;
+  for (int r = 0; r < sorted.set.world_size; ++r) {
+    if (!by_rank.count(r)) sorted.set.missing_ranks.push_back(r);
   }
   const auto exits = dir / kExitsFileName;
   if (std::filesystem::exists(exits, ec)) {
     try {
-      std::ifstream in(exits, std::ios::binary);
-      std::ostringstream text;
-      text << in.rdbuf();
-      set.exits = parse_exits(text.str(), exits.string());
+      sorted.set.exits = parse_exits(read_file_bytes(exits), exits.string());
     } catch (const Error& e) {
-      set.problems.push_back({exits, e.message()});
+      sorted.set.problems.push_back({exits, e.message()});
     }
   }
-  return set;
+  return sorted;
+}
+
+}  // namespace internal
+
+namespace {
+
+// Keeps every entry: read_dump_dir's sink.
+class KeepEntries : public internal::EntrySink {
+ public:
+  void add(TraceEntry&& entry) override { entries_.push_back(std::move(entry)); }
+  void finish(RankDump& dump) override {
+    if (dump.entries.empty()) dump.entries.swap(entries_);
+  }
+
+ private:
+  std::vector<TraceEntry> entries_;
+};
+
+}  // namespace
+
+DumpSet read_dump_dir(const std::filesystem::path& dir, int world_size_hint) {
+  return internal::stream_dump_dir(dir, world_size_hint,
+                                   [] { return std::make_unique<KeepEntries>(); })
+      .set;
 }
 
 }  // namespace tessel::fr

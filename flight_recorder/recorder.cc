@@ -561,6 +561,34 @@ void FlightRecorder::failed(uint64_t record_id) noexcept {
   set_state(record_id, EntryState::kFailed);
 }
 
+void FlightRecorder::completed(uint64_t record_id, Nanoseconds device_time) noexcept {
+  if (record_id == 0) return;
+  // Now, and the duration in ticks: with cycle ticks, at the counter's rate measured against the
+  // raw clock since the anchor (the rate TickConverter reads them back at).
+  int64_t now = 0;
+  int64_t span = std::max<int64_t>(device_time.count(), 0);
+  if (clock_ == nullptr && cycles_) {
+    const CycleAnchor at = CycleClock::anchor();
+    const CycleAnchor& start = header_->anchor;
+    now = at.tick;
+    if (at.raw_ns > start.raw_ns) {
+      span = static_cast<int64_t>(static_cast<__int128>(span) * (at.tick - start.tick) /
+                                  (at.raw_ns - start.raw_ns));
+    }
+  } else {
+    now = ticks();
+  }
+  Slot& slot = slots_[slot_index(record_id)];
+  const uint64_t v = slot.lock();
+  Record& r = slot.record;
+  if (r.record_id == record_id) {
+    r.state = EntryState::kCompleted;
+    r.completed = now;
+    r.started = std::max(r.enqueued, now - span);
+  }
+  slot.unlock(v);
+}
+
 TimeBase FlightRecorder::time_base() const noexcept {
   return cycles_ ? TimeBase(header_->anchor) : TimeBase(now_ns());
 }

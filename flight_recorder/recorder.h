@@ -27,6 +27,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tessel/base/clock.h"
 #include "tessel/base/cycle_clock.h"
 #include "tessel/base/reduce_op.h"
 
@@ -226,6 +227,11 @@ class FlightRecorder {
   void started(uint64_t record_id) noexcept;
   void completed(uint64_t record_id) noexcept;
   void failed(uint64_t record_id) noexcept;
+  // completed(), for an operation that ran on a device stream: completed is now (when an observer
+  // saw its end event complete, after the device by at most the observer's poll interval), and
+  // started is `device_time` earlier (the duration the device measured between events around
+  // it), never before the entry was enqueued.
+  void completed(uint64_t record_id, Nanoseconds device_time) noexcept;
 
   // The training step stamped on later entries.
   void set_step(int64_t step) noexcept;

@@ -188,9 +188,12 @@ int64_t DeviceMesh::splits_made() const {
 
 void DeviceMesh::abort(const std::string& reason) const {
   std::lock_guard lock(state_->mutex);
-  for (auto& [key, g] : state_->groups) g->abort(reason);
-  for (auto& [dim, parent] : state_->options.parents) parent->abort(reason);
-  if (state_->world) state_->world->abort(reason);
+  std::vector<std::shared_ptr<ProcessGroup>> groups;
+  for (auto& [key, g] : state_->groups) groups.push_back(g);
+  for (auto& [dim, parent] : state_->options.parents) groups.push_back(parent);
+  groups.push_back(state_->world);
+  // All at once: NCCL raises every communicator's abort flag before tearing any down.
+  ProcessGroup::abort_together(groups, reason);
 }
 
 void DeviceMesh::destroy(Nanoseconds timeout) const {

@@ -94,7 +94,9 @@ class DeviceMesh {
   int64_t splits_made() const;
 
   // Aborts every group of the mesh family and the world: pending and future calls fail with
-  // CommError(reason). Never blocks on a peer.
+  // CommError(reason). Never blocks on a peer. The groups go down together
+  // (ProcessGroup::abort_together): NCCL aborts all their communicators in one
+  // ncclGroupStart/ncclGroupEnd.
   void abort(const std::string& reason) const;
   // Orderly shutdown: a world barrier bounded by `timeout`, then the groups are released. When
   // the barrier fails (a peer died or hangs), everything is aborted and the error rethrown —

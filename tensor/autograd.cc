@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "tessel/base/error.h"
+#include "tessel/tensor/autocast.h"
 #include "tessel/tensor/backend.h"
 #include "tessel/tensor/ops.h"
 
@@ -51,16 +52,14 @@ class AccumulateGrad final : public Node {
   }
 
   std::vector<Tensor> apply(std::vector<Tensor> grad_outputs) override {
-    Tensor g = grad_outputs[0];
+    Tensor g = std::move(grad_outputs[0]);
     AutogradMeta& meta = leaf_.ensure_autograd_meta();
     for (const auto& hook : meta.grad_hooks) {
       Tensor replaced = hook(g);
       if (replaced.defined()) g = replaced;
     }
     if (!meta.grad.defined()) {
-      Tensor fresh = empty(leaf_.shape(), leaf_.dtype(), leaf_.device());
-      copy_(fresh, g);
-      meta.grad = fresh;
+      meta.grad = owned_exclusively(g) ? g : fresh_copy(g);
     } else {
       backend_for(meta.grad.device()).binary(BinaryOp::kAdd, meta.grad, to(g, meta.grad.dtype()),
                                              meta.grad);
@@ -70,6 +69,21 @@ class AccumulateGrad final : public Node {
   }
 
  private:
+  // Whether g can become the leaf's gradient as it is (like PyTorch, which steals it): of the
+  // leaf's shape, dtype and device, contiguous over its whole storage, and held by nothing
+  // else — no other handle or view (the same gradient may also be on its way to another leaf).
+  bool owned_exclusively(const Tensor& g) const {
+    return g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 &&
+           g.shape() == leaf_.shape() && g.dtype() == leaf_.dtype() &&
+           g.device() == leaf_.device() && g.is_contiguous() && g.offset() == 0 &&
+           g.storage().bytes() == g.nbytes() && g.autograd_meta() == nullptr;
+  }
+  Tensor fresh_copy(const Tensor& g) const {
+    Tensor fresh = empty(leaf_.shape(), leaf_.dtype(), leaf_.device());
+    copy_(fresh, g);
+    return fresh;
+  }
+
   Tensor leaf_;
 };
 
@@ -206,6 +220,8 @@ void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
                "backward(): gradient shape {} does not match the root's shape {}",
                shape_str(seed.shape()), shape_str(root.shape()));
   NoGradGuard no_grad;
+  // Backward functions compute in the dtypes their forward saved, whatever the caller's policy.
+  AutocastGuard no_autocast(DType::kBF16, /*enabled=*/false);
   const Edge root_edge = gradient_edge(root);
   // Callbacks queued while this pass runs; restored on exit, so a backward() inside a hook
   // keeps its own queue.

@@ -139,8 +139,14 @@ class Backend {
                                       int64_t ignore_index, const Tensor& grad_logits) = 0;
   // out[..., M, N] = a[..., M, K] @ b[..., K, N]. a, b and out have the same rank >= 2; batch
   // dims of a and b are equal or 1 (broadcast); each operand's last two dims have one unit
-  // stride (row- or column-major); out is contiguous. f32 or bf16 (f16 is converted by the op).
+  // stride (row- or column-major); out is contiguous. a and b are both f32 or both bf16 (f16 is
+  // converted by the op); out has their dtype, or is f32 for bf16 operands (the f32
+  // accumulators written without rounding).
   virtual void matmul(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // out[M, N] = a[M, K] @ b[K, N] + bias[N] (every row): matmul's contract for 2-D operands,
+  // with a contiguous bias of out's dtype or f32 added before out is rounded (the GEMM's
+  // epilogue: no pass of its own over out).
+  virtual void addmm(const Tensor& bias, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
 
   // One AdamW update of every entry (the fused multi-tensor step); entries do not overlap.
   // Elements are updated independently, so results do not depend on how work is split.

@@ -34,6 +34,7 @@ class MetaBackend final : public Backend {
   void cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
                               const Tensor&) override {}
   void matmul(const Tensor&, const Tensor&, const Tensor&) override {}
+  void addmm(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
   void adamw_step(std::span<const AdamWTensors>, const AdamWHyper&) override {}
 };
 

@@ -1,4 +1,6 @@
-// matmul, bmm and linear on the backend's GEMM (oneDNN on the CPU).
+// matmul, bmm and linear on the backend's GEMM (oneDNN on the CPU). Under autocast
+// (tensor/autocast.h) they compute in the autocast dtype.
+#include "tessel/tensor/autocast.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/internal/op_util.h"
 #include "tessel/tensor/ops.h"
@@ -63,8 +65,10 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
-  internal::check_same_device("matmul", a, b);
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  internal::check_same_device("matmul", a_in, b_in);
+  const Tensor a = autocast_cast(a_in, AutocastCategory::kLowerPrecision);
+  const Tensor b = autocast_cast(b_in, AutocastCategory::kLowerPrecision);
   TESSEL_CHECK(a.dim() >= 1 && b.dim() >= 1, InvalidArgument,
                "matmul needs operands with at least 1 dim, got shapes {} and {}",
                shape_str(a.shape()), shape_str(b.shape()));
@@ -87,21 +91,104 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   return matmul(a, b);
 }
 
+namespace {
+
+// The dtype a gradient of an input of dtype `want` is computed in by a GEMM over `compute`
+// operands: the input's own when the kernel can write it (f32 accumulators are never rounded
+// to bf16 first), else the compute dtype (autograd converts it).
+DType gemm_grad_dtype(DType want, DType compute) {
+  return want == compute || want == DType::kF32 ? want : compute;
+}
+
+// linear in one node: y = x @ w^T + b with the bias in the GEMM's epilogue; backward
+// dx = g @ w, dw = g^T @ x (no transposed copy) and db = column sums of g, each written in
+// its input's dtype when that is f32 (so f32 master weights under autocast get gradients that
+// were never rounded to bf16). `compute` is f32 or bf16; x and weight are cast to it here, and
+// the bias has it or is f32.
+Tensor fused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType compute) {
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  Shape out_shape = x.shape();
+  out_shape.back() = out_features;
+  const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
+  Tensor xc, wc, out;
+  {
+    NoGradGuard no_grad;
+    xc = reshape(to(detach(x), compute), {rows, in});
+    if (!gemm_layout(xc)) xc = contiguous(xc);
+    wc = to(detach(weight), compute);
+    if (!gemm_layout(wc)) wc = contiguous(wc);
+    out = empty(out_shape, compute, x.device());
+    const Tensor out2 = out.as_strided({xc.size(0), out_features}, {out_features, 1}, 0);
+    Backend& backend = internal::backend_of(x);
+    if (bias.defined()) {
+      backend.addmm(contiguous(detach(bias)), xc, transpose(wc, 0, 1), out2);
+    } else {
+      backend.matmul(xc, transpose(wc, 0, 1), out2);
+    }
+  }
+  if (needs_grad({x, weight, bias})) {
+    const bool rx = x.requires_grad(), rw = weight.requires_grad();
+    const bool rb = bias.defined() && bias.requires_grad();
+    record_op("linear", {x, weight, bias}, {out},
+              [rx, rw, rb, compute, rows, x_shape = x.shape(), x_dtype = x.dtype(),
+               w_dtype = weight.dtype(), b_dtype = bias.defined() ? bias.dtype() : compute,
+               xc = rw ? xc : Tensor(), wc = rx ? wc : Tensor()](const std::vector<Tensor>& g) {
+                const int64_t n = g[0].size(-1);
+                const Tensor g2 = contiguous(reshape(g[0], {rows, n}));
+                Backend& backend = internal::backend_of(g2);
+                Tensor dx, dw, db;
+                if (rx) {
+                  dx = empty({g2.size(0), wc.size(1)}, gemm_grad_dtype(x_dtype, compute),
+                             g2.device());
+                  backend.matmul(g2, wc, dx);
+                  dx = reshape(dx, x_shape);
+                }
+                if (rw) {
+                  dw = empty({n, xc.size(1)}, gemm_grad_dtype(w_dtype, compute), g2.device());
+                  backend.matmul(transpose(g2, 0, 1), xc, dw);
+                }
+                if (rb) {
+                  db = empty({1, n}, gemm_grad_dtype(b_dtype, compute), g2.device());
+                  backend.reduce(ReduceOp::kSum, g2, {0}, db);
+                  db = db.as_strided({n}, {1}, 0);
+                }
+                return std::vector<Tensor>{dx, dw, db};
+              });
+  }
+  return out;
+}
+
+}  // namespace
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   TESSEL_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1),
                InvalidArgument, "linear: input of shape {} does not fit weight of shape {} "
                "(expected [out, {}])",
                shape_str(x.shape()), shape_str(weight.shape()), x.dim() >= 1 ? x.size(-1) : 0);
-  // Fold leading dims into one GEMM.
-  Shape out_shape = x.shape();
-  out_shape.back() = weight.size(0);
-  Tensor y = matmul(reshape(x, {-1, x.size(-1)}), transpose(weight, 0, 1));
+  internal::check_same_device("linear", x, weight);
   if (bias.defined()) {
     TESSEL_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), InvalidArgument,
                  "linear: bias of shape {} does not match weight of shape {}",
                  shape_str(bias.shape()), shape_str(weight.shape()));
-    y = add(y, bias);
+    internal::check_same_device("linear", x, bias);
   }
+  const bool autocast = autocast_enabled(x.device().type) && is_floating(x.dtype()) &&
+                        is_floating(weight.dtype());
+  const DType compute = autocast ? autocast_dtype(x.device().type) : x.dtype();
+  // The fused node takes f32 and bf16 computations; a bias of another dtype keeps add()'s
+  // promotion (bf16 x and weight with an f32 bias give f32) outside autocast.
+  const bool bias_fits =
+      !bias.defined() || bias.dtype() == compute || (autocast && bias.dtype() == DType::kF32);
+  if ((compute == DType::kF32 || compute == DType::kBF16) && bias_fits &&
+      (autocast || weight.dtype() == x.dtype())) {
+    return fused_linear(x, weight, bias, compute);
+  }
+  // Fold leading dims into one GEMM.
+  Shape out_shape = x.shape();
+  out_shape.back() = weight.size(0);
+  const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
+  Tensor y = matmul(reshape(x, {rows, x.size(-1)}), transpose(weight, 0, 1));
+  if (bias.defined()) y = add(y, autocast_cast(bias, AutocastCategory::kLowerPrecision));
   return reshape(y, out_shape);
 }
 

@@ -1,6 +1,7 @@
 // Neural-net ops: softmax, log_softmax, layer_norm, rms_norm, embedding, cross_entropy, dropout.
 #include <algorithm>
 
+#include "tessel/tensor/autocast.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/internal/op_util.h"
 #include "tessel/tensor/ops.h"
@@ -61,10 +62,15 @@ Tensor index_tensor(const char* op, const Tensor& idx) {
 
 }  // namespace
 
-Tensor softmax(const Tensor& t, int64_t dim) { return softmax_impl(t, dim, false); }
-Tensor log_softmax(const Tensor& t, int64_t dim) { return softmax_impl(t, dim, true); }
+Tensor softmax(const Tensor& t, int64_t dim) {
+  return softmax_impl(autocast_cast(t, AutocastCategory::kF32), dim, false);
+}
+Tensor log_softmax(const Tensor& t, int64_t dim) {
+  return softmax_impl(autocast_cast(t, AutocastCategory::kF32), dim, true);
+}
 
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+Tensor layer_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, double eps) {
+  const Tensor x = autocast_cast(x_in, AutocastCategory::kF32);
   TESSEL_CHECK(x.dim() >= 1 && is_floating(x.dtype()), InvalidArgument,
                "layer_norm needs a floating tensor with at least 1 dim, got {}", x.str());
   const int64_t c = x.size(-1);
@@ -95,7 +101,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   return out;
 }
 
-Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+Tensor rms_norm(const Tensor& x_in, const Tensor& weight, double eps) {
+  const Tensor x = autocast_cast(x_in, AutocastCategory::kF32);
   TESSEL_CHECK(x.dim() >= 1 && is_floating(x.dtype()), InvalidArgument,
                "rms_norm needs a floating tensor with at least 1 dim, got {}", x.str());
   const int64_t c = x.size(-1);
@@ -143,6 +150,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   return out;
 }
 
+// An f32 op under autocast without a cast: its kernels widen 16-bit logits to f32 as they read
+// them and the loss is f32, which is what casting the logits first would give, minus a pass.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                      Reduction reduction) {
   TESSEL_CHECK(logits.dim() >= 1 && is_floating(logits.dtype()), InvalidArgument,

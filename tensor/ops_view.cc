@@ -224,11 +224,31 @@ std::vector<Tensor> split(const Tensor& t, int64_t split_size, int64_t dim) {
   const int64_t d = wrap_dim(dim, t.dim());
   TESSEL_CHECK(split_size >= 1, InvalidArgument, "split: split size must be >= 1, got {}",
                split_size);
+  // The pieces are views recorded as one node, whose backward writes every piece's gradient
+  // into one tensor (rather than one zero-filled tensor per piece, summed).
   std::vector<Tensor> pieces;
+  std::vector<int64_t> sizes;
   const int64_t size = t.shape()[d];
   for (int64_t start = 0; start < size || (size == 0 && pieces.empty()); start += split_size) {
-    pieces.push_back(narrow(t, d, start, std::min(split_size, size - start)));
+    const int64_t length = std::min(split_size, size - start);
+    Shape shape = t.shape();
+    shape[d] = length;
+    pieces.push_back(t.as_strided(shape, t.strides(), t.offset() + start * t.strides()[d]));
+    sizes.push_back(length);
     if (size == 0) break;
+  }
+  if (needs_grad({t})) {
+    record_op("split", {t}, pieces,
+              [d, sizes, shape = t.shape(), dtype = t.dtype(),
+               device = t.device()](const std::vector<Tensor>& g) {
+                Tensor gx = empty(shape, dtype, device);
+                int64_t start = 0;
+                for (size_t i = 0; i < sizes.size(); ++i) {
+                  copy_(narrow(gx, d, start, sizes[i]), g[i]);
+                  start += sizes[i];
+                }
+                return std::vector<Tensor>{gx};
+              });
   }
   return pieces;
 }

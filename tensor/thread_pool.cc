@@ -22,6 +22,21 @@ class ChunkScope {
   bool previous_;
 };
 
+// Polls `done` for up to ThreadPool::kSpin; true when it became true.
+template <typename Done>
+bool spin_until(Done done) {
+  const auto deadline = std::chrono::steady_clock::now() + ThreadPool::kSpin;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+  }
+}
+
 int resolve_threads(int n) {
   if (n > 0) return n;
   const unsigned hw = std::thread::hardware_concurrency();
@@ -61,9 +76,14 @@ void ThreadPool::run_chunks(Job& job) {
     } catch (...) {
       error = std::current_exception();
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (error && !job.error) job.error = error;
-    if (--job.chunks_left == 0) done_cv_.notify_all();
+    if (error) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!job.error) job.error = error;
+    }
+    if (job.chunks_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lock(mu_);  // so a caller about to sleep sees it or the notify
+      done_cv_.notify_all();
+    }
   }
 }
 
@@ -71,6 +91,10 @@ void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   for (;;) {
     std::shared_ptr<Job> job;
+    spin_until([&] {
+      return stopping_.load(std::memory_order_relaxed) ||
+             generation_.load(std::memory_order_acquire) != seen;
+    });
     {
       std::unique_lock<std::mutex> lock(mu_);
       // Idle until there is work; the timeout only bounds each wait (no deadline applies).
@@ -110,6 +134,7 @@ void ThreadPool::parallel_for(int64_t begin, int64_t end, int64_t grain,
   }
   work_cv_.notify_all();
   run_chunks(*job);
+  spin_until([&] { return job->chunks_left.load(std::memory_order_acquire) == 0; });
   std::exception_ptr error;
   {
     // Compute chunks have no deadline of their own; wake periodically rather than wait blind.

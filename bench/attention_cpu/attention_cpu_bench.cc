@@ -19,9 +19,6 @@
 // Convention: forward flops 4 * B * H * S_q * S_k * D, halved when causal; backward 2.5x.
 
 #include <immintrin.h>
-#include <signal.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,7 +28,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
-#include <iterator>
 #include <random>
 #include <sstream>
 #include <string>
@@ -46,6 +42,7 @@ namespace {
 
 using namespace tessel;
 using namespace tessel::kernels::attention;
+using namespace tessel::bench;
 
 std::vector<int64_t> parse_list(const std::string& text) {
   std::vector<int64_t> out;
@@ -71,12 +68,6 @@ double cpuinfo_ghz() {
   return 0;
 }
 
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 // Measured f32 FMA throughput of one core: 12 independent 512-bit FMA chains. Returns GFLOP/s
 // per wall second; *per_cpu_second gets GFLOP per second of this thread's CPU time.
 __attribute__((target("avx512f"))) double measure_fma_gflops_one_core(double* per_cpu_second) {
@@ -98,102 +89,6 @@ __attribute__((target("avx512f"))) double measure_fma_gflops_one_core(double* pe
   }
   if (sink == 12345.0f) std::puts("");
   return iters * 12.0 * 16 * 2 / s / 1e9;
-}
-
-// Process CPU seconds (all threads): on a shared machine, flops per CPU-second shows the
-// kernel's efficiency while it runs, whatever the other load.
-double cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec + u.ru_stime.tv_usec * 1e-6;
-}
-
-// CPU seconds (user + system) of another process, from /proc/PID/stat; 0 when pid <= 0.
-double process_cpu_seconds(pid_t pid) {
-  if (pid <= 0) return 0;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::istringstream fields(text.substr(text.rfind(')') + 2));  // after "pid (comm) "
-  std::string field;
-  double ticks = 0;
-  for (int i = 3; i <= 15 && fields >> field; ++i) {
-    if (i == 14 || i == 15) ticks += std::stod(field);  // utime, stime
-  }
-  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
-// CPU seconds burnt, while this thread sleeps `idle`, by this process's other threads and by
-// the process `other` (the PyTorch child, or none).
-double background_cpu_seconds(std::chrono::milliseconds idle, pid_t other) {
-  const double c0 = cpu_seconds(), t0 = thread_cpu_seconds(), o0 = process_cpu_seconds(other);
-  std::this_thread::sleep_for(idle);
-  return (cpu_seconds() - c0) - (thread_cpu_seconds() - t0) + process_cpu_seconds(other) - o0;
-}
-
-// Waits (up to 3 s) until no other thread of this process, and no thread of `other`, burns CPU:
-// OpenBLAS's workers (the math backend) and OpenMP's (PyTorch) keep spinning for a while after
-// each call and would otherwise share the 2 cores with, and be charged to, the next backend
-// timed. (/proc counts in clock ticks, hence slices of 50 ms.) Returns false on timeout.
-bool wait_until_quiet(pid_t other = 0) {
-  constexpr auto kSlice = std::chrono::milliseconds(50);
-  for (int i = 0; i < 60; ++i) {
-    if (background_cpu_seconds(kSlice, other) <
-        0.05 * std::chrono::duration<double>(kSlice).count() + (other > 0 ? 0.011 : 0.0)) {
-      return true;
-    }
-  }
-  return false;
-}
-
-// Per-call times of one backend, gathered over the rounds.
-struct Calls {
-  std::vector<double> walls, cpus;  // seconds; CPU seconds of the process (all threads)
-  bool warm = false;
-};
-
-struct Timing {
-  double wall = NAN;  // median over the timed calls, seconds
-  double cpu = NAN;   // median CPU seconds of the process per call
-  double wall_lo = NAN, wall_hi = NAN;  // fastest and slowest call
-  int calls = 0;
-};
-
-double median(std::vector<double> x) {
-  if (x.empty()) return NAN;  // e.g. the CPU times of PyTorch's calls, not measured
-  std::sort(x.begin(), x.end());
-  const size_t n = x.size();
-  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
-// One round of fn: once the process is quiet (see wait_until_quiet), a warm-up call the first
-// time, then at least `iters` calls lasting at least `min_seconds` in all, each timed alone and
-// exactly as a user makes it (fork/join, allocations and packing included).
-void time_round(int iters, double min_seconds, const std::function<void()>& fn, Calls& calls) {
-  if (!wait_until_quiet()) std::fprintf(stderr, "warning: background threads still busy\n");
-  if (!calls.warm) fn();
-  calls.warm = true;
-  double total = 0;
-  for (int n = 0; n < iters || total < min_seconds; ++n) {
-    const double c0 = cpu_seconds();
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    const double wall =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    calls.cpus.push_back(cpu_seconds() - c0);
-    calls.walls.push_back(wall);
-    total += wall;
-  }
-}
-
-Timing summarize(const Calls& calls) {
-  Timing t;
-  if (calls.walls.empty()) return t;
-  t.wall = median(calls.walls);
-  t.cpu = median(calls.cpus);
-  t.wall_lo = *std::min_element(calls.walls.begin(), calls.walls.end());
-  t.wall_hi = *std::max_element(calls.walls.begin(), calls.walls.end());
-  t.calls = static_cast<int>(calls.walls.size());
-  return t;
 }
 
 struct Inputs {
@@ -289,91 +184,54 @@ class TorchPeer {
     std::system(("mkdir -p " + dir_).c_str());
     const std::string script = dir_ + "/sdpa.py";
     std::ofstream(script) << kTorchScript;
-    int to_child[2], from_child[2];
-    if (pipe(to_child) != 0 || pipe(from_child) != 0) return fail("pipe failed", info);
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(to_child[0], 0);
-      dup2(from_child[1], 1);
-      for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]}) close(fd);
-      const std::string t = std::to_string(threads);
-      execlp(python.c_str(), python.c_str(), script.c_str(), t.c_str(), nullptr);
-      _exit(127);
-    }
-    close(to_child[0]);
-    close(from_child[1]);
-    to_ = fdopen(to_child[1], "w");
-    from_ = fdopen(from_child[0], "r");
     std::string line;
-    if (pid_ < 0 || !read_line(&line) || line.rfind("ready ", 0) != 0) {
+    if (!child_.start(python, {script, std::to_string(threads)})) {
+      return fail("fork or pipe failed", info);
+    }
+    if (!child_.read_line(&line) || line.rfind("ready ", 0) != 0) {
       return fail(python + " did not start torch (see its error above)", info);
     }
     *info = line.substr(6);
     return true;
   }
 
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return child_.pid(); }
 
   // Loads the inputs of one configuration.
   bool load(const Inputs& in, bool causal, const std::string& dtype) {
     const std::string data = dir_ + "/inputs.bin";
     in.dump_f32(data);
     std::string line;
-    return send("load " + data + " " + std::to_string(in.sizes[0]) + " " +
-                std::to_string(in.sizes[1]) + " " + std::to_string(in.sizes[2]) + " " +
-                std::to_string(in.sizes[3]) + " " + (causal ? "1" : "0") + " " + dtype) &&
-           read_line(&line) && line == "ok";
+    return child_.ask("load " + data + " " + std::to_string(in.sizes[0]) + " " +
+                          std::to_string(in.sizes[1]) + " " + std::to_string(in.sizes[2]) + " " +
+                          std::to_string(in.sizes[3]) + " " + (causal ? "1" : "0") + " " + dtype,
+                      &line) &&
+           line == "ok";
   }
 
   // One round like time_round's: >= calls calls lasting >= min_seconds, after a warm-up call
   // the first time; appends the per-call wall and CPU seconds (of the whole child process).
   bool time_round(bool backward, int calls, double min_seconds, Calls& out) {
-    if (!wait_until_quiet(pid_)) std::fprintf(stderr, "warning: background threads still busy\n");
-    std::string line;
-    if (!send(std::string(backward ? "fb " : "fwd ") + std::to_string(calls) + " " +
-              std::to_string(min_seconds) + " " + (out.warm ? "0" : "1")) ||
-        !read_line(&line)) {
-      return false;
-    }
+    const bool warm_up = !out.warm;
     out.warm = true;
-    std::istringstream times(line);
-    for (std::string pair; times >> pair;) {  // "wall:cpu" seconds per call
-      out.walls.push_back(std::stod(pair.substr(0, pair.find(':'))));
-      out.cpus.push_back(std::stod(pair.substr(pair.find(':') + 1)));
-    }
-    return true;
+    return child_.ask_times(std::string(backward ? "fb " : "fwd ") + std::to_string(calls) + " " +
+                                std::to_string(min_seconds) + " " + (warm_up ? "1" : "0"),
+                            out);
   }
 
  private:
-  bool send(const std::string& command) {
-    return to_ && std::fprintf(to_, "%s\n", command.c_str()) > 0 && std::fflush(to_) == 0;
-  }
-  bool read_line(std::string* line) {
-    char* buf = nullptr;
-    size_t cap = 0;
-    const ssize_t n = from_ ? getline(&buf, &cap, from_) : -1;
-    if (n > 0) line->assign(buf, buf[n - 1] == '\n' ? n - 1 : n);
-    std::free(buf);
-    return n > 0;
-  }
   bool fail(const std::string& why, std::string* info) {
     *info = why;
     stop();
     return false;
   }
   void stop() {
-    if (to_) std::fclose(to_);  // end of input: the script's loop ends
-    if (from_) std::fclose(from_);
-    to_ = from_ = nullptr;
-    if (pid_ > 0) waitpid(pid_, nullptr, 0);
-    pid_ = -1;
+    child_.stop();
     if (!dir_.empty()) std::system(("rm -rf " + dir_).c_str());
     dir_.clear();
   }
 
-  pid_t pid_ = -1;
-  FILE* to_ = nullptr;
-  FILE* from_ = nullptr;
+  PeerProcess child_;
   std::string dir_;
 };
 
@@ -503,11 +361,13 @@ int main(int argc, char** argv) {
           bool torch_ok = with_torch && torch.load(in, causal != 0, dtype);
           for (int r = 0; r < rounds; ++r) {
             const double round_seconds = min_seconds / rounds;
-            time_round(per_round, round_seconds, flash_fwd, c_flash_f);
-            if (with_backward) time_round(per_round, round_seconds, flash_both, c_flash_fb);
-            if (with_math) time_round(per_round, round_seconds, math_fwd, c_math_f);
+            // Every round waits for PyTorch's OpenMP team too, which spins after its calls.
+            const pid_t peer = with_torch ? torch.pid() : 0;
+            time_round(per_round, round_seconds, flash_fwd, c_flash_f, peer);
+            if (with_backward) time_round(per_round, round_seconds, flash_both, c_flash_fb, peer);
+            if (with_math) time_round(per_round, round_seconds, math_fwd, c_math_f, peer);
             if (with_math && with_backward) {
-              time_round(per_round, round_seconds, math_both, c_math_fb);
+              time_round(per_round, round_seconds, math_both, c_math_fb, peer);
             }
             if (torch_ok) torch_ok = torch.time_round(false, per_round, round_seconds, c_torch_f);
             if (torch_ok && with_backward) {

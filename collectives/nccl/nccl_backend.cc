@@ -1,14 +1,17 @@
 #include "tessel/collectives/nccl/nccl_backend.h"
 
+#include <cuda.h>  // driver types only, for the entry point below (no link against libcuda)
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <numeric>
-#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -16,6 +19,7 @@
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
 #include "tessel/collectives/comm_backend.h"
+#include "tessel/tensor/stream.h"
 
 namespace tessel {
 namespace {
@@ -64,61 +68,266 @@ ncclRedOp_t nccl_op(DType dtype, ReduceOp op) {
   return ncclSum;
 }
 
-// Owns one non-blocking communicator; aborts it instead of destroying once it failed.
+// Polls of the device and of peers: 10 us doubling to 1 ms, so short waits stay short and long
+// ones (a hung peer) cost no CPU.
+Backoff device_backoff() {
+  return Backoff(std::chrono::microseconds(10), std::chrono::milliseconds(1));
+}
+
+// Whether `device` has an active primary context, asked through the driver's entry point (no
+// link against libcuda). True when the driver cannot be asked.
+bool has_primary_context(int device) {
+#if CUDART_VERSION >= 12050
+  using GetDevice = CUresult (*)(CUdevice*, int);
+  using GetState = CUresult (*)(CUdevice, unsigned int*, int*);
+  struct Entry {
+    GetDevice get_device = nullptr;
+    GetState get_state = nullptr;
+  };
+  static const Entry entry = [] {
+    Entry e;
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &fn, 12000, cudaEnableDefault, &found) ==
+            cudaSuccess &&
+        found == cudaDriverEntryPointSuccess) {
+      e.get_device = reinterpret_cast<GetDevice>(fn);
+    }
+    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &fn, 12000,
+                                         cudaEnableDefault, &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess) {
+      e.get_state = reinterpret_cast<GetState>(fn);
+    }
+    return e;
+  }();
+  if (entry.get_device == nullptr || entry.get_state == nullptr) return true;
+  CUdevice handle = 0;
+  if (entry.get_device(&handle, device) != CUDA_SUCCESS) return true;
+  unsigned int flags = 0;
+  int active = 0;
+  if (entry.get_state(handle, &flags, &active) != CUDA_SUCCESS) return true;
+  return active != 0;
+#else
+  (void)device;
+  return true;
+#endif
+}
+
+// Makes `device` current on this thread for a scope. The previous device is restored only where
+// it has a primary context: a thread that never used CUDA reports device 0, and setting it back
+// would create a context there (cudaSetDevice initialises one since CUDA 12), hundreds of MiB on
+// a GPU this rank may not use. The watchdog's thread is such a thread.
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int device) {
+    int current = 0;
+    cuda_check(cudaGetDevice(&current), "cudaGetDevice");
+    if (current == device) return;
+    const bool restore = has_primary_context(current);
+    cuda_check(cudaSetDevice(device), "cudaSetDevice");
+    if (restore) previous_ = current;
+  }
+  ~CudaDeviceGuard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+cudaStream_t native(const Stream& stream) {
+  return static_cast<cudaStream_t>(stream.native_handle());
+}
+
+// The calling thread's current stream on `device`: the registered CUDA runtime's
+// (tensor/stream.h) where there is one, else the legacy default stream.
+cudaStream_t current_cuda_stream(int device) {
+  if (device_count(DeviceType::kCUDA) > device) return native(current_stream(Device::cuda(device)));
+  return cudaStreamLegacy;
+}
+
+// Owns one non-blocking communicator. Shared by its backend and by the operations in flight on
+// it (which poll its asynchronous errors), so it may outlive the backend. Once it failed it is
+// aborted, never destroyed. Every use holds the mutex and checks the aborted flag first, and an
+// abort raises the flag under the mutex before calling ncclCommAbort outside it: no call reaches
+// a communicator an abort freed, and no poll waits for an abort that waits for the device.
 class NcclComm {
  public:
-  explicit NcclComm(ncclComm_t comm) : comm_(comm) {}
+  NcclComm(ncclComm_t comm, int device) : comm_(comm), device_(device) {}
   ~NcclComm() {
-    if (comm_ == nullptr) return;
-    if (aborted_) return;
-    ncclCommDestroy(comm_);
+    if (comm_ == nullptr || aborted_) return;
+    try {
+      CudaDeviceGuard guard(device_);
+      ncclCommDestroy(comm_);
+    } catch (const Error& e) {
+      log_warn(LogComponent::kCollectives, "NCCL communicator not destroyed: {}", e.what());
+    }
   }
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
-  ncclComm_t get() const { return comm_; }
-  void abort() {
-    if (comm_ != nullptr && !aborted_.exchange(true)) ncclCommAbort(comm_);
+  // Runs fn(comm) under the lock; CommError naming `what` once the communicator was aborted.
+  template <typename F>
+  void use(std::string_view what, F&& fn) {
+    std::lock_guard lock(mutex_);
+    TESSEL_CHECK(!aborted_, CommError, "{}: the NCCL communicator was aborted", what);
+    fn(comm_);
   }
-  bool aborted() const { return aborted_; }
+  // ncclCommGetAsyncError: ncclSuccess, ncclInProgress (an operation is being enqueued or the
+  // communicator made), or the error. CommError once aborted.
+  ncclResult_t async_state(std::string_view what) {
+    ncclResult_t state = ncclSuccess;
+    use(what, [&](ncclComm_t c) {
+      nccl_check(ncclCommGetAsyncError(c, &state), "ncclCommGetAsyncError");
+    });
+    return state;
+  }
+  // Throws PeerLost or CommError when the transport reported an error; nothing once aborted
+  // (the abort's own error is the Work's).
+  void check_async(std::string_view what) {
+    std::lock_guard lock(mutex_);
+    if (aborted_) return;
+    ncclResult_t state = ncclSuccess;
+    nccl_check(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
+    nccl_check(state, what);
+  }
+  bool aborted() const {
+    std::lock_guard lock(mutex_);
+    return aborted_;
+  }
+  void abort() {
+    NcclComm* self = this;
+    abort_together(std::span<NcclComm* const>(&self, 1));
+  }
+
+  // Aborts every communicator of `comms` not aborted yet inside one ncclGroupStart/ncclGroupEnd:
+  // each one's abort flag is raised before any is torn down, so no teardown waits for another
+  // communicator's kernel that only its own abort would stop.
+  static void abort_together(std::span<NcclComm* const> comms) {
+    std::vector<ncclComm_t> live;
+    for (NcclComm* c : comms) {
+      std::lock_guard lock(c->mutex_);
+      if (c->comm_ != nullptr && !c->aborted_) {
+        c->aborted_ = true;
+        live.push_back(c->comm_);
+      }
+    }
+    if (live.empty()) return;
+    // The results are ignored: an abort cannot be undone, and with non-blocking communicators
+    // ncclGroupEnd may return ncclInProgress while NCCL frees them in the background.
+    ncclGroupStart();
+    for (ncclComm_t c : live) ncclCommAbort(c);
+    ncclGroupEnd();
+  }
 
  private:
+  mutable std::mutex mutex_;
   ncclComm_t comm_;
-  std::atomic<bool> aborted_{false};
+  const int device_;
+  bool aborted_ = false;  // guarded by mutex_
 };
 
+// Owns a CUDA event of `device`.
+class CudaEvent {
+ public:
+  CudaEvent(int device, unsigned int flags) {
+    CudaDeviceGuard guard(device);
+    cuda_check(cudaEventCreateWithFlags(&event_, flags), "cudaEventCreateWithFlags");
+  }
+  ~CudaEvent() { cudaEventDestroy(event_); }  // complete or not: CUDA frees it once it is
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// Owns a non-blocking stream of the device's highest priority: collectives are short and
+// others wait for them.
 class CudaStream {
  public:
-  explicit CudaStream(int device) {
-    cuda_check(cudaSetDevice(device), "cudaSetDevice");
-    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    cuda_check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+  explicit CudaStream(int device) : device_(device) {
+    CudaDeviceGuard guard(device);
+    int least = 0, greatest = 0;
+    cuda_check(cudaDeviceGetStreamPriorityRange(&least, &greatest),
+               "cudaDeviceGetStreamPriorityRange");
+    cuda_check(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest),
+               "cudaStreamCreateWithPriority");
   }
   ~CudaStream() {
-    cudaEventDestroy(ready_);
-    cudaStreamDestroy(stream_);
+    try {
+      CudaDeviceGuard guard(device_);
+      cudaStreamDestroy(stream_);  // pending work still finishes; CUDA frees the stream after
+    } catch (const Error&) {
+    }
   }
   CudaStream(const CudaStream&) = delete;
   CudaStream& operator=(const CudaStream&) = delete;
   cudaStream_t get() const { return stream_; }
-  // Makes this stream wait for the work queued so far on the legacy default stream (where the
-  // tensor's producers ran), without blocking the host.
-  void wait_for_default_stream() {
-    cuda_check(cudaEventRecord(ready_, cudaStreamLegacy), "cudaEventRecord");
-    cuda_check(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+
+ private:
+  const int device_;
+  cudaStream_t stream_ = nullptr;
+};
+
+// Communication streams are named to tessel's allocators (Storage::record_stream) with ids
+// from 2^48 up, apart from the ids a CUDA runtime gives its own streams.
+std::atomic<int64_t> g_next_stream_id{int64_t{1} << 48};
+
+// The device part of one NCCL call: its start and end events on the group's stream, the tensors
+// it reads and writes (kept alive until it is done), and the communicator, for its errors.
+class NcclDeviceWork final : public DeviceWork {
+ public:
+  NcclDeviceWork(std::shared_ptr<NcclComm> comm, int device, std::vector<Tensor> tensors)
+      : comm_(std::move(comm)),
+        device_(device),
+        tensors_(std::move(tensors)),
+        start_(device, cudaEventDefault),  // timed: the flight recorder's duration
+        end_(device, cudaEventDefault) {}
+
+  cudaEvent_t start() const { return start_.get(); }
+  cudaEvent_t end() const { return end_.get(); }
+
+  bool query() override {
+    CudaDeviceGuard guard(device_);
+    const cudaError_t rc = cudaEventQuery(end_.get());
+    if (rc == cudaSuccess) return true;
+    if (rc != cudaErrorNotReady) cuda_check(rc, "cudaEventQuery");
+    // "Not ready" is no error; clear it where the runtime kept it as the thread's last one.
+    if (cudaPeekAtLastError() == cudaErrorNotReady) cudaGetLastError();
+    // Still running: did the transport fail under it (a peer gone)?
+    comm_->check_async("NCCL operation in flight");
+    return false;
+  }
+
+  void wait_on_current_stream() override {
+    CudaDeviceGuard guard(device_);
+    cuda_check(cudaStreamWaitEvent(current_cuda_stream(device_), end_.get(), 0),
+               "cudaStreamWaitEvent");
+  }
+
+  Nanoseconds elapsed() override {
+    float ms = 0;
+    cuda_check(cudaEventElapsedTime(&ms, start_.get(), end_.get()), "cudaEventElapsedTime");
+    return Nanoseconds(std::llround(static_cast<double>(ms) * 1e6));
   }
 
  private:
-  cudaStream_t stream_ = nullptr;
-  cudaEvent_t ready_ = nullptr;
+  std::shared_ptr<NcclComm> comm_;
+  const int device_;
+  std::vector<Tensor> tensors_;
+  CudaEvent start_, end_;
 };
 
 // Polls until the communicator has no operation in progress, aborting it at the deadline.
 void wait_ready(NcclComm& comm, const Deadline& deadline, Nanoseconds timeout,
                 std::string_view what) {
+  Backoff backoff = device_backoff();
   for (;;) {
-    ncclResult_t state = ncclSuccess;
-    nccl_check(ncclCommGetAsyncError(comm.get(), &state), "ncclCommGetAsyncError");
+    const ncclResult_t state = comm.async_state(what);
     if (state == ncclSuccess) return;
     nccl_check(state, what);
     if (deadline.expired()) {
@@ -126,7 +335,7 @@ void wait_ready(NcclComm& comm, const Deadline& deadline, Nanoseconds timeout,
       throw Timeout(fmt::format("NCCL {} did not finish within {}; communicator aborted", what,
                                 format_duration(timeout)));
     }
-    std::this_thread::yield();
+    backoff.pause(deadline);
   }
 }
 
@@ -138,11 +347,43 @@ ncclConfig_t nonblocking_config() {
 
 class NcclBackend final : public CommBackend {
  public:
-  NcclBackend(std::unique_ptr<NcclComm> comm, int device, int rank, int size)
-      : comm_(std::move(comm)), device_(device), rank_(rank), size_(size), stream_(device) {
+  NcclBackend(std::shared_ptr<NcclComm> comm, int device, int rank, int size,
+              Nanoseconds timeout)
+      : comm_(std::move(comm)),
+        device_(device),
+        rank_(rank),
+        size_(size),
+        timeout_(timeout),
+        stream_(device),
+        stream_handle_(Device::cuda(device), g_next_stream_id.fetch_add(1), stream_.get()),
+        ready_(device, cudaEventDisableTiming) {
+    CudaDeviceGuard guard(device);
     cuda_check(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
   }
-  ~NcclBackend() override { cudaFree(scratch_); }
+
+  // Lets the group's stream drain first (bounded by the group's timeout), so the tensors of
+  // operations still in flight are released after the device is done with them; a stream that
+  // does not drain holds a hung call, and the communicator is aborted.
+  ~NcclBackend() override {
+    try {
+      CudaDeviceGuard guard(device_);
+      const Deadline deadline = Deadline::after(timeout_);
+      Backoff backoff = device_backoff();
+      while (cudaStreamQuery(stream_.get()) == cudaErrorNotReady && !comm_->aborted()) {
+        if (deadline.expired()) {
+          log_warn(LogComponent::kCollectives,
+                   "nccl group of rank {}: operations still running after {}; aborting", rank_,
+                   format_duration(timeout_));
+          comm_->abort();
+          break;
+        }
+        backoff.pause(deadline);
+      }
+      cudaFree(scratch_);
+    } catch (const Error& e) {
+      log_warn(LogComponent::kCollectives, "nccl group of rank {}: {}", rank_, e.what());
+    }
+  }
 
   std::string_view name() const override { return "nccl"; }
   int rank() const override { return rank_; }
@@ -153,17 +394,16 @@ class NcclBackend final : public CommBackend {
   }
 
   void all_reduce(Tensor& t, ReduceOp op, const OpContext& ctx) override {
-    run(ctx, "all_reduce", [&](cudaStream_t s) {
+    run(ctx, "all_reduce", {t}, [&](ncclComm_t c, cudaStream_t s) {
       nccl_check(ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()),
-                               nccl_type(t.dtype()), nccl_op(t.dtype(), op), comm_->get(), s),
+                               nccl_type(t.dtype()), nccl_op(t.dtype(), op), c, s),
                  "ncclAllReduce");
     });
   }
 
   void broadcast(Tensor& t, int root, const OpContext& ctx) override {
-    run(ctx, "broadcast", [&](cudaStream_t s) {
-      nccl_check(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root,
-                               comm_->get(), s),
+    run(ctx, "broadcast", {t}, [&](ncclComm_t c, cudaStream_t s) {
+      nccl_check(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root, c, s),
                  "ncclBroadcast");
     });
   }
@@ -173,10 +413,9 @@ class NcclBackend final : public CommBackend {
     const bool even = std::all_of(counts.begin(), counts.end(),
                                   [&](int64_t c) { return c == counts[0]; });
     const size_t es = in.element_size();
-    run(ctx, "all_gather", [&](cudaStream_t s) {
+    run(ctx, "all_gather", {in, out}, [&](ncclComm_t c, cudaStream_t s) {
       if (even) {
-        nccl_check(ncclAllGather(in.data_ptr(), out.data_ptr(), counts[0] * es, ncclUint8,
-                                 comm_->get(), s),
+        nccl_check(ncclAllGather(in.data_ptr(), out.data_ptr(), counts[0] * es, ncclUint8, c, s),
                    "ncclAllGather");
         return;
       }
@@ -185,8 +424,7 @@ class NcclBackend final : public CommBackend {
       auto* dst = static_cast<uint8_t*>(out.data_ptr());
       for (int r = 0; r < size_; ++r) {
         const size_t bytes = static_cast<size_t>(counts[r]) * es;
-        nccl_check(ncclBroadcast(r == rank_ ? in.data_ptr() : dst, dst, bytes, ncclUint8, r,
-                                 comm_->get(), s),
+        nccl_check(ncclBroadcast(r == rank_ ? in.data_ptr() : dst, dst, bytes, ncclUint8, r, c, s),
                    "ncclBroadcast");
         dst += bytes;
       }
@@ -201,10 +439,10 @@ class NcclBackend final : public CommBackend {
     const size_t es = in.element_size();
     const auto type = nccl_type(in.dtype());
     const auto red = nccl_op(in.dtype(), op);
-    run(ctx, "reduce_scatter", [&](cudaStream_t s) {
+    run(ctx, "reduce_scatter", {in, out}, [&](ncclComm_t c, cudaStream_t s) {
       if (even) {
         nccl_check(ncclReduceScatter(in.data_ptr(), out.data_ptr(),
-                                     static_cast<size_t>(counts[0]), type, red, comm_->get(), s),
+                                     static_cast<size_t>(counts[0]), type, red, c, s),
                    "ncclReduceScatter");
         return;
       }
@@ -213,7 +451,7 @@ class NcclBackend final : public CommBackend {
       const auto* src = static_cast<const uint8_t*>(in.data_ptr());
       for (int r = 0; r < size_; ++r) {
         nccl_check(ncclReduce(src, out.data_ptr(), static_cast<size_t>(counts[r]), type, red, r,
-                              comm_->get(), s),
+                              c, s),
                    "ncclReduce");
         src += static_cast<size_t>(counts[r]) * es;
       }
@@ -224,13 +462,13 @@ class NcclBackend final : public CommBackend {
   void all_to_all(const Tensor& in, Tensor& out, std::span<const int64_t> send_counts,
                   std::span<const int64_t> recv_counts, const OpContext& ctx) override {
     const size_t es = in.element_size();
-    run(ctx, "all_to_all", [&](cudaStream_t s) {
+    run(ctx, "all_to_all", {in, out}, [&](ncclComm_t c, cudaStream_t s) {
       nccl_check(ncclGroupStart(), "ncclGroupStart");
       const auto* src = static_cast<const uint8_t*>(in.data_ptr());
       auto* dst = static_cast<uint8_t*>(out.data_ptr());
       for (int r = 0; r < size_; ++r) {
-        nccl_check(ncclSend(src, send_counts[r] * es, ncclUint8, r, comm_->get(), s), "ncclSend");
-        nccl_check(ncclRecv(dst, recv_counts[r] * es, ncclUint8, r, comm_->get(), s), "ncclRecv");
+        nccl_check(ncclSend(src, send_counts[r] * es, ncclUint8, r, c, s), "ncclSend");
+        nccl_check(ncclRecv(dst, recv_counts[r] * es, ncclUint8, r, c, s), "ncclRecv");
         src += send_counts[r] * es;
         dst += recv_counts[r] * es;
       }
@@ -240,21 +478,25 @@ class NcclBackend final : public CommBackend {
 
   // NCCL has no tags: messages to one peer match in issue order.
   void send(const Tensor& t, int peer, int, const OpContext& ctx) override {
-    run(ctx, "send", [&](cudaStream_t s) {
-      nccl_check(ncclSend(t.data_ptr(), t.nbytes(), ncclUint8, peer, comm_->get(), s), "ncclSend");
+    run(ctx, "send", {t}, [&](ncclComm_t c, cudaStream_t s) {
+      nccl_check(ncclSend(t.data_ptr(), t.nbytes(), ncclUint8, peer, c, s), "ncclSend");
     });
   }
   void recv(Tensor& t, int peer, int, const OpContext& ctx) override {
-    run(ctx, "recv", [&](cudaStream_t s) {
-      nccl_check(ncclRecv(t.data_ptr(), t.nbytes(), ncclUint8, peer, comm_->get(), s), "ncclRecv");
+    run(ctx, "recv", {t}, [&](ncclComm_t c, cudaStream_t s) {
+      nccl_check(ncclRecv(t.data_ptr(), t.nbytes(), ncclUint8, peer, c, s), "ncclRecv");
     });
   }
 
+  // Every rank waits for all: the host waits for a one-element all-reduce.
   void barrier(const OpContext& ctx) override {
-    run(ctx, "barrier", [&](cudaStream_t s) {
-      nccl_check(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_->get(), s),
-                 "ncclAllReduce");
-    });
+    run(
+        ctx, "barrier", {},
+        [&](ncclComm_t c, cudaStream_t s) {
+          nccl_check(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, c, s),
+                     "ncclAllReduce");
+        },
+        /*host_waits=*/true);
   }
 
   std::unique_ptr<CommBackend> split(const SplitRequest& request) override {
@@ -263,55 +505,87 @@ class NcclBackend final : public CommBackend {
     // groups then contend for the same channels: opt-in, since mesh dimensions run concurrently.
     config.splitShare = env_bool(EnvKnob::kNcclSplitShare) ? 1 : 0;
     ncclComm_t sub = nullptr;
-    cuda_check(cudaSetDevice(device_), "cudaSetDevice");
-    nccl_check(ncclCommSplit(comm_->get(),
-                             request.color == kNoColor ? NCCL_SPLIT_NOCOLOR : request.color,
-                             request.key, &sub, &config),
-               "ncclCommSplit");
+    CudaDeviceGuard guard(device_);
+    comm_->use("ncclCommSplit", [&](ncclComm_t c) {
+      nccl_check(ncclCommSplit(c, request.color == kNoColor ? NCCL_SPLIT_NOCOLOR : request.color,
+                               request.key, &sub, &config),
+                 "ncclCommSplit");
+    });
     const Deadline deadline = Deadline::after(request.options.timeout);
     wait_ready(*comm_, deadline, request.options.timeout, "ncclCommSplit");
     if (sub == nullptr) return nullptr;
-    auto comm = std::make_unique<NcclComm>(sub);
+    auto comm = std::make_shared<NcclComm>(sub, device_);
     wait_ready(*comm, deadline, request.options.timeout, "ncclCommSplit");
     return std::make_unique<NcclBackend>(std::move(comm), device_, request.new_rank,
-                                         static_cast<int>(request.members.size()));
+                                         static_cast<int>(request.members.size()),
+                                         request.options.timeout);
   }
 
   void abort(const std::string&) override { comm_->abort(); }
 
+  void abort_together(std::span<CommBackend* const> backends, const std::string&) override {
+    std::vector<NcclComm*> comms;
+    for (CommBackend* b : backends) {
+      if (auto* nccl = dynamic_cast<NcclBackend*>(b)) comms.push_back(nccl->comm_.get());
+    }
+    NcclComm::abort_together(comms);
+  }
+
  private:
-  // Enqueues on the group's stream after the default stream's work, then polls the stream and
-  // the communicator until done; at the deadline the communicator is aborted.
+  // The stream a call orders after: the caller's (OpContext::stream), else this thread's current
+  // one on the group's device.
+  cudaStream_t caller_stream(const OpContext& ctx) const {
+    return ctx.stream ? native(*ctx.stream) : current_cuda_stream(device_);
+  }
+
+  // Runs one NCCL call on the group's stream:
+  //   1. the group's stream waits for the work queued so far on the caller's stream (an event);
+  //   2. the call, between its start and end events; a non-blocking communicator may return
+  //      before the call is on the stream, so the end event is recorded once it is;
+  //   3. the device part goes back through OpContext::device_work, and the Work completes with
+  //      the end event; without a sink (or for `host_waits` calls) the host polls it here.
+  // No host thread waits for the device in steps 1-2, and nothing synchronises the device.
   template <typename F>
-  void run(const OpContext& ctx, std::string_view what, F&& enqueue) {
-    TESSEL_CHECK(!comm_->aborted(), CommError, "the NCCL communicator was aborted");
-    cuda_check(cudaSetDevice(device_), "cudaSetDevice");
-    stream_.wait_for_default_stream();
+  void run(const OpContext& ctx, std::string_view what, std::vector<Tensor> tensors, F&& enqueue,
+           bool host_waits = false) {
+    CudaDeviceGuard guard(device_);
     const Deadline deadline = Deadline::after(ctx.timeout);
-    enqueue(stream_.get());
+    // Step 1.
+    cuda_check(cudaEventRecord(ready_.get(), caller_stream(ctx)), "cudaEventRecord");
+    cuda_check(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0), "cudaStreamWaitEvent");
+    // Step 2. The caching allocator must not hand the tensors' memory to another stream before
+    // this stream is past the call, even if their last reference goes first.
+    for (const Tensor& t : tensors) t.storage().record_stream(stream_handle_);
+    auto work = std::make_unique<NcclDeviceWork>(comm_, device_, std::move(tensors));
+    cuda_check(cudaEventRecord(work->start(), stream_.get()), "cudaEventRecord");
+    comm_->use(what, [&](ncclComm_t c) { enqueue(c, stream_.get()); });
     wait_ready(*comm_, deadline, ctx.timeout, what);
-    for (;;) {
-      const cudaError_t state = cudaStreamQuery(stream_.get());
-      if (state == cudaSuccess) return;
-      if (state != cudaErrorNotReady) cuda_check(state, "cudaStreamQuery");
-      ncclResult_t async = ncclSuccess;
-      nccl_check(ncclCommGetAsyncError(comm_->get(), &async), "ncclCommGetAsyncError");
-      if (async != ncclSuccess && async != ncclInProgress) nccl_check(async, what);
+    cuda_check(cudaEventRecord(work->end(), stream_.get()), "cudaEventRecord");
+    // Step 3.
+    if (ctx.device_work != nullptr && !host_waits) {
+      *ctx.device_work = std::move(work);
+      return;
+    }
+    Backoff backoff = device_backoff();
+    while (!work->query()) {
       if (deadline.expired()) {
         comm_->abort();
         throw Timeout(fmt::format("NCCL {} seq {} did not finish within {}; communicator aborted",
                                   what, ctx.seq, format_duration(ctx.timeout)));
       }
-      std::this_thread::yield();
+      backoff.pause(deadline);
     }
   }
 
-  std::unique_ptr<NcclComm> comm_;
+  std::shared_ptr<NcclComm> comm_;
   const int device_;
   const int rank_;
   const int size_;
+  const Nanoseconds timeout_;  // the group's: bounds the drain at destruction
   CudaStream stream_;
-  void* scratch_ = nullptr;
+  const Stream stream_handle_;  // stream_ as tessel's allocators know it
+  CudaEvent ready_;             // the caller's stream at a call's issue; re-recorded per call
+  void* scratch_ = nullptr;     // the barrier's one element
 };
 
 }  // namespace
@@ -337,7 +611,8 @@ std::shared_ptr<ProcessGroup> nccl_create_process_group(std::shared_ptr<Store> s
   }
   TESSEL_CHECK(device < devices, InvalidArgument, "cuda:{} requested but {} devices are visible",
                device, devices);
-  cuda_check(cudaSetDevice(device), "cudaSetDevice");
+  // ncclCommInitRankConfig takes the current device.
+  CudaDeviceGuard guard(device);
 
   // Rank 0 makes the unique id; everyone reads it from the store.
   const std::string key = fmt::format("nccl/{}/id", options.group.id);
@@ -355,7 +630,7 @@ std::shared_ptr<ProcessGroup> nccl_create_process_group(std::shared_ptr<Store> s
   ncclConfig_t config = nonblocking_config();
   ncclComm_t raw = nullptr;
   nccl_check(ncclCommInitRankConfig(&raw, size, id, rank, &config), "ncclCommInitRankConfig");
-  auto comm = std::make_unique<NcclComm>(raw);
+  auto comm = std::make_shared<NcclComm>(raw, device);
   wait_ready(*comm, Deadline::after(options.group.timeout), options.group.timeout,
              "ncclCommInitRankConfig");
   std::vector<int> ranks(static_cast<size_t>(size));
@@ -363,8 +638,8 @@ std::shared_ptr<ProcessGroup> nccl_create_process_group(std::shared_ptr<Store> s
   log_debug(LogComponent::kCollectives, "nccl group '{}': rank {} of {} on cuda:{}",
             options.group.name, rank, size, device);
   return std::make_shared<ProcessGroup>(
-      std::make_unique<NcclBackend>(std::move(comm), device, rank, size), options.group,
-      std::move(ranks));
+      std::make_unique<NcclBackend>(std::move(comm), device, rank, size, options.group.timeout),
+      options.group, std::move(ranks));
 }
 
 }  // namespace tessel

@@ -10,10 +10,12 @@
 
 namespace tessel::fr::internal {
 
-Model::Model(const DumpSet& set, const AnalyzerOptions& options) : set_(set), options_(options) {
+Model::Model(const Digest& digest, const AnalyzerOptions& options)
+    : digest_(digest), options_(options) {
+  const DumpSet& set = digest.set();
   world_size_ = std::max(set.world_size, 0);
   for (const auto& d : set.dumps) world_size_ = std::max(world_size_, d.rank + 1);
-  by_rank_.assign(world_size_, nullptr);
+  by_rank_.assign(world_size_, Dump{});
   stale_.assign(world_size_, false);
   reached_.resize(world_size_);
   dropped_.resize(world_size_);
@@ -21,8 +23,9 @@ Model::Model(const DumpSet& set, const AnalyzerOptions& options) : set_(set), op
     if (e.rank >= 0 && e.rank < world_size_) exits_[e.rank] = &e;
   }
   bool timed_out = false;
-  for (const auto& d : set.dumps) {
-    by_rank_[d.rank] = &d;
+  for (size_t i = 0; i < set.dumps.size(); ++i) {
+    const RankDump& d = set.dumps[i];
+    by_rank_[d.rank] = {i, &d, &digest.rank_digest(i)};
     newest_wall_us_ = std::max(newest_wall_us_, d.wall_time_us);
     // PyTorch's dumps (version 0 here) carry no time of their own: "now" is their newest
     // stamp, so they are taken as dumps of a hung job.
@@ -33,13 +36,13 @@ Model::Model(const DumpSet& set, const AnalyzerOptions& options) : set_(set), op
   const int64_t stale_us = options.stale_after.count() / 1000;
   for (const auto& d : set.dumps) {
     stale_[d.rank] = newest_wall_us_ - d.wall_time_us > stale_us;
-    index_dump(d);
+    index_dump(by_rank_[d.rank]);
   }
   for (const auto& [id, g] : groups_) {
     families_[family_of(id)].push_back(id);
   }
   for (const auto& d : set.dumps) {
-    if (!stale_[d.rank] && d.trigger != DumpTrigger::kFatalSignal) find_wait(d);
+    if (!stale_[d.rank] && d.trigger != DumpTrigger::kFatalSignal) find_wait(by_rank_[d.rank]);
   }
   find_deviations();
   for (const auto& [key, ranks] : failed_) {
@@ -50,32 +53,31 @@ Model::Model(const DumpSet& set, const AnalyzerOptions& options) : set_(set), op
   }
 }
 
-void Model::index_dump(const RankDump& d) {
-  for (const auto& g : d.groups) groups_.emplace(g.id, &g);
-  for (const auto& drop : d.dropped) {
-    dropped_[d.rank][drop.group_id] = drop.dropped;
-    auto& r = reached_[d.rank][drop.group_id];
+void Model::index_dump(const Dump& d) {
+  const int rank = d.header->rank;
+  for (const GroupInfo* g : d.digest->registered) groups_.emplace(g->id, g);
+  for (const auto& drop : d.header->dropped) {
+    dropped_[rank][drop.group_id] = drop.dropped;
+    auto& r = reached_[rank][drop.group_id];
     r = std::max(r, drop.last_dropped_seq);
   }
-  for (const auto& e : d.entries) {
-    if (e.state == EntryState::kFailed) {
-      failed_[{e.group_id, e.is_p2p() ? e.p2p_seq : e.seq, std::string(op_name(e.op))}].push_back(
-          d.rank);
+  for (const auto& f : d.digest->failed) {
+    failed_[{f.group, f.seq, std::string(op_name(f.op))}].push_back(rank);
+  }
+  for (const auto& h : d.digest->groups) {
+    if (!h.collectives) continue;
+    auto& r = reached_[rank][h.group];
+    r = std::max(r, h.reached);
+  }
+  for (const auto& run : d.digest->p2p) {
+    const auto it = groups_.find(run.group);
+    if (it == groups_.end() || run.peer < 0 ||
+        static_cast<size_t>(run.peer) >= it->second->ranks.size()) {
+      continue;  // reported when the entry matters (find_wait)
     }
-    if (e.is_collective()) {
-      auto& r = reached_[d.rank][e.group_id];
-      r = std::max(r, e.seq);
-      aligned_[e.group_id][{e.seq, e.coalesced_index}].emplace_back(d.rank, &e);
-    } else if (e.is_p2p()) {
-      const auto it = groups_.find(e.group_id);
-      if (it == groups_.end() || e.peer < 0 ||
-          static_cast<size_t>(e.peer) >= it->second->ranks.size()) {
-        continue;  // reported when the entry matters (find_wait)
-      }
-      const int peer = it->second->ranks[e.peer];
-      const bool send = e.op == OpType::kSend;
-      posted_.insert({e.group_id, send ? d.rank : peer, send ? peer : d.rank, e.p2p_seq, send});
-    }
+    const int peer = it->second->ranks[run.peer];
+    posted_[{run.group, run.send ? rank : peer, run.send ? peer : rank, run.send}].emplace_back(
+        run.first, run.last);
   }
 }
 
@@ -99,8 +101,8 @@ bool Model::member_of(int rank, uint64_t group) const {
 }
 
 bool Model::crashed(int rank) const {
-  const RankDump* d = dump_of(rank);
-  return d != nullptr && d->trigger == DumpTrigger::kFatalSignal;
+  const Dump* d = dump_of(rank);
+  return d != nullptr && d->header->trigger == DumpTrigger::kFatalSignal;
 }
 
 bool Model::exited_cleanly(int rank) const {
@@ -125,7 +127,7 @@ std::string signal_text(int sig) {
 
 std::string Model::death(int rank) const {
   if (crashed(rank)) {
-    const RankDump* d = dump_of(rank);
+    const RankDump* d = dump_of(rank)->header;
     int sig = 0;
     if (d->reason.rfind("signal ", 0) == 0) sig = std::atoi(d->reason.c_str() + 7);
     return sig > 0 ? fmt::format("crashed ({})", signal_text(sig))
@@ -139,30 +141,28 @@ std::string Model::death(int rank) const {
   return "no dump (killed, stopped, or unable to write one)";
 }
 
-const TraceEntry* Model::crash_op(int rank) const {
+const HeldEntry* Model::crash_op(int rank) const {
   if (!crashed(rank)) return nullptr;
-  for (const auto& e : dump_of(rank)->entries) {
-    if (!e.is_user_event() && !e.finished()) return &e;
+  for (const auto& e : dump_of(rank)->digest->held) {
+    if (!e.finished()) return &e;
   }
   return nullptr;
 }
 
-void Model::find_wait(const RankDump& d) {
-  const TraceEntry* blocking = nullptr;
-  for (const auto& e : d.entries) {
-    if (!e.finished() && !e.is_user_event() && d.monotonic_ns - e.enqueued_ns >= threshold_ns_) {
+void Model::find_wait(const Dump& dump) {
+  const RankDump& d = *dump.header;
+  const auto& held = dump.digest->held;
+  const HeldEntry* blocking = nullptr;
+  for (const auto& e : held) {
+    if (!e.finished() && d.monotonic_ns - e.enqueued_ns >= threshold_ns_) {
       blocking = &e;
       break;
     }
   }
-  if (blocking == nullptr) {
+  if (blocking == nullptr && !held.empty() && held.back().state == EntryState::kFailed) {
     // A rank whose last operation failed (its timeout fired, or a peer was lost) was blocked in
     // it until then: that operation is where it waited, however long ago it ended.
-    for (auto it = d.entries.rbegin(); it != d.entries.rend(); ++it) {
-      if (it->is_user_event()) continue;
-      if (it->state == EntryState::kFailed) blocking = &*it;
-      break;
-    }
+    blocking = &held.back();
   }
   if (blocking == nullptr) return;
   const auto git = groups_.find(blocking->group_id);
@@ -196,14 +196,20 @@ void Model::find_wait(const RankDump& d) {
     w.op.seq = blocking->p2p_seq;
     w.op.src = send ? d.rank : peer;
     w.op.dst = send ? peer : d.rank;
-    if (!posted_.count({g.id, w.op.src, w.op.dst, w.op.seq, !send})) {
+    const auto runs = posted_.find({g.id, w.op.src, w.op.dst, !send});
+    const bool posted = runs != posted_.end() &&
+                        std::any_of(runs->second.begin(), runs->second.end(), [&](const auto& r) {
+                          return r.first <= w.op.seq && w.op.seq <= r.second;
+                        });
+    if (!posted) {
       w.missing.push_back(peer);
-      const RankDump* p = dump_of(peer);
+      const Dump* p = dump_of(peer);
       if (p != nullptr) {
         const auto dit = dropped_[peer].find(g.id);
         const bool lost = dit != dropped_[peer].end() && dit->second > 0;
-        const int64_t oldest =
-            p->entries.empty() ? INT64_MAX : p->to_wall_ns(p->entries.front().enqueued_ns);
+        const int64_t oldest = p->digest->entries == 0
+                                   ? INT64_MAX
+                                   : p->header->to_wall_ns(p->digest->oldest_enqueued_ns);
         w.unknown = lost && oldest > d.to_wall_ns(blocking->enqueued_ns);
       }
     }
@@ -230,34 +236,34 @@ void Model::find_deviations() {
     return family_index.emplace(group, n->second).first->second;
   };
   struct Counts {
-    std::map<std::pair<int, int64_t>, int64_t> by_family_step;
+    std::map<int, std::vector<StepRun>> by_family;
     int64_t lo = 0, hi = -1;  // finished steps [lo, hi); hi is the step the rank is in
     std::set<int> families;
+    int64_t at(int family, int64_t step) const {
+      const auto it = by_family.find(family);
+      return it == by_family.end() ? 0 : count_at(it->second, step);
+    }
   };
   std::map<int, Counts> counts;
-  for (const auto& d : set_.dumps) {
+  for (const auto& d : set().dumps) {
     if (stale_[d.rank]) continue;
+    const RankDigest& r = *by_rank_[d.rank].digest;
     Counts c;
     int64_t min_step = INT64_MAX, max_step = std::max<int64_t>(d.step, -1);
-    uint64_t last_group = UINT64_MAX;
-    int last_family = -1;
-    for (const auto& e : d.entries) {
-      if (!e.is_collective() || e.step < 0) continue;
-      if (e.group_id != last_group) {
-        last_group = e.group_id;
-        last_family = family_id(e.group_id);
-      }
-      ++c.by_family_step[{last_family, e.step}];
-      min_step = std::min(min_step, e.step);
-      max_step = std::max(max_step, e.step);
+    for (const auto& h : r.groups) {  // in the order the ring first gave them a step
+      if (h.steps.empty()) continue;
+      auto& runs = c.by_family[family_id(h.group)];
+      runs = runs.empty() ? h.steps : add_runs(runs, h.steps);
+      min_step = std::min(min_step, h.steps.front().first);
+      max_step = std::max(max_step, h.steps.back().last);
     }
     if (min_step == INT64_MAX) continue;
-    const bool wrapped = d.recorded > d.entries.size();
+    const bool wrapped = d.recorded > r.entries;
     c.lo = wrapped ? min_step + 1 : min_step;
     c.hi = max_step;
-    for (const auto& g : d.groups) {
-      if (std::find(g.ranks.begin(), g.ranks.end(), d.rank) != g.ranks.end()) {
-        c.families.insert(family_id(g.id));
+    for (const GroupInfo* g : r.registered) {
+      if (std::find(g->ranks.begin(), g->ranks.end(), d.rank) != g->ranks.end()) {
+        c.families.insert(family_id(g->id));
       }
     }
     counts[d.rank] = std::move(c);
@@ -265,80 +271,21 @@ void Model::find_deviations() {
   // Whether a member of `rank`'s own group of `family` issued, in `step`, more (skipped) or, with
   // the step finished, fewer (added) collectives than `count`.
   auto group_disagrees = [&](int rank, int family, int64_t step, int64_t count, bool skipped) {
-    const RankDump* d = dump_of(rank);
-    for (const auto& g : d->groups) {
-      if (family_id(g.id) != family ||
-          std::find(g.ranks.begin(), g.ranks.end(), rank) == g.ranks.end()) {
+    for (const GroupInfo* g : dump_of(rank)->digest->registered) {
+      if (family_id(g->id) != family ||
+          std::find(g->ranks.begin(), g->ranks.end(), rank) == g->ranks.end()) {
         continue;
       }
-      for (int m : g.ranks) {
+      for (int m : g->ranks) {
         const auto it = counts.find(m);
-        if (m == rank || it == counts.end() || step < it->second.lo || step > it->second.hi) continue;
-        const auto n = it->second.by_family_step.find({family, step});
-        const int64_t k = n == it->second.by_family_step.end() ? 0 : n->second;
+        if (m == rank || it == counts.end() || step < it->second.lo || step > it->second.hi)
+          continue;
+        const int64_t k = it->second.at(family, step);
         if (skipped ? k > count : (step < it->second.hi && k < count)) return true;
       }
     }
     return false;
   };
-  // Votes at (family, step): ranks that finished the step give their count; a rank now in the
-  // step gives a lower bound (it may issue more). A rank that finished the step with count c
-  // skipped a collective when a strict majority of the voters issued more than c, and added
-  // one when a strict majority finished the step with fewer.
-  struct Vote {
-    int rank;
-    int64_t count;
-    bool finished;
-  };
-  std::map<std::pair<int, int64_t>, std::vector<Vote>> votes;
-  for (const auto& [rank, c] : counts) {
-    for (int family : c.families) {
-      auto it = c.by_family_step.lower_bound({family, c.lo});
-      for (int64_t s = c.lo; s <= c.hi; ++s) {
-        int64_t n = 0;
-        if (it != c.by_family_step.end() && it->first == std::make_pair(family, s)) {
-          n = it->second;
-          ++it;
-        }
-        votes[{family, s}].push_back({rank, n, s < c.hi});
-      }
-    }
-  }
-  for (const auto& [key, list] : votes) {
-    // Fast path: everyone agrees.
-    if (std::all_of(list.begin(), list.end(),
-                    [&](const Vote& v) { return v.count == list.front().count; })) {
-      continue;
-    }
-    for (const Vote& v : list) {
-      if (!v.finished) continue;
-      std::map<int64_t, size_t> more, fewer;  // count -> voters
-      size_t n_more = 0, n_fewer = 0;
-      for (const Vote& o : list) {
-        if (o.count > v.count) {
-          ++more[o.count];
-          ++n_more;
-        } else if (o.finished && o.count < v.count) {
-          ++fewer[o.count];
-          ++n_fewer;
-        }
-      }
-      const auto& side = 2 * n_more > list.size() ? more : fewer;
-      if (2 * std::max(n_more, n_fewer) <= list.size()) continue;
-      const auto norm = std::max_element(side.begin(), side.end(), [](const auto& a, const auto& b) {
-        return a.second < b.second;
-      });
-      auto it = deviations_.find(v.rank);
-      if (it != deviations_.end() && it->second.step <= key.second) continue;
-      const std::string& f = family_names[static_cast<size_t>(key.first)];
-      deviations_[v.rank] = {v.rank,        f.substr(0, f.find('\x1f')),
-                             key.second,    v.count,
-                             norm->first,   std::max(n_more, n_fewer),
-                             false,
-                             group_disagrees(v.rank, key.first, key.second, v.count,
-                                             v.count < norm->first)};
-    }
-  }
   // No majority (two ranks, or an even split): ranks that broke their own rhythm in this step
   // (each issued the same count in each of at least three other finished steps) while every
   // other voter kept its own, deviated.
@@ -348,8 +295,7 @@ void Model::find_deviations() {
     size_t n = 0;
     for (int64_t s = c.lo; s < c.hi; ++s) {
       if (s == skip_step) continue;
-      const auto it = c.by_family_step.find({family, s});
-      const int64_t k = it == c.by_family_step.end() ? 0 : it->second;
+      const int64_t k = c.at(family, s);
       if (value && *value != k) return std::nullopt;
       value = k;
       ++n;
@@ -357,68 +303,119 @@ void Model::find_deviations() {
     if (!value || n < 3) return std::nullopt;
     return std::make_pair(*value, n);
   };
-  for (const auto& [key, list] : votes) {
-    if (list.size() < 2 || std::all_of(list.begin(), list.end(), [&](const Vote& v) {
-          return v.count == list.front().count;
-        })) {
-      continue;
+  // A rank's earliest deviation: by step, then the majority rule before the rhythm rule, then
+  // the family met first.
+  std::map<int, std::pair<std::tuple<int64_t, int, int>, StepDeviation>> earliest;
+  auto propose = [&](std::tuple<int64_t, int, int> order, StepDeviation dev) {
+    auto [it, fresh] = earliest.try_emplace(dev.rank, order, dev);
+    if (!fresh && order < it->second.first) it->second = {order, std::move(dev)};
+  };
+  // Votes at (family, step), a step at a time: ranks that finished the step give their count; a
+  // rank now in the step gives a lower bound (it may issue more). A rank that finished the step
+  // with count c skipped a collective when a strict majority of the voters issued more than c,
+  // and added one when a strict majority finished the step with fewer.
+  struct Vote {
+    int rank;
+    int64_t count;
+    bool finished;
+  };
+  std::vector<Vote> list;
+  for (int family = 0; family < static_cast<int>(family_names.size()); ++family) {
+    std::vector<std::pair<int, const Counts*>> voters;
+    int64_t first = INT64_MAX, last = INT64_MIN;
+    for (const auto& [rank, c] : counts) {
+      if (!c.families.count(family) || c.lo > c.hi) continue;
+      voters.emplace_back(rank, &c);
+      first = std::min(first, c.lo);
+      last = std::max(last, c.hi);
     }
-    std::vector<std::pair<const Vote*, std::pair<int64_t, size_t>>> odd;
-    bool settled = true;
-    for (const Vote& v : list) {
-      const auto r = rhythm(v.rank, key.first, key.second);
-      if (!r) {
-        settled = false;
-        break;
+    const std::string& f = family_names[static_cast<size_t>(family)];
+    const std::string name = f.substr(0, f.find('\x1f'));
+    for (int64_t step = first; !voters.empty() && step <= last; ++step) {
+      list.clear();
+      for (const auto& [rank, c] : voters) {
+        if (step >= c->lo && step <= c->hi)
+          list.push_back({rank, c->at(family, step), step < c->hi});
       }
-      const bool keeps = v.finished ? v.count == r->first : v.count <= r->first;
-      if (keeps) continue;
-      if (!v.finished) {
-        settled = false;
-        break;
+      // Fast path: everyone agrees.
+      if (std::all_of(list.begin(), list.end(),
+                      [&](const Vote& v) { return v.count == list.front().count; })) {
+        continue;
       }
-      odd.emplace_back(&v, *r);
-    }
-    if (!settled || odd.empty() || odd.size() == list.size()) continue;
-    for (const auto& [v, r] : odd) {
-      auto it = deviations_.find(v->rank);
-      if (it != deviations_.end() && it->second.step <= key.second) continue;
-      const std::string& f = family_names[static_cast<size_t>(key.first)];
-      deviations_[v->rank] = {v->rank,
-                              f.substr(0, f.find('\x1f')),
-                              key.second,
-                              v->count,
-                              r.first,
-                              r.second,
-                              true,
-                              group_disagrees(v->rank, key.first, key.second, v->count,
-                                              v->count < r.first)};
+      for (const Vote& v : list) {
+        if (!v.finished) continue;
+        std::map<int64_t, size_t> more, fewer;  // count -> voters
+        size_t n_more = 0, n_fewer = 0;
+        for (const Vote& o : list) {
+          if (o.count > v.count) {
+            ++more[o.count];
+            ++n_more;
+          } else if (o.finished && o.count < v.count) {
+            ++fewer[o.count];
+            ++n_fewer;
+          }
+        }
+        const auto& side = 2 * n_more > list.size() ? more : fewer;
+        if (2 * std::max(n_more, n_fewer) <= list.size()) continue;
+        const auto norm =
+            std::max_element(side.begin(), side.end(),
+                             [](const auto& a, const auto& b) { return a.second < b.second; });
+        propose({step, 0, family},
+                {v.rank, name, step, v.count, norm->first, std::max(n_more, n_fewer), false,
+                 group_disagrees(v.rank, family, step, v.count, v.count < norm->first)});
+      }
+      if (list.size() < 2) continue;
+      std::vector<std::pair<const Vote*, std::pair<int64_t, size_t>>> odd;
+      bool settled = true;
+      for (const Vote& v : list) {
+        const auto r = rhythm(v.rank, family, step);
+        if (!r) {
+          settled = false;
+          break;
+        }
+        const bool keeps = v.finished ? v.count == r->first : v.count <= r->first;
+        if (keeps) continue;
+        if (!v.finished) {
+          settled = false;
+          break;
+        }
+        odd.emplace_back(&v, *r);
+      }
+      if (!settled || odd.empty() || odd.size() == list.size()) continue;
+      for (const auto& [v, r] : odd) {
+        propose({step, 1, family},
+                {v->rank, name, step, v->count, r.first, r.second, true,
+                 group_disagrees(v->rank, family, step, v->count, v->count < r.first)});
+      }
     }
   }
   // Only deviations that broke the rank's own group count as evidence: sibling groups may run
   // different numbers of collectives legitimately (pipeline stages of unequal size), the
   // members of one group never.
-  std::erase_if(deviations_, [](const auto& kv) { return !kv.second.in_group; });
+  for (auto& [rank, best] : earliest) {
+    if (best.second.in_group) deviations_[rank] = std::move(best.second);
+  }
 }
 
 RankPosition Model::position(int rank) const {
   RankPosition p;
   p.rank = rank;
-  const RankDump* d = dump_of(rank);
-  if (d == nullptr) {
+  const Dump* dump = dump_of(rank);
+  if (dump == nullptr) {
     p.where = exits_.count(rank) ? RankPosition::Where::kExited : RankPosition::Where::kNoDump;
     p.summary = p.place = exits_.count(rank) ? death(rank) + ", no dump" : death(rank);
     return p;
   }
+  const RankDump* d = dump->header;
   p.step = d->step;
-  const TraceEntry* last_done = nullptr;
-  const TraceEntry* pending = nullptr;
-  for (const auto& e : d->entries) {
-    if (e.is_user_event()) p.last_event = e.text;
-    if (!e.is_user_event() && e.finished()) last_done = &e;
-    if (!e.is_user_event() && !e.finished() && pending == nullptr) pending = &e;
+  p.last_event = dump->digest->last_event;
+  const HeldEntry* last_done = nullptr;
+  const HeldEntry* pending = nullptr;
+  for (const auto& e : dump->digest->held) {
+    if (e.finished()) last_done = &e;
+    if (!e.finished() && pending == nullptr) pending = &e;
   }
-  auto describe_entry = [&](const TraceEntry& e) {
+  auto describe_entry = [&](const HeldEntry& e) {
     return e.is_p2p() ? fmt::format("{} #{} (group '{}')", op_name(e.op), e.p2p_seq,
                                     group_name(e.group_id))
                       : describe_collective(e.group_id, e.seq, e);
@@ -559,34 +556,37 @@ Model::SiblingProgress Model::sibling_progress(uint64_t group, uint64_t seq) con
   return p;
 }
 
-Model::Members Model::sibling_entries(uint64_t group, const SeqKey& key) const {
-  Members out;
+std::vector<std::pair<uint64_t, SeqKey>> Model::contested() const {
+  std::vector<std::pair<uint64_t, SeqKey>> out;
+  for (const auto& [group, aligned] : digest_.alignments()) {
+    for (const auto& [key, a] : aligned.keys) {
+      if (a.classes.size() > 1) out.emplace_back(group, key);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::vector<MemberClass>> Model::sibling_members(uint64_t group,
+                                                             const SeqKey& key) const {
+  std::vector<std::vector<MemberClass>> out;
   const auto it = families_.find(family_of(group));
   if (it == families_.end()) return out;
   for (uint64_t g : it->second) {
-    if (g == group) continue;
-    const auto a = aligned_.find(g);
-    if (a == aligned_.end()) continue;
-    const auto m = a->second.find(key);
-    if (m != a->second.end()) out.insert(out.end(), m->second.begin(), m->second.end());
+    if (g != group) out.push_back(digest_.classes(g, key));
   }
   return out;
 }
 
-const TraceEntry* Model::entry_at(int rank, const std::string& family, uint64_t seq) const {
+std::optional<Digest::Found> Model::entry_at(int rank, const std::string& family,
+                                             uint64_t seq) const {
   const auto it = families_.find(family);
-  if (it == families_.end()) return nullptr;
+  if (it == families_.end()) return std::nullopt;
   for (uint64_t g : it->second) {
     if (!member_of(rank, g)) continue;
-    const auto a = aligned_.find(g);
-    if (a == aligned_.end()) continue;
-    const auto m = a->second.find({seq, 0});
-    if (m == a->second.end()) continue;
-    for (const auto& [r, e] : m->second) {
-      if (r == rank) return e;
-    }
+    if (auto found = digest_.collective_at(dump_of(rank)->index, g, seq)) return found;
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 std::pair<size_t, size_t> Model::order_votes(const Op& a, const Op& b) const {
@@ -600,15 +600,26 @@ std::pair<size_t, size_t> Model::order_votes(const Op& a, const Op& b) const {
     return it != families_.end() && std::any_of(it->second.begin(), it->second.end(),
                                                 [&](uint64_t g) { return member_of(rank, g); });
   };
-  for (const auto& d : set_.dumps) {
+  std::vector<int> voters;
+  std::vector<Digest::Lookup> lookups;  // entries past a window are read again, all at once
+  for (const auto& d : set().dumps) {
     if (stale_[d.rank] || !in_family(d.rank, fa) || !in_family(d.rank, fb)) continue;
-    const TraceEntry* ea = entry_at(d.rank, fa, a.seq);
-    const TraceEntry* eb = entry_at(d.rank, fb, b.seq);
-    if (ea != nullptr && eb != nullptr) {
+    voters.push_back(d.rank);
+    for (const auto& [family, seq] : {std::pair(&fa, a.seq), std::pair(&fb, b.seq)}) {
+      for (uint64_t g : families_.at(*family)) {
+        if (member_of(d.rank, g)) lookups.emplace_back(dump_of(d.rank)->index, g, seq);
+      }
+    }
+  }
+  digest_.prefetch(lookups);
+  for (int rank : voters) {
+    const auto ea = entry_at(rank, fa, a.seq);
+    const auto eb = entry_at(rank, fb, b.seq);
+    if (ea && eb) {
       (ea->record_id < eb->record_id ? a_first : b_first)++;
-    } else if (ea != nullptr && !ea->finished()) {
+    } else if (ea && !ea->finished) {
       ++a_first;
-    } else if (eb != nullptr && !eb->finished()) {
+    } else if (eb && !eb->finished) {
       ++b_first;
     }
   }
@@ -624,54 +635,27 @@ std::vector<StragglerStats> Model::stragglers() const {
   const int64_t min_lag = options_.straggler_min_lag.count();
   std::vector<size_t> samples(world_size_, 0), last(world_size_, 0);
   std::vector<std::vector<int64_t>> lags(world_size_), durations(world_size_);
-  struct Arrival {
-    int64_t at, waited_before, done;
-    int rank;
-  };
-  std::vector<Arrival> arrivals;
-  // How long each rank spent in its previous operation before each entry (by entry index).
-  std::vector<std::vector<int64_t>> previous_wait(world_size_);
-  for (const auto& d : set_.dumps) {
-    auto& waits = previous_wait[d.rank];
-    waits.resize(d.entries.size());
-    int64_t prev = 0;
-    for (size_t i = 0; i < d.entries.size(); ++i) {
-      const auto& e = d.entries[i];
-      if (e.is_user_event()) continue;
-      waits[i] = prev;
-      if (e.completed_ns != 0) prev = e.completed_ns - e.enqueued_ns;
-    }
-  }
-  for (const auto& [group, by_seq] : aligned_) {
+  for (const auto& [group, aligned] : digest_.alignments()) {
     const auto git = groups_.find(group);
     if (git == groups_.end() || git->second->ranks.size() < 2) continue;
-    for (const auto& [key, members] : by_seq) {
-      if (members.size() != git->second->ranks.size()) continue;
-      arrivals.clear();
-      bool complete = true;
-      for (const auto& [rank, e] : members) {
-        if (e->state != EntryState::kCompleted) complete = false;
-        const RankDump& d = *by_rank_[rank];
-        const size_t index = static_cast<size_t>(e - d.entries.data());
-        arrivals.push_back({d.to_wall_ns(e->enqueued_ns), previous_wait[rank][index],
-                            d.to_wall_ns(e->completed_ns), rank});
-      }
-      if (!complete) continue;
-      std::sort(arrivals.begin(), arrivals.end(),
-                [](const Arrival& x, const Arrival& y) { return x.at < y.at; });
-      const Arrival& late = arrivals.back();
-      const int64_t lag = late.at - arrivals[arrivals.size() - 2].at;
-      const int64_t duration = std::max<int64_t>(late.done - late.at, 0);
-      const int64_t own_delay = lag - late.waited_before;
+    for (const auto& [key, a] : aligned.keys) {
+      if (a.count != git->second->ranks.size() || !a.completed) continue;
+      const int64_t lag = a.last_at - a.second_at;
+      const int64_t duration = std::max<int64_t>(a.last_done - a.last_at, 0);
+      const int64_t own_delay = lag - a.last_waited;
       const int64_t needed =
           std::max<int64_t>(min_lag, static_cast<int64_t>(options_.straggler_duration_factor *
                                                           static_cast<double>(duration)));
       if (lag < needed) continue;  // no clear last arrival
-      for (const auto& a : arrivals) ++samples[a.rank];
-      if (own_delay < needed) continue;
-      ++last[late.rank];
-      lags[late.rank].push_back(lag);
-      durations[late.rank].push_back(duration);
+      for (const auto& c : digest_.classes(group, key)) {
+        for (int r : c.ranks) {
+          if (r >= 0 && r < world_size_) ++samples[r];
+        }
+      }
+      if (own_delay < needed || a.last_rank < 0 || a.last_rank >= world_size_) continue;
+      ++last[a.last_rank];
+      lags[a.last_rank].push_back(lag);
+      durations[a.last_rank].push_back(duration);
     }
   }
   std::vector<StragglerStats> out;
@@ -692,12 +676,13 @@ std::string Model::group_name(uint64_t group) const {
   return it == groups_.end() ? fmt::format("#{}", group) : it->second->name;
 }
 
-std::string Model::describe_collective(uint64_t group, uint64_t seq, const TraceEntry& e) const {
+std::string Model::describe_collective(uint64_t group, uint64_t seq, const Call& e,
+                                       int64_t step) const {
   std::string args;
   if (e.op == OpType::kSplit) {
     args = e.text.empty() ? "" : fmt::format(", making '{}'", e.text);
     return fmt::format("split #{} of group '{}' ({}{})", seq, group_name(group),
-                       e.step >= 0 ? fmt::format("step {}", e.step) : "no step", args);
+                       step >= 0 ? fmt::format("step {}", step) : "no step", args);
   }
   if (e.input.dtype[0] != '\0') {
     args = fmt::format(", {}[{}]", e.input.dtype, e.input.numel);
@@ -707,7 +692,7 @@ std::string Model::describe_collective(uint64_t group, uint64_t seq, const Trace
   }
   if (e.op == OpType::kBroadcast && e.root >= 0) args += fmt::format(", root {}", e.root);
   return fmt::format("{} #{} of group '{}' ({}{})", op_name(e.op), seq, group_name(group),
-                     e.step >= 0 ? fmt::format("step {}", e.step) : "no step", args);
+                     step >= 0 ? fmt::format("step {}", step) : "no step", args);
 }
 
 std::string Model::describe_p2p(const Op& op, bool as_recv) const {

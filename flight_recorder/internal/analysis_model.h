@@ -1,15 +1,15 @@
 #pragma once
-// The facts the analyzer reasons over, computed once from a DumpSet: entries aligned by
-// (group, seq), how far each rank got in each group, the operation each rank is blocked in and
-// the ranks it waits for, cycles among those waits, who is dead or crashed, which ranks broke
-// the per-step rhythm of collectives that the other members kept, and arrival statistics for
-// stragglers.
+// The facts the analyzer reasons over, computed once from a Digest (dump_digest.h): entries
+// aligned by (group, seq), how far each rank got in each group, the operation each rank is
+// blocked in and the ranks it waits for, cycles among those waits, who is dead or crashed, which
+// ranks broke the per-step rhythm of collectives that the other members kept, and arrival
+// statistics for stragglers.
 //
 // Sibling groups: groups with the same name and size (the groups of one mesh dimension, or of
 // one split given a name) run the same program, so their collectives at the same seq, and their
 // counts of collectives per training step, are evidence about each other.
 //
-// Not thread-safe; borrows the DumpSet, which must outlive it.
+// Not thread-safe; borrows the Digest, which must outlive it.
 
 #include <map>
 #include <optional>
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "tessel/flight_recorder/analyzer.h"
+#include "tessel/flight_recorder/internal/dump_digest.h"
 
 namespace tessel::fr::internal {
 
@@ -44,7 +45,7 @@ struct Op {
 // enough to say whether it posted the matching send/recv.
 struct Wait {
   Op op;
-  const TraceEntry* entry = nullptr;
+  const HeldEntry* entry = nullptr;
   std::vector<int> missing;
   bool unknown = false;
 };
@@ -75,19 +76,22 @@ struct StragglerStats {
 
 class Model {
  public:
-  // group -> (seq, coalesced_index) -> (rank, entry): ops of one coalesced batch share a seq
-  // on some backends, so the index inside the batch is part of the key.
-  using SeqKey = std::pair<uint64_t, uint32_t>;
-  using Members = std::vector<std::pair<int, const TraceEntry*>>;
-  using Aligned = std::map<uint64_t, std::map<SeqKey, Members>>;
+  Model(const Digest& digest, const AnalyzerOptions& options);
 
-  Model(const DumpSet& set, const AnalyzerOptions& options);
-
-  const DumpSet& set() const { return set_; }
+  const DumpSet& set() const { return digest_.set(); }
   int world_size() const { return world_size_; }
-  const Aligned& aligned() const { return aligned_; }
+  const Call& call(uint32_t id) const { return digest_.call(id); }
   const std::map<int, Wait>& waits() const { return waits_; }
   const std::vector<std::string>& notes() const { return notes_; }
+
+  // (group, key) where members made different calls, by group then key.
+  std::vector<std::pair<uint64_t, SeqKey>> contested() const;
+  // The calls made at collective `key` of `group`, each with the members that made it.
+  std::vector<MemberClass> members(uint64_t group, const SeqKey& key) const {
+    return digest_.classes(group, key);
+  }
+  // The same for each sibling group at `key`, in family order.
+  std::vector<std::vector<MemberClass>> sibling_members(uint64_t group, const SeqKey& key) const;
 
   RankPosition position(int rank) const;
   // Non-trivial strongly connected components of the wait-for graph, each sorted.
@@ -106,7 +110,7 @@ class Model {
   bool dead(int rank) const;           // no dump (and not a clean exit), crashed, or stale
   std::string death(int rank) const;  // "crashed (SIGSEGV)", "killed by SIGKILL", ...
   // The operation a crashed rank was in when it died (null when it was in compute).
-  const TraceEntry* crash_op(int rank) const;
+  const HeldEntry* crash_op(int rank) const;
 
   // Sibling evidence for collective `seq` of `group`: members of the sibling groups (with a
   // dump) and how many of them issued a collective with that seq.
@@ -114,8 +118,6 @@ class Model {
     size_t members = 0, reached = 0;
   };
   SiblingProgress sibling_progress(uint64_t group, uint64_t seq) const;
-  // The entries of sibling groups at `seq`, for majorities that span a mesh dimension.
-  Members sibling_entries(uint64_t group, const SeqKey& key) const;
   bool has_siblings(uint64_t group) const;
   // Earliest per-step deviation of each rank, by rank; only those its own group's members
   // contradict (StepDeviation::in_group).
@@ -125,41 +127,52 @@ class Model {
   std::pair<size_t, size_t> order_votes(const Op& a, const Op& b) const;
 
   std::string group_name(uint64_t group) const;
-  std::string describe_collective(uint64_t group, uint64_t seq, const TraceEntry& e) const;
+  std::string describe_collective(uint64_t group, uint64_t seq, const Call& call,
+                                  int64_t step) const;
+  std::string describe_collective(uint64_t group, uint64_t seq, const HeldEntry& e) const {
+    return describe_collective(group, seq, call(e.call), e.step);
+  }
   // "send #3 from rank 1 to rank 2 in group 'tp'" or, seen from the receiver, "recv #3 at rank
   // 2 from rank 1 in group 'tp'".
   std::string describe_p2p(const Op& op, bool as_recv = false) const;
   std::string describe_deviation(const StepDeviation& d) const;
 
  private:
-  const RankDump* dump_of(int rank) const {
-    return rank >= 0 && rank < world_size_ ? by_rank_[rank] : nullptr;
+  // A rank's dump and what the digest keeps of it.
+  struct Dump {
+    size_t index = 0;  // in set().dumps
+    const RankDump* header = nullptr;
+    const RankDigest* digest = nullptr;
+  };
+  const Dump* dump_of(int rank) const {
+    return rank >= 0 && rank < world_size_ && by_rank_[rank].header != nullptr ? &by_rank_[rank]
+                                                                               : nullptr;
   }
   uint64_t reached(int rank, uint64_t group) const;
   std::string family_of(uint64_t group) const;
   bool member_of(int rank, uint64_t group) const;
-  void index_dump(const RankDump& d);
-  void find_wait(const RankDump& d);
+  void index_dump(const Dump& d);
+  void find_wait(const Dump& d);
   void find_deviations();
   // The entry `rank` recorded for collective `seq` of `group` (or of a sibling group the rank
-  // belongs to), null when none.
-  const TraceEntry* entry_at(int rank, const std::string& family, uint64_t seq) const;
+  // belongs to), nullopt when none.
+  std::optional<Digest::Found> entry_at(int rank, const std::string& family, uint64_t seq) const;
 
-  const DumpSet& set_;
+  const Digest& digest_;
   const AnalyzerOptions options_;
   int world_size_ = 0;
   int64_t threshold_ns_ = 0;
   int64_t newest_wall_us_ = 0;
-  std::vector<const RankDump*> by_rank_;
+  std::vector<Dump> by_rank_;
   std::vector<bool> stale_;
   std::map<int, const ExitRecord*> exits_;
   std::unordered_map<uint64_t, const GroupInfo*> groups_;
   std::map<std::string, std::vector<uint64_t>> families_;  // family -> group ids
   std::vector<std::unordered_map<uint64_t, uint64_t>> reached_;  // rank -> group -> max seq
   std::vector<std::unordered_map<uint64_t, uint64_t>> dropped_;  // rank -> group -> count
-  Aligned aligned_;
-  // (group, src, dst, p2p seq, is_send) of every send/recv any rank recorded.
-  std::set<std::tuple<uint64_t, int, int, uint64_t, bool>> posted_;
+  // (group, src, dst, is_send) -> runs of p2p seqs any rank recorded on that channel.
+  std::map<std::tuple<uint64_t, int, int, bool>, std::vector<std::pair<uint64_t, uint64_t>>>
+      posted_;
   std::map<int, Wait> waits_;
   std::map<int, StepDeviation> deviations_;
   std::map<std::tuple<uint64_t, uint64_t, std::string>, std::vector<int>> failed_;

@@ -43,7 +43,9 @@ int print_problems(const DumpSet& set) {
 
 int run_analyze(const std::string& dir, bool json, bool skip_bad, int world_size,
                 const AnalyzerOptions& options) {
-  const DumpSet set = read_dump_dir(dir, world_size);
+  // Read and analyzed together, holding a window of each rank's entries (analyzer.h).
+  const DirAnalysis analysis = analyze_dump_dir(dir, options, world_size);
+  const DumpSet& set = analysis.set;
   if (set.dumps.empty()) {
     print_problems(set);
     std::cerr << "tessel-trace: no usable dump (tessel_fr_*.json) in '" << dir << "'\n";
@@ -56,7 +58,7 @@ int run_analyze(const std::string& dir, bool json, bool skip_bad, int world_size
                  "rest (their ranks then count as having no dump)\n";
     return kExitBadInput;
   }
-  const Verdict v = analyze(set, options);
+  const Verdict& v = analysis.verdict;
   std::cout << (json ? verdict_to_json(v) : format_verdict(v));
   switch (v.status) {
     case VerdictStatus::kHealthy:

@@ -1,8 +1,11 @@
 #include "tessel/kernels/attention/sdpa.h"
 
+#include <algorithm>
 #include <memory>
+#include <numeric>
 
 #include "tessel/base/error.h"
+#include "tessel/tensor/autocast.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 
@@ -20,6 +23,23 @@ std::vector<int64_t> document_id_values(const Tensor& ids, const char* name) {
                "scaled_dot_product_attention: {} has shape {}; expected (S) or (B, S)", name,
                shape_str(ids.shape()));
   return to_vector<int64_t>(to(to(ids, Device::cpu()), DType::kI64));
+}
+
+// An uninitialised tensor of t's shape whose memory follows t's dims in order of decreasing
+// stride: for q viewed (B, H, S, D) out of a (B, S, 3, H, D) projection, the output is laid
+// out (B, S, H, D), so re-assembling the heads as (B, S, H·D) is a view, not a copy (and the
+// gradients of q, k and v reach the projection's gradient the same way).
+Tensor empty_in_layout_of(const Tensor& t) {
+  std::vector<int64_t> order(static_cast<size_t>(t.dim()));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
+  Shape memory_shape;
+  for (int64_t d : order) memory_shape.push_back(t.size(d));
+  const Tensor memory = empty(memory_shape, t.dtype(), t.device());
+  Strides strides(order.size());
+  for (size_t k = 0; k < order.size(); ++k) strides[order[k]] = memory.stride(k);
+  return memory.as_strided(t.shape(), strides, 0);
 }
 
 // What forward hands to backward: the problem (views are re-pointed at the saved tensors).
@@ -47,8 +67,12 @@ attention::AttentionView attention_view_of(const Tensor& t, const char* name) {
   return v;
 }
 
-SdpaOutput scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                        const SdpaOptions& options) {
+SdpaOutput scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in,
+                                        const Tensor& v_in, const SdpaOptions& options) {
+  // A lower-precision op under autocast (tensor/autocast.h).
+  const Tensor q = autocast_cast(q_in, AutocastCategory::kLowerPrecision);
+  const Tensor k = autocast_cast(k_in, AutocastCategory::kLowerPrecision);
+  const Tensor v = autocast_cast(v_in, AutocastCategory::kLowerPrecision);
   auto state = std::make_shared<SdpaState>();
   AttentionProblem& p = state->problem;
   p.q = attention_view_of(q, "q");
@@ -79,7 +103,7 @@ SdpaOutput scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
 
   auto forward = [state](FunctionContext& ctx, const std::vector<Tensor>& in) {
     AttentionProblem& prob = state->problem;
-    Tensor out = empty(in[0].shape(), in[0].dtype(), in[0].device());
+    Tensor out = empty_in_layout_of(in[0]);
     Tensor lse = empty({prob.batch(), prob.q_heads(), prob.q_len()}, DType::kF32,
                        in[0].device());
     state->kernel->forward(prob, attention_view_of(out, "out"), lse.data<float>());
@@ -92,13 +116,17 @@ SdpaOutput scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
     prob.q = attention_view_of(saved[0], "q");
     prob.k = attention_view_of(saved[1], "k");
     prob.v = attention_view_of(saved[2], "v");
-    Tensor dq = empty(saved[0].shape(), saved[0].dtype(), saved[0].device());
-    Tensor dk = empty(saved[1].shape(), saved[1].dtype(), saved[1].device());
-    Tensor dv = empty(saved[2].shape(), saved[2].dtype(), saved[2].device());
-    // The output gradient may come in another dtype (e.g. f32 into a bf16 graph), and on CUDA
-    // in any layout (a broadcast from sum(), say): the GPU kernels read it like q.
+    Tensor dq = empty_in_layout_of(saved[0]);
+    Tensor dk = empty_in_layout_of(saved[1]);
+    Tensor dv = empty_in_layout_of(saved[2]);
+    // The output gradient may come in another dtype (e.g. f32 into a bf16 graph), and in any
+    // layout (a broadcast from sum(), say); the CUDA kernels read it with the output's strides.
     Tensor dout = grads[0].dtype() == saved[3].dtype() ? grads[0] : to(grads[0], saved[3].dtype());
-    if (dout.device().is_cuda()) dout = contiguous(dout);
+    if (dout.device().is_cuda() && dout.strides() != saved[3].strides()) {
+      Tensor like_out = empty_in_layout_of(saved[3]);
+      copy_(like_out, dout);
+      dout = like_out;
+    }
     state->kernel->backward(prob, attention_view_of(saved[3], "out"),
                             attention_view_of(dout, "grad of out"), saved[4].data<float>(),
                             attention_view_of(dq, "dq"), attention_view_of(dk, "dk"),

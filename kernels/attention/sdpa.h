@@ -63,7 +63,10 @@ struct SdpaOutput {
 // grad mode is on and q, k or v requires a gradient; backward gives dq, dk, dv through the same
 // backend (logsumexp is not differentiable: its gradient is ignored). q (B, H_q, S_q, D),
 // k and v (B, H_kv, S_k, D), one dtype (f32, bf16, or f16 on CUDA), one device. On the CPU
-// the call blocks; on CUDA it is issued to the device's current stream.
+// the call blocks; on CUDA it is issued to the device's current stream. The output, and
+// dq, dk, dv in backward, are laid out in memory like q (and k, v): dims by decreasing stride,
+// so heads split out of a (B, S, H·D) projection re-assemble without a copy. A
+// lower-precision op under autocast (tensor/autocast.h): q, k, v are cast to its dtype.
 // Throws InvalidArgument for bad shapes, dtypes, devices, windows or document ids, and
 // Unavailable when no allowed backend can run the call.
 SdpaOutput scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -23,7 +23,7 @@ class CpuBackend final : public Backend {
   void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims,
               const Tensor& out) override;
   void argmax(const Tensor& x, int64_t dim, const Tensor& out) override;
-  // cpu_nn.cc
+  // cpu_nn.cc (layer_norm: cpu_layer_norm.cc)
   void softmax(const Tensor& x, const Tensor& out, bool log) override;
   void softmax_backward(const Tensor& grad_y, const Tensor& y, const Tensor& grad_x,
                         bool log) override;
@@ -47,6 +47,7 @@ class CpuBackend final : public Backend {
                               const Tensor& grad_logits) override;
   // cpu_matmul.cc (oneDNN)
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void addmm(const Tensor& bias, const Tensor& a, const Tensor& b, const Tensor& out) override;
   // cpu_optim.cc
   void adamw_step(std::span<const AdamWTensors> tensors, const AdamWHyper& hyper) override;
 };

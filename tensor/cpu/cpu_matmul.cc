@@ -107,10 +107,13 @@ struct CachedMatmul {
 // Not thread-safe: each thread uses its own through thread_matmul_cache().
 class MatmulCache {
  public:
-  // The primitive for a x b -> out, with the operands' addresses set; created on first use.
-  CachedMatmul& get(const Operand& a, const Operand& b, const Operand& out) {
+  // The primitive for a x b (+ bias) -> out, with the operands' addresses set; created on
+  // first use. bias is null for none.
+  CachedMatmul& get(const Operand& a, const Operand& b, const Operand* bias, const Operand& out) {
     key_.clear();
-    for (const Operand* o : {&a, &b, &out}) {
+    key_.push_back(bias != nullptr);
+    for (const Operand* o : {&a, &b, bias, &out}) {
+      if (o == nullptr) continue;
       key_.push_back(static_cast<int64_t>(o->dtype));
       key_.push_back(o->rank);
       key_.insert(key_.end(), o->dims, o->dims + o->rank);
@@ -119,11 +122,12 @@ class MatmulCache {
     auto it = cache_.find(key_);
     if (it == cache_.end()) {
       if (cache_.size() > 4096) cache_.clear();
-      it = cache_.emplace(key_, create(a, b, out)).first;
+      it = cache_.emplace(key_, create(a, b, bias, out)).first;
     }
     CachedMatmul& m = it->second;
     m.args[DNNL_ARG_SRC].set_data_handle(a.data);
     m.args[DNNL_ARG_WEIGHTS].set_data_handle(b.data);
+    if (bias != nullptr) m.args[DNNL_ARG_BIAS].set_data_handle(bias->data);
     m.args[DNNL_ARG_DST].set_data_handle(out.data);
     return m;
   }
@@ -132,8 +136,10 @@ class MatmulCache {
   dnnl::stream& stream() { return stream_; }
 
  private:
-  static CachedMatmul create(const Operand& a, const Operand& b, const Operand& out) {
+  static CachedMatmul create(const Operand& a, const Operand& b, const Operand* bias,
+                             const Operand& out) {
     const auto ad = describe(a), bd = describe(b), cd = describe(out);
+    const auto biasd = bias != nullptr ? describe(*bias) : dnnl::memory::desc();
     CachedMatmul m;
     {
       // oneDNN allows concurrent creation, but it initialises its globals (the primitive
@@ -142,12 +148,14 @@ class MatmulCache {
       // and shape, so serialising it costs nothing in steady state.
       static std::mutex create_mu;
       std::lock_guard<std::mutex> lock(create_mu);
-      m.prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd),
-                                                         cpu_engine()));
+      const dnnl::matmul::desc desc =
+          bias != nullptr ? dnnl::matmul::desc(ad, bd, biasd, cd) : dnnl::matmul::desc(ad, bd, cd);
+      m.prim = dnnl::matmul(dnnl::matmul::primitive_desc(desc, cpu_engine()));
     }
     m.args = {{DNNL_ARG_SRC, dnnl::memory(ad, cpu_engine(), a.data)},
               {DNNL_ARG_WEIGHTS, dnnl::memory(bd, cpu_engine(), b.data)},
               {DNNL_ARG_DST, dnnl::memory(cd, cpu_engine(), out.data)}};
+    if (bias != nullptr) m.args[DNNL_ARG_BIAS] = dnnl::memory(biasd, cpu_engine(), bias->data);
     return m;
   }
 
@@ -161,10 +169,10 @@ MatmulCache& thread_matmul_cache() {
   return cache;
 }
 
-void run_matmul(const Operand& a, const Operand& b, const Operand& out) {
+void run_matmul(const Operand& a, const Operand& b, const Operand* bias, const Operand& out) {
   try {
     MatmulCache& cache = thread_matmul_cache();
-    CachedMatmul& m = cache.get(a, b, out);
+    CachedMatmul& m = cache.get(a, b, bias, out);
     m.prim.execute(cache.stream(), m.args);
     cache.stream().wait();
   } catch (const dnnl::error& e) {
@@ -177,20 +185,26 @@ void run_matmul(const Operand& a, const Operand& b, const Operand& out) {
 // Rows of output per thread below which splitting does not pay.
 constexpr int64_t kMinRowsPerThread = 32;
 
-}  // namespace
 
 // oneDNN runs single-threaded in each of tessel's pool threads, which split the work by the
 // leading batch dim (or the rows of a 2-D product). Letting oneDNN start its own OpenMP team
 // instead left that team spinning after every GEMM while the pool ran the next op, which made
-// an MLP's forward + backward 3x slower on two cores.
-void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
+// an MLP's forward + backward 3x slower on two cores. bias (undefined for none) is [N],
+// broadcast over every other dim.
+void gemm(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out) {
   if (out.numel() == 0) return;
-  if (a.size(-1) == 0) {
-    fill(out, 0.0);
-    return;
-  }
   const Operand oa = operand_of(a), ob = operand_of(b), oc = operand_of(out);
   const int rank = oc.rank;
+  Operand obias;
+  if (bias.defined()) {
+    obias.data = bias.data_ptr();
+    obias.dtype = bias.dtype();
+    obias.rank = rank;
+    for (int d = 0; d < rank; ++d) obias.dims[d] = 1;
+    obias.dims[rank - 1] = oc.dims[rank - 1];
+    obias.strides[rank - 1] = 1;
+  }
+  const Operand* pbias = bias.defined() ? &obias : nullptr;
   int split_dim = 0;
   while (split_dim < rank - 2 && oc.dims[split_dim] == 1) ++split_dim;
   if (split_dim == rank - 2 &&
@@ -202,14 +216,32 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   parallel_for(0, extent, grain, [&](int64_t begin, int64_t end) {
     omp_set_num_threads(1);
     if (split_dim < 0 || (begin == 0 && end == extent)) {
-      run_matmul(oa, ob, oc);
+      run_matmul(oa, ob, pbias, oc);
       return;
     }
     const int64_t len = end - begin;
     run_matmul(narrow(oa, split_dim, begin, len),
-               split_dim == rank - 2 ? ob : narrow(ob, split_dim, begin, len),
+               split_dim == rank - 2 ? ob : narrow(ob, split_dim, begin, len), pbias,
                narrow(oc, split_dim, begin, len));
   });
+}
+
+}  // namespace
+
+void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (out.numel() != 0 && a.size(-1) == 0) {
+    fill(out, 0.0);
+    return;
+  }
+  gemm(a, b, Tensor(), out);
+}
+
+void CpuBackend::addmm(const Tensor& bias, const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (out.numel() != 0 && a.size(-1) == 0) {  // out = bias on every row
+    copy(bias.as_strided(out.shape(), {0, 1}, bias.offset()), out);
+    return;
+  }
+  gemm(a, b, bias, out);
 }
 
 }  // namespace tessel::cpu

@@ -1,59 +1,18 @@
-// CPU kernels for neural-network ops: softmax/log_softmax, layer_norm, rms_norm, embedding and
-// cross_entropy, forward and backward. Rows run in parallel; per-column gradient sums run
-// sequentially over rows (parallel over columns), so every result is deterministic.
+// CPU kernels for neural-network ops: softmax/log_softmax, rms_norm, embedding and
+// cross_entropy, forward and backward (layer_norm: cpu_layer_norm.cc). Rows run in parallel;
+// per-column gradient sums run sequentially over rows (parallel over columns), so every result
+// is deterministic.
 #include <cmath>
 #include <limits>
 
 #include "tessel/tensor/cpu/cpu_backend.h"
 #include "tessel/tensor/cpu/cpu_loop.h"
 #include "tessel/tensor/cpu/cpu_math.h"
+#include "tessel/tensor/cpu/cpu_rows.h"
 #include "tessel/tensor/cpu/cpu_vector.h"
 
 namespace tessel::cpu {
 namespace {
-
-// Rows per chunk so that a chunk touches about 16K elements.
-int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)); }
-
-template <typename F>
-void for_each_row(int64_t rows, int64_t cols, F f) {
-  parallel_for(0, rows, row_grain(cols), [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) f(r);
-  });
-}
-
-// As for_each_row, with `buffers` scratch rows of `cols` floats per chunk: f(r, scratch).
-template <typename F>
-void for_each_row_scratch(int64_t rows, int64_t cols, int buffers, F f) {
-  parallel_for(0, rows, row_grain(cols), [&](int64_t b, int64_t e) {
-    std::vector<float> scratch(static_cast<size_t>(cols * buffers));
-    for (int64_t r = b; r < e; ++r) f(r, scratch.data());
-  });
-}
-
-// Row `src` (cols elements of T) as f32: the row itself for f32, else widened into buf.
-template <typename T>
-const float* row_f32(const T* src, int64_t cols, float* buf) {
-  if constexpr (std::is_same_v<T, float>) {
-    return src;
-  } else {
-    widen(src, buf, cols);
-    return buf;
-  }
-}
-// Where to compute an output row: the row itself for f32, else buf (then store_row).
-template <typename T>
-float* out_f32(T* dst, float* buf) {
-  if constexpr (std::is_same_v<T, float>) {
-    return dst;
-  } else {
-    return buf;
-  }
-}
-template <typename T>
-void store_row(const float* row, T* dst, int64_t cols) {
-  if constexpr (!std::is_same_v<T, float>) narrow(row, dst, cols);
-}
 
 // A per-feature parameter as f32 (empty when undefined).
 template <typename T>
@@ -65,7 +24,7 @@ std::vector<float> param_f32(const Tensor& p) {
   return out;
 }
 
-// Per-row backward setup shared by layer_norm and rms_norm (5 scratch rows): the gradient and
+// Per-row backward setup of rms_norm (5 scratch rows): the gradient and
 // input as f32, wg = gradient * weight (the gradient itself without a weight), a buffer for
 // xhat and the row to write grad_x into.
 struct NormGradRow {
@@ -156,88 +115,6 @@ void CpuBackend::softmax_backward(const Tensor& grad_y, const Tensor& y, const T
       }
       store_row(o, po + r * cols, cols);
     });
-  });
-}
-
-void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                            double eps, const Tensor& out, const Tensor& mean,
-                            const Tensor& rstd) {
-  dispatch_floating(x.dtype(), "layer_norm", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const int64_t cols = x.size(-1);
-    const int64_t rows = x.numel() / std::max<int64_t>(cols, 1);
-    const T* px = cptr<T>(x);
-    T* po = mptr<T>(out);
-    float* pm = mptr<float>(mean);
-    float* ps = mptr<float>(rstd);
-    const std::vector<float> wf = param_f32<T>(weight), bf = param_f32<T>(bias);
-    for_each_row_scratch(rows, cols, 2, [&](int64_t r, float* tmp) {
-      const float* xr = row_f32(px + r * cols, cols, tmp);
-      float* o = out_f32(po + r * cols, tmp + cols);
-      const float m = sum_f32(xr, cols) / static_cast<float>(cols);
-      binary_f32(BinaryOp::kSub, xr, &m, 0, o, cols);
-      const float var = dot_f32(o, o, cols) / static_cast<float>(cols);
-      const float s = 1.0f / std::sqrt(var + static_cast<float>(eps));
-      pm[r] = m;
-      ps[r] = s;
-      binary_f32(BinaryOp::kMul, o, &s, 0, o, cols);
-      if (!wf.empty()) binary_f32(BinaryOp::kMul, o, wf.data(), 1, o, cols);
-      if (!bf.empty()) binary_f32(BinaryOp::kAdd, o, bf.data(), 1, o, cols);
-      store_row(o, po + r * cols, cols);
-    });
-  });
-}
-
-void CpuBackend::layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                                     const Tensor& mean, const Tensor& rstd,
-                                     const Tensor& grad_x, const Tensor& grad_weight,
-                                     const Tensor& grad_bias) {
-  dispatch_floating(x.dtype(), "layer_norm_backward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const int64_t cols = x.size(-1);
-    const int64_t rows = x.numel() / std::max<int64_t>(cols, 1);
-    const T* pg = cptr<T>(grad_y);
-    const T* px = cptr<T>(x);
-    const float* pm = cptr<float>(mean);
-    const float* ps = cptr<float>(rstd);
-    if (grad_x.defined()) {
-      T* po = mptr<T>(grad_x);
-      const std::vector<float> wf = param_f32<T>(weight);
-      const float inv_n = 1.0f / static_cast<float>(cols);
-      for_each_row_scratch(rows, cols, 5, [&](int64_t r, float* tmp) {
-        // grad_x = rstd * (wg - mean(wg) - xhat * mean(wg * xhat)), wg = grad * weight.
-        const NormGradRow row = norm_grad_row(pg + r * cols, px + r * cols, po + r * cols, wf, cols, tmp);
-        float* xhat = row.xhat;
-        const float* wg = row.wg;
-        float* o = row.out;
-        binary_f32(BinaryOp::kSub, row.x, &pm[r], 0, xhat, cols);
-        binary_f32(BinaryOp::kMul, xhat, &ps[r], 0, xhat, cols);
-        const float mean_wg = sum_f32(wg, cols) * inv_n;
-        const float mean_wg_xhat = dot_f32(wg, xhat, cols) * inv_n;
-        binary_f32(BinaryOp::kMul, xhat, &mean_wg_xhat, 0, xhat, cols);
-        binary_f32(BinaryOp::kSub, wg, xhat, 1, o, cols);
-        binary_f32(BinaryOp::kSub, o, &mean_wg, 0, o, cols);
-        binary_f32(BinaryOp::kMul, o, &ps[r], 0, o, cols);
-        store_row(o, po + r * cols, cols);
-      });
-    }
-    if (grad_weight.defined() || grad_bias.defined()) {
-      float* gw = grad_weight.defined() ? mptr<float>(grad_weight) : nullptr;
-      float* gb = grad_bias.defined() ? mptr<float>(grad_bias) : nullptr;
-      for_each_column_range(cols, [&](int64_t b, int64_t e) {
-        for (int64_t c = b; c < e; ++c) {
-          if (gw) gw[c] = 0.0f;
-          if (gb) gb[c] = 0.0f;
-        }
-        for (int64_t r = 0; r < rows; ++r) {
-          for (int64_t c = b; c < e; ++c) {
-            const float g = convert<float>(pg[r * cols + c]);
-            if (gw) gw[c] += g * (convert<float>(px[r * cols + c]) - pm[r]) * ps[r];
-            if (gb) gb[c] += g;
-          }
-        }
-      });
-    }
   });
 }
 

@@ -5,18 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "tessel/tensor/cpu/cpu_isa.h"
 #include "tessel/tensor/cpu/cpu_math.h"
-
-// Clones are resolved through IFUNC at load time, before a sanitizer runtime is ready (the
-// instrumented resolver crashes), so sanitizer builds get the baseline code only.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define TESSEL_ISA_CLONES
-#elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define TESSEL_ISA_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define TESSEL_ISA_CLONES
-#endif
 
 namespace tessel::cpu {
 namespace {

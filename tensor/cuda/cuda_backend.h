@@ -52,10 +52,8 @@ class CudaBackend final : public Backend {
   void adamw_step(std::span<const AdamWTensors> tensors, const AdamWHyper& hyper) override;
   // cuda_matmul.cc (cuBLASLt)
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
-  // out[M, N] = a[M, K] @ b[K, N] + bias[N]: matmul with the bias added in cuBLASLt's epilogue
-  // (no pass of its own). bias contiguous, of out's dtype or f32. Not yet a Backend kernel:
-  // the CPU branch adding Backend::addmm (h-cputrain) makes this its override.
-  void addmm(const Tensor& bias, const Tensor& a, const Tensor& b, const Tensor& out);
+  // The bias added in cuBLASLt's epilogue (no pass of its own).
+  void addmm(const Tensor& bias, const Tensor& a, const Tensor& b, const Tensor& out) override;
 };
 
 CudaBackend& cuda_backend();

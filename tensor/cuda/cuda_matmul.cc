@@ -270,7 +270,6 @@ void matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out, const Tens
                dtype_name(out.dtype()));
   DeviceScope s(out.device());
   if (a.size(-1) == 0) {  // an empty sum: zeros (every floating dtype's zero is all-zero bits)
-    TESSEL_CHECK(!bias.defined(), NotImplemented, "addmm with an empty inner dim");
     check_cuda(cudaMemsetAsync(out.data_ptr(), 0, out.nbytes(), s.launch.stream),
                "cudaMemsetAsync", s.launch.device);
     return;
@@ -312,6 +311,10 @@ void CudaBackend::addmm(const Tensor& bias, const Tensor& a, const Tensor& b, co
                    bias.size(0) == out.size(1) && bias.is_contiguous() &&
                    (bias.dtype() == out.dtype() || bias.dtype() == DType::kF32),
                Internal, "addmm: bias {} for output {}", bias.str(), out.str());
+  if (out.numel() != 0 && a.size(-1) == 0) {  // out = bias on every row (as the CPU's)
+    copy(bias.as_strided(out.shape(), {0, 1}, bias.offset()), out);
+    return;
+  }
   matmul_impl(a, b, out, bias);
 }
 

@@ -50,7 +50,7 @@ JobResult run_job(const std::string& name, int world_size,
       },
       60s);
   result.dumps = fr::read_dump_dir(dir);
-  result.verdict = fr::analyze(result.dumps);
+  result.verdict = testing::analyze_fr_dir(dir);
   fs::remove_all(dir);
   return result;
 }

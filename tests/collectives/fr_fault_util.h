@@ -90,8 +90,12 @@ inline void exit_failed_if_assertions_failed(int rank) {
   }
 }
 
+// The verdict on a directory of dumps, read whole; the streaming reader (what tessel-trace
+// runs) must reach the same one.
 inline fr::Verdict analyze_fr_dir(const std::filesystem::path& dir) {
-  return fr::analyze(fr::read_dump_dir(dir));
+  fr::Verdict v = fr::analyze(fr::read_dump_dir(dir));
+  EXPECT_EQ(fr::verdict_to_json(fr::analyze_dump_dir(dir).verdict), fr::verdict_to_json(v));
+  return v;
 }
 
 }  // namespace tessel::testing

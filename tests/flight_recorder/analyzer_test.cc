@@ -6,6 +6,7 @@
 
 #include "tessel/base/error.h"
 #include "tessel/flight_recorder/dump.h"
+#include "tessel/flight_recorder/internal/dump_digest.h"
 #include "tessel/flight_recorder/synth.h"
 #include "test_util.h"
 
@@ -52,12 +53,18 @@ Expectation expected(std::string_view scenario, const SynthOptions& o) {
   return {one, VerdictStatus::kCulpritFound, kinds.at(scenario)};
 }
 
+// The verdict on the set read whole; reading it as a stream (what tessel-trace does) must give
+// the same one.
 Verdict run_scenario(std::string_view scenario, const SynthOptions& o) {
   TempDir dir;
   synth_write(scenario, o, dir.path());
   const DumpSet set = read_dump_dir(dir.path());
   EXPECT_TRUE(set.problems.empty());
-  return analyze(set);
+  Verdict v = analyze(set);
+  const DirAnalysis streamed = analyze_dump_dir(dir.path());
+  EXPECT_EQ(streamed.set.dumps.size(), set.dumps.size());
+  EXPECT_EQ(verdict_to_json(streamed.verdict), verdict_to_json(v));
+  return v;
 }
 
 struct Case {
@@ -289,6 +296,84 @@ TEST(AnalyzerTest, SendWithoutRecvIsDescribedFromTheSender) {
                       "matching recv: rank 1 never posted it"),
             std::string::npos)
       << text;
+}
+
+// An all_reduce of `numel` f32 elements, collective `seq` of `group`.
+RecordArgs all_reduce_args(uint64_t group, uint64_t seq, int64_t numel = 8) {
+  RecordArgs a;
+  a.group_id = group;
+  a.seq = seq;
+  a.input = TensorMeta::make("f32", {numel});
+  return a;
+}
+
+// A deadlock the order votes settle with entries far behind the end of the voters' rings: ranks
+// 0 and 1 wait in 'a' #1 and 'b' #1 (each never issued the other's), and ranks 2 and 3, in the
+// sibling groups, took 'a' #1 before 'b' #1 and then 100 more 'a' collectives. Three votes for
+// 'a' first against rank 1's one: rank 1 deviated. The streaming reader holds only a window of
+// the newest entries per group, so it reads rank 2's and 3's 'a' #1 again from their dumps.
+TEST(AnalyzerTest, DeadlockOrderVotesReachPastTheHeldWindow) {
+  TempDir dir;
+  RecorderOptions ro;
+  ro.capacity = 256;
+  ro.clock = fake_clock;
+  ro.wall_clock = fake_wall;
+  for (int r = 0; r < 4; ++r) {
+    FlightRecorder fr(ro);
+    fr.set_process_info(r, 4);
+    fr.register_group(1, "a", {0, 1});
+    fr.register_group(2, "a", {2, 3});
+    fr.register_group(3, "b", {0, 1});
+    fr.register_group(4, "b", {2, 3});
+    auto issue = [&](uint64_t group, uint64_t seq) {
+      return fr.record(all_reduce_args(group, seq));
+    };
+    if (r == 0) fr.started(issue(1, 1));
+    if (r == 1) fr.started(issue(3, 1));
+    if (r >= 2) {
+      fr.completed(issue(2, 1));
+      fr.completed(issue(4, 1));
+      for (uint64_t seq = 2; seq <= 101; ++seq) fr.completed(issue(2, seq));
+    }
+    write_dump(fr, {r == 0 ? DumpTrigger::kTimeout : DumpTrigger::kStoreRequest, 0, ""},
+               dir.path());
+  }
+  static_assert(internal::kHeldPerGroup < 100, "'a' #1 must fall outside the held window");
+  const Verdict whole = analyze(read_dump_dir(dir.path()));
+  const Verdict streamed = analyze_dump_dir(dir.path()).verdict;
+  for (const Verdict* v : {&whole, &streamed}) {
+    EXPECT_EQ(v->status, VerdictStatus::kCulpritFound) << format_verdict(*v);
+    EXPECT_EQ(v->culprits, std::vector<int>{1});
+    ASSERT_EQ(v->findings.size(), 1u);
+    EXPECT_EQ(v->findings[0].kind, FindingKind::kDeadlock);
+  }
+  EXPECT_NE(format_verdict(streamed).find("an order 1 rank used, against 3"), std::string::npos)
+      << format_verdict(streamed);
+}
+
+// A mismatch that did not hang the job (rank 2's all_reduce #10 had twice the elements, and
+// every collective completed) is still found 290 collectives later, far behind the window of
+// entries the streaming reader holds: the alignment records cover the whole ring.
+TEST(AnalyzerTest, MismatchFarBehindTheHeldWindowIsFound) {
+  TempDir dir;
+  for (int r = 0; r < 3; ++r) {
+    FlightRecorder fr(RecorderOptions{1024});
+    fr.set_process_info(r, 3);
+    fr.register_group(1, "world", {0, 1, 2});
+    for (uint64_t seq = 1; seq <= 300; ++seq) {
+      fr.completed(fr.record(all_reduce_args(1, seq, r == 2 && seq == 10 ? 16 : 8)));
+    }
+    write_dump(fr, {}, dir.path());
+  }
+  static_assert(internal::kHeldPerGroup < 290, "#10 must fall outside the held window");
+  const Verdict whole = analyze(read_dump_dir(dir.path()));
+  const Verdict streamed = analyze_dump_dir(dir.path()).verdict;
+  EXPECT_EQ(verdict_to_json(streamed), verdict_to_json(whole));
+  EXPECT_EQ(streamed.culprits, std::vector<int>{2}) << format_verdict(streamed);
+  ASSERT_EQ(streamed.findings.size(), 1u);
+  EXPECT_EQ(streamed.findings[0].kind, FindingKind::kMismatch);
+  EXPECT_EQ(streamed.findings[0].seq, 10u);
+  EXPECT_EQ(streamed.findings[0].waiting, (std::vector<int>{0, 1}));
 }
 
 TEST(AnalyzerTest, FormatsRankLists) {

@@ -250,11 +250,16 @@ TEST(RecorderTest, CycleClockTimesAgreeWithTheMonotonicClock) {
 int64_t g_test_now = 0;
 int64_t test_clock() noexcept { return g_test_now; }
 
-TEST(RecorderTest, UsesTheClockItIsGiven) {
+// A small ring stamped by g_test_now.
+RecorderOptions test_clock_options() {
   RecorderOptions o;
   o.capacity = 4;
   o.clock = test_clock;
-  FlightRecorder fr(o);
+  return o;
+}
+
+TEST(RecorderTest, UsesTheClockItIsGiven) {
+  FlightRecorder fr(test_clock_options());
   g_test_now = 1000;
   const uint64_t id = fr.record(all_reduce(1, 1));
   g_test_now = 1500;
@@ -265,6 +270,44 @@ TEST(RecorderTest, UsesTheClockItIsGiven) {
   EXPECT_EQ(e.enqueued_ns, 1000);
   EXPECT_EQ(e.started_ns, 1500);
   EXPECT_EQ(e.completed_ns, 4000);
+}
+
+TEST(RecorderTest, DeviceCompletionTakesStartedFromTheDeviceTime) {
+  FlightRecorder fr(test_clock_options());
+  g_test_now = 1000;
+  const uint64_t id = fr.record_started(all_reduce(1, 1));
+  g_test_now = 9000;  // the observer saw the end event here
+  fr.completed(id, Nanoseconds(3000));
+  Entry e = fr.snapshot().at(0);
+  EXPECT_EQ(e.state, EntryState::kCompleted);
+  EXPECT_EQ(e.enqueued_ns, 1000);
+  EXPECT_EQ(e.started_ns, 6000);
+  EXPECT_EQ(e.completed_ns, 9000);
+  // A device time longer than the entry has existed (clock skew): started stays at enqueued.
+  g_test_now = 10000;
+  const uint64_t late = fr.record(all_reduce(1, 2));
+  g_test_now = 10500;
+  fr.completed(late, Nanoseconds(2000));
+  e = fr.snapshot().at(1);
+  EXPECT_EQ(e.started_ns, 10000);
+  EXPECT_EQ(e.completed_ns, 10500);
+}
+
+TEST(RecorderTest, DeviceCompletionKeepsTheDurationWithCycleTicks) {
+  FlightRecorder fr(RecorderOptions{4});  // the cycle counter where it is usable
+  const uint64_t id = fr.record(all_reduce(1, 1));
+  const int64_t spin_until = monotonic_ns() + 5'000'000;
+  while (monotonic_ns() < spin_until) {
+  }
+  const int64_t before = monotonic_ns();
+  fr.completed(id, std::chrono::microseconds(1500));
+  const int64_t after = monotonic_ns();
+  Entry e;
+  ASSERT_TRUE(fr.read_entry(id, e));
+  EXPECT_EQ(e.state, EntryState::kCompleted);
+  EXPECT_NEAR(e.completed_ns - e.started_ns, 1'500'000, 2'000);
+  EXPECT_GE(e.completed_ns, before - 2'000);
+  EXPECT_LE(e.completed_ns, after + 2'000);
 }
 
 TEST(RecorderTest, ReRegisteringAGroupReplacesIt) {

@@ -10,6 +10,7 @@
 
 #include "tessel/base/error.h"
 #include "tessel/kernels/attention/sdpa.h"
+#include "tessel/tensor/autocast.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 
@@ -172,6 +173,56 @@ TEST(SdpaTest, Bf16ThroughAutograd) {
                                                   to(detach(k), DType::kF32),
                                                   to(detach(v), DType::kF32), opts);
   EXPECT_LT(max_diff(out, ref), 2e-2);
+}
+
+// Heads split out of one (B, S, 3·H·D) projection, as a GPT does: the output and dq, dk, dv
+// come back laid out (B, S, H, D), so the heads re-assemble as views. Under autocast the call
+// computes in bf16: an f32 projection is cast (a contiguous copy, so no layout to keep) and
+// gets an f32 gradient; a bf16 one keeps the layout.
+TEST(SdpaTest, PackedProjectionHeadsNeedNoCopiesAndAutocastComputesInBf16) {
+  const int64_t B = 2, S = 40, H = 3, D = 16, C = H * D;
+  auto run = [&](DType dtype, bool autocast, Tensor* grad) {
+    Generator gen(9);  // the same values in every run
+    const Tensor qkv = to(randn({B, S, 3 * C}, gen), dtype).set_requires_grad(true);
+    const Tensor gy = randn({B, S, C}, gen);
+    const bool layout_kept = dtype == DType::kF32 ? !autocast : true;
+    const std::vector<Tensor> parts = split(qkv, C, -1);
+    std::vector<Tensor> heads;
+    int grads_seen = 0;
+    for (const Tensor& t : parts) {
+      heads.push_back(transpose(reshape(t, {B, S, H, D}), 1, 2));
+      register_hook(heads.back(), [&](const Tensor& g) {
+        if (layout_kept) {
+          EXPECT_TRUE(transpose(g, 1, 2).is_contiguous());  // (B, S, H, D)
+        }
+        ++grads_seen;
+        return Tensor();
+      });
+    }
+    std::optional<AutocastGuard> guard;
+    if (autocast) guard.emplace(DType::kBF16);
+    SdpaOptions opts;
+    opts.causal = true;
+    const Tensor y = scaled_dot_product_attention(heads[0], heads[1], heads[2], opts);
+    EXPECT_EQ(y.dtype(), autocast ? DType::kBF16 : dtype);
+    const Tensor merged = reshape(transpose(y, 1, 2), {B, S, C});
+    if (layout_kept) {
+      EXPECT_EQ(merged.data_ptr(), y.data_ptr());  // a view, not a copy
+    }
+    guard.reset();
+    backward(sum(mul(to(merged, DType::kF32), gy)));
+    EXPECT_EQ(grads_seen, 3);
+    EXPECT_EQ(qkv.grad().dtype(), dtype);
+    *grad = qkv.grad();
+    return merged;
+  };
+  Tensor g32, g_cast, g16;
+  const Tensor y32 = run(DType::kF32, false, &g32);
+  const Tensor y_cast = run(DType::kF32, true, &g_cast);
+  const Tensor y16 = run(DType::kBF16, true, &g16);
+  EXPECT_LT(max_diff(y_cast, y32), 2e-2);
+  EXPECT_LT(max_diff(g_cast, g32), 5e-2);
+  EXPECT_EQ(max_diff(y16, y_cast), 0.0);  // the cast inputs are the bf16 inputs
 }
 
 TEST(SdpaTest, BadInputsNameTheProblem) {

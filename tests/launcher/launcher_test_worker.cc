@@ -26,7 +26,8 @@
 //                            the launcher's collective-timeout status
 //   mesh-skip R              a 2x2 (dp, tp) mesh over a Gloo world with a 2 s timeout, four
 //                            steps of a tp then a dp all_reduce; rank R leaves out its tp
-//                            all_reduce in step 2. Exit 124 on a timeout, 1 on another error
+//                            all_reduce in step 2, then a world all_reduce to end. Exit
+//                            124 on a timeout, 1 on another error
 //   fault KIND R             Gloo world with a 2 s timeout, one all_reduce, then rank R: stays
 //                            (KIND hang), dies of SIGSEGV (crash) or SIGKILL (kill), or exits
 //                            0 (exit); the
@@ -235,14 +236,18 @@ int main(int argc, char** argv) {
       tessel::InitOptions options;
       options.backend = "gloo";
       options.timeout = std::chrono::seconds(2);
-      auto mesh = tessel::init_device_mesh(tessel::init_process_group(options), {2, 2},
-                                           {"dp", "tp"}, {.eager = true});
+      auto world = tessel::init_process_group(options);
+      auto mesh = tessel::init_device_mesh(world, {2, 2}, {"dp", "tp"}, {.eager = true});
       for (int step = 0; step < 4; ++step) {
         tessel::fr::FlightRecorder::global().set_step(step);
         tessel::Tensor t = tessel::from_vector<float>({1.0f, 2.0f});
         if (!(rank == culprit && step == 2)) mesh.group("tp")->all_reduce(t);
         mesh.group("dp")->all_reduce(t);
       }
+      // The end of training, as a real job ends: every rank meets the others (so the ranks
+      // that ran out of calls early are still there to dump when the others time out).
+      tessel::Tensor done = tessel::from_vector<float>({1.0f});
+      world->all_reduce(done);
       return 0;
     } catch (const tessel::Timeout& e) {
       std::fprintf(stderr, "mesh-skip rank %d: %s\n", rank, e.what());

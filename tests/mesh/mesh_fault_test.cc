@@ -72,7 +72,7 @@ MeshJob run_mesh_job(const std::string& name, const MeshJobOptions& o, const Mes
         testing::wait_for_fr_dumps(dir, dumpers, rank);
       },
       90s);
-  job.verdict = fr::analyze(fr::read_dump_dir(dir));
+  job.verdict = testing::analyze_fr_dir(dir);
   job.text = fr::format_verdict(job.verdict);
   fs::remove_all(dir);
   return job;

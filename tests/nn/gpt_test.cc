@@ -16,6 +16,8 @@
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
 #include "tessel/kernels/attention/sdpa.h"
+#include "tessel/nn/optim/adamw.h"
+#include "tessel/tensor/autocast.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/storage.h"
@@ -311,6 +313,16 @@ StateDict random_state(const GPT& model, uint32_t seed) {
   return state;
 }
 
+// n tokens and n targets drawn from the vocabulary.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> random_tokens(const GptConfig& cfg,
+                                                                    int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int64_t> tokens(n), targets(n);
+  for (auto& x : tokens) x = static_cast<int64_t>(rng() % cfg.vocab_size);
+  for (auto& x : targets) x = static_cast<int64_t>(rng() % cfg.vocab_size);
+  return {tokens, targets};
+}
+
 struct GptCase {
   int B, T;
   GptConfig config;
@@ -322,10 +334,7 @@ TEST_P(GptReferenceTest, LossAndEveryGradientMatchTheLoopReference) {
   const auto [B, T, cfg] = GetParam();
   GPT model(cfg);
   model.load_state_dict(random_state(model, 7));
-  std::mt19937 rng(11);
-  std::vector<int64_t> tokens(B * T), targets(B * T);
-  for (auto& x : tokens) x = static_cast<int64_t>(rng() % cfg.vocab_size);
-  for (auto& x : targets) x = static_cast<int64_t>(rng() % cfg.vocab_size);
+  const auto [tokens, targets] = random_tokens(cfg, B * T, 11);
 
   const Tensor logits = model(from_vector<int64_t>(tokens, {B, T}));
   ASSERT_EQ(logits.shape(), (Shape{B, T, cfg.vocab_size}));
@@ -352,6 +361,47 @@ TEST_P(GptReferenceTest, LossAndEveryGradientMatchTheLoopReference) {
   }
 }
 
+// The same model under bf16 autocast: GEMMs and attention in bf16 with f32 accumulation, norms,
+// softmax and the loss in f32, parameters and their gradients f32.
+TEST_P(GptReferenceTest, UnderBf16AutocastWithinBf16ToleranceOfTheReference) {
+  const auto [B, T, cfg] = GetParam();
+  GPT model(cfg);
+  model.load_state_dict(random_state(model, 7));
+  const auto [tokens, targets] = random_tokens(cfg, B * T, 11);
+
+  Tensor loss;
+  {
+    AutocastGuard autocast(DType::kBF16);
+    const Tensor logits = model(from_vector<int64_t>(tokens, {B, T}));
+    EXPECT_EQ(logits.dtype(), DType::kBF16);
+    loss = GPT::loss(logits, from_vector<int64_t>(targets, {B, T}));
+  }
+  EXPECT_EQ(loss.dtype(), DType::kF32);
+  backward(loss);
+
+  std::map<std::string, Vec> params;
+  for (const auto& [name, t] : model.state_dict()) params[name] = to_double(t);
+  const RefResult ref = reference_gpt(cfg, params, tokens, targets, B, T);
+  // Tolerances: every GEMM input and attention probability is rounded to bf16 (2^-8 relative
+  // at most) and the errors of the layers add up; measured at most 0.04% for the loss and 3.4%
+  // (relative L2 over a parameter's gradient) at these shapes.
+  EXPECT_NEAR(item(loss), ref.loss, 2e-3 * ref.loss);
+  for (const auto& [name, p] : model.named_parameters()) {
+    EXPECT_EQ(p.dtype(), DType::kF32) << name;
+    ASSERT_TRUE(p.grad().defined()) << name;
+    EXPECT_EQ(p.grad().dtype(), DType::kF32) << name;
+    const Vec got = to_double(p.grad());
+    const Vec& want = ref.grads.at(name);
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      err += (got[i] - want[i]) * (got[i] - want[i]);
+      norm += want[i] * want[i];
+    }
+    if (norm == 0) continue;  // position rows no token reached
+    EXPECT_LT(std::sqrt(err / norm), 8e-2) << name;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GptReferenceTest,
     testing::Values(
@@ -367,6 +417,46 @@ INSTANTIATE_TEST_SUITE_P(
                          info.param.config.n_layer, info.param.config.n_head,
                          info.param.config.n_embd);
     });
+
+// Mixed-precision training: AdamW on f32 master weights with forward under bf16 autocast
+// memorises a batch as f32 training does, and parameters and optimizer state stay f32.
+TEST(GptAutocastTest, TrainsLikeF32OnF32MasterWeightsAndOptimizerState) {
+  const GptConfig cfg{.vocab_size = 32, .block_size = 16, .n_layer = 2, .n_head = 2,
+                      .n_embd = 32, .seed = 5};
+  const int64_t B = 4, T = 16;
+  const auto [tokens, targets] = random_tokens(cfg, B * T, 3);
+  const Tensor x = from_vector<int64_t>(tokens, {B, T}), y = from_vector<int64_t>(targets, {B, T});
+  auto train = [&](bool bf16) {
+    GPT model(cfg);
+    optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.0});
+    std::vector<double> losses;
+    for (int step = 0; step < 40; ++step) {
+      Tensor loss;
+      {
+        std::optional<AutocastGuard> autocast;
+        if (bf16) autocast.emplace(DType::kBF16);
+        loss = GPT::loss(model(x), y);
+      }
+      losses.push_back(item(loss));
+      backward(loss);
+      opt.step();
+      opt.zero_grad();
+    }
+    for (size_t i = 0; i < model.parameters().size(); ++i) {
+      EXPECT_EQ(model.parameters()[i].dtype(), DType::kF32);
+      EXPECT_EQ(opt.exp_avg(i).dtype(), DType::kF32);
+      EXPECT_EQ(opt.exp_avg_sq(i).dtype(), DType::kF32);
+    }
+    return losses;
+  };
+  const std::vector<double> f32 = train(false), bf16 = train(true);
+  EXPECT_NEAR(bf16.front(), f32.front(), 2e-3 * f32.front());
+  // Random targets over 32 classes start near ln 32 = 3.47; 40 steps memorise them (measured
+  // 0.0232 in f32 and 0.0235 in bf16).
+  EXPECT_LT(f32.back(), 0.1 * f32.front());
+  EXPECT_LT(bf16.back(), 0.1 * bf16.front());
+  EXPECT_NEAR(bf16.back(), f32.back(), 0.05 * f32.back());
+}
 
 TEST(GptTest, NamesFollowTheGpt2LayoutWithATiedHead) {
   GPT model({.vocab_size = 11, .block_size = 4, .n_layer = 2, .n_head = 2, .n_embd = 8});

@@ -1,10 +1,11 @@
 // fully_shard on rank threads: loss parity with single-process training (worlds 1-4, uneven
-// shards, HSDP, ZeRO-2, N-way reshard, mixed precision, gradient accumulation), meta-device
-// construction, state dicts, and bad input.
+// shards, HSDP, ZeRO-2, N-way reshard, mixed precision with and without autocast, gradient
+// accumulation), meta-device construction, state dicts, and bad input.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "tessel/nn/optim/adamw.h"
 #include "tessel/nn/optim/clip.h"
 #include "tessel/parallel/fsdp.h"
+#include "tessel/tensor/autocast.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 
@@ -69,6 +71,7 @@ struct FsdpSetup {
   FullyShardOptions options;
   int micro = 1;          // backward passes per step (sync only on the last)
   bool hsdp_accumulate = false;  // HSDP: skip the replicas' all_reduce on all but the last
+  bool autocast = false;         // forward and loss under AutocastGuard(DType::kBF16)
 };
 
 // Losses of the same training under FSDP on rank threads (the mean over ranks of each rank's
@@ -99,7 +102,12 @@ std::vector<float> train_fsdp(const FsdpSetup& s) {
         }
         const int64_t rows = per_rank / s.micro;
         const int64_t start = pg.rank() * per_rank + m * rows;
-        const Tensor loss = nn::GPT::loss(model(narrow(x, 0, start, rows)), narrow(y, 0, start, rows));
+        Tensor loss;
+        {
+          std::optional<AutocastGuard> autocast;
+          if (s.autocast) autocast.emplace(DType::kBF16);
+          loss = nn::GPT::loss(model(narrow(x, 0, start, rows)), narrow(y, 0, start, rows));
+        }
         backward(loss);
         total += item(loss) / s.micro;
       }
@@ -163,6 +171,20 @@ TEST(FsdpParityTest, MixedPrecisionStaysCloseToF32) {
   mp.mp_policy = {.param_dtype = DType::kBF16, .reduce_dtype = DType::kF32,
                   .output_dtype = DType::kF32};
   expect_close(train_fsdp({{2}, {"dp"}, mp}), train_single(), 3e-2);
+}
+
+// Autocast chooses compute dtypes, FSDP's policy the parameters' dtype: under autocast with f32
+// parameters (each GEMM casts its weight) and with bf16 ones (the casts are no-ops, the norms
+// still widen to f32), training stays within bf16's precision of f32 training.
+TEST(FsdpParityTest, AutocastComposesWithMixedPrecision) {
+  const std::vector<float> single = train_single();
+  FsdpSetup f32_params{{2}, {"dp"}, {}};
+  f32_params.autocast = true;
+  expect_close(train_fsdp(f32_params), single, 3e-2);
+  FsdpSetup bf16_params{{2}, {"dp"}, {}};
+  bf16_params.options.mp_policy = {.param_dtype = DType::kBF16, .reduce_dtype = DType::kF32};
+  bf16_params.autocast = true;
+  expect_close(train_fsdp(bf16_params), single, 3e-2);
 }
 
 TEST(FsdpStateTest, MetaConstructionMaterialisesShardsInitialisedLikeTheWhole) {

@@ -39,6 +39,33 @@ TEST(AutogradTest, ReusedTensorSumsBothPaths) {
   EXPECT_EQ(values(x.grad()), std::vector<float>({16}));
 }
 
+// A leaf may take over the gradient that reaches it instead of copying it, but only one that
+// nothing else holds: the same gradient on its way to two leaves, or a gradient a hook keeps,
+// must not end up shared with another tensor.
+TEST(AutogradTest, LeafGradientsNeverAliasOtherTensors) {
+  const Tensor x = ones({3, 4}).set_requires_grad(true);
+  const Tensor y = ones({3, 4}).set_requires_grad(true);
+  const Tensor w = ones({5, 4}).set_requires_grad(true);
+  Tensor kept;
+  register_hook(w, [&](const Tensor& g) {
+    kept = g;
+    return Tensor();
+  });
+  backward(sum(linear(add(x, y), w)));  // add passes one gradient tensor to both x and y
+  ASSERT_TRUE(x.grad().defined() && y.grad().defined() && w.grad().defined());
+  EXPECT_FALSE(x.grad().storage().is_same(y.grad().storage()));
+  EXPECT_FALSE(w.grad().storage().is_same(kept.storage()));
+  mul_(x.grad(), 2.0);
+  mul_(kept, 3.0);
+  EXPECT_EQ(to_vector<float>(y.grad()), std::vector<float>(12, 5.0f));
+  EXPECT_EQ(to_vector<float>(x.grad()), std::vector<float>(12, 10.0f));
+  EXPECT_EQ(to_vector<float>(w.grad()), std::vector<float>(20, 6.0f));
+  // A second pass accumulates into the gradients it received the first time.
+  backward(sum(linear(add(x, y), w)));
+  EXPECT_EQ(to_vector<float>(y.grad()), std::vector<float>(12, 10.0f));
+  EXPECT_EQ(to_vector<float>(w.grad()), std::vector<float>(20, 12.0f));
+}
+
 TEST(AutogradTest, NonScalarNeedsGradient) {
   Tensor x = ones({2, 3}).set_requires_grad(true);
   const Tensor y = mul(x, 2.0);

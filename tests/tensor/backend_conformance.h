@@ -482,6 +482,7 @@ KernelCase embedding_backward_case();
 KernelCase cross_entropy_case();
 KernelCase cross_entropy_backward_case();
 KernelCase matmul_case();
+KernelCase addmm_case();
 KernelCase adamw_case();
 
 }  // namespace tessel::testing

@@ -1,5 +1,5 @@
 // Backend conformance cases for the neural-net kernels (softmax, layer/rms norm, embedding,
-// cross-entropy, each with its backward), matmul and the fused AdamW step: problems, kernel
+// cross-entropy, each with its backward), matmul, addmm and the fused AdamW step: problems, kernel
 // calls and double-precision references (see backend_conformance_test.cc for the rules).
 
 #include <algorithm>
@@ -118,6 +118,56 @@ Tensor matmul_operand(Rng& rng, const Shape& shape, DType dtype) {
   const Tensor base = empty({running + 6}, dtype);
   for (int64_t i = 0; i < base.numel(); ++i) write(base, i, normal_values(1)(rng));
   return base.as_strided(shape, strides, 3);
+}
+
+// A matmul dimension: mostly small, sometimes 0, sometimes past a SIMD width.
+int64_t matmul_size(Rng& rng) {
+  static const int64_t kSizes[] = {0, 1, 2, 3, 5, 8, 17, 33, 70};
+  return kSizes[uniform_int(rng, coin(rng, 0.9) ? 1 : 0, 8)];
+}
+
+// The output dtype of a product of `dtype` operands: theirs, or (half the time for bf16) f32,
+// the accumulators written unrounded.
+DType matmul_out_dtype(Rng& rng, DType dtype) {
+  return dtype == DType::kBF16 && coin(rng, 0.5) ? DType::kF32 : dtype;
+}
+
+// out = a @ b (+ bias[j] on every row when defined) in double precision, NumPy batch
+// broadcasting; the error scale is the sum of the terms' magnitudes (k + 4 roundings).
+std::vector<Expected> matmul_reference(const Tensor& a, const Tensor& b, const Tensor& bias,
+                                       const Tensor& out) {
+  const int64_t rank = out.dim(), k = a.size(-1);
+  // Element [batch..., i, j] of an operand, broadcasting its size-1 batch dims.
+  const auto at = [rank](const Tensor& t, const std::vector<int64_t>& idx, int64_t i,
+                         int64_t j) {
+    const char* ptr = static_cast<const char*>(t.data_ptr());
+    for (int64_t d = 0; d < rank - 2; ++d) {
+      if (t.shape()[d] != 1) {
+        ptr += idx[d] * t.strides()[d] * static_cast<int64_t>(t.element_size());
+      }
+    }
+    ptr += (i * t.strides()[rank - 2] + j * t.strides()[rank - 1]) *
+           static_cast<int64_t>(t.element_size());
+    return read_at(ptr, t.dtype());
+  };
+  Expected e;
+  for (int64_t o = 0; o < out.numel(); ++o) {
+    const std::vector<int64_t> idx = unravel(o, out.shape());
+    const int64_t i = idx[rank - 2], j = idx[rank - 1];
+    double acc = 0, scale = 0;
+    if (bias.defined()) {
+      acc = read_at(element_ptr(bias, j), bias.dtype());
+      scale = std::fabs(acc);
+    }
+    for (int64_t q = 0; q < k; ++q) {
+      const double term = at(a, idx, i, q) * at(b, idx, q, j);
+      acc += term;
+      scale += std::fabs(term);
+    }
+    e.value.push_back(acc);
+    e.scale.push_back(scale * (static_cast<double>(k) + 4));
+  }
+  return {e};
 }
 
 }  // namespace
@@ -457,9 +507,7 @@ KernelCase matmul_case() {
   return {"matmul",
           [](Rng& rng, int it) {
             const DType dtype = pick(it, {DType::kF32, DType::kBF16});
-            static const int64_t kSizes[] = {0, 1, 2, 3, 5, 8, 17, 33, 70};
-            const auto size = [&] { return kSizes[uniform_int(rng, coin(rng, 0.9) ? 1 : 0, 8)]; };
-            const int64_t m = size(), k = size(), n = size();
+            const int64_t m = matmul_size(rng), k = matmul_size(rng), n = matmul_size(rng);
             Shape a_shape, b_shape, out_shape;
             for (int64_t d = uniform_int(rng, 0, 2); d > 0; --d) {  // batch dims, broadcast or not
               const int64_t s = uniform_int(rng, 1, 3);
@@ -473,39 +521,27 @@ KernelCase matmul_case() {
             out_shape.insert(out_shape.end(), {m, n});
             return Problem{
                 {matmul_operand(rng, a_shape, dtype), matmul_operand(rng, b_shape, dtype)},
-                {output(rng, out_shape, dtype)}};
+                {output(rng, out_shape, matmul_out_dtype(rng, dtype))}};
           },
           [](Backend& b, const Problem& p) { b.matmul(p.in[0], p.in[1], p.out[0]); },
-          [](const Problem& p) {
-            const Tensor &a = p.in[0], &b = p.in[1], &out = p.out[0];
-            const int64_t rank = out.dim(), k = a.size(-1);
-            // Element [batch..., i, j] of an operand, broadcasting its size-1 batch dims.
-            const auto at = [rank](const Tensor& t, const std::vector<int64_t>& idx, int64_t i,
-                                   int64_t j) {
-              const char* ptr = static_cast<const char*>(t.data_ptr());
-              for (int64_t d = 0; d < rank - 2; ++d) {
-                if (t.shape()[d] != 1)
-                  ptr += idx[d] * t.strides()[d] * static_cast<int64_t>(t.element_size());
-              }
-              ptr += (i * t.strides()[rank - 2] + j * t.strides()[rank - 1]) *
-                     static_cast<int64_t>(t.element_size());
-              return read_at(ptr, t.dtype());
-            };
-            Expected e;
-            for (int64_t o = 0; o < out.numel(); ++o) {
-              const std::vector<int64_t> idx = unravel(o, out.shape());
-              const int64_t i = idx[rank - 2], j = idx[rank - 1];
-              double acc = 0, scale = 0;
-              for (int64_t q = 0; q < k; ++q) {
-                const double term = at(a, idx, i, q) * at(b, idx, q, j);
-                acc += term;
-                scale += std::fabs(term);
-              }
-              e.value.push_back(acc);
-              e.scale.push_back(scale * (static_cast<double>(k) + 4));
-            }
-            return std::vector<Expected>{e};
+          [](const Problem& p) { return matmul_reference(p.in[0], p.in[1], Tensor(), p.out[0]); },
+          kEps};
+}
+
+// A 2-D matmul problem plus a bias of out's dtype or f32, added to every row.
+KernelCase addmm_case() {
+  return {"addmm",
+          [](Rng& rng, int it) {
+            const DType dtype = pick(it, {DType::kF32, DType::kBF16});
+            const int64_t m = matmul_size(rng), k = matmul_size(rng), n = matmul_size(rng);
+            const DType out_dtype = matmul_out_dtype(rng, dtype);
+            const DType bias_dtype = coin(rng, 0.5) ? DType::kF32 : out_dtype;
+            return Problem{{matmul_operand(rng, {m, k}, dtype), matmul_operand(rng, {k, n}, dtype),
+                            contiguous_input(rng, {n}, bias_dtype, normal_values(1))},
+                           {output(rng, {m, n}, out_dtype)}};
           },
+          [](Backend& b, const Problem& p) { b.addmm(p.in[2], p.in[0], p.in[1], p.out[0]); },
+          [](const Problem& p) { return matmul_reference(p.in[0], p.in[1], p.in[2], p.out[0]); },
           kEps};
 }
 

@@ -559,7 +559,7 @@ const std::vector<KernelCase>& all_cases() {
                        softmax_backward_case(false), softmax_backward_case(true), norm_case(false),
                        norm_backward_case(false), norm_case(true), norm_backward_case(true),
                        embedding_case(), embedding_backward_case(), cross_entropy_case(),
-                       cross_entropy_backward_case(), matmul_case(), adamw_case()});
+                       cross_entropy_backward_case(), matmul_case(), addmm_case(), adamw_case()});
     return c;
   }();
   return cases;

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "tessel/base/error.h"
+#include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/thread_pool.h"
 
@@ -196,6 +197,28 @@ TEST(OpsTest, SumIsIndependentOfThreadCount) {
   set_num_threads(before);
 }
 
+// layer_norm's input, weight and bias gradients (summed over blocks of rows) are bitwise the
+// same for any thread count, in f32 and bf16, with a last block of rows that is not full.
+TEST(OpsTest, LayerNormForwardAndBackwardAreIndependentOfThreadCount) {
+  const int before = num_threads();
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    auto run = [&](int threads) {
+      set_num_threads(threads);
+      const Tensor x = to(rnd({301, 40}, 20), dtype).set_requires_grad(true);
+      const Tensor w = rnd({40}, 21).set_requires_grad(true);
+      const Tensor b = rnd({40}, 22).set_requires_grad(true);
+      const Tensor y = layer_norm(x, w, b);
+      backward(sum(mul(to(y, DType::kF32), rnd({301, 40}, 23))));
+      return std::vector<std::vector<float>>{values(y), values(x.grad()), values(w.grad()),
+                                             values(b.grad())};
+    };
+    const auto one = run(1);
+    EXPECT_EQ(run(2), one) << dtype_name(dtype);
+    EXPECT_EQ(run(3), one) << dtype_name(dtype);
+  }
+  set_num_threads(before);
+}
+
 TEST(OpsTest, MatmulMatchesLoopsIncludingBroadcastAndTransposes) {
   const Tensor a = rnd({2, 3, 5}, 9), b = rnd({5, 4}, 10);
   const auto va = values(a), vb = values(b), vc = values(matmul(a, b));
@@ -211,6 +234,17 @@ TEST(OpsTest, MatmulMatchesLoopsIncludingBroadcastAndTransposes) {
   EXPECT_EQ(linear(a, bt).shape(), Shape({2, 3, 4}));
   const auto lin = values(linear(a, bt));
   for (size_t i = 0; i < lin.size(); ++i) EXPECT_NEAR(lin[i], vc[i], 1e-5);
+  // The bias is added in the GEMM (Backend::addmm): every row, also with split rows and no
+  // reduction dim at all.
+  const Tensor bias = rnd({4}, 11);
+  const auto vbias = values(bias);
+  const auto lb = values(linear(a, bt, bias));
+  for (size_t i = 0; i < lb.size(); ++i) EXPECT_NEAR(lb[i], vc[i] + vbias[i % 4], 1e-5);
+  const Tensor x = rnd({300, 5}, 12);
+  EXPECT_LT(item(max(abs(sub(linear(x, bt, bias), add(matmul(x, b), bias))))), 1e-5);
+  const auto empty_k = values(linear(zeros({3, 0}), zeros({4, 0}), bias));
+  for (size_t i = 0; i < empty_k.size(); ++i) EXPECT_EQ(empty_k[i], vbias[i % 4]);
+  EXPECT_EQ(linear(zeros({0, 5}), bt, bias).shape(), Shape({0, 4}));
 }
 
 // Shapes large enough that the CPU matmul splits rows or batches across threads.

@@ -95,7 +95,7 @@ void flash_cpu_backward(const AttentionProblem& p, const AttentionView& out,
   const float s_mul = plan.scale * kLog2e;  // scores to log2 units
 
   const std::vector<float> delta = output_dot(out, dout, plan, team);
-  std::vector<float> dq_acc(plan.batch * plan.q_heads * plan.q_blocks * bq * dp, 0.0f);
+  const Workspace<float> dq_acc(plan.batch * plan.q_heads * plan.q_blocks * bq * dp, 0.0f);
   const auto dq_locks = std::make_unique<std::mutex[]>(plan.batch * plan.q_heads * plan.q_blocks);
   const Bf16TileOps* bf16 = plan.bf16;  // null: f32 GEMMs
   std::vector<BackwardScratch> scratch(team.threads(), BackwardScratch(plan, bf16 != nullptr));
@@ -179,7 +179,7 @@ void flash_cpu_backward(const AttentionProblem& p, const AttentionView& out,
     }
   });
 
-  store_dq(dq, plan, dq_acc, team, /*column_blocks=*/false);
+  store_dq(dq, plan, dq_acc.data(), team, /*column_blocks=*/false);
 }
 
 }  // namespace tessel::kernels::attention

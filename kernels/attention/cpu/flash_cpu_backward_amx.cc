@@ -28,7 +28,7 @@ namespace {
 //   cols: [dp][bq / 2] pairs of consecutive rows, transposed (the A operand of Q^T dS and
 //         dO^T P). Padding rows and columns are zero.
 struct QueryOperand {
-  std::vector<uint32_t> rows, cols;
+  Workspace<uint32_t> rows, cols;
   int64_t block = 0;  // pairs per query block in each array
 };
 
@@ -38,8 +38,8 @@ QueryOperand layout_queries(const AttentionView& view, const FlashPlan& plan,
   QueryOperand op;
   op.block = bq * dp / 2;
   const int64_t blocks = plan.batch * plan.q_heads * plan.q_blocks;
-  op.rows.assign(blocks * op.block, 0u);
-  op.cols.assign(blocks * op.block, 0u);
+  op.rows = Workspace<uint32_t>(blocks * op.block, 0u);
+  op.cols = Workspace<uint32_t>(blocks * op.block, 0u);
   team.run(blocks, [&](int, int64_t blk) {
     const int64_t ib = blk % plan.q_blocks, bh = blk / plan.q_blocks;
     const int64_t b = bh / plan.q_heads, h = bh % plan.q_heads;
@@ -109,7 +109,7 @@ void flash_cpu_backward_amx(const AttentionProblem& p, const FlashPlan& plan,
   const std::vector<float> delta = output_dot(out, dout, plan, team);
   const QueryOperand q_op = layout_queries(p.q, plan, team);
   const QueryOperand do_op = layout_queries(dout, plan, team);
-  std::vector<float> dq_acc(plan.batch * plan.q_heads * plan.q_blocks * bq * dp, 0.0f);
+  const Workspace<float> dq_acc(plan.batch * plan.q_heads * plan.q_blocks * bq * dp, 0.0f);
   const auto dq_locks = std::make_unique<std::mutex[]>(plan.batch * plan.q_heads * plan.q_blocks);
   std::vector<AmxScratch> scratch(team.threads(), AmxScratch(plan));
   const bool full_mask = mask.is_dense() && p.mask.prefix_lengths.empty();
@@ -184,7 +184,7 @@ void flash_cpu_backward_amx(const AttentionProblem& p, const FlashPlan& plan,
     }
   });
 
-  store_dq(dq, plan, dq_acc, team, /*column_blocks=*/true);
+  store_dq(dq, plan, dq_acc.data(), team, /*column_blocks=*/true);
 }
 
 }  // namespace tessel::kernels::attention::internal

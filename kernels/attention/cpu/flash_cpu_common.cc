@@ -143,7 +143,11 @@ void load_row_bf16(const AttentionView& view, int64_t b, int64_t h, int64_t s, u
   const int64_t d = view.head_dim(), ds = view.strides[3];
   if (view.dtype == DType::kBF16) {
     const uint16_t* src = static_cast<const uint16_t*>(view.data) + view.offset(b, h, s, 0);
-    for (int64_t c = 0; c < d; ++c) dst[c] = src[c * ds];
+    if (ds == 1) {
+      std::memcpy(dst, src, static_cast<size_t>(d) * sizeof(uint16_t));
+    } else {
+      for (int64_t c = 0; c < d; ++c) dst[c] = src[c * ds];
+    }
   } else {
     const float* src = static_cast<const float*>(view.data) + view.offset(b, h, s, 0);
     for (int64_t c = 0; c < d; ++c) dst[c] = BFloat16::from_float(src[c * ds]);
@@ -210,14 +214,14 @@ const float* backward_probabilities(const TileOps& ops, const MaskEvaluator& mas
   return pdrop;
 }
 
-void store_dq(const AttentionView& dq, const FlashPlan& plan, const std::vector<float>& dq_acc,
+void store_dq(const AttentionView& dq, const FlashPlan& plan, const float* dq_acc,
               const ForkJoin& team, bool column_blocks) {
   const int64_t bq = plan.bq, dp = plan.dp;
   std::vector<std::vector<float>> rows(team.threads(), std::vector<float>(dp));
   team.run(plan.batch * plan.q_heads, [&](int worker, int64_t bh) {
     const int64_t b = bh / plan.q_heads, h = bh % plan.q_heads;
     for (int64_t i = 0; i < plan.sq; ++i) {
-      const float* block = dq_acc.data() + (bh * plan.q_blocks + i / bq) * bq * dp;
+      const float* block = dq_acc + (bh * plan.q_blocks + i / bq) * bq * dp;
       const float* row = block + i % bq * dp;
       if (column_blocks) {
         float* gathered = rows[worker].data();

@@ -52,8 +52,8 @@ void panel_keys(const MaskEvaluator& mask, int64_t i_begin, int64_t i_end, int64
 struct KvOperands {
   const AttentionProblem* p = nullptr;
   int64_t kv_heads = 0;
-  std::vector<float> k_copy, v_copy;  // [B * H_kv][S_k][dp] when the inputs are bf16
-  std::vector<uint32_t> k_pairs, v_pairs;
+  Workspace<float> k_copy, v_copy;  // [B * H_kv][S_k][dp] when the inputs are bf16
+  Workspace<uint32_t> k_pairs, v_pairs;
   int64_t head = 0;  // elements of a copy per (batch, kv head)
   int64_t k_row = 0, k_col = 0, v_row = 0, v_col = 0;
 
@@ -61,7 +61,7 @@ struct KvOperands {
   const float* v(int64_t bkv, int64_t j) const { return f32(p->v, v_copy, bkv, j); }
 
  private:
-  const float* f32(const AttentionView& view, const std::vector<float>& copy, int64_t bkv,
+  const float* f32(const AttentionView& view, const Workspace<float>& copy, int64_t bkv,
                    int64_t j) const {
     if (copy.empty()) {
       return static_cast<const float*>(view.data) +
@@ -86,12 +86,12 @@ KvOperands prepare_kv(const AttentionProblem& p, const FlashPlan& plan, bool pai
   }
   if (pairs) {
     kv.head = plan.kv_blocks * bk * dp / 2;
-    kv.k_pairs.resize(heads * kv.head);
-    kv.v_pairs.resize(heads * kv.head);
+    kv.k_pairs = Workspace<uint32_t>(heads * kv.head);
+    kv.v_pairs = Workspace<uint32_t>(heads * kv.head);
   } else {
     kv.head = plan.kv_blocks * bk * dp;
-    kv.k_copy.resize(heads * kv.head);
-    kv.v_copy.resize(heads * kv.head);
+    kv.k_copy = Workspace<float>(heads * kv.head);
+    kv.v_copy = Workspace<float>(heads * kv.head);
     kv.k_row = kv.v_row = dp;
     kv.k_col = kv.v_col = 1;
   }

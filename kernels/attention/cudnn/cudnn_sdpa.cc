@@ -6,6 +6,8 @@
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
+#include <algorithm>
+#include <array>
 #include <compare>
 #include <functional>
 #include <map>
@@ -77,9 +79,19 @@ std::vector<int64_t> dims_of(const AttentionView& v) {
 std::vector<int64_t> strides_of(const AttentionView& v) {
   return {v.strides[0], v.strides[1], v.strides[2], v.strides[3]};
 }
-// Strides of a contiguous (B, H, S, D) tensor shaped like `v`.
-std::vector<int64_t> contiguous_strides(const AttentionView& v) {
-  return {v.sizes[1] * v.sizes[2] * v.sizes[3], v.sizes[2] * v.sizes[3], v.sizes[3], 1};
+// Strides of a dense tensor shaped like `v` with its dims in memory in v's order of decreasing
+// stride: how scaled_dot_product_attention lays out outputs and gradients (sdpa.cc).
+std::vector<int64_t> dense_strides_like(const AttentionView& v) {
+  std::array<int, 4> order{0, 1, 2, 3};
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return v.strides[a] > v.strides[b]; });
+  std::vector<int64_t> strides(4);
+  int64_t stride = 1;
+  for (int k = 3; k >= 0; --k) {
+    strides[order[k]] = stride;
+    stride *= v.sizes[order[k]];
+  }
+  return strides;
 }
 
 // Everything a graph depends on.
@@ -338,11 +350,13 @@ bool cudnn_sdpa_is_available() { return true; }
 std::string cudnn_sdpa_unsupported_reason(const AttentionProblem& p) {
   std::string why = static_reason(p);
   if (!why.empty()) return why;
-  // Ask cuDNN itself, with the layouts scaled_dot_product_attention allocates (contiguous
-  // outputs and gradients): both graphs are built now and cached for the calls that follow.
+  // Ask cuDNN itself, with the layouts scaled_dot_product_attention allocates (outputs and
+  // gradients laid out like q, k, v; the output gradient like the output): both graphs are
+  // built now and cached for the calls that follow.
   tessel::cuda::DeviceGuard guard(p.q.device.index);
-  const std::vector<int64_t> out = contiguous_strides(p.q), kv = contiguous_strides(p.k);
-  for (const GraphKey& key : {forward_key(p, out), backward_key(p, out, out, out, kv, kv)}) {
+  const std::vector<int64_t> out = dense_strides_like(p.q), dk = dense_strides_like(p.k);
+  const std::vector<int64_t> dv = dense_strides_like(p.v);
+  for (const GraphKey& key : {forward_key(p, out), backward_key(p, out, out, out, dk, dv)}) {
     const std::shared_ptr<CachedGraph> g = graph_for(key);
     if (g->graph == nullptr) return "cuDNN cannot run this " + key_str(key) + ": " + g->error;
   }

@@ -13,6 +13,7 @@
 #include "tessel/kernels/attention/cpu/flash_cpu.h"
 #include "tessel/kernels/attention/cpu/fork_join.h"
 #include "tessel/kernels/attention/cpu/internal/tile_ops.h"
+#include "tessel/tensor/storage.h"
 
 namespace tessel::kernels::attention::internal {
 
@@ -22,6 +23,29 @@ inline constexpr float kLn2 = 0.6931471805599453f;
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 inline int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
+
+// A call's large work array (K and V laid out once, query operands, the dq accumulator), from
+// tessel's CPU allocator, which keeps freed blocks of 1 MiB or more for reuse: the next call
+// finds its pages mapped, where std::vector's memory came back from the system with a page
+// fault per 4 KiB on every call. Contents are undefined unless a fill value is given. Copies
+// share the array.
+template <typename T>
+class Workspace {
+ public:
+  Workspace() = default;
+  explicit Workspace(size_t n)
+      : n_(n), storage_(n > 0 ? Storage::allocate(n * sizeof(T), Device::cpu()) : Storage()) {}
+  Workspace(size_t n, T fill) : Workspace(n) { std::fill(begin(), end(), fill); }
+  T* data() const { return n_ > 0 ? static_cast<T*>(storage_.data()) : nullptr; }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  T* begin() const { return data(); }
+  T* end() const { return data() + n_; }
+
+ private:
+  size_t n_ = 0;
+  Storage storage_;
+};
 
 // Resolved sizes and kernels for one call.
 struct FlashPlan {
@@ -120,7 +144,7 @@ const float* backward_probabilities(const TileOps& ops, const MaskEvaluator& mas
 // dq = scale * the f32 accumulator, rounded to dq's dtype. The accumulator holds per
 // (batch, head, query block) a bq x dp block, row-major, or with column_blocks by blocks of 16
 // columns ([dp / 16][bq][16], the AMX layout).
-void store_dq(const AttentionView& dq, const FlashPlan& plan, const std::vector<float>& dq_acc,
+void store_dq(const AttentionView& dq, const FlashPlan& plan, const float* dq_acc,
               const ForkJoin& team, bool column_blocks);
 
 // flash_cpu_backward for a plan with AMX tiles (plan.amx), after the arguments are checked.
