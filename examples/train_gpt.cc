@@ -59,6 +59,7 @@
 #include "tessel/parallel/fsdp.h"
 #include "tessel/parallel/tp/gpt_plan.h"
 #include "tessel/parallel/tp/loss.h"
+#include "tessel/tensor/autocast.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/storage.h"
@@ -100,7 +101,7 @@ struct Flags {
   int keep_checkpoints = 3;      // committed checkpoints kept (0: all)
   bool resume = false;           // continue from the latest checkpoint under checkpoint_dir
   std::string device = "cpu";    // where the model trains (one process for devices but the CPU)
-  std::string attention_dtype = "auto";  // what attention runs in: auto (bf16 on CUDA), f32, ...
+  std::string autocast = "auto";  // bf16 mixed precision: auto (on for CUDA devices), bf16, off
 };
 
 std::string read_file(const std::string& path) {
@@ -304,17 +305,15 @@ int run(const Flags& f) {
   const std::string train_text = text.substr(0, split);
   const std::string val_text = text.substr(split);
 
-  // On CUDA, attention runs in bf16 by default so that it runs on the fused kernels (cuDNN on
-  // Hopper, flash_cuda otherwise); in f32 it would run the slow reference kernel.
-  std::optional<DType> attention_dtype;
-  if (f.attention_dtype != "auto") {
-    attention_dtype = dtype_from_name(f.attention_dtype);
-  } else if (device.is_cuda()) {
-    attention_dtype = DType::kBF16;
-  }
+  // bf16 autocast (f32 parameters and optimizer state) by default on CUDA, as nanoGPT does: the
+  // matmuls run on bf16 tensor cores and attention on the fused kernels (cuDNN on Hopper,
+  // flash_cuda otherwise), which take bf16 and f16 only; f32 attention on a GPU runs the slow
+  // reference kernel.
+  TESSEL_CHECK(f.autocast == "auto" || f.autocast == "bf16" || f.autocast == "off",
+               InvalidArgument, "--autocast {}: expected auto, bf16 or off", f.autocast);
+  const bool autocast = f.autocast == "bf16" || (f.autocast == "auto" && device.is_cuda());
   const nn::GptConfig config{.vocab_size = 256, .block_size = f.seq, .n_layer = f.layers,
-                             .n_head = f.heads, .n_embd = f.embd, .seed = f.seed,
-                             .attention_dtype = attention_dtype};
+                             .n_head = f.heads, .n_embd = f.embd, .seed = f.seed};
   std::unique_ptr<DDPModule> ddp;
   std::unique_ptr<nn::GPT> model = build_model(f, config, layout, &ddp, device);
   nn::optim::AdamW opt(model->parameters(), {.lr = f.lr, .beta1 = 0.9, .beta2 = 0.95,
@@ -379,7 +378,7 @@ int run(const Flags& f) {
         "{}{}\n",
         f.layers, f.heads, f.embd, f.seq, nn::GPT(config).num_parameters(), f.batch, f.seq,
         device.is_cpu() ? fmt::format("{} threads", num_threads()) : device.str(),
-        attention_dtype ? fmt::format(", attention in {}", dtype_name(*attention_dtype)) : "");
+        autocast ? ", bf16 autocast" : "");
   if (!resumed_from.empty()) {
     print("resumed from {} at step {}\n", resumed_from, first_step);
   } else if (f.resume) {
@@ -398,10 +397,15 @@ int run(const Flags& f) {
     auto [gx, gy] = train.next(f.batch, f.seq);
     const Tensor x = to(narrow(gx, 0, layout.batch_index * rows, rows), device);
     const Tensor y = to(narrow(gy, 0, layout.batch_index * rows, rows), device);
-    const Tensor logits = (*model)(x);  // with --tp: this rank's share of the vocabulary
-    const Tensor loss = layout.tp > 1 ? loss_parallel_cross_entropy(logits, y, (*layout.mesh)["tp"],
-                                                                    config.vocab_size)
-                                      : nn::GPT::loss(logits, y);
+    Tensor loss;
+    {
+      std::optional<AutocastGuard> mixed;
+      if (autocast) mixed.emplace(DType::kBF16);
+      const Tensor logits = (*model)(x);  // with --tp: this rank's share of the vocabulary
+      loss = layout.tp > 1 ? loss_parallel_cross_entropy(logits, y, (*layout.mesh)["tp"],
+                                                         config.vocab_size)
+                           : nn::GPT::loss(logits, y);
+    }
     backward(loss);
     const double norm = clip_grad_norm(model->parameters(), f.clip);
     opt.set_lr(schedule.lr(step));
@@ -509,9 +513,8 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", f.resume,
                "continue from the latest checkpoint under --checkpoint-dir (if there is one)");
   app.add_option("--device", f.device, "where to train: cpu, cuda or cuda:N (one process)");
-  app.add_option("--attention-dtype", f.attention_dtype,
-                 "dtype attention runs in (q, k, v cast to it): auto (bf16 on CUDA, else the "
-                 "model's), f32, bf16 or f16");
+  app.add_option("--autocast", f.autocast,
+                 "bf16 mixed precision for forward and loss: auto (on for CUDA), bf16 or off");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(f);

@@ -12,9 +12,6 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& options, Genera
                InvalidArgument,
                "attention needs n_embd ({}) to be a positive multiple of n_head ({})",
                options.n_embd, options.n_head);
-  TESSEL_CHECK(!options.attention_dtype || is_floating(*options.attention_dtype), InvalidArgument,
-               "attention_dtype {}: expected f32, bf16 or f16",
-               dtype_name(options.attention_dtype.value_or(DType::kF32)));
   const int64_t C = options.n_embd;
   register_module("c_attn",
                   std::make_shared<Linear>(LinearOptions{C, 3 * C, options.bias}, gen));
@@ -34,16 +31,12 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
                shape_str(qkv.shape()), D);
   const int64_t B = qkv.size(0), T = qkv.size(1), H = qkv.size(2) / (3 * D);
   const std::vector<Tensor> q_k_v = split(qkv, H * D, -1);
-  const DType dtype = options_.attention_dtype.value_or(qkv.dtype());
-  auto heads = [&](const Tensor& t) {
-    return tessel::to(transpose(reshape(t, {B, T, H, D}), 1, 2), dtype);
-  };
+  auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, H, D}), 1, 2); };
   kernels::SdpaOptions sdpa;
   sdpa.causal = true;
   Tensor y = kernels::scaled_dot_product_attention(heads(q_k_v[0]), heads(q_k_v[1]),
                                                    heads(q_k_v[2]), sdpa);
-  // Re-assemble the heads side by side, in the model's dtype.
-  y = reshape(transpose(tessel::to(y, qkv.dtype()), 1, 2), {B, T, H * D});
+  y = reshape(transpose(y, 1, 2), {B, T, H * D});  // re-assemble the heads side by side
   return child("resid_dropout")(child("c_proj")(y));
 }
 

@@ -5,7 +5,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 
 #include "tessel/nn/dropout.h"
 #include "tessel/nn/linear.h"
@@ -18,12 +17,6 @@ struct AttentionOptions {
   int64_t n_head = 1;
   double dropout = 0.0;  // on the output (residual) path
   bool bias = true;
-  // The dtype attention itself runs in: q, k and v are cast to it and the output back to the
-  // input's dtype, differentiably (the projections stay in the model's dtype). bf16 or f16
-  // lets an f32 model on CUDA run the fused kernels (cuDNN, flash_cuda), as attention under
-  // PyTorch's bf16 autocast would; f32 attention on CUDA runs the slow reference kernel.
-  // Unset: the input's dtype.
-  std::optional<DType> attention_dtype;
 };
 
 // Thread-safety and ownership: as Module.

@@ -21,8 +21,7 @@ GPT::GPT(const GptConfig& config) : Module("GPT"), config_(config), gen_(config.
   TESSEL_CHECK(config.vocab_size > 0 && config.block_size > 0 && config.n_layer > 0,
                InvalidArgument, "GPT needs positive vocab_size {}, block_size {}, n_layer {}",
                config.vocab_size, config.block_size, config.n_layer);
-  const AttentionOptions attention{config.n_embd, config.n_head, config.dropout, config.bias,
-                                   config.attention_dtype};
+  const AttentionOptions attention{config.n_embd, config.n_head, config.dropout, config.bias};
   auto transformer = register_module("transformer", std::make_shared<Module>("ModuleDict"));
   transformer->register_module(
       "wte", std::make_shared<Embedding>(config.vocab_size, config.n_embd, &gen_));

@@ -11,7 +11,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 
 #include "tessel/nn/dropout.h"
 #include "tessel/nn/embedding.h"
@@ -31,8 +30,6 @@ struct GptConfig {
   double dropout = 0.0;
   bool bias = true;   // biases in Linear and LayerNorm
   uint64_t seed = 0;  // initialisation and dropout masks
-  // The dtype of attention itself (AttentionOptions::attention_dtype); unset: the model's.
-  std::optional<DType> attention_dtype;
 };
 
 // Initialisation follows GPT-2: weights N(0, 0.02), residual output projections ("c_proj")

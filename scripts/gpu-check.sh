@@ -160,7 +160,7 @@ if want bench; then
   [[ -z $python ]] && echo "gpu-check: no python with torch and CUDA: the bench runs tessel alone"
   size=()
   [[ $quick -eq 1 ]] && size=(--layers 2 --steps 10)
-  # bf16 needs tessel's autocast; f32 with TF32 runs in any case.
+  # bf16 autocast runs attention on the fused kernels; f32 runs it on the reference kernel.
   step "bench: GPT-2 124M, bf16 autocast" 280 "$root/bench/gpt_cuda_bench" --dtype bf16 "${size[@]}" "${peer[@]}"
   step "bench: GPT-2 124M, f32 with TF32" 280 "$root/bench/gpt_cuda_bench" --dtype f32 --tf32 "${size[@]}" "${peer[@]}"
 fi

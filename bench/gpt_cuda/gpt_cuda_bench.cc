@@ -14,11 +14,11 @@
 // a safetensors file the PyTorch script loads, and the token batches (uniform over the
 // vocabulary, one seed) to a file both read, so the losses of the first steps agree.
 //
-// Attention: q, k and v are cast to --attention-dtype (default bf16) on both sides, so that an
-// f32 run still attends on fused kernels: tessel's is whatever scaled_dot_product_attention
-// picks on the device (cuDNN on Hopper, flash_cuda otherwise; the math backend's reference
-// kernel for f32), PyTorch's F.scaled_dot_product_attention (--attention auto picks "plain", q
-// k^T, masked softmax and @ v as tensor ops, when tessel's is the math backend).
+// Attention: whatever scaled_dot_product_attention picks for tessel on the device — with bf16
+// (autocast) a fused kernel (cuDNN on Hopper, flash_cuda otherwise), with f32 the math
+// backend's reference kernel, since neither fused kernel takes f32. --attention auto gives
+// PyTorch F.scaled_dot_product_attention in the first case and plain attention of tensor ops
+// (q k^T, masked softmax, @ v) in the second.
 //
 // Timing: each step ends with the loss read on the host (both sides), the step times after the
 // warm-up give the median; tokens/s = B * T / median; MFU = (6 N + 12 L C T) tokens/s / peak
@@ -43,14 +43,11 @@
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/optim/adamw.h"
 #include "tessel/nn/optim/clip.h"
+#include "tessel/tensor/autocast.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/cuda/cuda.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/storage.h"
-#if __has_include("tessel/tensor/autocast.h")
-#include "tessel/tensor/autocast.h"
-#define TESSEL_BENCH_HAVE_AUTOCAST 1
-#endif
 
 #ifndef TESSEL_SOURCE_DIR
 #define TESSEL_SOURCE_DIR "."
@@ -70,7 +67,6 @@ struct Flags {
   std::string torch_script = TESSEL_SOURCE_DIR "/bench/gpt_cuda/gpt_cuda_torch.py";
   std::string torch_modes = "eager,compile";
   std::string attention = "auto";
-  std::string attention_dtype = "bf16";
   std::string work_dir;
   double peak_tflops = 0;
 };
@@ -115,11 +111,6 @@ Result run_tessel(const Flags& f, const nn::GptConfig& config, const std::vector
   nn::optim::AdamW opt(model.parameters(),
                        {.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
   const bool bf16 = f.dtype == "bf16";
-#ifndef TESSEL_BENCH_HAVE_AUTOCAST
-  TESSEL_CHECK(!bf16, Unavailable,
-               "--dtype bf16 needs tessel's autocast (tensor/autocast.h), which this tree lacks; "
-               "run --dtype f32 [--tf32]");
-#endif
   synchronize(device);
   reset_peak_memory_stats(device);
   const int64_t per_step = f.batch * (f.seq + 1);
@@ -132,9 +123,7 @@ Result run_tessel(const Flags& f, const nn::GptConfig& config, const std::vector
     const Tensor x = narrow(batch, 1, 0, f.seq), y = narrow(batch, 1, 1, f.seq);
     Tensor loss;
     {
-#ifdef TESSEL_BENCH_HAVE_AUTOCAST
       AutocastGuard autocast(DType::kBF16, bf16);
-#endif
       loss = nn::GPT::loss(model(x), y);
     }
     backward(loss);
@@ -157,10 +146,10 @@ Result run_torch(const Flags& f, const std::string& mode, const std::string& att
   const std::string cmd = fmt::format(
       "PYTHONWARNINGS=ignore '{}' '{}' --mode {} --init '{}' --tokens '{}' --batch {} --seq {} "
       "--layers {} --heads {} --embd {} --vocab {} --steps {} --warmup {} --dtype {} {} "
-      "--attention {} --attention-dtype {} --device {} 2>&1",
+      "--attention {} --device {} 2>&1",
       f.torch, f.torch_script, mode, (dir / "init.safetensors").string(),
       (dir / "tokens.i32").string(), f.batch, f.seq, f.layers, f.heads, f.embd, f.vocab, f.steps,
-      f.warmup, f.dtype, f.tf32 ? "--tf32" : "", attention, f.attention_dtype, f.device);
+      f.warmup, f.dtype, f.tf32 ? "--tf32" : "", attention, f.device);
   FILE* p = ::popen(cmd.c_str(), "r");
   TESSEL_CHECK(p != nullptr, IoError, "cannot start '{}'", cmd);
   char line[1 << 16];
@@ -195,12 +184,8 @@ int run(const Flags& f) {
   TESSEL_CHECK(f.dtype == "bf16" || f.dtype == "f32", InvalidArgument,
                "--dtype {}: expected bf16 or f32", f.dtype);
   cuda::set_matmul_allow_tf32(f.tf32);
-  const DType attention_dtype = dtype_from_name(f.attention_dtype);
-  TESSEL_CHECK(is_floating(attention_dtype), InvalidArgument,
-               "--attention-dtype {}: expected f32, bf16 or f16", f.attention_dtype);
   const nn::GptConfig config{.vocab_size = f.vocab, .block_size = f.seq, .n_layer = f.layers,
-                             .n_head = f.heads, .n_embd = f.embd, .dropout = 0.0, .seed = 1,
-                             .attention_dtype = attention_dtype};
+                             .n_head = f.heads, .n_embd = f.embd, .dropout = 0.0, .seed = 1};
   const std::filesystem::path dir =
       f.work_dir.empty() ? std::filesystem::temp_directory_path() / "gpt_cuda_bench"
                          : std::filesystem::path(f.work_dir);
@@ -214,7 +199,8 @@ int run(const Flags& f) {
   }
 
   // Which attention tessel runs here (a tiny causal problem on the device).
-  const Tensor probe = zeros({1, 1, 2, f.embd / f.heads}, attention_dtype, device);
+  const Tensor probe = zeros({1, 1, 2, f.embd / f.heads},
+                             f.dtype == "bf16" ? DType::kBF16 : DType::kF32, device);
   kernels::SdpaOptions causal;
   causal.causal = true;
   const std::string tessel_attention(
@@ -233,7 +219,7 @@ int run(const Flags& f) {
              device.str(), name, f.layers, f.heads, f.embd, f.seq, f.vocab, n_params / 1e6,
              f.batch, f.seq, f.batch * f.seq, f.dtype == "bf16" ? "bf16 autocast" : "f32",
              f.tf32 ? " (TF32 matmuls)" : "", f.warmup, f.steps);
-  fmt::print("attention in {}: tessel {} ({}), PyTorch {}\n", f.attention_dtype, tessel_attention,
+  fmt::print("attention: tessel {} ({}), PyTorch {}\n", tessel_attention,
              tessel_attention == "math" ? "the reference kernel, not a fused one" : "fused kernel",
              attention == "plain" ? "plain (q k^T, masked_fill, softmax, @ v)"
                                   : "F.scaled_dot_product_attention");
@@ -300,8 +286,6 @@ int main(int argc, char** argv) {
   app.add_option("--torch-modes", f.torch_modes, "comma-separated: eager, compile");
   app.add_option("--attention", f.attention,
                  "PyTorch's attention: plain, sdpa, or auto (plain when tessel's is math)");
-  app.add_option("--attention-dtype", f.attention_dtype,
-                 "dtype attention runs in on both sides (q, k, v cast to it): bf16, f16, f32");
   app.add_option("--work-dir", f.work_dir, "where the shared weights and tokens are written");
   app.add_option("--peak-tflops", f.peak_tflops, "the device's peak for MFU (default: by name)");
   CLI11_PARSE(app, argc, argv);

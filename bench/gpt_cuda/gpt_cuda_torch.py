@@ -8,9 +8,9 @@ token batches (--tokens, int32) with the same optimizer: fused AdamW (lr 6e-4, b
 eps 1e-8, weight decay 0.1 on every parameter), gradient clipping at 1.0, bf16 autocast with
 f32 master weights (--dtype bf16) or f32 (--tf32 for TF32 matmuls).
 
---attention plain computes softmax(q k^T / sqrt(d) + causal mask) v with tensor ops; sdpa uses
-F.scaled_dot_product_attention (flash attention). Either way q, k and v are cast to
---attention-dtype first and the output back, as tessel's GptConfig::attention_dtype does.
+--attention plain computes softmax(q k^T / sqrt(d) + causal mask) v with tensor ops (the
+counterpart of tessel's math backend, which it runs for f32); sdpa uses
+F.scaled_dot_product_attention (flash attention).
 
 Prints one line: torch <mode> <median seconds per step> <peak allocated bytes> <loss per step...>
 """
@@ -27,16 +27,16 @@ import torch.nn.functional as F
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, C, H, plain, dtype):
+    def __init__(self, C, H, plain):
         super().__init__()
-        self.H, self.plain, self.dtype = H, plain, dtype
+        self.H, self.plain = H, plain
         self.c_attn = nn.Linear(C, 3 * C)
         self.c_proj = nn.Linear(C, C)
 
     def forward(self, x):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
-        heads = lambda t: t.view(B, T, self.H, C // self.H).transpose(1, 2).to(self.dtype)
+        heads = lambda t: t.view(B, T, self.H, C // self.H).transpose(1, 2)
         q, k, v = heads(q), heads(k), heads(v)
         if self.plain:
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
@@ -45,7 +45,6 @@ class CausalSelfAttention(nn.Module):
             y = att @ v
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        y = y.to(x.dtype)
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
@@ -60,10 +59,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, C, H, plain, dtype):
+    def __init__(self, C, H, plain):
         super().__init__()
         self.ln_1 = nn.LayerNorm(C)
-        self.attn = CausalSelfAttention(C, H, plain, dtype)
+        self.attn = CausalSelfAttention(C, H, plain)
         self.ln_2 = nn.LayerNorm(C)
         self.mlp = MLP(C)
 
@@ -73,12 +72,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, V, T, L, H, C, plain, dtype):
+    def __init__(self, V, T, L, H, C, plain):
         super().__init__()
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(V, C),
             wpe=nn.Embedding(T, C),
-            h=nn.ModuleList([Block(C, H, plain, dtype) for _ in range(L)]),
+            h=nn.ModuleList([Block(C, H, plain) for _ in range(L)]),
             ln_f=nn.LayerNorm(C)))
 
     def forward(self, idx, targets):
@@ -119,7 +118,6 @@ def main():
     ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
     ap.add_argument("--tf32", action="store_true")
     ap.add_argument("--attention", choices=["plain", "sdpa"], default="plain")
-    ap.add_argument("--attention-dtype", choices=["bf16", "f16", "f32"], default="bf16")
     ap.add_argument("--device", default="cuda:0")
     a = ap.parse_args()
 
@@ -129,9 +127,7 @@ def main():
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)
-    dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-    model = GPT(a.vocab, a.seq, a.layers, a.heads, a.embd, a.attention == "plain",
-                dtypes[a.attention_dtype])
+    model = GPT(a.vocab, a.seq, a.layers, a.heads, a.embd, a.attention == "plain")
     missing, unexpected = model.load_state_dict(read_safetensors(a.init), strict=False)
     assert not missing and not unexpected, (missing, unexpected)
     model.to(device)

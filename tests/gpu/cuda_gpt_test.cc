@@ -18,13 +18,10 @@
 #include "tessel/kernels/attention/sdpa.h"
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/optim/adamw.h"
+#include "tessel/tensor/autocast.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/cuda/cuda.h"
 #include "tessel/tensor/ops.h"
-#if __has_include("tessel/tensor/autocast.h")
-#include "tessel/tensor/autocast.h"
-#define TESSEL_TEST_HAVE_AUTOCAST 1
-#endif
 
 namespace tessel {
 namespace {
@@ -65,11 +62,7 @@ Result run(Device device, DType dtype, const nn::GptConfig& config, bool autocas
   const auto [x, y] = batch(4, config.block_size, config.vocab_size, 9);
   Tensor loss;
   {
-#ifdef TESSEL_TEST_HAVE_AUTOCAST
     AutocastGuard guard(DType::kBF16, autocast);
-#else
-    EXPECT_FALSE(autocast);
-#endif
     loss = nn::GPT::loss(model(to(x, device)), to(y, device));
   }
   backward(loss);
@@ -115,12 +108,8 @@ TEST(CudaGptTest, LossAndGradientsMatchTheCpuInBf16) {
 
 TEST(CudaGptTest, MixedPrecisionUnderAutocastMatchesTheCpu) {
   TESSEL_REQUIRE_CUDA();
-#ifndef TESSEL_TEST_HAVE_AUTOCAST
-  GTEST_SKIP() << "this tree has no autocast (tensor/autocast.h) yet";
-#else
   expect_close(run(kGpu, DType::kF32, small_config(0.0), true),
                run(Device::cpu(), DType::kF32, small_config(0.0), true), 1e-2, 5e-2);
-#endif
 }
 
 TEST(CudaGptTest, TrainingStepsFollowTheCpu) {

@@ -15,6 +15,7 @@
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
 #include "tessel/nn/gpt.h"
+#include "tessel/tensor/autocast.h"
 #include "tessel/tensor/autograd.h"
 
 namespace tessel::kernels {
@@ -112,8 +113,8 @@ TEST(SdpaCudaTest, ForcedBackendsThatCannotRunACallSayWhatTheySupport) {
   EXPECT_EQ(scaled_dot_product_attention(wide, wide, wide).backend, SdpaBackend::kMath);
 }
 
-// A bf16 model, and an f32 model whose attention runs in bf16 (GptConfig::attention_dtype, as
-// train_gpt does on CUDA): every layer's attention goes to a fused kernel, none to math.
+// A bf16 model, and an f32 model under bf16 autocast (as train_gpt runs on CUDA): every layer's
+// attention goes to a fused kernel, none to math.
 TEST(SdpaCudaTest, GptOnCudaRunsItsAttentionOnTheFusedKernels) {
   TESSEL_SKIP_WITHOUT_CUDA();
   const nn::GptConfig config{.vocab_size = 64, .block_size = 128, .n_layer = 2, .n_head = 4,
@@ -122,13 +123,15 @@ TEST(SdpaCudaTest, GptOnCudaRunsItsAttentionOnTheFusedKernels) {
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>(i * 7 % 64);
   const Tensor x = to(from_vector<int64_t>(tokens, {2, 128}), kGpu);
   for (const bool bf16_model : {true, false}) {
-    nn::GptConfig c = config;
-    if (!bf16_model) c.attention_dtype = DType::kBF16;
-    nn::GPT model(c);
+    nn::GPT model(config);
     model.to(kGpu);
     if (bf16_model) model.to(DType::kBF16);
     const std::vector<std::string> lines = debug_log([&] {
-      Tensor loss = nn::GPT::loss(model(x), x);
+      Tensor loss;
+      {
+        AutocastGuard autocast(DType::kBF16, /*enabled=*/!bf16_model);
+        loss = nn::GPT::loss(model(x), x);
+      }
       backward(loss);
       EXPECT_TRUE(std::isfinite(item(loss)));
     });
@@ -142,7 +145,7 @@ TEST(SdpaCudaTest, GptOnCudaRunsItsAttentionOnTheFusedKernels) {
           << line;
       ++fused;
     }
-    EXPECT_EQ(fused, 2) << (bf16_model ? "bf16 model" : "f32 model, bf16 attention");
+    EXPECT_EQ(fused, 2) << (bf16_model ? "bf16 model" : "f32 model under bf16 autocast");
   }
 }
 

@@ -14,7 +14,6 @@
 #include <gtest/gtest.h>
 
 #include "tessel/base/error.h"
-#include "tessel/base/logging.h"
 #include "tessel/kernels/attention/sdpa.h"
 #include "tessel/nn/optim/adamw.h"
 #include "tessel/tensor/autocast.h"
@@ -493,56 +492,6 @@ TEST(GptTest, RejectsBadInput) {
   EXPECT_THROW(model(zeros({1, 3})), InvalidArgument);              // float tokens
   EXPECT_THROW(model(full({1, 3}, 11, DType::kI64)), OutOfRange);   // outside the vocabulary
   EXPECT_THROW(GPT({.n_head = 3, .n_embd = 8}), InvalidArgument);
-}
-
-// attention_dtype bf16: attention runs in bf16 (flash_cpu's bf16 kernel here, the fused CUDA
-// kernels on a GPU) while the model, its logits and gradients stay f32 and close to the f32
-// model's; a non-float dtype is refused.
-TEST(GptTest, AttentionDtypeRunsOnlyAttentionInIt) {
-  const GptConfig f32{.vocab_size = 19, .block_size = 16, .n_layer = 2, .n_head = 2,
-                      .n_embd = 32, .seed = 9};
-  GptConfig bf16 = f32;
-  bf16.attention_dtype = DType::kBF16;
-  std::mt19937 rng(4);
-  std::vector<int64_t> tokens(2 * 16);
-  for (auto& t : tokens) t = static_cast<int64_t>(rng() % 19);
-  const Tensor x = from_vector<int64_t>(tokens, {2, 16});
-  auto run = [&](const GptConfig& cfg, std::vector<std::string>* log) {
-    GPT model(cfg);
-    const LogSink previous = set_log_sink([&](LogLevel, std::string_view line) {
-      if (line.find("scaled_dot_product_attention") != std::string_view::npos) {
-        log->emplace_back(line);
-      }
-    });
-    configure_logging("kernels=debug");
-    const Tensor logits = model(x);
-    configure_logging("");
-    set_log_sink(previous);
-    EXPECT_EQ(logits.dtype(), DType::kF32);
-    const Tensor loss = GPT::loss(logits, x);
-    backward(loss);
-    std::vector<Tensor> grads{loss};
-    for (const Tensor& p : model.parameters()) {
-      EXPECT_EQ(p.grad().dtype(), DType::kF32);
-      grads.push_back(p.grad());
-    }
-    return grads;
-  };
-  std::vector<std::string> log32, log16;
-  const std::vector<Tensor> a = run(f32, &log32), b = run(bf16, &log16);
-  ASSERT_EQ(log16.size(), 2u);  // one call per layer
-  for (const std::string& line : log16) {
-    EXPECT_NE(line.find("flash_cpu for bf16 q (2, 2, 16, 16)"), std::string::npos) << line;
-  }
-  EXPECT_NE(log32.at(0).find("for f32 q"), std::string::npos) << log32[0];
-  EXPECT_NEAR(item(b[0]), item(a[0]), 1e-2 * item(a[0]));  // loss: bf16 rounding of q, k, v
-  for (size_t i = 1; i < a.size(); ++i) {
-    const double scale = item(max(abs(a[i])));
-    EXPECT_LE(item(max(abs(sub(b[i], a[i])))), 5e-2 * scale + 1e-6) << "parameter " << i - 1;
-  }
-  GptConfig ints = f32;
-  ints.attention_dtype = DType::kI32;
-  EXPECT_THROW(GPT{ints}, InvalidArgument);
 }
 
 // A GPT of about a billion parameters built on the meta device allocates nothing; giving each
