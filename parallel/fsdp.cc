@@ -29,6 +29,7 @@ struct Context {
   std::vector<Group*> order;   // forward order, recorded during the first forward
   bool recording = true;
   bool backward_queued = false;
+  Group* reducing = nullptr;  // the group whose reduce_scatter was issued last (maybe pending)
 };
 
 // How the rows (dim 0) of every parameter of a group are split over a group of ranks.
@@ -494,6 +495,13 @@ class Group final : public FSDPModule {
       }
     }
     if (with_grad.empty() || pending_reduce_) return;
+    // One reduce_scatter in flight at a time (FSDP2's rule): the previous group's has had this
+    // group's backward to finish in, and waiting for it here bounds the packed gradient buffers
+    // alive to two, whatever the communication's speed.
+    if (context_ && context_->reducing != nullptr && context_->reducing != this &&
+        context_->reducing->pending_reduce_) {
+      context_->reducing->finish_reduce();
+    }
     const DType dtype = reduce_dtype(params_[with_grad[0]]);
     const Device device = params_[with_grad[0]].sharded.device();
     NoGradGuard no_grad;
@@ -526,6 +534,7 @@ class Group final : public FSDPModule {
         input, reduce_out_, {.op = ReduceOp::kAvg, .counts = counts, .async = true});
     ++stats_.reduce_scatters;
     pending_reduce_ = true;
+    if (context_) context_->reducing = this;
     reshard();
   }
 
@@ -586,6 +595,7 @@ class Group final : public FSDPModule {
       g->reshard();
       g->grads_ready_ = 0;
     }
+    ctx.reducing = nullptr;
     ctx.backward_queued = false;
   }
 
