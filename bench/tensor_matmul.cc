@@ -9,12 +9,12 @@
 //
 // Each figure is the median over --rounds rounds that alternate tessel, raw oneDNN and the BLAS
 // path (so all share whatever else runs on the machine alike); a round's sample of one of them
-// is the mean of as many calls as last >= 30 ms. Between samples the bench sleeps 20 ms. The
-// peers' threads must not spin into the next sample: OpenBLAS's workers spin 2^28 cycles
-// (~100 ms) after a call by default and an active OpenMP team spins too, which took the second
-// core from whichever contender ran next (tessel's 2-thread figures halved on random shapes).
-// So the bench runs with OPENBLAS_THREAD_TIMEOUT=4 and OMP_WAIT_POLICY=PASSIVE, re-executing
-// itself to set them (both libraries read them when they load, before main).
+// is the mean of as many calls as last >= 30 ms. Between samples the bench sleeps 20 ms, longer
+// than an OpenMP team spins after its calls. OpenBLAS's workers spin 2^28 cycles (~100 ms) by
+// default, which took the second core from whichever contender ran next (tessel's 2-thread
+// figures halved on random shapes), so the bench runs with OPENBLAS_THREAD_TIMEOUT=4,
+// re-executing itself to set it (OpenBLAS reads it when it loads, before main). OpenMP's wait
+// policy is left alone: a passive team sleeps between back-to-back calls and slows raw oneDNN.
 #include <cblas.h>
 #include <omp.h>
 #include <unistd.h>
@@ -108,10 +108,8 @@ std::vector<double> alternate(const std::vector<std::function<void()>>& fns, int
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr ||
-      std::getenv("OMP_WAIT_POLICY") == nullptr) {
+  if (std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr) {
     setenv("OPENBLAS_THREAD_TIMEOUT", "4", 0);
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
     ::execv("/proc/self/exe", argv);  // returns only on failure: run as we are
   }
   bool full = false;
