@@ -104,9 +104,7 @@ std::vector<Box> logical_boxes(const Box& box, const Shape& global, const Shape&
   // k: the last global dimension folded into logical dimension 0.
   size_t k = 0;
   int64_t folded = global.empty() ? 1 : global[0];
-  while (k + 1 < global.size() && folded < (logical.empty() ? 1 : logical[0])) {
-    folded *= global[++k];
-  }
+  while (k + 1 < global.size() && folded < logical[0]) folded *= global[++k];
   const bool folds = !global.empty() && folded == logical[0] &&
                      Shape(global.begin() + static_cast<std::ptrdiff_t>(k) + 1, global.end()) ==
                          Shape(logical.begin() + 1, logical.end());
