@@ -45,6 +45,7 @@ struct Flags {
   int64_t vocab = 256, seq = 256, layers = 4, heads = 4, embd = 256, batch = 8;
   int steps = 6, warmup = 2, rounds = 2;
   std::string torch;
+  std::vector<std::string> setups = {"single", "single1", "fsdp1", "fsdp", "ddp"};
 };
 
 nn::GptConfig config_of(const Flags& f) {
@@ -143,6 +144,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", f.warmup, "untimed steps first");
   app.add_option("--rounds", f.rounds, "rounds (ours and PyTorch's alternate)");
   app.add_option("--torch", f.torch, "python with torch, or 'auto' (scripts/torch-venv.sh)");
+  app.add_option("--setups", f.setups, "which setups to run (comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"single", "single1", "fsdp1", "fsdp", "ddp"}));
   CLI11_PARSE(app, argc, argv);
   if (!gloo_is_available()) {
     std::printf("skipped: this build has no Gloo backend\n");
@@ -156,7 +160,7 @@ int main(int argc, char** argv) {
               bench::load_average().c_str(),
               bench::cpu_features({"avx512f", "avx512_bf16", "amx_tile"}).c_str());
   const std::string python = bench::torch_python(f.torch, TESSEL_SOURCE_DIR);
-  const std::vector<std::string> setups = {"single", "single1", "fsdp1", "fsdp", "ddp"};
+  const std::vector<std::string>& setups = f.setups;
   std::map<std::string, std::vector<double>> ours, theirs;
   std::string version;
   for (int round = 0; round < f.rounds; ++round) {
@@ -183,6 +187,7 @@ int main(int argc, char** argv) {
     }
     std::printf("\n");
   }
+  if (ours["fsdp1"].empty() || ours["single1"].empty()) return 0;
   const double host = bench::median(ours["fsdp1"]) - bench::median(ours["single1"]);
   std::printf("\nFSDP host cost per step (fsdp1 - single1): ours %.1f ms", host * 1e3);
   if (with_torch && !theirs["fsdp1"].empty() && !theirs["single1"].empty()) {

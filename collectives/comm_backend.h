@@ -38,6 +38,8 @@ struct OpContext {
   // (NCCL) leaves the operation's device part; the Work then completes with it. Null: the
   // backend must finish the operation before returning.
   std::unique_ptr<DeviceWork>* device_work = nullptr;
+  // When the caller issued the call (an async call may start later on the group's thread).
+  SteadyClock::time_point issued = SteadyClock::now();
 };
 
 // A split as every rank of the parent sees it after exchanging (color, key).

@@ -86,6 +86,7 @@ struct ProcessGroup::Call {
   bool async = false;
   Nanoseconds timeout{0};
   std::optional<Stream> stream;  // the caller's, for device tensors (OpContext::stream)
+  SteadyClock::time_point issued;  // set by issue()
   std::function<void(const OpContext&)> run;
 };
 
@@ -282,6 +283,7 @@ void ProcessGroup::fail_device_work(WorkState& work, std::exception_ptr error) {
 }
 
 Work ProcessGroup::issue(Call call) {
+  call.issued = SteadyClock::now();
   std::unique_lock lock(mutex_);
   TESSEL_CHECK(!aborted(), CommError, "group '{}' (id {}) was aborted: {}", name(), id(),
                abort_reason_);
@@ -356,7 +358,8 @@ void ProcessGroup::execute(const std::shared_ptr<WorkState>& state, Call& call,
     call.run(OpContext{.seq = state->seq(),
                        .timeout = call.timeout,
                        .stream = call.stream,
-                       .device_work = &device});
+                       .device_work = &device,
+                       .issued = call.issued});
     if (device == nullptr) {
       if (state->complete()) recorder.completed(id);
       return;

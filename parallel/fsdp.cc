@@ -386,8 +386,11 @@ class Group final : public FSDPModule {
     if (ctx.recording && std::find(ctx.order.begin(), ctx.order.end(), this) == ctx.order.end()) {
       ctx.order.push_back(this);
     }
-    unshard(false);
+    // The next group's all_gather queues behind this group's before this thread blocks on it,
+    // so the link never idles while this thread wakes up.
+    unshard(true);
     prefetch(forward_prefetch_, +1);
+    unshard(false);
     if (options_.mp_policy.param_dtype) {  // compute in param_dtype (the casts are recorded)
       for (Tensor& x : inputs) {
         if (x.defined() && is_floating(x.dtype())) x = to(x, *options_.mp_policy.param_dtype);
@@ -405,12 +408,21 @@ class Group final : public FSDPModule {
         }
       }
     }
-    if (!reshard_after_forward_) return;
+    if (!reshard_after_forward_ || runs_last_in_forward(ctx)) return;
     if (small_size_ > 0) {
       keep_small_shard();
     } else {
       reshard();
     }
+  }
+
+  // In a forward that autograd records, the group whose forward runs last (once the first step
+  // recorded the order) keeps its parameters: its backward comes next, so freeing them would
+  // only gather them again at once (torchtitan sets this by hand for the last block). Memory is
+  // as in backward anyway: this group computing and the next one prefetched. The end of
+  // backward reshards it as every group.
+  bool runs_last_in_forward(const Context& ctx) const {
+    return grad_enabled() && !ctx.recording && !ctx.order.empty() && ctx.order.back() == this;
   }
 
   // reshard_after_forward = N: keep this rank's piece of the N-way layout, free the rest.
@@ -435,8 +447,9 @@ class Group final : public FSDPModule {
       Context* c = &ctx;
       queue_callback([c] { finish_backward(*c); });
     }
-    unshard(false);
+    unshard(true);
     prefetch(backward_prefetch_, -1);
+    unshard(false);
   }
 
   // Issues the all_gathers of the explicit list, or of the group next in the recorded forward

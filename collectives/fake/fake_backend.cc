@@ -6,6 +6,8 @@
 #include <numeric>
 #include <string>
 
+#include <sys/prctl.h>
+
 #include "tessel/base/error.h"
 #include "tessel/collectives/comm_backend.h"
 
@@ -56,16 +58,24 @@ class LinkModel {
     return d;
   }
 
-  // Sleeps for `modeled` unless aborted first; fails at the call's timeout when the modeled
-  // time is longer.
+  // Takes the call's modeled time on the link, asleep, unless aborted first; fails at the call's
+  // timeout when the modeled time is longer. The link starts a call when it was issued or when
+  // the link finished the previous one, whichever is later: not when this thread got to it, since
+  // a thread that wakes late on a loaded machine is the simulation's delay, not the link's.
   void wait(Nanoseconds modeled, const OpContext& ctx) {
-    const auto start = SteadyClock::now();
-    const auto done = start + modeled;
-    const auto give_up = start + ctx.timeout;
+    // Linux may end a sleep up to the thread's timer slack (50 us by default) late; a modeled
+    // call should end on time.
+    thread_local const bool tight_slack = prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0) == 0;
+    (void)tight_slack;
+    const auto now = SteadyClock::now();
     std::unique_lock lock(mutex_);
-    cv_.wait_until(lock, std::min(done, give_up), [this] { return aborted_; });
+    const auto start = std::max(std::min(ctx.issued, now), busy_until_);
+    const auto done = start + modeled;
+    busy_until_ = done;
+    const auto give_up = now + ctx.timeout;
+    cv_.wait_until(lock, modeled > ctx.timeout ? give_up : done, [this] { return aborted_; });
     if (aborted_) throw CommError(fmt::format("fake group aborted: {}", abort_reason_));
-    if (done > give_up) {
+    if (modeled > ctx.timeout) {
       throw Timeout(fmt::format("the modeled time {} is longer than the call's timeout {}",
                                 format_duration(modeled), format_duration(ctx.timeout)));
     }
@@ -87,6 +97,7 @@ class LinkModel {
   std::condition_variable cv_;
   bool aborted_ = false;      // guarded by mutex_
   std::string abort_reason_;  // guarded by mutex_
+  SteadyClock::time_point busy_until_;  // the previous call's modeled end; guarded by mutex_
 };
 
 class FakeBackend final : public CommBackend {

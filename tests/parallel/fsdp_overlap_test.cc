@@ -1,16 +1,17 @@
 // FSDP hides its communication behind compute: on a fake 4-rank world whose collectives take
 // modeled time (latency + bytes / bandwidth, waited for asleep on the group's worker thread), a
-// step of a 24-block GPT whose modeled communication is half its compute time exposes at most
-// 10% of that communication (the time the caller blocked waiting for FSDP's collectives: in
-// practice the first all_gathers of forward and the last reduce_scatters of backward). With
-// communication equal to compute the figure is printed, not asserted: forward's all_gathers then
-// take as long as the blocks' forward compute, and jitter shows. The flight recorder shows every
-// group's all_gather issued before that group's forward began.
+// step of a 24-block GPT whose modeled communication is at most its compute time (0.97 x, and
+// 0.5 x) exposes at most 10% of that communication: the time the caller blocked waiting for
+// FSDP's collectives, in practice the first all_gathers of forward, the last reduce_scatters of
+// backward and, near equality, what each block's compute falls short of its communication.
+// The flight recorder shows every group's all_gather issued before that group's forward began.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tessel/base/clock.h"
@@ -126,35 +127,56 @@ std::vector<StepFigures> modeled_steps(const Profile& p, double share) {
   return out;
 }
 
+// Threads of other processes runnable now (median of ten looks at /proc/loadavg over half a
+// second, less this one): what would compete for the cores. -1 when unknown.
+int competing_threads() {
+  std::vector<int> running;
+  for (int i = 0; i < 10; ++i) {
+    std::ifstream in("/proc/loadavg");
+    double a = 0, b = 0, c = 0;
+    int now = 0;
+    char slash = 0;
+    if (!(in >> a >> b >> c >> now >> slash) || slash != '/') return -1;
+    running.push_back(now - 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::sort(running.begin(), running.end());
+  return running[running.size() / 2];
+}
+
 TEST(FsdpOverlapTest, ExposedCommunicationIsAtMostATenthOfTheModeledTime) {
+  // What is measured is wall time the caller waited; with more runnable threads than cores
+  // every wake-up comes late and counts as exposed. ctest runs this test alone.
+  const int competing = competing_threads();
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::printf("threads of other processes runnable: %d on %d cores\n", competing, cores);
+  if (competing >= cores) {
+    GTEST_SKIP() << "the machine is too busy to measure overlap: " << competing
+                 << " threads of other processes runnable on " << cores << " cores";
+  }
   set_num_threads(1);
-  for (double share : {1.0, 0.5}) {
-    // The best step among those whose communication really was at most `share` of their own
-    // compute; a new profile and run when the load moved so much that none was, or (the
-    // machine is shared: a late wake-up is exposed time too) when the best exposed over 10%.
+  // Communication modeled as 0.97 x and 0.5 x the profiled compute: "at most the compute time"
+  // at its edge (a hair under, so that a step on a machine whose speed wanders still meets the
+  // condition) and with room.
+  for (double share : {0.97, 0.5}) {
+    // The best step among those whose communication really was at most their own compute;
+    // a new profile and run when the load moved so much that none was, or (the machine is
+    // shared: a late wake-up is exposed time too) when the best exposed over 10%.
     std::optional<StepFigures> best;
     auto good = [&] { return best && best->exposed <= 0.10 * best->modeled; };
-    for (int attempt = 0; attempt < 3 && !good(); ++attempt) {
+    for (int attempt = 0; attempt < 4 && !good(); ++attempt) {
       const Profile p = profile();
       for (const StepFigures& f : modeled_steps(p, share)) {
-        if (f.modeled > share * 1.05 * f.compute) continue;
+        if (f.modeled > f.compute) continue;
         if (!best || f.exposed / f.modeled < best->exposed / best->modeled) best = f;
       }
     }
-    if (share > 0.5 && !best) {  // informational only: the load moved too much to measure
-      std::printf("communication %.2f x compute: no step kept it within (load moved)\n", share);
-      continue;
-    }
-    ASSERT_TRUE(best.has_value()) << "no step kept communication within " << share
-                                  << " x compute";
+    ASSERT_TRUE(best.has_value()) << "no step kept communication within its compute";
     std::printf("communication %.2f x compute (%.1f ms of compute, %.1f ms modeled): exposed "
                 "%.2f ms (%.1f%%)\n",
                 best->modeled / best->compute, best->compute * 1e3, best->modeled * 1e3,
                 best->exposed * 1e3, 100 * best->exposed / best->modeled);
-    if (share <= 0.5) {
-      EXPECT_LE(best->exposed, 0.10 * best->modeled)
-          << "communication = " << share << " x compute";
-    }
+    EXPECT_LE(best->exposed, 0.10 * best->modeled) << "communication = " << share << " x compute";
   }
 }
 
