@@ -28,8 +28,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -37,6 +35,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "bench_gpt_peer.h"
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
 #include "tessel/kernels/attention/sdpa.h"
@@ -71,18 +70,7 @@ struct Flags {
   double peak_tflops = 0;
 };
 
-struct Result {
-  std::string name;
-  double step_s = 0;      // median seconds per step after the warm-up
-  int64_t peak_bytes = 0;
-  std::vector<double> losses;
-  std::string note;
-};
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using Result = bench::GptRun;
 
 // The device's dense peak for the dtype, by its name (0 when unknown).
 double peak_flops(const std::string& name, const Flags& f) {
@@ -91,15 +79,6 @@ double peak_flops(const std::string& name, const Flags& f) {
   if (f.dtype == "bf16") return hopper ? 989.5e12 : ampere ? 312e12 : 0;
   if (f.tf32) return hopper ? 494.7e12 : ampere ? 156e12 : 0;
   return hopper ? 66.9e12 : ampere ? 19.5e12 : 0;
-}
-
-// Token batches: (steps + warmup) x B x (T + 1) i32, uniform over the vocabulary.
-std::vector<int32_t> make_tokens(const Flags& f) {
-  std::mt19937_64 rng(1234);
-  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(f.vocab - 1));
-  std::vector<int32_t> tokens(static_cast<size_t>((f.steps + f.warmup) * f.batch * (f.seq + 1)));
-  for (auto& t : tokens) t = token(rng);
-  return tokens;
 }
 
 Result run_tessel(const Flags& f, const nn::GptConfig& config, const std::vector<int32_t>& tokens,
@@ -133,7 +112,7 @@ Result run_tessel(const Flags& f, const nn::GptConfig& config, const std::vector
     r.losses.push_back(item(loss));  // waits for the step
     if (step >= f.warmup) times.push_back(watch.elapsed_seconds());
   }
-  r.step_s = median(times);
+  r.step_s = bench::median_of(times);
   r.peak_bytes = memory_stats(device).peak_allocated_bytes;
   return r;
 }
@@ -141,8 +120,6 @@ Result run_tessel(const Flags& f, const nn::GptConfig& config, const std::vector
 // One PyTorch mode, from its line "torch <mode> <step_s> <peak_bytes> <loss> <loss> ...".
 Result run_torch(const Flags& f, const std::string& mode, const std::string& attention,
                  const std::filesystem::path& dir) {
-  Result r;
-  r.name = "torch " + mode;
   const std::string cmd = fmt::format(
       "PYTHONWARNINGS=ignore '{}' '{}' --mode {} --init '{}' --tokens '{}' --batch {} --seq {} "
       "--layers {} --heads {} --embd {} --vocab {} --steps {} --warmup {} --dtype {} {} "
@@ -150,28 +127,7 @@ Result run_torch(const Flags& f, const std::string& mode, const std::string& att
       f.torch, f.torch_script, mode, (dir / "init.safetensors").string(),
       (dir / "tokens.i32").string(), f.batch, f.seq, f.layers, f.heads, f.embd, f.vocab, f.steps,
       f.warmup, f.dtype, f.tf32 ? "--tf32" : "", attention, f.device);
-  FILE* p = ::popen(cmd.c_str(), "r");
-  TESSEL_CHECK(p != nullptr, IoError, "cannot start '{}'", cmd);
-  char line[1 << 16];
-  std::string tail;
-  while (std::fgets(line, sizeof(line), p) != nullptr) {
-    const std::string s(line);
-    if (s.rfind("torch ", 0) != 0) {
-      tail += s;
-      continue;
-    }
-    std::istringstream in(s);
-    std::string word, name;
-    in >> word >> name >> r.step_s >> r.peak_bytes;
-    double loss = 0;
-    while (in >> loss) r.losses.push_back(loss);
-  }
-  const int status = ::pclose(p);
-  if (status != 0 || r.step_s <= 0) {
-    r.note = fmt::format("failed (status {}): {}", status,
-                         tail.size() > 2000 ? tail.substr(tail.size() - 2000) : tail);
-  }
-  return r;
+  return bench::run_peer(cmd, "torch " + mode);
 }
 
 int run(const Flags& f) {
@@ -189,14 +145,9 @@ int run(const Flags& f) {
   const std::filesystem::path dir =
       f.work_dir.empty() ? std::filesystem::temp_directory_path() / "gpt_cuda_bench"
                          : std::filesystem::path(f.work_dir);
-  std::filesystem::create_directories(dir);
-  const std::vector<int32_t> tokens = make_tokens(f);
-  {
-    std::ofstream out(dir / "tokens.i32", std::ios::binary);
-    out.write(reinterpret_cast<const char*>(tokens.data()),
-              static_cast<std::streamsize>(tokens.size() * sizeof(int32_t)));
-    nn::GPT(config).save((dir / "init.safetensors").string());
-  }
+  const std::vector<int32_t> tokens =
+      bench::make_tokens(f.steps + f.warmup, f.batch, f.seq, f.vocab);
+  bench::write_peer_inputs(dir, tokens, config);
 
   // Which attention tessel runs here (a tiny causal problem on the device).
   const Tensor probe = zeros({1, 1, 2, f.embd / f.heads},
