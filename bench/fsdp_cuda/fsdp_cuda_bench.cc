@@ -35,8 +35,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "bench_gpt_peer.h"
-#include "tessel/base/clock.h"
+#include "bench_gpt.h"
 #include "tessel/base/error.h"
 #include "tessel/collectives/fake/fake_backend.h"
 #include "tessel/collectives/memory_store.h"
@@ -45,11 +44,8 @@
 #include "tessel/flight_recorder/dump.h"
 #include "tessel/flight_recorder/recorder.h"
 #include "tessel/nn/gpt.h"
-#include "tessel/nn/optim/adamw.h"
 #include "tessel/nn/optim/clip.h"
 #include "tessel/parallel/fsdp.h"
-#include "tessel/tensor/autocast.h"
-#include "tessel/tensor/autograd.h"
 #include "tessel/tensor/cuda/cuda.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/storage.h"
@@ -64,8 +60,7 @@ using namespace tessel;
 using bench::GptRun;
 
 struct Flags {
-  int64_t batch = 8, seq = 1024, layers = 12, heads = 12, embd = 768, vocab = 50304;
-  int steps = 20, warmup = 5;
+  bench::GptShape shape{.batch = 8};  // GPT-2 124M, B=8, T=1024
   std::string dtype = "bf16";
   std::string device = "cuda:0";
   std::string torch = "none";  // python with torch, or none
@@ -75,6 +70,12 @@ struct Flags {
 };
 
 enum class Setup { kSingle, kFsdp, kFsdpNoComm };
+
+std::string setup_name(Setup setup) {
+  return setup == Setup::kSingle ? "tessel single"
+         : setup == Setup::kFsdp ? "tessel fsdp"
+                                 : "tessel fsdp no-comm";
+}
 
 struct TesselRun {
   GptRun run;
@@ -111,11 +112,6 @@ double comm_seconds_per_step(uint64_t first_record, int64_t from_step, int steps
 
 TesselRun run_tessel(const Flags& f, const nn::GptConfig& config,
                      const std::vector<int32_t>& tokens, Device device, Setup setup) {
-  TesselRun out;
-  GptRun& r = out.run;
-  r.name = setup == Setup::kSingle ? "tessel single"
-           : setup == Setup::kFsdp ? "tessel fsdp"
-                                   : "tessel fsdp no-comm";
   auto& recorder = fr::FlightRecorder::global();
   const uint64_t first_record = recorder.recorded();
   nn::GPT model(config);  // the weights of init.safetensors
@@ -129,44 +125,25 @@ TesselRun run_tessel(const Flags& f, const nn::GptConfig& config,
     for (int64_t i = 0; i < config.n_layer; ++i) fully_shard(blocks.child(std::to_string(i)), *mesh);
     fully_shard(model, *mesh);
   }
-  nn::optim::AdamW opt(model.parameters(),
-                       {.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
-  const bool bf16 = f.dtype == "bf16";
   const bool trace = setup == Setup::kFsdp && !f.trace_dir.empty();
-  synchronize(device);
-  reset_peak_memory_stats(device);
-  const int64_t per_step = f.batch * (f.seq + 1);
-  std::vector<double> times;
-  for (int step = 0; step < f.steps + f.warmup; ++step) {
-    recorder.set_step(step);
-    const Tensor batch = to(from_data(tokens.data() + step * per_step, per_step,
-                                      {f.batch, f.seq + 1}, DType::kI32),
-                            device);
-    const Stopwatch watch;
-    if (trace) recorder.record_event(fmt::format("step {} forward", step));
-    const Tensor x = narrow(batch, 1, 0, f.seq), y = narrow(batch, 1, 1, f.seq);
-    Tensor loss;
-    {
-      AutocastGuard autocast(DType::kBF16, bf16);
-      loss = nn::GPT::loss(model(x), y);
-    }
-    if (trace) recorder.record_event(fmt::format("step {} backward", step));
-    backward(loss);
-    if (trace) recorder.record_event(fmt::format("step {} optimizer", step));
+  auto clip = [&] {
     if (world) {
       clip_grad_norm(model.parameters(), 1.0);  // parallel/fsdp.h: over the shards
     } else {
       nn::optim::clip_grad_norm(model.parameters(), 1.0);
     }
-    opt.step();
-    opt.zero_grad();
-    r.losses.push_back(item(loss));  // waits for the step
-    if (trace) recorder.record_event(fmt::format("step {} loss read", step));
-    if (step >= f.warmup) times.push_back(watch.elapsed_seconds());
+  };
+  // Steps are stamped on the flight recorder's entries; the traced run also marks its phases.
+  auto mark = [&](int step, std::string_view phase) {
+    if (phase == "forward") recorder.set_step(step);
+    if (trace) recorder.record_event(fmt::format("step {} {}", step, phase));
+  };
+  TesselRun out;
+  out.run = bench::train_steps(model, f.shape, tokens, device, f.dtype == "bf16", clip, mark);
+  out.run.name = setup_name(setup);
+  if (setup == Setup::kFsdp) {
+    out.comm_s = comm_seconds_per_step(first_record, f.shape.warmup, f.shape.steps);
   }
-  r.step_s = bench::median_of(times);
-  r.peak_bytes = memory_stats(device).peak_allocated_bytes;
-  if (setup == Setup::kFsdp) out.comm_s = comm_seconds_per_step(first_record, f.warmup, f.steps);
   if (trace) {
     recorder.set_process_info(0, 1);  // the dump's rank: tessel-trace reads worlds of ranks
     const auto path = fr::write_dump(recorder, {fr::DumpTrigger::kApi, -1, "fsdp_cuda_bench"},
@@ -180,14 +157,12 @@ TesselRun run_tessel(const Flags& f, const nn::GptConfig& config,
 
 GptRun run_torch(const Flags& f, const std::string& mode, const std::filesystem::path& dir) {
   const std::string cmd = fmt::format(
-      "PYTHONWARNINGS=ignore '{}' '{}' --mode {} --init '{}' --tokens '{}' --batch {} --seq {} "
-      "--layers {} --heads {} --embd {} --vocab {} --steps {} --warmup {} --dtype {} "
+      "PYTHONWARNINGS=ignore '{}' '{}' --mode {} --init '{}' --tokens '{}' {} --dtype {} "
       "--attention {} --device {} 2>&1",
       f.torch, f.torch_script, mode, (dir / "init.safetensors").string(),
-      (dir / "tokens.i32").string(), f.batch, f.seq, f.layers, f.heads, f.embd, f.vocab, f.steps,
-      f.warmup, f.dtype, f.dtype == "bf16" ? "sdpa" : "plain", f.device);
-  GptRun r = bench::run_peer(cmd, "torch " + mode);
-  return r;
+      (dir / "tokens.i32").string(), f.shape.peer_flags(), f.dtype,
+      f.dtype == "bf16" ? "sdpa" : "plain", f.device);
+  return bench::run_peer(cmd, "torch " + mode);
 }
 
 // Milliseconds, or n/a when unmeasured.
@@ -204,22 +179,21 @@ int run(const Flags& f) {
   check_device_available(device);
   TESSEL_CHECK(f.dtype == "bf16" || f.dtype == "f32", InvalidArgument,
                "--dtype {}: expected bf16 or f32", f.dtype);
-  const nn::GptConfig config{.vocab_size = f.vocab, .block_size = f.seq, .n_layer = f.layers,
-                             .n_head = f.heads, .n_embd = f.embd, .dropout = 0.0, .seed = 1};
+  const bench::GptShape& s = f.shape;
+  const nn::GptConfig config = s.config();
   const std::filesystem::path dir =
       f.work_dir.empty() ? std::filesystem::temp_directory_path() / "fsdp_cuda_bench"
                          : std::filesystem::path(f.work_dir);
-  const std::vector<int32_t> tokens =
-      bench::make_tokens(f.steps + f.warmup, f.batch, f.seq, f.vocab);
+  const std::vector<int32_t> tokens = bench::make_tokens(s);
   bench::write_peer_inputs(dir, tokens, config);
 
   const std::string name = device.is_cuda() ? cuda::device_name(device.index) : "the CPU";
   fmt::print("fsdp_cuda_bench on {} ({}): GPT {} layers, {} heads, {} wide, context {}, vocab {}; "
              "batch {} x {} = {} tokens/step; {}; world of one rank ({}); {} warm-up + {} timed "
              "steps\n",
-             device.str(), name, f.layers, f.heads, f.embd, f.seq, f.vocab, f.batch, f.seq,
-             f.batch * f.seq, f.dtype == "bf16" ? "bf16 autocast" : "f32",
-             device.is_cuda() ? "NCCL" : "threads backend", f.warmup, f.steps);
+             device.str(), name, s.layers, s.heads, s.embd, s.seq, s.vocab, s.batch, s.seq,
+             s.batch * s.seq, f.dtype == "bf16" ? "bf16 autocast" : "f32",
+             device.is_cuda() ? "NCCL" : "threads backend", s.warmup, s.steps);
   std::fflush(stdout);
 
   std::vector<TesselRun> ours;
@@ -228,9 +202,7 @@ int run(const Flags& f) {
       ours.push_back(run_tessel(f, config, tokens, device, setup));
     } catch (const Error& e) {
       TesselRun failed;
-      failed.run.name = setup == Setup::kSingle ? "tessel single"
-                        : setup == Setup::kFsdp ? "tessel fsdp"
-                                                : "tessel fsdp no-comm";
+      failed.run.name = setup_name(setup);
       failed.run.note = e.what();
       ours.push_back(failed);
     }
@@ -252,7 +224,7 @@ int run(const Flags& f) {
     }
     const bool losses = show_loss && !r.losses.empty();
     fmt::print("{:<22} {:>12.0f} {:>10.2f} {:>11} {:>9} {:>9} {:>12}\n", r.name,
-               static_cast<double>(f.batch * f.seq) / r.step_s, r.step_s * 1e3,
+               static_cast<double>(s.batch * s.seq) / r.step_s, r.step_s * 1e3,
                bytes_str(r.peak_bytes),
                losses ? fmt::format("{:.4f}", r.losses.front()) : "-",
                losses ? fmt::format("{:.4f}", r.losses.back()) : "-",
@@ -285,14 +257,7 @@ int run(const Flags& f) {
 int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"GPT training under FSDP on one GPU: tessel beside PyTorch FSDP2"};
-  app.add_option("--batch", f.batch, "sequences per step");
-  app.add_option("--seq", f.seq, "sequence length (context)");
-  app.add_option("--layers", f.layers, "transformer blocks");
-  app.add_option("--heads", f.heads, "attention heads");
-  app.add_option("--embd", f.embd, "model width");
-  app.add_option("--vocab", f.vocab, "vocabulary size");
-  app.add_option("--steps", f.steps, "timed steps");
-  app.add_option("--warmup", f.warmup, "untimed steps first");
+  f.shape.add_options(app);
   app.add_option("--dtype", f.dtype, "bf16 (autocast, f32 parameters) or f32");
   app.add_option("--device", f.device, "the CUDA device (cpu: the plumbing only)");
   app.add_option("--torch", f.torch, "python with torch for the peer, or none");

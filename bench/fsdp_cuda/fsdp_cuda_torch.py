@@ -13,16 +13,14 @@ Prints one line: torch <mode> <median seconds per step> <peak allocated bytes> <
 """
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpt_cuda"))
-import gpt_cuda_torch as gpt  # noqa: E402  (the GPT, read_safetensors)
+import gpt_cuda_torch as gpt  # noqa: E402  (the GPT, read_safetensors, the training loop)
 
 
 def fully_shard_fn():
@@ -78,28 +76,7 @@ def main():
     except (RuntimeError, TypeError):  # fused AdamW without DTensor support
         opt = torch.optim.AdamW(model.parameters(), foreach=True, **options)
 
-    per_step = a.batch * (a.seq + 1)
-    tokens = torch.from_file(a.tokens, dtype=torch.int32, size=(a.steps + a.warmup) * per_step)
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-    losses, times = [], []
-    for step in range(a.steps + a.warmup):
-        batch = tokens[step * per_step:(step + 1) * per_step].view(a.batch, a.seq + 1)
-        batch = batch.to(device, dtype=torch.int64)
-        start = time.perf_counter()
-        x, y = batch[:, :-1], batch[:, 1:]
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
-            loss = model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())  # waits for the step
-        if step >= a.warmup:
-            times.append(time.perf_counter() - start)
-    peak = torch.cuda.max_memory_allocated(device) if cuda else 0
-    print("torch", a.mode, statistics.median(times), peak,
-          " ".join(f"{l:.6f}" for l in losses), flush=True)
+    gpt.train_and_report(a, device, model, model, opt)
     if dist.is_initialized():
         dist.destroy_process_group()
 

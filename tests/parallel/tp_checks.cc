@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "tessel/collectives/threads/threads_backend.h"
 #include "tessel/nn/optim/adamw.h"
 #include "tessel/nn/optim/clip.h"
 #include "tessel/parallel/fsdp.h"
@@ -112,6 +113,17 @@ TpRun train_tensor_parallel(const std::shared_ptr<ProcessGroup>& world, const Tp
     run.losses.push_back(static_cast<float>(item(mean)));
   }
   return run;
+}
+
+TpRun train_tensor_parallel_threads(const TpSetup& setup) {
+  int world = 1;
+  for (int64_t n : setup.shape) world *= static_cast<int>(n);
+  TpRun got;
+  threads::run_ranks(world, [&](ProcessGroup& pg) {
+    TpRun run = train_tensor_parallel(pg.shared_from_this(), setup);
+    if (pg.rank() == 0) got = std::move(run);
+  });
+  return got;
 }
 
 std::string parity_error(const TpRun& got, const TpRun& want, double loss_rtol,

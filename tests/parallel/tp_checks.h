@@ -39,6 +39,8 @@ struct TpSetup {
 // of the world calls it. The losses are averaged over the world; the gradients gathered (a
 // collective), so every rank returns the whole run.
 TpRun train_tensor_parallel(const std::shared_ptr<ProcessGroup>& world, const TpSetup& setup);
+// train_tensor_parallel on rank threads (threads backend), one per rank of the mesh; rank 0's run.
+TpRun train_tensor_parallel_threads(const TpSetup& setup);
 
 // The first difference beyond the tolerances — a step's loss off by more than loss_rtol
 // (relative), a first-step gradient off by more than grad_tol of its largest entry — or empty.

@@ -9,7 +9,6 @@
 
 #include <string>
 
-#include "tessel/collectives/threads/threads_backend.h"
 #include "tests/gpu/require_cuda.h"
 #include "tests/parallel/tp_checks.h"
 
@@ -28,13 +27,7 @@ const TpRun& single_gpu() {
 
 void expect_parity(TpSetup setup) {
   setup.device = kGpu;
-  int world = 1;
-  for (int64_t n : setup.shape) world *= static_cast<int>(n);
-  TpRun got;
-  threads::run_ranks(world, [&](ProcessGroup& pg) {
-    TpRun run = testing::train_tensor_parallel(pg.shared_from_this(), setup);
-    if (pg.rank() == 0) got = std::move(run);
-  });
+  const TpRun got = testing::train_tensor_parallel_threads(setup);
   const std::string error = testing::parity_error(got, single_gpu(), 1e-4, 1e-4);
   EXPECT_TRUE(error.empty()) << error;
 }
