@@ -27,7 +27,9 @@
 // Overlap: after the first step, which records the groups' forward order, each group's
 // pre-forward issues the next group's all_gather asynchronously, and backward prefetches in
 // reverse order; reductions run asynchronously too and are waited for at the end of backward
-// (autograd's queue_callback). On the CPU the collectives run on each group's worker thread.
+// (autograd's queue_callback). On the CPU the collectives run on each group's worker thread;
+// on CUDA over NCCL on the group's communication stream, and a wait makes the compute stream
+// wait for them without blocking the host (docs/parallel-cuda.md; not yet run on a GPU).
 //
 // Collective rules: the first forward of the root validates, over the mesh, that every rank
 // has the same sharded parameters (names, shapes, dtypes) and fails with one error naming the
