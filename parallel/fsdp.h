@@ -78,7 +78,9 @@ struct FSDPStats {
   int64_t reduce_scatters = 0;    // flat reduce_scatters issued
   int64_t all_reduces = 0;        // HSDP all_reduces issued
   int64_t prefetched = 0;         // all_gathers issued ahead of the group's own need
-  double exposed_wait_s = 0;      // time the caller waited for this group's collectives
+  // Host time the caller waited for this group's collectives. Over NCCL a wait only makes the
+  // compute stream wait, so this stays near zero whatever the device does.
+  double exposed_wait_s = 0;
 };
 
 // The handle of a fully_shard'ed module (owned by the module; valid while it lives).
