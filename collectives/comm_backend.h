@@ -63,6 +63,9 @@ class CommBackend {
   // Throws InvalidArgument when the backend cannot use tensors on this device (default: CPU
   // only).
   virtual void check_device(const Tensor& tensor) const;
+  // Where small host values (shapes, hashes, flags) go to travel through this backend: the CPU
+  // (default), or the GPU of a backend that moves device memory only (NCCL).
+  virtual Device default_device() const;
 
   // kAvg is the sum divided by size() (CPU backends: internal::divide_by after summing).
   virtual void all_reduce(Tensor& tensor, ReduceOp op, const OpContext& ctx) = 0;

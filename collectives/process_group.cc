@@ -10,6 +10,7 @@
 #include "tessel/collectives/internal/group_worker.h"
 #include "tessel/collectives/watchdog.h"
 #include "tessel/flight_recorder/recorder.h"
+#include "tessel/tensor/ops.h"
 
 namespace tessel {
 namespace {
@@ -74,6 +75,7 @@ void CommBackend::check_device(const Tensor& tensor) const {
   TESSEL_CHECK(tensor.device().is_cpu(), InvalidArgument,
                "the {} backend takes CPU tensors, got {}", name(), tensor.str());
 }
+Device CommBackend::default_device() const { return Device::cpu(); }
 std::vector<int> CommBackend::missing_ranks(uint64_t) const { return {}; }
 void CommBackend::abort(const std::string&) {}
 void CommBackend::abort_together(std::span<CommBackend* const> backends,
@@ -132,6 +134,7 @@ ProcessGroup::~ProcessGroup() {
 }
 
 std::string_view ProcessGroup::backend_name() const { return backend_->name(); }
+Device ProcessGroup::default_device() const { return backend_->default_device(); }
 
 uint64_t ProcessGroup::seq() const {
   std::lock_guard lock(mutex_);
@@ -570,10 +573,13 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key,
     request.new_rank = static_cast<int>(me - request.members.begin());
   } else {
     // Step 1: every rank learns every (color, key) through a recorded all_gather.
-    Tensor mine = from_vector<int64_t>({color, key});
-    Tensor all = empty({2 * static_cast<int64_t>(size_)}, DType::kI64);
+    // On the group's default device (NCCL moves device memory only).
+    const Device device = default_device();
+    Tensor mine = to(from_vector<int64_t>({color, key}), device);
+    Tensor all = empty({2 * static_cast<int64_t>(size_)}, DType::kI64, device);
     all_gather(mine, all, {.timeout = options.timeout});
-    const int64_t* pairs = all.data<int64_t>();
+    const Tensor host = to(all, Device::cpu());
+    const int64_t* pairs = host.data<int64_t>();
 
     // Step 2: members of my colour ordered by (key, old rank).
     if (color != kNoColor) {

@@ -145,6 +145,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   uint64_t id() const { return options_.id; }
   const std::vector<int>& global_ranks() const { return global_ranks_; }
   std::string_view backend_name() const;
+  // The device of tensors that carry small host values (shapes, hashes, flags, a logged loss)
+  // through this group: the CPU, or the GPU of an NCCL group, which moves device memory only
+  // (PyTorch's default device of a group). Tensors on it are valid for every collective here.
+  Device default_device() const;
   Nanoseconds default_timeout() const { return options_.timeout; }
   // Collectives issued so far (the next one gets seq() + 1).
   uint64_t seq() const;

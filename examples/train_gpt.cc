@@ -26,6 +26,13 @@
 //   tessel-run --standalone --nproc-per-node 4 build/release/examples/train_gpt --threads 1
 //       --dp-shard 2 --tp 2 --sequence-parallel                         (one command line)
 //
+// On GPUs: --device cuda trains on one GPU per process; under tessel-run each rank takes
+// cuda:LOCAL_RANK and the ranks talk over NCCL (the backend follows the device), with the same
+// --dp-shard / --dp-replicate / --tp flags:
+//
+//   tessel-run --standalone --nproc-per-node 2 build/release/examples/train_gpt --device cuda
+//       --dp-shard 2                                                    (one command line)
+//
 // With --checkpoint-dir DIR every --checkpoint-every steps saves a distributed checkpoint (the
 // model's shards, AdamW's moments, the step, the batch sampler's state) in the background;
 // --resume continues from the latest committed one, bit for bit on the same mesh and resharded
@@ -61,6 +68,7 @@
 #include "tessel/parallel/tp/loss.h"
 #include "tessel/tensor/autocast.h"
 #include "tessel/tensor/autograd.h"
+#include "tessel/tensor/cuda/cuda.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/storage.h"
 #include "tessel/tensor/thread_pool.h"
@@ -184,12 +192,27 @@ std::string sample(nn::GPT& model, const std::string& prompt, int64_t n, double 
   return out;
 }
 
-// The mean of `value` over the world (for logging the global loss).
+// The mean of `value` over the world (for logging the global loss), through the world's
+// device (NCCL moves GPU memory only).
 double world_mean(ProcessGroup* world, double value) {  // every rank, every step
   if (world == nullptr) return value;
-  Tensor t = from_vector<float>({static_cast<float>(value)});
+  Tensor t = to(from_vector<float>({static_cast<float>(value)}), world->default_device());
   world->all_reduce(t, {.op = ReduceOp::kAvg});
-  return t.data<float>()[0];
+  return item(t);
+}
+
+// Where this process trains: --device, with "cuda" meaning cuda:LOCAL_RANK under a launcher
+// (one GPU per process). Fails with the reason when CUDA is asked for and none is usable.
+Device training_device(const Flags& f, const LaunchEnv& env) {
+  Device device = parse_device(f.device);
+  if (device.is_cuda()) {
+    TESSEL_CHECK(cuda::device_count() > 0, Unavailable,
+                 "--device {}: no CUDA device is usable here: {}", f.device,
+                 cuda::unavailable_reason());
+    if (f.device == "cuda") device.index = env.local_rank;
+  }
+  check_device_available(device);
+  return device;
 }
 
 // How the ranks split the work: a mesh (dp_replicate, dp_shard[, tp]) over the world, and this
@@ -202,9 +225,10 @@ struct Layout {
   int64_t batch_parts = 1;
 };
 
-Layout make_layout(const Flags& f) {
+// The world's backend follows the device: NCCL for CUDA, Gloo (or MPI) for the CPU.
+Layout make_layout(const Flags& f, Device device) {
   Layout l;
-  if (read_launch_env().world_size > 1) l.world = init_process_group();
+  if (read_launch_env().world_size > 1) l.world = init_process_group({.device = device});
   const int64_t world = l.world ? l.world->size() : 1;
   l.tp = f.tp;
   TESSEL_CHECK(l.tp >= 1 && world % l.tp == 0, InvalidArgument,
@@ -276,13 +300,14 @@ std::unique_ptr<nn::GPT> build_model(const Flags& f, const nn::GptConfig& config
     }
     fully_shard(*model, fsdp_mesh);
   }
-  model->to_empty(Device::cpu());
+  model->to_empty(device);
   model->init_weights();  // each shard gets its part of the whole model's initial values
   return model;
 }
 
 int run(const Flags& f) {
-  Layout layout = make_layout(f);
+  const Device device = training_device(f, read_launch_env());
+  Layout layout = make_layout(f, device);
   ProcessGroup* world = layout.world.get();
   const int rank = world ? world->rank() : 0;
   const bool lead = rank == 0;
@@ -291,12 +316,6 @@ int run(const Flags& f) {
   };
 
   if (f.threads > 0) set_num_threads(f.threads);
-  const Device device = parse_device(f.device);
-  check_device_available(device);
-  TESSEL_CHECK(device.is_cpu() || !world, InvalidArgument,
-               "--device {}: this example trains on other devices in one process only; its "
-               "multi-process runs use Gloo on the CPU",
-               device.str());
   const std::string text = read_file(f.data);
   TESSEL_CHECK(text.size() > static_cast<size_t>(10 * (f.seq + 1)), InvalidArgument,
                "corpus '{}' has {} bytes, too few for sequences of {}", f.data, text.size(),
@@ -512,7 +531,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--resume", f.resume,
                "continue from the latest checkpoint under --checkpoint-dir (if there is one)");
-  app.add_option("--device", f.device, "where to train: cpu, cuda or cuda:N (one process)");
+  app.add_option("--device", f.device,
+                 "where to train: cpu, cuda (cuda:LOCAL_RANK under a launcher) or cuda:N");
   app.add_option("--autocast", f.autocast,
                  "bf16 mixed precision for forward and loss: auto (on for CUDA), bf16 or off");
   CLI11_PARSE(app, argc, argv);

@@ -17,6 +17,7 @@
 #include "tessel/parallel/internal/checkpoint_files.h"
 #include "tessel/parallel/internal/checkpoint_plan.h"
 #include "tessel/parallel/internal/checkpoint_reader.h"
+#include "tessel/parallel/internal/host_collectives.h"
 #include "tessel/parallel/internal/state_dict_shape.h"
 #include "tessel/tensor/ops.h"
 
@@ -45,17 +46,12 @@ std::string joined(const std::string& prefix, const std::string& name) {
 std::vector<int64_t> all_gather(ProcessGroup* group, const std::vector<int64_t>& mine,
                                 Nanoseconds timeout) {
   if (group == nullptr) return mine;
-  const Tensor in = from_vector<int64_t>(mine, {static_cast<int64_t>(mine.size())});
-  Tensor out = empty({static_cast<int64_t>(mine.size()) * group->size()}, DType::kI64);
-  group->all_gather(in, out, {.timeout = timeout});
-  return to_vector<int64_t>(out);
+  return tessel::internal::all_gather_values(*group, mine, timeout);
 }
 
 int64_t broadcast(ProcessGroup* group, int64_t value, Nanoseconds timeout) {
   if (group == nullptr) return value;
-  Tensor t = from_vector<int64_t>({value});
-  group->broadcast(t, {.root = 0, .timeout = timeout});
-  return t.data<int64_t>()[0];
+  return tessel::internal::broadcast_value(*group, value, 0, timeout);
 }
 
 // Every rank's ok flag (1/0); throws on every rank when one failed: the failing rank rethrows

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "tessel/base/error.h"
+#include "tessel/parallel/internal/host_collectives.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 
@@ -51,16 +52,13 @@ int64_t hash_lines(const std::vector<std::string>& lines) {
 std::vector<std::string> gather_text(ProcessGroup& group, const std::string& mine,
                                      Nanoseconds timeout) {
   const int n = group.size();
-  Tensor length = from_vector<int64_t>({static_cast<int64_t>(mine.size())});
-  Tensor lengths = empty({n}, DType::kI64, Device::cpu());
-  group.all_gather(length, lengths, {.timeout = timeout});
-  const std::vector<int64_t> len = to_vector<int64_t>(lengths);
+  const std::vector<int64_t> len = internal::all_gather_values(
+      group, {static_cast<int64_t>(mine.size())}, timeout);
   const int64_t words = (*std::max_element(len.begin(), len.end()) + 7) / 8;
   std::vector<int64_t> packed(static_cast<size_t>(words), 0);
   std::memcpy(packed.data(), mine.data(), mine.size());
-  Tensor all = empty({n * words}, DType::kI64, Device::cpu());
-  group.all_gather(from_vector<int64_t>(packed), all, {.timeout = timeout});
-  const auto* bytes = reinterpret_cast<const char*>(all.data<int64_t>());
+  const std::vector<int64_t> all = internal::all_gather_values(group, packed, timeout);
+  const auto* bytes = reinterpret_cast<const char*>(all.data());
   std::vector<std::string> texts;
   for (int r = 0; r < n; ++r) texts.emplace_back(bytes + r * words * 8, len[r]);
   return texts;
@@ -82,9 +80,8 @@ void check_same_model(ProcessGroup& group, const nn::Module& module, Nanoseconds
   const std::vector<std::string> lines = describe_model(module);
   const int64_t h = hash_lines(lines);
   // max(h) == -max(-h) exactly when every rank has the same hash.
-  Tensor extremes = from_vector<int64_t>({h, -h});
-  group.all_reduce(extremes, {.op = ReduceOp::kMax, .timeout = timeout});
-  const std::vector<int64_t> e = to_vector<int64_t>(extremes);
+  const std::vector<int64_t> e =
+      internal::all_reduce_values(group, {h, -h}, ReduceOp::kMax, timeout);
   if (e[0] == -e[1]) return;
 
   std::string mine;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "tessel/base/error.h"
+#include "tessel/parallel/internal/host_collectives.h"
 #include "tessel/parallel/internal/mesh_util.h"
 #include "tessel/parallel/internal/redistribute_exec.h"
 #include "tessel/tensor/autograd.h"
@@ -11,6 +12,7 @@
 namespace tessel {
 namespace {
 
+using internal::all_gather_values;
 using internal::coord_str;
 using internal::unravel;
 using internal::whole_mesh_group;
@@ -79,13 +81,10 @@ std::vector<std::vector<int64_t>> gather_shapes(const Tensor& local, const Devic
   mine[1] = local.dim();
   for (int64_t i = 0; i < local.dim(); ++i) mine[2 + i] = local.size(i);
   auto group = whole_mesh_group(mesh);
-  const Tensor send = from_vector<int64_t>(mine);
-  Tensor all = empty({group->size() * (2 + kMaxRank)}, DType::kI64, Device::cpu());
-  group->all_gather(send, all);
-  const int64_t* p = all.data<int64_t>();
+  const std::vector<int64_t> all = all_gather_values(*group, mine);
   std::vector<std::vector<int64_t>> rows(static_cast<size_t>(group->size()));
   for (int r = 0; r < group->size(); ++r) {
-    rows[r].assign(p + r * (2 + kMaxRank), p + (r + 1) * (2 + kMaxRank));
+    rows[r].assign(all.begin() + r * (2 + kMaxRank), all.begin() + (r + 1) * (2 + kMaxRank));
   }
   return rows;
 }

@@ -10,6 +10,7 @@
 
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
+#include "tessel/parallel/internal/host_collectives.h"
 #include "tessel/parallel/internal/mesh_util.h"
 #include "tessel/parallel/internal/state_dict_shape.h"
 #include "tessel/tensor/autograd.h"
@@ -632,12 +633,10 @@ class Group final : public FSDPModule {
     };
     int64_t all = static_cast<int64_t>(entries.size());
     for (const std::string& e : entries) all = all * 1000003 + hash_of(e);
-    Tensor mine = from_vector<int64_t>({static_cast<int64_t>(entries.size()), all});
-    // Prefilled with this rank's own fingerprint: a transport that moves no data (the fake
-    // backend, for simulations) then finds every rank in agreement.
-    Tensor every = contiguous(expand(unsqueeze(mine, 0), {group->size(), 2}));
-    group->all_gather(mine, every);
-    const int64_t* e = every.data<int64_t>();
+    // Through the group's device (NCCL moves device memory only); prefilled with this rank's
+    // own fingerprint, so a transport that moves no data (the fake backend) finds agreement.
+    const std::vector<int64_t> e = internal::all_gather_values(
+        *group, {static_cast<int64_t>(entries.size()), all});
     bool same = true;
     int64_t most = 0;
     for (int r = 0; r < group->size(); ++r) {
@@ -648,9 +647,7 @@ class Group final : public FSDPModule {
     // Which entry differs first: per-entry hashes, padded to the longest list.
     std::vector<int64_t> hashes(static_cast<size_t>(most), -1);
     for (size_t i = 0; i < entries.size(); ++i) hashes[i] = hash_of(entries[i]);
-    Tensor all_hashes = empty({most * group->size()}, DType::kI64, Device::cpu());
-    group->all_gather(from_vector<int64_t>(hashes), all_hashes);
-    const int64_t* h = all_hashes.data<int64_t>();
+    const std::vector<int64_t> h = internal::all_gather_values(*group, hashes);
     int64_t first = most;
     int differing = 0;
     for (int64_t i = 0; i < most && first == most; ++i) {
@@ -664,16 +661,15 @@ class Group final : public FSDPModule {
     }
     // Both ranks' texts of that entry.
     constexpr int64_t kText = 256;
-    std::vector<int32_t> text(kText, 0);
+    std::vector<int64_t> text(kText, 0);
     const std::string mine_text =
         first < static_cast<int64_t>(entries.size()) ? entries[first] : "(nothing)";
     for (size_t i = 0; i < mine_text.size() && i < kText; ++i) text[i] = mine_text[i];
-    Tensor texts = empty({kText * group->size()}, DType::kI32, Device::cpu());
-    group->all_gather(from_vector<int32_t>(text), texts);
+    const std::vector<int64_t> texts = internal::all_gather_values(*group, text);
     auto text_of = [&](int r) {
       std::string s;
-      for (int64_t i = 0; i < kText && texts.data<int32_t>()[r * kText + i] != 0; ++i) {
-        s += static_cast<char>(texts.data<int32_t>()[r * kText + i]);
+      for (int64_t i = 0; i < kText && texts[r * kText + i] != 0; ++i) {
+        s += static_cast<char>(texts[r * kText + i]);
       }
       return s;
     };

@@ -27,7 +27,9 @@
 // Overlap: after the first step, which records the groups' forward order, each group's
 // pre-forward issues the next group's all_gather asynchronously, and backward prefetches in
 // reverse order; reductions run asynchronously too and are waited for at the end of backward
-// (autograd's queue_callback). On the CPU the collectives run on each group's worker thread.
+// (autograd's queue_callback). On the CPU the collectives run on each group's worker thread;
+// on CUDA over NCCL on the group's communication stream, and a wait makes the compute stream
+// wait for them without blocking the host (docs/parallel-cuda.md; not yet run on a GPU).
 //
 // Collective rules: the first forward of the root validates, over the mesh, that every rank
 // has the same sharded parameters (names, shapes, dtypes) and fails with one error naming the
@@ -76,7 +78,9 @@ struct FSDPStats {
   int64_t reduce_scatters = 0;    // flat reduce_scatters issued
   int64_t all_reduces = 0;        // HSDP all_reduces issued
   int64_t prefetched = 0;         // all_gathers issued ahead of the group's own need
-  double exposed_wait_s = 0;      // time the caller waited for this group's collectives
+  // Host time the caller waited for this group's collectives. Over NCCL a wait only makes the
+  // compute stream wait, so this stays near zero whatever the device does.
+  double exposed_wait_s = 0;
 };
 
 // The handle of a fully_shard'ed module (owned by the module; valid while it lives).

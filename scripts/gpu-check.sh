@@ -3,7 +3,10 @@
 # command, reported on stdout: the GPU tests, the device path of the backend-conformance test,
 # compute-sanitizer memcheck and racecheck on them, train_gpt on the GPU, the GPT-2 124M bench
 # beside PyTorch (eager and torch.compile) and the attention bench beside PyTorch's SDPA (the
-# peers are skipped without a python that has torch with CUDA).
+# peers are skipped without a python that has torch with CUDA); the parallel stack on CUDA
+# (threads-backend collectives, DTensor, FSDP and TP parity with ranks as threads on one GPU,
+# NCCL at world size 1), the FSDP bench beside PyTorch FSDP2 with its flight-recorder trace,
+# and, on a host with two or more GPUs, train_gpt under FSDP and TP over NCCL.
 #
 #   scripts/gpu-check.sh                     # uses build/cuda-only (configures and builds it first
 #                                            # when missing: cmake --preset cuda-only)
@@ -13,10 +16,11 @@
 #   scripts/gpu-check.sh --bundle DIR        # (on the GPU host) a bundle unpacked into DIR
 #
 # Options: --only LIST (some of tests,attention,conformance,memcheck,racecheck,train,bench,
-# attention-bench; default all: where one command may run 10 minutes at most, run `--only
-# tests,conformance,train`, `--only attention`, `--only memcheck`, `--only racecheck`, `--only
-# bench` and `--only attention-bench` one after another), --quick (a 2-layer GPT bench instead of
-# GPT-2 124M, and the attention bench at two lengths),
+# attention-bench,parallel,fsdp-bench,multi-gpu; default all: where one command may run 10
+# minutes at most, run `--only tests,conformance,train`, `--only attention`, `--only memcheck`,
+# `--only racecheck`, `--only bench`, `--only attention-bench`, `--only parallel` and `--only
+# fsdp-bench,multi-gpu` one after another), --quick (a 2-layer GPT bench instead of GPT-2 124M,
+# and the attention bench at two lengths),
 # --python PY (the peer's python; default: python3 if it imports torch with CUDA).
 # Each step has a time limit and the run goes on after a failure; the exit status is the number
 # of failed steps. compute-sanitizer needs a host that lets it profile the device (it refuses
@@ -33,7 +37,7 @@ build="$repo/build/cuda-only"
 bundle=""
 pack=""
 quick=0
-only="tests,attention,conformance,memcheck,racecheck,train,bench,attention-bench"
+only="tests,attention,conformance,memcheck,racecheck,train,bench,attention-bench,parallel,fsdp-bench,multi-gpu"
 python=""
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -50,9 +54,13 @@ done
 
 attention_tests=(attention_cuda_plan_test attention_cuda_dispatch_test attention_cuda_flash_test
                  attention_cuda_cudnn_test attention_cuda_sdpa_test attention_cuda_memory_test)
+parallel_tests=(collectives/threads_cuda_test parallel/dtensor_cuda_test parallel/fsdp_cuda_test
+                parallel/tp_cuda_test)
 programs=(tests/gpu/cuda_smoke_test tests/gpu/cuda_backend_test tests/gpu/cuda_gpt_test
           tests/tensor/backend_conformance_test "${attention_tests[@]/#/tests/kernels/}"
-          examples/train_gpt bench/gpt_cuda_bench bench/attention_cuda_bench)
+          "${parallel_tests[@]/#/tests/}" tests/collectives/nccl_backend_test
+          examples/train_gpt bench/gpt_cuda_bench bench/attention_cuda_bench
+          bench/fsdp_cuda_bench flight_recorder/tessel-trace)
 
 build_tree() {
   if [[ ! -f $build/CMakeCache.txt ]]; then
@@ -60,7 +68,8 @@ build_tree() {
   fi
   (cd "$repo" && cmake --build "$build" --target tessel_tensor tessel_kernels tessel_nn \
      train_gpt gpt_cuda_bench attention_cuda_bench cuda_smoke_test cuda_backend_test \
-     cuda_gpt_test backend_conformance_test "${attention_tests[@]}")
+     cuda_gpt_test backend_conformance_test "${attention_tests[@]}" \
+     "${parallel_tests[@]#*/}" nccl_backend_test fsdp_cuda_bench tessel-trace)
 }
 
 if [[ -n $pack ]]; then
@@ -176,6 +185,61 @@ if want attention-bench; then
   [[ $quick -eq 1 ]] && lengths=(--seq 1024,4096)
   step "bench: attention (flash_cuda, cudnn) beside PyTorch SDPA" 540 \
     "$root/bench/attention_cuda_bench" "${lengths[@]}" "${peer[@]}"
+fi
+
+# The parallel stack on CUDA: collectives of the threads backend on device tensors, and DTensor,
+# FSDP and TP parity with ranks as threads sharing GPU 0; NCCL at world size 1 (its own test,
+# and an FSDP run in fsdp_cuda_test). nccl_backend_test also runs its two-GPU cases where there
+# are two GPUs.
+want parallel && step "parallel stack on CUDA (threads backend, DTensor, FSDP, TP, NCCL)" 540 bash -c "
+  set -e
+  for t in ${parallel_tests[*]} collectives/nccl_backend_test; do
+    [[ -x '$root'/tests/\$t ]] || { echo \"-- \$t: not built (no NCCL in this build?)\"; continue; }
+    echo \"-- \$t\"; '$root'/tests/\$t --gtest_brief=1
+  done"
+
+if want fsdp-bench; then
+  if [[ -z $python ]] && python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+    python=python3
+  fi
+  peer=(--torch none)
+  [[ -n $python ]] && peer=(--torch "$python" --torch-script "$repo/bench/fsdp_cuda/fsdp_cuda_torch.py")
+  [[ -z $python ]] && echo "gpu-check: no python with torch and CUDA: the FSDP bench runs tessel alone"
+  size=()
+  [[ $quick -eq 1 ]] && size=(--layers 2 --steps 10)
+  trace=/tmp/gpu-check-fsdp-trace
+  rm -rf "$trace"
+  step "bench: FSDP GPT step on one GPU beside PyTorch FSDP2" 400 \
+    "$root/bench/fsdp_cuda_bench" "${size[@]}" "${peer[@]}" --trace-dir "$trace"
+  # The flight recorder's view of the FSDP run: all_gathers and reduce_scatters with their
+  # device-measured spans, between each step's forward/backward/optimizer markers.
+  step "tessel-trace export of the FSDP run (Perfetto)" 60 bash -c "
+    '$root/flight_recorder/tessel-trace' export '$trace' --perfetto /tmp/gpu-check-fsdp-trace.json &&
+    python3 -c \"import json; e = json.load(open('/tmp/gpu-check-fsdp-trace.json'));
+e = e['traceEvents'] if isinstance(e, dict) else e;
+print(sum(x.get('ph') == 'X' for x in e), 'collective slices; the trace: /tmp/gpu-check-fsdp-trace.json')\""
+fi
+
+# Two or more GPUs: train_gpt over NCCL, one process per GPU, started by hand through a shared
+# FileStore (the cuda-only build has no gRPC, so no tessel-run): FSDP, then FSDP x TP.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if want multi-gpu; then
+  if [[ ${gpus:-0} -ge 2 ]]; then
+    for layout in "--dp-shard 2" "--dp-shard 1 --tp 2"; do
+      step "train_gpt on 2 GPUs over NCCL ($layout)" 300 bash -c "
+        store=\$(mktemp -d); pids=()
+        for r in 0 1; do
+          RANK=\$r LOCAL_RANK=\$r WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 TESSEL_STORE_DIR=\$store \
+            '$root/examples/train_gpt' --device cuda $layout --steps 100 --log-every 50 \
+            --sample 0 --data '$repo/examples/data/corpus.txt' \
+            --checkpoint /tmp/train_gpt_nccl.safetensors & pids+=(\$!)
+        done
+        status=0; for p in \${pids[*]}; do wait \$p || status=1; done; exit \$status"
+    done
+  else
+    echo
+    echo "== multi-GPU train_gpt: skipped, this host has ${gpus:-0} GPU(s) =="
+  fi
 fi
 
 echo

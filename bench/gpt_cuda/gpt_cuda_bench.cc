@@ -28,8 +28,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -37,14 +35,11 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "tessel/base/clock.h"
+#include "bench_gpt.h"
 #include "tessel/base/error.h"
 #include "tessel/kernels/attention/sdpa.h"
 #include "tessel/nn/gpt.h"
-#include "tessel/nn/optim/adamw.h"
 #include "tessel/nn/optim/clip.h"
-#include "tessel/tensor/autocast.h"
-#include "tessel/tensor/autograd.h"
 #include "tessel/tensor/cuda/cuda.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/storage.h"
@@ -58,8 +53,7 @@ namespace {
 using namespace tessel;
 
 struct Flags {
-  int64_t batch = 16, seq = 1024, layers = 12, heads = 12, embd = 768, vocab = 50304;
-  int steps = 20, warmup = 5;
+  bench::GptShape shape;  // GPT-2 124M, B=16, T=1024
   std::string dtype = "bf16";
   bool tf32 = false;
   std::string device = "cuda:0";
@@ -71,18 +65,7 @@ struct Flags {
   double peak_tflops = 0;
 };
 
-struct Result {
-  std::string name;
-  double step_s = 0;      // median seconds per step after the warm-up
-  int64_t peak_bytes = 0;
-  std::vector<double> losses;
-  std::string note;
-};
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using Result = bench::GptRun;
 
 // The device's dense peak for the dtype, by its name (0 when unknown).
 double peak_flops(const std::string& name, const Flags& f) {
@@ -93,85 +76,26 @@ double peak_flops(const std::string& name, const Flags& f) {
   return hopper ? 66.9e12 : ampere ? 19.5e12 : 0;
 }
 
-// Token batches: (steps + warmup) x B x (T + 1) i32, uniform over the vocabulary.
-std::vector<int32_t> make_tokens(const Flags& f) {
-  std::mt19937_64 rng(1234);
-  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(f.vocab - 1));
-  std::vector<int32_t> tokens(static_cast<size_t>((f.steps + f.warmup) * f.batch * (f.seq + 1)));
-  for (auto& t : tokens) t = token(rng);
-  return tokens;
-}
-
 Result run_tessel(const Flags& f, const nn::GptConfig& config, const std::vector<int32_t>& tokens,
                   Device device) {
-  Result r;
-  r.name = "tessel";
   nn::GPT model(config);
   model.to(device);
-  nn::optim::AdamW opt(model.parameters(),
-                       {.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
-  const bool bf16 = f.dtype == "bf16";
-  synchronize(device);
-  reset_peak_memory_stats(device);
-  const int64_t per_step = f.batch * (f.seq + 1);
-  std::vector<double> times;
-  for (int step = 0; step < f.steps + f.warmup; ++step) {
-    const Tensor batch = to(from_data(tokens.data() + step * per_step, per_step,
-                                      {f.batch, f.seq + 1}, DType::kI32),
-                            device);
-    const Stopwatch watch;
-    const Tensor x = narrow(batch, 1, 0, f.seq), y = narrow(batch, 1, 1, f.seq);
-    Tensor loss;
-    {
-      AutocastGuard autocast(DType::kBF16, bf16);
-      loss = nn::GPT::loss(model(x), y);
-    }
-    backward(loss);
-    nn::optim::clip_grad_norm(model.parameters(), 1.0);
-    opt.step();
-    opt.zero_grad();
-    r.losses.push_back(item(loss));  // waits for the step
-    if (step >= f.warmup) times.push_back(watch.elapsed_seconds());
-  }
-  r.step_s = median(times);
-  r.peak_bytes = memory_stats(device).peak_allocated_bytes;
+  Result r = bench::train_steps(model, f.shape, tokens, device, f.dtype == "bf16",
+                                [&] { nn::optim::clip_grad_norm(model.parameters(), 1.0); });
+  r.name = "tessel";
   return r;
 }
 
 // One PyTorch mode, from its line "torch <mode> <step_s> <peak_bytes> <loss> <loss> ...".
 Result run_torch(const Flags& f, const std::string& mode, const std::string& attention,
                  const std::filesystem::path& dir) {
-  Result r;
-  r.name = "torch " + mode;
   const std::string cmd = fmt::format(
-      "PYTHONWARNINGS=ignore '{}' '{}' --mode {} --init '{}' --tokens '{}' --batch {} --seq {} "
-      "--layers {} --heads {} --embd {} --vocab {} --steps {} --warmup {} --dtype {} {} "
+      "PYTHONWARNINGS=ignore '{}' '{}' --mode {} --init '{}' --tokens '{}' {} --dtype {} {} "
       "--attention {} --device {} 2>&1",
       f.torch, f.torch_script, mode, (dir / "init.safetensors").string(),
-      (dir / "tokens.i32").string(), f.batch, f.seq, f.layers, f.heads, f.embd, f.vocab, f.steps,
-      f.warmup, f.dtype, f.tf32 ? "--tf32" : "", attention, f.device);
-  FILE* p = ::popen(cmd.c_str(), "r");
-  TESSEL_CHECK(p != nullptr, IoError, "cannot start '{}'", cmd);
-  char line[1 << 16];
-  std::string tail;
-  while (std::fgets(line, sizeof(line), p) != nullptr) {
-    const std::string s(line);
-    if (s.rfind("torch ", 0) != 0) {
-      tail += s;
-      continue;
-    }
-    std::istringstream in(s);
-    std::string word, name;
-    in >> word >> name >> r.step_s >> r.peak_bytes;
-    double loss = 0;
-    while (in >> loss) r.losses.push_back(loss);
-  }
-  const int status = ::pclose(p);
-  if (status != 0 || r.step_s <= 0) {
-    r.note = fmt::format("failed (status {}): {}", status,
-                         tail.size() > 2000 ? tail.substr(tail.size() - 2000) : tail);
-  }
-  return r;
+      (dir / "tokens.i32").string(), f.shape.peer_flags(), f.dtype, f.tf32 ? "--tf32" : "",
+      attention, f.device);
+  return bench::run_peer(cmd, "torch " + mode);
 }
 
 int run(const Flags& f) {
@@ -184,22 +108,15 @@ int run(const Flags& f) {
   TESSEL_CHECK(f.dtype == "bf16" || f.dtype == "f32", InvalidArgument,
                "--dtype {}: expected bf16 or f32", f.dtype);
   cuda::set_matmul_allow_tf32(f.tf32);
-  const nn::GptConfig config{.vocab_size = f.vocab, .block_size = f.seq, .n_layer = f.layers,
-                             .n_head = f.heads, .n_embd = f.embd, .dropout = 0.0, .seed = 1};
+  const nn::GptConfig config = f.shape.config();
   const std::filesystem::path dir =
       f.work_dir.empty() ? std::filesystem::temp_directory_path() / "gpt_cuda_bench"
                          : std::filesystem::path(f.work_dir);
-  std::filesystem::create_directories(dir);
-  const std::vector<int32_t> tokens = make_tokens(f);
-  {
-    std::ofstream out(dir / "tokens.i32", std::ios::binary);
-    out.write(reinterpret_cast<const char*>(tokens.data()),
-              static_cast<std::streamsize>(tokens.size() * sizeof(int32_t)));
-    nn::GPT(config).save((dir / "init.safetensors").string());
-  }
+  const std::vector<int32_t> tokens = bench::make_tokens(f.shape);
+  bench::write_peer_inputs(dir, tokens, config);
 
   // Which attention tessel runs here (a tiny causal problem on the device).
-  const Tensor probe = zeros({1, 1, 2, f.embd / f.heads},
+  const Tensor probe = zeros({1, 1, 2, f.shape.embd / f.shape.heads},
                              f.dtype == "bf16" ? DType::kBF16 : DType::kF32, device);
   kernels::SdpaOptions causal;
   causal.causal = true;
@@ -211,14 +128,15 @@ int run(const Flags& f) {
   const std::string name = device.is_cuda() ? cuda::device_name(device.index) : "the CPU";
   nn::GPT sizer(config);
   const double n_params = static_cast<double>(sizer.num_parameters());
-  const double flops_per_token = 6 * n_params + 12.0 * f.layers * f.embd * f.seq;
+  const bench::GptShape& s = f.shape;
+  const double flops_per_token = 6 * n_params + 12.0 * s.layers * s.embd * s.seq;
   const double peak = f.peak_tflops > 0 ? f.peak_tflops * 1e12 : peak_flops(name, f);
   fmt::print("gpt_cuda_bench on {} ({}): GPT {} layers, {} heads, {} wide, context {}, vocab {} "
              "({:.1f} M parameters); batch {} x {} = {} tokens/step; {}{}; {} warm-up + {} timed "
              "steps\n",
-             device.str(), name, f.layers, f.heads, f.embd, f.seq, f.vocab, n_params / 1e6,
-             f.batch, f.seq, f.batch * f.seq, f.dtype == "bf16" ? "bf16 autocast" : "f32",
-             f.tf32 ? " (TF32 matmuls)" : "", f.warmup, f.steps);
+             device.str(), name, s.layers, s.heads, s.embd, s.seq, s.vocab, n_params / 1e6,
+             s.batch, s.seq, s.batch * s.seq, f.dtype == "bf16" ? "bf16 autocast" : "f32",
+             f.tf32 ? " (TF32 matmuls)" : "", s.warmup, s.steps);
   fmt::print("attention: tessel {} ({}), PyTorch {}\n", tessel_attention,
              tessel_attention == "math" ? "the reference kernel, not a fused one" : "fused kernel",
              attention == "plain" ? "plain (q k^T, masked_fill, softmax, @ v)"
@@ -254,7 +172,7 @@ int run(const Flags& f) {
       fmt::print("{:<15} {}\n", r.name, r.note.empty() ? "no result" : r.note);
       continue;
     }
-    const double tps = static_cast<double>(f.batch * f.seq) / r.step_s;
+    const double tps = static_cast<double>(s.batch * s.seq) / r.step_s;
     fmt::print("{:<15} {:>12.0f} {:>10.2f} {:>7} {:>11} {:>9.4f} {:>9.4f} {:>12}\n", r.name, tps,
                r.step_s * 1e3,
                peak > 0 ? fmt::format("{:.1f}%", 100 * flops_per_token * tps / peak) : "n/a",
@@ -270,14 +188,7 @@ int run(const Flags& f) {
 int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"GPT-2 training on one GPU: tessel beside PyTorch eager and torch.compile"};
-  app.add_option("--batch", f.batch, "sequences per step");
-  app.add_option("--seq", f.seq, "sequence length (context)");
-  app.add_option("--layers", f.layers, "transformer blocks");
-  app.add_option("--heads", f.heads, "attention heads");
-  app.add_option("--embd", f.embd, "model width");
-  app.add_option("--vocab", f.vocab, "vocabulary size");
-  app.add_option("--steps", f.steps, "timed steps");
-  app.add_option("--warmup", f.warmup, "untimed steps first (torch.compile compiles here)");
+  f.shape.add_options(app);  // --warmup: torch.compile compiles there
   app.add_option("--dtype", f.dtype, "bf16 (autocast, f32 master weights) or f32");
   app.add_flag("--tf32", f.tf32, "f32 matmuls on TF32 tensor cores (both sides)");
   app.add_option("--device", f.device, "the CUDA device");

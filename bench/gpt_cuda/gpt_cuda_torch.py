@@ -134,7 +134,13 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.1, fused=True)
     step_fn = torch.compile(model) if a.mode == "compile" else model
+    train_and_report(a, device, model, step_fn, opt)
 
+
+def train_and_report(a, device, model, step_fn, opt):
+    """Trains on the token batches of --tokens (each step ends with the loss read on the host)
+    and prints the result line; also the loop of bench/fsdp_cuda/fsdp_cuda_torch.py."""
+    cuda = device.type == "cuda"
     per_step = a.batch * (a.seq + 1)
     tokens = torch.from_file(a.tokens, dtype=torch.int32, size=(a.steps + a.warmup) * per_step)
     if cuda:

@@ -388,6 +388,7 @@ class NcclBackend final : public CommBackend {
   std::string_view name() const override { return "nccl"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  Device default_device() const override { return Device::cuda(device_); }
   void check_device(const Tensor& t) const override {
     TESSEL_CHECK(t.device().is_cuda() && t.device().index == device_, InvalidArgument,
                  "the nccl group of rank {} uses cuda:{}, got {}", rank_, device_, t.str());

@@ -5,6 +5,11 @@
 // buffers, and meet again; reductions run in rank order, so every rank gets bit-identical
 // results. Timeouts name the ranks that had not arrived.
 //
+// CUDA tensors too (all ranks of a call on one device type): several ranks share one GPU, which
+// NCCL refuses. Each rank copies and reduces with tensor ops on its own stream, ordered after
+// the caller's current stream by an event; a call returns once its results are complete on the
+// device (the host waits), so later work on any stream sees them. For tests, not for speed.
+//
 //   threads::run_ranks(4, [](ProcessGroup& pg) {
 //     Tensor t = from_vector<float>({float(pg.rank())});
 //     pg.all_reduce(t);                       // t == {0 + 1 + 2 + 3}

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "tessel/collectives/internal/reduce.h"
+#include "tessel/tensor/ops.h"
 
 namespace tessel::testing {
 namespace {
@@ -76,20 +77,23 @@ double as_dtype(DType dtype, double v) {
   return v;
 }
 
-Tensor filled(DType dtype, int64_t n, const std::function<double(int64_t)>& f) {
-  Tensor t = empty({n}, dtype);
+// Values written on the host, then moved to `device`.
+Tensor filled(DType dtype, int64_t n, const std::function<double(int64_t)>& f, Device device) {
+  Tensor t = empty({n}, dtype, Device::cpu());
   for (int64_t i = 0; i < n; ++i) put(t, i, f(i));
-  return t;
+  return to(t, device);
 }
 
 void expect_equal(const Tensor& t, const std::function<double(int64_t)>& expected,
                   std::string_view what, int rank) {
+  const Tensor host = to(t, Device::cpu());  // waits for the device
   for (int64_t i = 0; i < t.numel(); ++i) {
     const double want = as_dtype(t.dtype(), expected(i));
-    const double got = get(t, i);
+    const double got = get(host, i);
     if (got != want) {
-      throw CheckFailure(fmt::format("{} {} n={} rank {}: element {} is {}, expected {}", what,
-                                     dtype_name(t.dtype()), t.numel(), rank, i, got, want));
+      throw CheckFailure(fmt::format("{} {} n={} on {} rank {}: element {} is {}, expected {}",
+                                     what, dtype_name(t.dtype()), t.numel(), t.device().str(),
+                                     rank, i, got, want));
     }
   }
 }
@@ -102,28 +106,31 @@ std::vector<int64_t> acceptance_counts(bool large) {
   return counts;
 }
 
-void check_all_reduce(ProcessGroup& pg, DType dtype, int64_t count, ReduceOp op) {
+void check_all_reduce(ProcessGroup& pg, DType dtype, int64_t count, ReduceOp op,
+                      Device device) {
   const int rank = pg.rank();
   Tensor t = filled(dtype, count, [&](int64_t i) {
     return op == ReduceOp::kProduct ? product_value(rank, i) : value(rank, i);
-  });
+  }, device);
   pg.all_reduce(t, {.op = op});
   expect_equal(t, [&](int64_t i) { return reduce_values(op, pg.size(), i, dtype); },
                fmt::format("all_reduce({})", reduce_op_name(op)), rank);
 }
 
-void check_broadcast(ProcessGroup& pg, DType dtype, int64_t count, int root) {
-  Tensor t = filled(dtype, count, [&](int64_t i) { return value(pg.rank(), i); });
+void check_broadcast(ProcessGroup& pg, DType dtype, int64_t count, int root, Device device) {
+  Tensor t = filled(dtype, count, [&](int64_t i) { return value(pg.rank(), i); }, device);
   pg.broadcast(t, {.root = root});
   expect_equal(t, [&](int64_t i) { return value(root, i); }, "broadcast", pg.rank());
 }
 
-void check_all_gather(ProcessGroup& pg, DType dtype, int64_t count, bool uneven) {
+void check_all_gather(ProcessGroup& pg, DType dtype, int64_t count, bool uneven,
+                      Device device) {
   std::vector<int64_t> counts;
   for (int r = 0; r < pg.size(); ++r) counts.push_back(uneven ? count + r : count);
   const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-  Tensor in = filled(dtype, counts[pg.rank()], [&](int64_t i) { return value(pg.rank(), i); });
-  Tensor out = zeros({total}, dtype);
+  Tensor in = filled(dtype, counts[pg.rank()], [&](int64_t i) { return value(pg.rank(), i); },
+                     device);
+  Tensor out = zeros({total}, dtype, device);
   if (uneven) {
     pg.all_gather(in, out, {.counts = counts});
   } else {
@@ -140,20 +147,20 @@ void check_all_gather(ProcessGroup& pg, DType dtype, int64_t count, bool uneven)
 }
 
 void check_reduce_scatter(ProcessGroup& pg, DType dtype, int64_t count, bool uneven,
-                          ReduceOp op) {
+                          ReduceOp op, Device device) {
   std::vector<int64_t> counts;
   for (int r = 0; r < pg.size(); ++r) counts.push_back(uneven ? count + r : count);
   const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   const int64_t offset =
       std::accumulate(counts.begin(), counts.begin() + pg.rank(), int64_t{0});
-  Tensor in = filled(dtype, total, [&](int64_t i) { return value(pg.rank(), i); });
-  Tensor out = zeros({counts[pg.rank()]}, dtype);
+  Tensor in = filled(dtype, total, [&](int64_t i) { return value(pg.rank(), i); }, device);
+  Tensor out = zeros({counts[pg.rank()]}, dtype, device);
   pg.reduce_scatter(in, out, {.op = op, .counts = counts});
   expect_equal(out, [&](int64_t i) { return reduce_values(op, pg.size(), offset + i, dtype); },
                uneven ? "reduce_scatter(uneven)" : "reduce_scatter", pg.rank());
 }
 
-void check_all_to_all(ProcessGroup& pg, DType dtype, int64_t count) {
+void check_all_to_all(ProcessGroup& pg, DType dtype, int64_t count, Device device) {
   const int size = pg.size(), rank = pg.rank();
   // Rank r sends count + j elements to rank j; element k of that chunk depends on (r, j, k).
   auto element = [&](int src, int dst, int64_t k) {
@@ -164,12 +171,13 @@ void check_all_to_all(ProcessGroup& pg, DType dtype, int64_t count) {
     send.push_back(count + j);
     recv.push_back(count + rank);
   }
-  Tensor in = empty({std::accumulate(send.begin(), send.end(), int64_t{0})}, dtype);
-  int64_t pos = 0;
+  std::vector<double> chunks;
   for (int j = 0; j < size; ++j) {
-    for (int64_t k = 0; k < send[j]; ++k) put(in, pos++, element(rank, j, k));
+    for (int64_t k = 0; k < send[j]; ++k) chunks.push_back(element(rank, j, k));
   }
-  Tensor out = zeros({std::accumulate(recv.begin(), recv.end(), int64_t{0})}, dtype);
+  Tensor in = filled(dtype, static_cast<int64_t>(chunks.size()),
+                     [&](int64_t i) { return chunks[static_cast<size_t>(i)]; }, device);
+  Tensor out = zeros({std::accumulate(recv.begin(), recv.end(), int64_t{0})}, dtype, device);
   pg.all_to_all(in, out, {.send_counts = send, .recv_counts = recv});
   expect_equal(
       out, [&](int64_t i) { return element(static_cast<int>(i / (count + rank)), rank,
@@ -177,11 +185,11 @@ void check_all_to_all(ProcessGroup& pg, DType dtype, int64_t count) {
       "all_to_all", rank);
 }
 
-void check_send_recv_ring(ProcessGroup& pg, DType dtype, int64_t count) {
+void check_send_recv_ring(ProcessGroup& pg, DType dtype, int64_t count, Device device) {
   const int size = pg.size(), rank = pg.rank();
   const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
-  Tensor out = filled(dtype, count, [&](int64_t i) { return value(rank, i); });
-  Tensor in = zeros({count}, dtype);
+  Tensor out = filled(dtype, count, [&](int64_t i) { return value(rank, i); }, device);
+  Tensor in = zeros({count}, dtype, device);
   // Sends may block until the peer posts its receive (gloo, MPI), so even ranks send first and
   // odd ranks receive first; an odd ring's two adjacent even ranks still unwind from rank 1.
   if (rank % 2 == 0) {
@@ -194,7 +202,7 @@ void check_send_recv_ring(ProcessGroup& pg, DType dtype, int64_t count) {
   expect_equal(in, [&](int64_t i) { return value(prev, i); }, "send/recv ring", rank);
 }
 
-void check_split(ProcessGroup& pg, int colors, bool with_no_color) {
+void check_split(ProcessGroup& pg, int colors, bool with_no_color, Device device) {
   const int rank = pg.rank(), size = pg.size();
   const bool out = with_no_color && rank == size - 1;
   const int color = out ? kNoColor : rank % colors;
@@ -216,21 +224,22 @@ void check_split(ProcessGroup& pg, int colors, bool with_no_color) {
     throw CheckFailure(fmt::format("split: rank {} got rank {} of {}, expected {} of {}", rank,
                                    sub->rank(), sub->size(), expected_rank, members.size()));
   }
-  Tensor t = from_vector<int64_t>({static_cast<int64_t>(rank)});
+  Tensor t = to(from_vector<int64_t>({static_cast<int64_t>(rank)}), device);
   sub->all_reduce(t);
   const int64_t want = std::accumulate(members.begin(), members.end(), int64_t{0});
-  if (t.data<int64_t>()[0] != want) {
-    throw CheckFailure(fmt::format("split: sub-group sum is {}, expected {}",
-                                   t.data<int64_t>()[0], want));
+  const int64_t got = to_vector<int64_t>(t).front();
+  if (got != want) {
+    throw CheckFailure(fmt::format("split: sub-group sum is {}, expected {}", got, want));
   }
 }
 
-void check_async_batch(ProcessGroup& pg, DType dtype, int64_t count) {
+void check_async_batch(ProcessGroup& pg, DType dtype, int64_t count, Device device) {
   const int rank = pg.rank();
   std::vector<Tensor> tensors;
   std::vector<Work> works;
   for (int k = 0; k < 8; ++k) {
-    tensors.push_back(filled(dtype, count, [&](int64_t i) { return value(rank, i + k); }));
+    tensors.push_back(
+        filled(dtype, count, [&](int64_t i) { return value(rank, i + k); }, device));
     works.push_back(pg.all_reduce(tensors.back(), {.async = true}));
   }
   for (int k = 0; k < 8; ++k) {
@@ -241,35 +250,35 @@ void check_async_batch(ProcessGroup& pg, DType dtype, int64_t count) {
   }
 }
 
-void check_one_million(ProcessGroup& pg) {
+void check_one_million(ProcessGroup& pg, Device device) {
   const int size = pg.size();
   const int64_t n = 1 << 20;
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kI64}) {
-    check_all_reduce(pg, dtype, n, ReduceOp::kSum);
-    check_broadcast(pg, dtype, n, 0);
-    check_all_gather(pg, dtype, n / size, false);
-    check_reduce_scatter(pg, dtype, n / size, true, ReduceOp::kSum);
-    check_all_to_all(pg, dtype, n / (size * size));
-    if (size > 1) check_send_recv_ring(pg, dtype, n);
+    check_all_reduce(pg, dtype, n, ReduceOp::kSum, device);
+    check_broadcast(pg, dtype, n, 0, device);
+    check_all_gather(pg, dtype, n / size, false, device);
+    check_reduce_scatter(pg, dtype, n / size, true, ReduceOp::kSum, device);
+    check_all_to_all(pg, dtype, n / (size * size), device);
+    if (size > 1) check_send_recv_ring(pg, dtype, n, device);
   }
 }
 
-void check_everything(ProcessGroup& pg, const std::vector<int64_t>& counts) {
+void check_everything(ProcessGroup& pg, const std::vector<int64_t>& counts, Device device) {
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kI64}) {
     for (int64_t count : counts) {
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin,
                           ReduceOp::kProduct}) {
-        check_all_reduce(pg, dtype, count, op);
+        check_all_reduce(pg, dtype, count, op, device);
       }
-      check_broadcast(pg, dtype, count, pg.size() - 1);
-      check_all_gather(pg, dtype, count, false);
-      check_all_gather(pg, dtype, count, true);
-      check_reduce_scatter(pg, dtype, count, false, ReduceOp::kSum);
-      check_reduce_scatter(pg, dtype, count, true, ReduceOp::kMax);
-      check_reduce_scatter(pg, dtype, count, true, ReduceOp::kAvg);
-      check_all_to_all(pg, dtype, count);
-      if (pg.size() > 1) check_send_recv_ring(pg, dtype, count);
-      check_async_batch(pg, dtype, count);
+      check_broadcast(pg, dtype, count, pg.size() - 1, device);
+      check_all_gather(pg, dtype, count, false, device);
+      check_all_gather(pg, dtype, count, true, device);
+      check_reduce_scatter(pg, dtype, count, false, ReduceOp::kSum, device);
+      check_reduce_scatter(pg, dtype, count, true, ReduceOp::kMax, device);
+      check_reduce_scatter(pg, dtype, count, true, ReduceOp::kAvg, device);
+      check_all_to_all(pg, dtype, count, device);
+      if (pg.size() > 1) check_send_recv_ring(pg, dtype, count, device);
+      check_async_batch(pg, dtype, count, device);
       pg.barrier();
     }
   }

@@ -141,7 +141,7 @@ Tensor reduce_partials(const Tensor& local, const DeviceMesh& mesh,
 }  // namespace
 
 void check_random_redistributions(const std::shared_ptr<ProcessGroup>& world, uint64_t seed,
-                                  int cases) {
+                                  int cases, Device device) {
   Rng rng(seed);
   const auto shapes = mesh_shapes(world->size());
   std::map<std::vector<int64_t>, std::unique_ptr<DeviceMesh>> meshes;
@@ -177,7 +177,8 @@ void check_random_redistributions(const std::shared_ptr<ProcessGroup>& world, ui
     const bool run_check = uniform(rng, 0, 3) == 0;
     const bool async = uniform(rng, 0, 3) == 0;
     const std::string what = fmt::format(
-        "case {}: mesh {} global {} from {} order [{}] to {} order [{}]", c, mesh.shape_str(),
+        "case {} on {}: mesh {} global {} from {} order [{}] to {} order [{}]", c, device.str(),
+        mesh.shape_str(),
         typed_shape_str(dtype, global_shape), placements_str(src), fmt::join(src_order, ","),
         placements_str(dst), fmt::join(dst_order, ","));
 
@@ -185,8 +186,9 @@ void check_random_redistributions(const std::shared_ptr<ProcessGroup>& world, ui
     const DTensorSpec src_spec(mesh, src, global_shape, dtype, src_order);
     const DTensorSpec dst_spec(mesh, dst, global_shape, dtype, dst_order);
     const std::vector<int64_t> coord = mesh.coordinate();
-    const Tensor src_local = partial_local(box_of(global, src_spec.region(coord)), src,
-                                           mesh.shape(), coord, values_seed);
+    const Tensor src_local = to(partial_local(box_of(global, src_spec.region(coord)), src,
+                                              mesh.shape(), coord, values_seed),
+                                device);
     const DTensor x = DTensor::from_local(
         src_local, mesh, src, {.global_shape = global_shape, .shard_order = src_order,
                                .run_check = run_check});

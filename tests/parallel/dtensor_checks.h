@@ -13,8 +13,9 @@
 
 namespace tessel::testing {
 
-// `cases` random cases drawn from `seed` (every rank must pass the same seed and count).
+// `cases` random cases drawn from `seed` (every rank must pass the same seed and count), with
+// the local tensors on `device` (the single-process model stays on the CPU).
 void check_random_redistributions(const std::shared_ptr<ProcessGroup>& world, uint64_t seed,
-                                  int cases);
+                                  int cases, Device device = Device::cpu());
 
 }  // namespace tessel::testing

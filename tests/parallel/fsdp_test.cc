@@ -3,131 +3,27 @@
 // accumulation), meta-device construction, state dicts, and bad input.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/threads/threads_backend.h"
 #include "tessel/nn/gpt.h"
-#include "tessel/nn/optim/adamw.h"
-#include "tessel/nn/optim/clip.h"
 #include "tessel/parallel/fsdp.h"
-#include "tessel/tensor/autocast.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
+#include "tests/parallel/fsdp_checks.h"
 
 namespace tessel {
 namespace {
 
-const nn::GptConfig kConfig{.vocab_size = 64, .block_size = 16, .n_layer = 2, .n_head = 2,
-                            .n_embd = 30, .seed = 3};  // 30: rows that 4 ranks split unevenly
-constexpr int64_t kBatch = 12;  // global batch (sequences); every world size here divides it
-constexpr int kSteps = 20;
+using testing::expect_close;
+using testing::FsdpSetup;
+using testing::train_fsdp;
+using testing::train_single;
 
-// The global batch of step `step`: inputs and next-token targets, the same on every rank.
-// Sequences count up in steps of 3 from a random start, so the loss has something to learn
-// (on random tokens it would stay at ln 64 and hide differences).
-std::pair<Tensor, Tensor> batch_of(int step) {
-  Generator gen(100 + step);
-  const Tensor start = to(mul(rand({kBatch, 1}, gen), 64.0), DType::kI64);
-  const Tensor steps = mul(arange(kConfig.block_size + 1), 3.0);
-  Tensor tokens = contiguous(add(start, unsqueeze(steps, 0)));
-  int64_t* t = tokens.data<int64_t>();
-  for (int64_t i = 0; i < tokens.numel(); ++i) t[i] %= 64;
-  return {narrow(tokens, 1, 0, kConfig.block_size), narrow(tokens, 1, 1, kConfig.block_size)};
-}
-
-nn::optim::AdamWOptions adamw() { return {.lr = 1e-2, .weight_decay = 0.1}; }
-
-// Losses of plain single-process training on the global batches (micro: that many backward
-// passes per step, each on a slice, gradients summed).
-std::vector<float> train_single(int micro = 1) {
-  nn::GPT model(kConfig);
-  nn::optim::AdamW opt(model.parameters(), adamw());
-  std::vector<float> losses;
-  for (int step = 0; step < kSteps; ++step) {
-    const auto [x, y] = batch_of(step);
-    double total = 0;
-    for (int m = 0; m < micro; ++m) {
-      const int64_t rows = kBatch / micro;
-      const Tensor loss = nn::GPT::loss(model(narrow(x, 0, m * rows, rows)), narrow(y, 0, m * rows, rows));
-      backward(loss);
-      total += item(loss) / micro;
-    }
-    nn::optim::clip_grad_norm(model.parameters(), 1.0);
-    opt.step();
-    opt.zero_grad();
-    losses.push_back(static_cast<float>(total));
-  }
-  return losses;
-}
-
-struct FsdpSetup {
-  std::vector<int64_t> mesh_shape;
-  std::vector<std::string> mesh_names;
-  FullyShardOptions options;
-  int micro = 1;          // backward passes per step (sync only on the last)
-  bool hsdp_accumulate = false;  // HSDP: skip the replicas' all_reduce on all but the last
-  bool autocast = false;         // forward and loss under AutocastGuard(DType::kBF16)
-};
-
-// Losses of the same training under FSDP on rank threads (the mean over ranks of each rank's
-// loss on its slice of the batch).
-std::vector<float> train_fsdp(const FsdpSetup& s) {
-  int world = 1;
-  for (int64_t n : s.mesh_shape) world *= static_cast<int>(n);
-  std::vector<float> losses(kSteps);
-  threads::run_ranks(world, [&](ProcessGroup& pg) {
-    DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), s.mesh_shape, s.mesh_names);
-    nn::GPT model(kConfig);
-    auto& blocks = model.submodule("transformer.h");
-    for (size_t i = 0; i < static_cast<size_t>(kConfig.n_layer); ++i) {
-      fully_shard(blocks.child(std::to_string(i)), mesh, s.options);
-    }
-    FSDPModule& root = fully_shard(model, mesh, s.options);
-    nn::optim::AdamW opt(model.parameters(), adamw());
-    const int64_t per_rank = kBatch / world;
-    for (int step = 0; step < kSteps; ++step) {
-      const auto [x, y] = batch_of(step);
-      double total = 0;
-      for (int m = 0; m < s.micro; ++m) {
-        const bool last = m + 1 == s.micro;
-        if (s.hsdp_accumulate) {
-          root.set_requires_all_reduce(last);
-        } else {
-          root.set_requires_gradient_sync(last);
-        }
-        const int64_t rows = per_rank / s.micro;
-        const int64_t start = pg.rank() * per_rank + m * rows;
-        Tensor loss;
-        {
-          std::optional<AutocastGuard> autocast;
-          if (s.autocast) autocast.emplace(DType::kBF16);
-          loss = nn::GPT::loss(model(narrow(x, 0, start, rows)), narrow(y, 0, start, rows));
-        }
-        backward(loss);
-        total += item(loss) / s.micro;
-      }
-      clip_grad_norm(model.parameters(), 1.0);
-      opt.step();
-      opt.zero_grad();
-      Tensor mean = from_vector<float>({static_cast<float>(total)});
-      pg.all_reduce(mean, {.op = ReduceOp::kAvg});
-      if (pg.rank() == 0) losses[step] = mean.data<float>()[0];
-    }
-  });
-  return losses;
-}
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rtol) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_NEAR(got[i], want[i], rtol * std::abs(want[i])) << "step " << i;
-  }
-}
+const nn::GptConfig kConfig = testing::fsdp_gpt_config();
 
 TEST(FsdpParityTest, OneRankIsBitwiseSingleProcess) {
   EXPECT_EQ(train_fsdp({{1}, {"dp"}, {}}), train_single());

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "tessel/collectives/threads/threads_backend.h"
 #include "tessel/nn/optim/adamw.h"
 #include "tessel/nn/optim/clip.h"
 #include "tessel/parallel/fsdp.h"
@@ -46,13 +47,14 @@ nn::GptConfig tp_gpt_config() {
           .seed = 3};
 }
 
-TpRun train_single_process(int steps) {
+TpRun train_single_process(int steps, Device device) {
   nn::GPT model(tp_gpt_config());
+  model.to(device);
   nn::optim::AdamW opt(model.parameters(), adamw());
   TpRun run;
   for (int step = 0; step < steps; ++step) {
     const auto [x, y] = batch_of(step);
-    const Tensor loss = nn::GPT::loss(model(x), y);
+    const Tensor loss = nn::GPT::loss(model(to(x, device)), to(y, device));
     backward(loss);
     if (step == 0) {
       for (auto& [name, p] : model.named_parameters()) run.first_grads[name] = clone(p.grad());
@@ -69,6 +71,7 @@ TpRun train_tensor_parallel(const std::shared_ptr<ProcessGroup>& world, const Tp
   const nn::GptConfig config = tp_gpt_config();
   DeviceMesh mesh = init_device_mesh(world, s.shape, s.names);
   nn::GPT model(config);
+  model.to(s.device);  // initialised on the CPU: the same values on every device
   parallelize_module(model, mesh["tp"],
                      gpt_tp_plan({.sequence_parallel = s.sequence_parallel,
                                   .overlap_chunks = s.overlap_chunks}));
@@ -91,9 +94,10 @@ TpRun train_tensor_parallel(const std::shared_ptr<ProcessGroup>& world, const Tp
   TpRun run;
   for (int step = 0; step < s.steps; ++step) {
     const auto [x, y] = batch_of(step);
-    const Tensor logits = model(narrow(x, 0, dp_rank * rows, rows));
-    const Tensor loss = loss_parallel_cross_entropy(logits, narrow(y, 0, dp_rank * rows, rows),
-                                                    mesh["tp"], config.vocab_size);
+    const Tensor logits = model(to(narrow(x, 0, dp_rank * rows, rows), s.device));
+    const Tensor loss =
+        loss_parallel_cross_entropy(logits, to(narrow(y, 0, dp_rank * rows, rows), s.device),
+                                    mesh["tp"], config.vocab_size);
     backward(loss);
     if (step == 0) {
       for (auto& [name, p] : model.named_parameters()) {
@@ -103,11 +107,23 @@ TpRun train_tensor_parallel(const std::shared_ptr<ProcessGroup>& world, const Tp
     clip_grad_norm(model.parameters(), 1.0);
     opt.step();
     opt.zero_grad();
-    Tensor mean = from_vector<float>({static_cast<float>(item(loss))});
+    Tensor mean = to(from_vector<float>({static_cast<float>(item(loss))}),
+                     world->default_device());
     world->all_reduce(mean, {.op = ReduceOp::kAvg});  // tp ranks agree; dp slices averaged
-    run.losses.push_back(mean.data<float>()[0]);
+    run.losses.push_back(static_cast<float>(item(mean)));
   }
   return run;
+}
+
+TpRun train_tensor_parallel_threads(const TpSetup& setup) {
+  int world = 1;
+  for (int64_t n : setup.shape) world *= static_cast<int>(n);
+  TpRun got;
+  threads::run_ranks(world, [&](ProcessGroup& pg) {
+    TpRun run = train_tensor_parallel(pg.shared_from_this(), setup);
+    if (pg.rank() == 0) got = std::move(run);
+  });
+  return got;
 }
 
 std::string parity_error(const TpRun& got, const TpRun& want, double loss_rtol,
@@ -129,8 +145,9 @@ std::string parity_error(const TpRun& got, const TpRun& want, double loss_rtol,
     const auto it = got.first_grads.find(name);
     if (it == got.first_grads.end()) return fmt::format("no gradient for {}", name);
     if (it->second.shape() != w.shape()) return fmt::format("{}: gradient shape differs", name);
-    const double scale = item(max(abs(w)));
-    const double err = item(max(abs(sub(it->second, w))));
+    const Tensor g_cpu = to(it->second, Device::cpu()), w_cpu = to(w, Device::cpu());
+    const double scale = item(max(abs(w_cpu)));
+    const double err = item(max(abs(sub(g_cpu, w_cpu))));
     if (err > grad_tol * scale) {
       return fmt::format("{}: first-step gradient differs by {} (largest entry {})", name, err,
                          scale);

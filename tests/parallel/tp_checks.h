@@ -23,8 +23,8 @@ struct TpRun {
   std::map<std::string, Tensor> first_grads;  // the whole gradient of step 0, by name
 };
 
-// `steps` AdamW steps (with clipping at 1) on the whole global batches.
-TpRun train_single_process(int steps);
+// `steps` AdamW steps (with clipping at 1) on the whole global batches, on `device`.
+TpRun train_single_process(int steps, Device device = Device::cpu());
 
 struct TpSetup {
   std::vector<int64_t> shape;      // of the mesh
@@ -32,16 +32,20 @@ struct TpSetup {
   bool sequence_parallel = false;
   int64_t overlap_chunks = 0;
   int steps = 20;
+  Device device = Device::cpu();  // where the model is split and trains
 };
 
 // One rank's training under gpt_tp_plan (then FSDP over the dimensions before "tp"): every rank
 // of the world calls it. The losses are averaged over the world; the gradients gathered (a
 // collective), so every rank returns the whole run.
 TpRun train_tensor_parallel(const std::shared_ptr<ProcessGroup>& world, const TpSetup& setup);
+// train_tensor_parallel on rank threads (threads backend), one per rank of the mesh; rank 0's run.
+TpRun train_tensor_parallel_threads(const TpSetup& setup);
 
 // The first difference beyond the tolerances — a step's loss off by more than loss_rtol
 // (relative), a first-step gradient off by more than grad_tol of its largest entry — or empty.
-// Also fails when the single run did not learn (so parity cannot hide behind ln V).
+// Also fails when the single run did not learn (so parity cannot hide behind ln V). The runs
+// may be on different devices (gradients are compared on the CPU).
 std::string parity_error(const TpRun& got, const TpRun& want, double loss_rtol = 1e-5,
                          double grad_tol = 1e-5);
 

@@ -30,13 +30,7 @@ const TpRun& single() {
 
 // Rank 0's run of `setup` on rank threads against single-process training.
 void expect_parity(const TpSetup& setup) {
-  int world = 1;
-  for (int64_t n : setup.shape) world *= static_cast<int>(n);
-  TpRun got;
-  threads::run_ranks(world, [&](ProcessGroup& pg) {
-    TpRun run = testing::train_tensor_parallel(pg.shared_from_this(), setup);
-    if (pg.rank() == 0) got = std::move(run);
-  });
+  const TpRun got = testing::train_tensor_parallel_threads(setup);
   const std::string error = testing::parity_error(got, single());
   EXPECT_TRUE(error.empty()) << error;
 }
