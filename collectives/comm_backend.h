@@ -34,6 +34,10 @@ struct OpContext {
   // for CPU tensors and where none is (a CUDA backend then orders after the legacy default
   // stream).
   std::optional<Stream> stream = {};
+  // Recorded on `stream` on the caller's thread when the call was issued: the work the call must
+  // follow, and no more (an async call may run later on the group's thread, after the caller
+  // queued more work on that stream). Set whenever `stream` is.
+  std::optional<Event> issued_on_stream = {};
   // Where a backend that enqueues the operation on a device stream instead of finishing it
   // (NCCL) leaves the operation's device part; the Work then completes with it. Null: the
   // backend must finish the operation before returning.

@@ -88,6 +88,7 @@ struct ProcessGroup::Call {
   bool async = false;
   Nanoseconds timeout{0};
   std::optional<Stream> stream;  // the caller's, for device tensors (OpContext::stream)
+  std::optional<Event> issued_on_stream;  // recorded on `stream` by issue()
   SteadyClock::time_point issued;  // set by issue()
   std::function<void(const OpContext&)> run;
 };
@@ -287,6 +288,10 @@ void ProcessGroup::fail_device_work(WorkState& work, std::exception_ptr error) {
 
 Work ProcessGroup::issue(Call call) {
   call.issued = SteadyClock::now();
+  if (call.stream) {
+    call.issued_on_stream.emplace(call.stream->device());
+    call.issued_on_stream->record(*call.stream);
+  }
   std::unique_lock lock(mutex_);
   TESSEL_CHECK(!aborted(), CommError, "group '{}' (id {}) was aborted: {}", name(), id(),
                abort_reason_);
@@ -361,6 +366,7 @@ void ProcessGroup::execute(const std::shared_ptr<WorkState>& state, Call& call,
     call.run(OpContext{.seq = state->seq(),
                        .timeout = call.timeout,
                        .stream = call.stream,
+                       .issued_on_stream = call.issued_on_stream,
                        .device_work = &device,
                        .issued = call.issued});
     if (device == nullptr) {

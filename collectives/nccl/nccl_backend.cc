@@ -540,7 +540,8 @@ class NcclBackend final : public CommBackend {
   }
 
   // Runs one NCCL call on the group's stream:
-  //   1. the group's stream waits for the work queued so far on the caller's stream (an event);
+  //   1. the group's stream waits for the work the caller had queued on its stream when it
+  //      issued the call (an event recorded then, on the caller's thread);
   //   2. the call, between its start and end events; a non-blocking communicator may return
   //      before the call is on the stream, so the end event is recorded once it is;
   //   3. the device part goes back through OpContext::device_work, and the Work completes with
@@ -551,9 +552,14 @@ class NcclBackend final : public CommBackend {
            bool host_waits = false) {
     CudaDeviceGuard guard(device_);
     const Deadline deadline = Deadline::after(ctx.timeout);
-    // Step 1.
-    cuda_check(cudaEventRecord(ready_.get(), caller_stream(ctx)), "cudaEventRecord");
-    cuda_check(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0), "cudaStreamWaitEvent");
+    // Step 1: the event ProcessGroup recorded on the caller's stream at issue; a call made
+    // without one (a backend used directly) records one now.
+    if (ctx.issued_on_stream) {
+      stream_handle_.wait(*ctx.issued_on_stream);
+    } else {
+      cuda_check(cudaEventRecord(ready_.get(), caller_stream(ctx)), "cudaEventRecord");
+      cuda_check(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0), "cudaStreamWaitEvent");
+    }
     // Step 2. The caching allocator must not hand the tensors' memory to another stream before
     // this stream is past the call, even if their last reference goes first.
     for (const Tensor& t : tensors) t.storage().record_stream(stream_handle_);

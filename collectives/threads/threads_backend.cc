@@ -387,6 +387,10 @@ class ThreadsBackend final : public CommBackend {
   // Step 1: this rank's stream on `device` (made on first use), ordered after the caller's.
   Stream begin_on_stream(Device device, const OpContext& ctx) {
     if (!stream_ || stream_->device() != device) stream_ = create_stream(device);
+    if (ctx.issued_on_stream && ctx.issued_on_stream->device() == device) {
+      stream_->wait(*ctx.issued_on_stream);  // recorded when the caller issued the call
+      return *stream_;
+    }
     const Stream caller =
         ctx.stream && ctx.stream->device() == device ? *ctx.stream : current_stream(device);
     Event caller_done(device);
