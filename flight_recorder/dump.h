@@ -16,8 +16,9 @@
 namespace tessel::fr {
 
 inline constexpr std::string_view kDumpFormatName = "tessel-flight-recorder";
-// Version 2 added the "split" op; the reader also reads version 1.
-inline constexpr int kDumpFormatVersion = 2;
+// Version 2 added the "split" op, version 3 the "user_span" op; the reader also reads versions
+// 1 and 2 (whose entries are a subset).
+inline constexpr int kDumpFormatVersion = 3;
 inline constexpr int kOldestDumpFormatVersion = 1;
 
 // Why a dump was written.

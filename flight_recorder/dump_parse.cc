@@ -180,7 +180,7 @@ class Parser {
         OpType::kAllReduce, OpType::kBroadcast, OpType::kAllGather, OpType::kReduceScatter,
         OpType::kAllToAll,  OpType::kSend,      OpType::kRecv,      OpType::kBarrier,
         OpType::kUserEvent, OpType::kSplit,     OpType::kReduce,    OpType::kGather,
-        OpType::kScatter};
+        OpType::kScatter,   OpType::kUserSpan};
     static constexpr EntryState kStates[] = {EntryState::kScheduled, EntryState::kStarted,
                                              EntryState::kCompleted, EntryState::kFailed};
     TraceEntry e;

@@ -42,7 +42,9 @@ struct TraceEntry {
 
   bool is_p2p() const { return op == OpType::kSend || op == OpType::kRecv; }
   bool is_user_event() const { return op == OpType::kUserEvent; }
-  bool is_collective() const { return !is_p2p() && !is_user_event(); }
+  // A span of the rank's own work (FlightRecorder::begin_span): [started_ns, completed_ns].
+  bool is_span() const { return op == OpType::kUserSpan; }
+  bool is_collective() const { return !is_p2p() && !is_user_event() && !is_span(); }
   bool finished() const { return state == EntryState::kCompleted || state == EntryState::kFailed; }
 };
 

@@ -49,6 +49,8 @@ std::string_view op_name(OpType op) {
       return "gather";
     case OpType::kScatter:
       return "scatter";
+    case OpType::kUserSpan:
+      return "user_span";
   }
   return "unknown";
 }
@@ -155,7 +157,9 @@ struct alignas(64) FlightRecorder::Slot {
 // The group text is one line per registration: "<id>\t<name>\t<rank>,<rank>,...\n".
 struct FlightRecorder::Header {
   static constexpr char kMagic[8] = {'T', 'S', 'L', 'F', 'R', 'R', 'N', 'G'};
-  static constexpr uint32_t kVersion = 2;
+  // Version 3 added the user_span op; a version-2 file has the same layout and reads alike.
+  static constexpr uint32_t kVersion = 3;
+  static constexpr uint32_t kOldestVersion = 2;
   char magic[8];
   uint32_t version;
   uint32_t slot_size;
@@ -291,7 +295,8 @@ std::unique_ptr<FlightRecorder> FlightRecorder::recover(const std::string& ring_
   }
   auto storage =
       std::make_unique<Storage>(probe.capacity, probe.group_bytes, probe.capture_stack != 0);
-  const bool layout_ok = probe.version == Header::kVersion && probe.slot_size == sizeof(Slot) &&
+  const bool layout_ok = probe.version >= Header::kOldestVersion &&
+                         probe.version <= Header::kVersion && probe.slot_size == sizeof(Slot) &&
                          probe.capacity > 0 && probe.capacity < (1ull << 32) &&
                          probe.tick_kind <= kTicksAreCycles && probe.group_bytes <= (1ull << 30) &&
                          storage->size == file_size;
@@ -299,9 +304,9 @@ std::unique_ptr<FlightRecorder> FlightRecorder::recover(const std::string& ring_
     ::close(fd);
     throw InvalidArgument(fmt::format(
         "ring file '{}': version {}, slot size {}, capacity {}, {} bytes; this build reads "
-        "version {} with {}-byte slots and a file size matching the capacity",
-        ring_file, probe.version, probe.slot_size, probe.capacity, file_size, Header::kVersion,
-        sizeof(Slot)));
+        "versions {} to {} with {}-byte slots and a file size matching the capacity",
+        ring_file, probe.version, probe.slot_size, probe.capacity, file_size,
+        Header::kOldestVersion, Header::kVersion, sizeof(Slot)));
   }
   // A private copy-on-write mapping: reading never changes the file.
   void* base = ::mmap(nullptr, file_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
@@ -449,8 +454,8 @@ void FlightRecorder::note_dropped(const Record& old) noexcept {
     // The count is informational (racing overwriters may lose an increment); a plain
     // load/store keeps a locked instruction off the recording path.
     c.dropped.store(c.dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    const bool collective =
-        old.op != OpType::kSend && old.op != OpType::kRecv && old.op != OpType::kUserEvent;
+    const bool collective = old.op != OpType::kSend && old.op != OpType::kRecv &&
+                            old.op != OpType::kUserEvent && old.op != OpType::kUserSpan;
     if (collective) {
       uint64_t cur = c.last_dropped_seq.load(std::memory_order_relaxed);
       while (old.seq > cur &&
@@ -531,6 +536,13 @@ uint64_t FlightRecorder::record_event(std::string_view text) noexcept {
   const uint64_t id = record_started(args);
   completed(id);
   return id;
+}
+
+uint64_t FlightRecorder::begin_span(std::string_view text) noexcept {
+  RecordArgs args;
+  args.op = OpType::kUserSpan;
+  args.text = text;
+  return record_started(args);
 }
 
 void FlightRecorder::set_state(uint64_t record_id, EntryState state) noexcept {

@@ -47,10 +47,11 @@ enum class OpType : uint8_t {
   kReduce,   // rooted collectives, as PyTorch dumps name them
   kGather,
   kScatter,
+  kUserSpan,  // a named interval of the process's own work ("fsdp forward h.3"): begin_span
 };
 enum class EntryState : uint8_t { kScheduled, kStarted, kCompleted, kFailed };
 
-std::string_view op_name(OpType op);            // "all_reduce", "send", "user_event", "split"
+std::string_view op_name(OpType op);  // "all_reduce", "send", "user_event", "split", "user_span"
 // reduce_op_name(*op), or "none" for operations that reduce nothing.
 std::string_view reduce_op_text(std::optional<ReduceOp> op);
 std::string_view state_name(EntryState state);  // "scheduled", "started", "completed", "failed"
@@ -83,7 +84,7 @@ struct RecordArgs {
   uint32_t coalesced_index = 0;
   uint32_t callsite_id = 0;  // caller-chosen id of the call site (e.g. a hash of file:line)
   TensorMeta input, output;
-  std::string_view text;  // user events: the marker text (truncated to fit)
+  std::string_view text;  // user events and spans: the text (truncated to fit)
 };
 
 // One ring slot, as a snapshot sees it. Times are monotonic nanoseconds (0 = not yet).
@@ -104,7 +105,7 @@ struct Entry {
   TensorMeta input, output;
   int64_t enqueued_ns = 0, started_ns = 0, completed_ns = 0;
   uint32_t thread_id = 0;   // kernel thread id of the recording thread
-  char text[48] = {};       // user event text
+  char text[48] = {};       // user event or span text
   uint8_t stack_depth = 0;  // frames in `stack` (0 unless RecorderOptions::capture_stack)
   uintptr_t stack[kMaxStackFrames] = {};  // return addresses, innermost first
 };
@@ -223,6 +224,14 @@ class FlightRecorder {
   uint64_t record_started(const RecordArgs& args) noexcept;
   // Records a user marker ("step 1200 begins") as a completed user_event entry.
   uint64_t record_event(std::string_view text) noexcept;
+  // Records the beginning of a span of the process's own work ("fsdp forward h.3") as a
+  // user_span entry born started (enqueued = started = now); returns its record id (0 when
+  // disabled). end_span(id) completes it now; a span timed on a device stream is completed
+  // with completed(id, device_time) instead (collectives/compute_span.h does both). Costs what
+  // a blocking collective's record does; spans are not operations of any group, and the
+  // analyzer leaves them out of its verdicts.
+  uint64_t begin_span(std::string_view text) noexcept;
+  void end_span(uint64_t record_id) noexcept { completed(record_id); }
   // State transitions; a no-op for an id whose slot has since been overwritten.
   void started(uint64_t record_id) noexcept;
   void completed(uint64_t record_id) noexcept;

@@ -101,7 +101,8 @@ std::shared_ptr<ProcessGroup> world_of(Setup setup, Device device) {
 double comm_seconds_per_step(uint64_t first_record, int64_t from_step, int steps) {
   int64_t total_ns = 0;
   for (const fr::Entry& e : fr::FlightRecorder::global().snapshot()) {
-    if (e.record_id <= first_record || e.op == fr::OpType::kUserEvent || e.step < from_step ||
+    const bool user = e.op == fr::OpType::kUserEvent || e.op == fr::OpType::kUserSpan;
+    if (e.record_id <= first_record || user || e.step < from_step ||
         e.state != fr::EntryState::kCompleted) {
       continue;
     }

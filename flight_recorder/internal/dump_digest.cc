@@ -163,6 +163,8 @@ void RankFold::fold(const TraceEntry& e) {
     last_event_ = e.text;
     return;
   }
+  // Spans of the rank's own work take a ring slot but are no operation of a group: no evidence.
+  if (e.is_span()) return;
   // How long the rank spent in its previous operation (straggler evidence).
   const int64_t waited = previous_wait_ns_;
   if (e.completed_ns != 0) previous_wait_ns_ = e.completed_ns - e.enqueued_ns;

@@ -59,7 +59,8 @@ struct Call {
   bool operator==(const Call& o) const;
 };
 
-// An operation as the analyzer holds it. User events are not held (RankDigest::last_event).
+// An operation as the analyzer holds it. User events are not held (RankDigest::last_event),
+// nor are spans (only counted in RankDigest::entries).
 struct HeldEntry {
   uint64_t record_id = 0, group_id = 0, seq = 0, p2p_seq = 0;
   int64_t step = -1, enqueued_ns = 0, completed_ns = 0;
@@ -118,7 +119,7 @@ struct RankDigest {
   std::vector<FailedOp> failed;
   std::vector<const GroupInfo*> registered;  // the groups its dump registers, by id
   std::string last_event;                    // its newest user event's text
-  uint64_t entries = 0;                      // entries in its ring, user events included
+  uint64_t entries = 0;                      // entries in its ring, user events and spans too
   int64_t oldest_enqueued_ns = 0;            // its oldest entry's
 
   const GroupHistory* history(uint64_t group) const;

@@ -138,6 +138,53 @@ TEST(DumpTest, RoundTripsEveryField) {
   EXPECT_EQ(d.entries[0].input.shape[1], 5);
 }
 
+// Spans (finished on the host, finished from a device time, still open) come back from a dump
+// as spans with their text and times, and are neither collectives nor user events.
+TEST(DumpTest, RoundTripsSpans) {
+  RecorderOptions o;
+  o.capacity = 8;
+  o.use_cycle_clock = false;  // nanosecond ticks read back exactly
+  FlightRecorder fr(o);
+  fr.set_process_info(0, 2);
+  fr.register_group(1, "world", {0, 1});
+  fr.set_step(3);
+  RecordArgs a;
+  a.group_id = 1;
+  a.seq = 1;
+  a.op = OpType::kAllGather;
+  const uint64_t gather = fr.record(a);
+  const uint64_t host = fr.begin_span("fsdp forward transformer.h.0");
+  fr.started(gather);
+  fr.end_span(host);
+  fr.completed(gather);
+  fr.completed(fr.begin_span("fsdp backward transformer.h.0"), Nanoseconds(10));
+  fr.begin_span("fsdp backward (root)");  // never ended
+
+  TempDir dir;
+  const RankDump d = read_dump(write_dump(fr, {}, dir.path()));
+  EXPECT_EQ(d.version, kDumpFormatVersion);
+  const auto snap = fr.snapshot();
+  ASSERT_EQ(d.entries.size(), snap.size());
+  ASSERT_EQ(d.entries.size(), 4u);
+  for (size_t i = 0; i < snap.size(); ++i) {
+    const TraceEntry& got = d.entries[i];
+    EXPECT_EQ(got.op, snap[i].op) << i;
+    EXPECT_EQ(got.text, snap[i].text) << i;
+    EXPECT_EQ(got.state, snap[i].state) << i;
+    EXPECT_EQ(got.started_ns, snap[i].started_ns) << i;
+    EXPECT_EQ(got.completed_ns, snap[i].completed_ns) << i;
+    EXPECT_EQ(got.step, 3) << i;
+    EXPECT_EQ(got.is_span(), i > 0) << i;
+    EXPECT_EQ(got.is_collective(), i == 0) << i;
+    EXPECT_FALSE(got.is_user_event()) << i;
+  }
+  EXPECT_EQ(d.entries[1].text, "fsdp forward transformer.h.0");
+  EXPECT_EQ(d.entries[2].state, EntryState::kCompleted);
+  EXPECT_EQ(d.entries[2].completed_ns - d.entries[2].started_ns, 10);
+  EXPECT_EQ(d.entries[3].state, EntryState::kStarted);
+  EXPECT_EQ(d.entries[3].completed_ns, 0);
+}
+
 TEST(DumpTest, LeavesNoTemporaryFilesAndReplacesTheOldDump) {
   FlightRecorder fr(RecorderOptions{4});
   fr.set_process_info(0, 1);

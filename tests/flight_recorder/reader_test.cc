@@ -11,6 +11,7 @@
 #include "tessel/base/error.h"
 #include "tessel/flight_recorder/analyzer.h"
 #include "tessel/flight_recorder/dump.h"
+#include "tessel/flight_recorder/export.h"
 #include "tessel/flight_recorder/synth.h"
 #include "test_util.h"
 
@@ -67,8 +68,8 @@ TEST(ReaderTest, RejectsMalformedDumpsNamingFileAndProblem) {
   expect_rejected("[1, 2]", "expected an object");
   expect_rejected(replaced(good, "\"rank\":0", "\"rank\":\"zero\""), "rank: expected an integer");
   expect_rejected(replaced(good, "\"hostname\":", "\"hostnome\":"), "missing field 'hostname'");
-  expect_rejected(replaced(good, "\"version\":2", "\"version\":3"),
-                  "version 3 is not supported; this reader understands versions 1 to 2");
+  expect_rejected(replaced(good, "\"version\":3", "\"version\":4"),
+                  "version 4 is not supported; this reader understands versions 1 to 3");
   expect_rejected(replaced(good, "tessel-flight-recorder", "other-tool"), "format");
   expect_rejected(replaced(good, "\"rank\":0", "\"rank\":5"), "rank 5 is not a rank");
   expect_rejected(replaced(good, "\"op\":\"all_reduce\"", "\"op\":\"all_reduse\""),
@@ -85,7 +86,7 @@ TEST(ReaderTest, ReadsADirectoryAndReportsEveryProblem) {
   write_file(d / "tessel_fr_rank1.json", valid_dump_text(1, 5));
   write_file(d / "tessel_fr_rank2.json", "{\"format\":");  // truncated
   write_file(d / "tessel_fr_rank3.json",
-             replaced(valid_dump_text(3, 5), "\"version\":2", "\"version\":3"));  // unknown version
+             replaced(valid_dump_text(3, 5), "\"version\":3", "\"version\":4"));  // unknown version
   write_file(d / "tessel_fr_rank4_copy.json", valid_dump_text(1, 5));             // duplicate rank
   write_file(d / "tessel_fr_rank9.json", valid_dump_text(2, 6));                  // other world
   write_file(d / "notes.txt", "ignored");
@@ -102,9 +103,31 @@ TEST(ReaderTest, ReadsADirectoryAndReportsEveryProblem) {
     by_file[p.path.filename().string()] = p.message;
   }
   EXPECT_NE(by_file["tessel_fr_rank2.json"].find("not valid JSON"), std::string::npos);
-  EXPECT_NE(by_file["tessel_fr_rank3.json"].find("version 3"), std::string::npos);
+  EXPECT_NE(by_file["tessel_fr_rank3.json"].find("version 4"), std::string::npos);
   EXPECT_NE(by_file["tessel_fr_rank4_copy.json"].find("rank 1 is also dumped"), std::string::npos);
   EXPECT_NE(by_file["tessel_fr_rank9.json"].find("world size 6 disagrees"), std::string::npos);
+}
+
+// Dumps written before spans existed (format version 2: tessel-trace synth healthy --ranks 2
+// --steps 2 at the commit before version 3, committed as they came out) still read, analyze and
+// export as they did.
+TEST(ReaderTest, ReadsVersionTwoDumps) {
+  const DumpSet set = read_dump_dir(FR_FIXTURES "/v2");
+  ASSERT_TRUE(set.problems.empty()) << set.problems[0].message;
+  ASSERT_EQ(set.dumps.size(), 2u);
+  for (const RankDump& d : set.dumps) {
+    EXPECT_EQ(d.version, 2);
+    ASSERT_EQ(d.entries.size(), 6u);
+    EXPECT_TRUE(d.entries[0].is_user_event());
+    EXPECT_EQ(d.entries[0].text, "step 0 begins");
+    EXPECT_TRUE(d.entries[1].is_collective());
+    EXPECT_EQ(d.entries[1].op, OpType::kAllReduce);
+    for (const TraceEntry& e : d.entries) EXPECT_FALSE(e.is_span());
+  }
+  EXPECT_EQ(analyze(set).status, VerdictStatus::kHealthy);
+  const std::string trace = export_perfetto(set);
+  EXPECT_NE(trace.find("\"group world\""), std::string::npos);
+  EXPECT_EQ(trace.find("\"compute\""), std::string::npos);
 }
 
 TEST(ReaderTest, MissingDirectoryIsAClearError) {

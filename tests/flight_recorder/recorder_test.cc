@@ -310,6 +310,57 @@ TEST(RecorderTest, DeviceCompletionKeepsTheDurationWithCycleTicks) {
   EXPECT_LE(e.completed_ns, after + 2'000);
 }
 
+// A span is born started at its beginning and completed at end_span (host time), or from the
+// device's duration when a device timed it; disabled, it records nothing and costs an id of 0.
+TEST(RecorderTest, SpansRunFromBeginToEnd) {
+  FlightRecorder fr(test_clock_options());
+  fr.set_step(7);
+  g_test_now = 1000;
+  const uint64_t host = fr.begin_span("fsdp forward transformer.h.0");
+  Entry e = fr.snapshot().at(0);
+  EXPECT_EQ(e.op, OpType::kUserSpan);
+  EXPECT_EQ(e.state, EntryState::kStarted);
+  EXPECT_EQ(e.enqueued_ns, 1000);
+  EXPECT_EQ(e.started_ns, 1000);
+  EXPECT_EQ(e.completed_ns, 0);
+  EXPECT_EQ(e.step, 7);
+  EXPECT_EQ(e.group_id, 0u);
+  EXPECT_STREQ(e.text, "fsdp forward transformer.h.0");
+  g_test_now = 4000;
+  fr.end_span(host);
+  e = fr.snapshot().at(0);
+  EXPECT_EQ(e.state, EntryState::kCompleted);
+  EXPECT_EQ(e.started_ns, 1000);
+  EXPECT_EQ(e.completed_ns, 4000);
+
+  g_test_now = 5000;
+  const uint64_t device = fr.begin_span("fsdp backward transformer.h.0");
+  g_test_now = 9000;  // the watchdog saw the end event here; the device measured 2500 ns
+  fr.completed(device, Nanoseconds(2500));
+  e = fr.snapshot().at(1);
+  EXPECT_EQ(e.started_ns, 6500);
+  EXPECT_EQ(e.completed_ns, 9000);
+
+  fr.set_enabled(false);
+  EXPECT_EQ(fr.begin_span("not recorded"), 0u);
+  fr.end_span(0);
+  EXPECT_EQ(fr.recorded(), 2u);
+}
+
+// Spans are no collective: one overwritten by the ring leaves its group's last dropped seq alone.
+TEST(RecorderTest, DroppedSpansKeepNoSequence) {
+  FlightRecorder fr(RecorderOptions{2});
+  fr.end_span(fr.begin_span("a"));
+  fr.end_span(fr.begin_span("b"));
+  fr.record(all_reduce(1, 1));
+  fr.record(all_reduce(1, 2));
+  const auto dropped = fr.dropped();
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_EQ(dropped[0].group_id, 0u);
+  EXPECT_EQ(dropped[0].dropped, 2u);
+  EXPECT_EQ(dropped[0].last_dropped_seq, 0u);
+}
+
 TEST(RecorderTest, ReRegisteringAGroupReplacesIt) {
   FlightRecorder fr(RecorderOptions{4});
   fr.register_group(1, "a", {0});
