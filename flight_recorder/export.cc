@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 namespace tessel::fr {
 namespace {
@@ -23,12 +25,48 @@ std::string group_label(const RankDump& d, uint64_t id) {
 }
 
 std::string entry_name(const RankDump& d, const TraceEntry& e) {
-  if (e.is_user_event()) return e.text;
+  if (e.is_user_event() || e.is_span()) return e.text;
   if (e.is_p2p()) {
     return fmt::format("{} #{} peer {} ({})", op_name(e.op), e.p2p_seq, e.peer,
                        group_label(d, e.group_id));
   }
   return fmt::format("{} #{} ({})", op_name(e.op), e.seq, group_label(d, e.group_id));
+}
+
+// The rank's spans, in ring order, each given a lane (a track): within one lane spans nest or
+// follow one another, as slices of one track must; a span that begins inside an open one and
+// outlasts it (spans of two threads, or one group's backward ending just after the next one's
+// began) goes to the first lane where it fits.
+std::vector<int> span_lanes(const RankDump& d) {
+  struct Span {
+    int64_t begin, end;
+    size_t index;  // among the rank's spans, in ring order
+  };
+  std::vector<Span> spans;
+  for (const auto& e : d.entries) {
+    if (!e.is_span()) continue;
+    const int64_t begin = e.started_ns != 0 ? e.started_ns : e.enqueued_ns;
+    const int64_t end = e.finished() ? e.completed_ns : INT64_MAX;
+    spans.push_back({begin, std::max(begin, end), spans.size()});
+  }
+  // Outer spans first: by begin, the longer of two that begin together first.
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end > b.end;
+  });
+  std::vector<std::vector<int64_t>> open;  // per lane: the ends of its enclosing spans
+  std::vector<int> lane_of(spans.size(), 0);
+  for (const Span& s : spans) {
+    size_t lane = 0;
+    for (; lane < open.size(); ++lane) {
+      auto& ends = open[lane];
+      while (!ends.empty() && ends.back() <= s.begin) ends.pop_back();
+      if (ends.empty() || ends.back() >= s.end) break;
+    }
+    if (lane == open.size()) open.emplace_back();
+    open[lane].push_back(s.end);
+    lane_of[s.index] = static_cast<int>(lane);
+  }
+  return lane_of;
 }
 
 }  // namespace
@@ -58,7 +96,7 @@ std::string format_dump_table(const RankDump& d) {
         e.completed_ns > 0 ? fmt::format("{:.3f}ms", (e.completed_ns - e.enqueued_ns) / 1e6) : "-";
     out += fmt::format(
         "{:>8} {:>10} {:>6} {:<14} {:>5} {:<10} {:<7} {:<16} {:>5} {:>11.3f}s {:>12}  {}\n",
-        e.record_id, e.is_user_event() ? "-" : group_label(d, e.group_id),
+        e.record_id, e.is_user_event() || e.is_span() ? "-" : group_label(d, e.group_id),
         e.is_p2p() ? e.p2p_seq : e.seq, op_name(e.op), e.peer, state_name(e.state),
         reduce_op_text(e.reduce_op), tensor_text(e.input), e.step, age / 1e9, duration, e.text);
   }
@@ -78,9 +116,8 @@ std::string export_perfetto(const DumpSet& set) {
                       {"pid", d.rank},
                       {"args", {{"sort_index", d.rank}}}});
     // Thread ids are small per-rank track numbers (Perfetto's JSON importer takes 32-bit ids;
-    // group ids are 64-bit hashes): 0 for user markers, then 1, 2, ... per group in order of
-    // first use, each named.
-    std::map<uint64_t, int> track;
+    // group ids are 64-bit hashes): 0 for user markers, 1..L for the compute lanes, then one
+    // per group in order of first use, each named and sorted by id.
     auto name_track = [&](int tid, const std::string& name) {
       events.push_back({{"ph", "M"},
                         {"name", "thread_name"},
@@ -93,9 +130,32 @@ std::string export_perfetto(const DumpSet& set) {
                         {"tid", tid},
                         {"args", {{"sort_index", tid}}}});
     };
+    auto slice = [&](const TraceEntry& e, const std::string& name, int tid, Json args) {
+      const bool pending = !e.finished();
+      // What ran: from the start (the device's, for device-timed entries) when there is one.
+      const int64_t begin = d.to_wall_ns(e.started_ns != 0 ? e.started_ns : e.enqueued_ns);
+      const int64_t end = pending ? d.wall_time_us * 1000 : d.to_wall_ns(e.completed_ns);
+      args["state"] = state_name(e.state);
+      args["step"] = e.step;
+      args["record_id"] = e.record_id;
+      events.push_back({{"ph", "X"},
+                        {"name", name + (pending ? " (pending)" : "")},
+                        {"cat", op_name(e.op)},
+                        {"pid", d.rank},
+                        {"tid", tid},
+                        {"ts", static_cast<double>(begin) / 1000.0},
+                        {"dur", static_cast<double>(std::max<int64_t>(end - begin, 0)) / 1000.0},
+                        {"args", std::move(args)}});
+    };
+    const std::vector<int> lanes = span_lanes(d);
+    const int lane_count = lanes.empty() ? 0 : *std::max_element(lanes.begin(), lanes.end()) + 1;
+    for (int lane = 0; lane < lane_count; ++lane) {
+      name_track(1 + lane, lane == 0 ? "compute" : fmt::format("compute {}", lane + 1));
+    }
+    std::map<uint64_t, int> track;
     bool markers = false;
+    size_t span = 0;
     for (const auto& e : d.entries) {
-      const double ts = d.to_wall_ns(e.enqueued_ns) / 1000.0;
       if (e.is_user_event()) {
         if (!markers) {
           markers = true;
@@ -106,20 +166,23 @@ std::string export_perfetto(const DumpSet& set) {
                           {"name", e.text},
                           {"pid", d.rank},
                           {"tid", 0},
-                          {"ts", ts},
+                          {"ts", d.to_wall_ns(e.enqueued_ns) / 1000.0},
                           {"args", {{"step", e.step}}}});
         continue;
       }
-      auto [it, fresh] = track.emplace(e.group_id, static_cast<int>(track.size()) + 1);
+      if (e.is_span()) {
+        slice(e, e.text, 1 + lanes[span++], {{"thread_id", e.thread_id}});
+        continue;
+      }
+      auto [it, fresh] =
+          track.emplace(e.group_id, lane_count + static_cast<int>(track.size()) + 1);
       if (fresh) name_track(it->second, "group " + group_label(d, e.group_id));
-      const bool pending = !e.finished();
-      const int64_t end_ns = pending ? d.wall_time_us * 1000 : d.to_wall_ns(e.completed_ns);
-      Json args = {{"state", state_name(e.state)},
-                   {"seq", e.seq},
-                   {"step", e.step},
+      Json args = {{"seq", e.seq},
                    {"input", tensor_text(e.input)},
-                   {"output", tensor_text(e.output)},
-                   {"record_id", e.record_id}};
+                   {"output", tensor_text(e.output)}};
+      if (e.started_ns > e.enqueued_ns) {
+        args["queued_ms"] = static_cast<double>(e.started_ns - e.enqueued_ns) / 1e6;
+      }
       if (e.is_p2p()) {
         args["peer"] = e.peer;
         args["p2p_seq"] = e.p2p_seq;
@@ -128,14 +191,7 @@ std::string export_perfetto(const DumpSet& set) {
         args["reduce_op"] = reduce_op_text(e.reduce_op);
       }
       if (e.op == OpType::kBroadcast) args["root"] = e.root;
-      events.push_back({{"ph", "X"},
-                        {"name", entry_name(d, e) + (pending ? " (pending)" : "")},
-                        {"cat", op_name(e.op)},
-                        {"pid", d.rank},
-                        {"tid", it->second},
-                        {"ts", ts},
-                        {"dur", std::max<int64_t>(end_ns / 1000 - static_cast<int64_t>(ts), 0)},
-                        {"args", args}});
+      slice(e, entry_name(d, e), it->second, std::move(args));
     }
   }
   Json j = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
