@@ -130,6 +130,54 @@ void Watchdog::device_work_added() {
   cv_.notify_all();
 }
 
+void Watchdog::watch_span(uint64_t record_id, Event begin, Event end) {
+  {
+    std::lock_guard lock(spans_mutex_);
+    spans_.push_back({record_id, std::move(begin), std::move(end)});
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { run(); });
+  }
+  device_work_added();
+}
+
+bool Watchdog::poll_spans() {
+  std::vector<DeviceSpan> spans;
+  {
+    std::lock_guard lock(spans_mutex_);
+    spans.swap(spans_);
+  }
+  if (spans.empty()) return false;
+  auto& recorder = fr::FlightRecorder::global();
+  std::vector<DeviceSpan> pending;
+  for (DeviceSpan& span : spans) {
+    // Not query(): errors that kernels recorded on the device are the issuing thread's to see.
+    try {
+      if (!span.end.query_completion()) {
+        pending.push_back(std::move(span));
+        continue;
+      }
+    } catch (const std::exception& e) {
+      // The device itself failed (its work and collectives report it): the span ends failed.
+      log_warn(LogComponent::kCollectives, "compute span {}: {}", span.record_id, e.what());
+      recorder.failed(span.record_id);
+      continue;
+    }
+    // The observer's time is the completion time; the events give the duration.
+    try {
+      recorder.completed(span.record_id, span.begin.elapsed(span.end));
+    } catch (const std::exception&) {
+      recorder.completed(span.record_id);  // only the device's duration is lost
+    }
+  }
+  if (pending.empty()) return false;
+  std::lock_guard lock(spans_mutex_);
+  spans_.insert(spans_.begin(), std::make_move_iterator(pending.begin()),
+                std::make_move_iterator(pending.end()));
+  return true;
+}
+
 void Watchdog::expire(const std::shared_ptr<WorkState>& state, ProcessGroup& group) {
   WorkState& work = *state;
   if (work.finished()) return;
@@ -192,6 +240,7 @@ void Watchdog::run() {
         check(std::move(work), group);
       }
     }
+    on_device = poll_spans() || on_device;
     if (on_device) {
       polling_device_.store(true, std::memory_order_seq_cst);
       next_wake = std::min(next_wake, now + options.device_poll_interval);

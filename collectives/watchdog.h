@@ -26,7 +26,10 @@
 // whatever the policy (ncclCommAbort: nothing else stops a kernel waiting for a peer).
 //
 // Nothing is registered per operation, so a loop of small collectives costs the watchdog nothing
-// and finished work is freed by its last handle, not retired in batches.
+// and finished work is freed by its last handle, not retired in batches. Compute spans timed on
+// a device (compute_span.h) are the one thing registered, while their end event is pending: they
+// are polled with the device work and completed in the flight recorder the same way (never
+// timed out: they are the caller's own kernels).
 //
 // Thread-safety: all methods are thread-safe. Ownership: holds weak_ptrs to the watched groups
 // (dropped once a group is gone); the thread starts on first watch() and is joined by stop() /
@@ -46,6 +49,7 @@
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
 #include "tessel/collectives/work.h"
+#include "tessel/tensor/stream.h"
 
 namespace tessel {
 
@@ -103,6 +107,11 @@ class Watchdog {
   // Tells the watchdog an operation went in flight on a device (ProcessGroup calls it), so it
   // starts polling now rather than at its next idle wake-up. One atomic load while it polls.
   void device_work_added();
+  // Polls a compute span timed on a device (ComputeSpan) with the operations in flight on devices
+  // until `end` completed, then completes flight-recorder entry `record_id`: completed = when it
+  // was seen, started = that minus the device time from `begin` to `end` (both timed events of
+  // one device). Starts the thread if it is not running. Non-blocking.
+  void watch_span(uint64_t record_id, Event begin, Event end);
 
   // Replaces the dump hook (null: none). The hook runs on the watchdog thread or on the thread
   // that saw the failure, must be thread-safe and must not block for long.
@@ -113,8 +122,14 @@ class Watchdog {
   size_t watched() const;
 
  private:
+  struct DeviceSpan {
+    uint64_t record_id;
+    Event begin, end;
+  };
   void run();
   void expire(const std::shared_ptr<WorkState>& work, ProcessGroup& group);
+  // Completes the watched spans whose end event completed; true when some are still pending.
+  bool poll_spans();
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;
@@ -127,6 +142,8 @@ class Watchdog {
   // each pass looks), so device_work_added() knows whether to wake it.
   std::atomic<bool> polling_device_{false};
   std::thread thread_;
+  std::mutex spans_mutex_;         // a leaf lock: nothing is called while it is held
+  std::vector<DeviceSpan> spans_;  // guarded by spans_mutex_
 };
 
 }  // namespace tessel

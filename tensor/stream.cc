@@ -177,6 +177,11 @@ bool Event::query() const {
   return !impl_->recorded || runtime_for(impl_->device.type).query_event(impl_->native);
 }
 
+bool Event::query_completion() const {
+  return !impl_->recorded ||
+         runtime_for(impl_->device.type).query_event_completion(impl_->native);
+}
+
 void Event::synchronize() const {
   if (impl_->recorded) runtime_for(impl_->device.type).synchronize_event(impl_->native);
 }

@@ -100,6 +100,10 @@ class Event {
   bool recorded() const;
   // True when the captured work has completed (or nothing was recorded). Non-blocking.
   bool query() const;
+  // As query(), for an observer on another thread (the watchdog): errors that kernels recorded
+  // on the device are not reported here but left for the issuing thread's next query or
+  // synchronisation. Throws only for a failure of the query itself.
+  bool query_completion() const;
   // Blocks the calling thread until the captured work has completed.
   void synchronize() const;
   // Device time from this event to `end`: both recorded with timing enabled, on one device,
@@ -130,6 +134,9 @@ class DeviceRuntime {
   virtual void record_event(void* event, const Stream& stream) = 0;
   virtual void stream_wait_event(const Stream& stream, void* event) = 0;
   virtual bool query_event(void* event) = 0;
+  // As query_event, without reporting errors kernels recorded on the device (Event's
+  // query_completion). Runtimes whose queries report none need not override it.
+  virtual bool query_event_completion(void* event) { return query_event(event); }
   virtual void synchronize_event(void* event) = 0;
   virtual Nanoseconds event_elapsed(void* start, void* end) = 0;
   // Blocks until all work on the device is done. For tests, benchmarks and shutdown only.

@@ -205,10 +205,15 @@ void CudaRuntime::stream_wait_event(const Stream& stream, void* event) {
 }
 
 bool CudaRuntime::query_event(void* event) {
+  if (!query_event_completion(event)) return false;
+  raise_all_device_errors();
+  return true;
+}
+
+bool CudaRuntime::query_event_completion(void* event) {
   const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(event));
   if (status == cudaErrorNotReady) return false;
   check_cuda(status, "cudaEventQuery", current_device());
-  raise_all_device_errors();
   return true;
 }
 

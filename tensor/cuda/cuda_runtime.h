@@ -45,6 +45,7 @@ class CudaRuntime final : public DeviceRuntime {
   void record_event(void* event, const Stream& stream) override;
   void stream_wait_event(const Stream& stream, void* event) override;
   bool query_event(void* event) override;
+  bool query_event_completion(void* event) override;
   void synchronize_event(void* event) override;
   Nanoseconds event_elapsed(void* start, void* end) override;
   void synchronize_device(int index) override;
