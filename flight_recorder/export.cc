@@ -174,12 +174,10 @@ std::string export_perfetto(const DumpSet& set) {
         slice(e, e.text, 1 + lanes[span++], {{"thread_id", e.thread_id}});
         continue;
       }
-      auto [it, fresh] =
-          track.emplace(e.group_id, lane_count + static_cast<int>(track.size()) + 1);
+      auto [it, fresh] = track.emplace(e.group_id, lane_count + static_cast<int>(track.size()) + 1);
       if (fresh) name_track(it->second, "group " + group_label(d, e.group_id));
-      Json args = {{"seq", e.seq},
-                   {"input", tensor_text(e.input)},
-                   {"output", tensor_text(e.output)}};
+      Json args = {
+          {"seq", e.seq}, {"input", tensor_text(e.input)}, {"output", tensor_text(e.output)}};
       if (e.started_ns > e.enqueued_ns) {
         args["queued_ms"] = static_cast<double>(e.started_ns - e.enqueued_ns) / 1e6;
       }

@@ -178,8 +178,7 @@ bool Event::query() const {
 }
 
 bool Event::query_completion() const {
-  return !impl_->recorded ||
-         runtime_for(impl_->device.type).query_event_completion(impl_->native);
+  return !impl_->recorded || runtime_for(impl_->device.type).query_event_completion(impl_->native);
 }
 
 void Event::synchronize() const {

@@ -132,9 +132,7 @@ TEST_F(ComputeSpanTest, MovingHandsTheSpanOverAndAssigningEndsTheOldOne) {
   moved = ComputeSpan("second");
   EXPECT_EQ(entry(first_id).state, fr::EntryState::kCompleted);
   const uint64_t second_id = moved.record_id();
-  {
-    ComputeSpan scoped = std::move(moved);
-  }
+  { ComputeSpan scoped = std::move(moved); }
   EXPECT_EQ(entry(second_id).state, fr::EntryState::kCompleted);
 }
 

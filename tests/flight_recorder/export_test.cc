@@ -106,7 +106,7 @@ TEST(ExportTest, SpansAreCompleteEventsOnTheComputeTrack) {
   RecorderOptions o;
   o.capacity = 16;
   o.clock = test_clock;
-  o.wall_clock = [] () noexcept -> int64_t { return 1'000'000'000; };  // us
+  o.wall_clock = []() noexcept -> int64_t { return 1'000'000'000; };  // us
   FlightRecorder fr(o);
   fr.set_process_info(0, 1);
   fr.register_group(1, "world", {0});
