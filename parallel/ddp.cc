@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "tessel/base/error.h"
+#include "tessel/collectives/compute_span.h"
 #include "tessel/parallel/internal/host_collectives.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
@@ -190,6 +191,8 @@ struct DDPModule::State : std::enable_shared_from_this<DDPModule::State> {
   bool in_pass = false;
   bool pass_syncs = false;
   size_t next_bucket = 0;  // buckets [0, next_bucket) have started
+  // The flight recorder's "ddp backward" span: from the pass's first activity to its end.
+  ComputeSpan backward_span;
 
   void build_buckets(int64_t bucket_bytes);
   void on_forward();
@@ -270,6 +273,7 @@ void DDPModule::State::on_backward_activity() {
   if (in_pass) return;
   in_pass = true;
   pass_syncs = forward_sync.value_or(requires_sync);
+  backward_span = ComputeSpan("ddp backward", buckets.empty() ? Device::cpu() : buckets[0].device);
   // Ends the pass after the whole graph is processed, before backward() returns.
   queue_callback([weak = weak_from_this()] {
     if (auto state = weak.lock()) state->end_pass();
@@ -311,6 +315,7 @@ void DDPModule::State::start(size_t index, bool from_hook) {
 }
 
 void DDPModule::State::end_pass() {
+  backward_span.end();
   struct ResetOnExit {
     State& state;
     ~ResetOnExit() { state.reset_pass(); }
@@ -357,6 +362,7 @@ void DDPModule::State::finish_sync() {
 }
 
 void DDPModule::State::reset_pass() {
+  backward_span.end();
   in_pass = false;
   pass_syncs = false;
   next_bucket = 0;

@@ -10,6 +10,7 @@
 
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
+#include "tessel/collectives/compute_span.h"
 #include "tessel/parallel/internal/host_collectives.h"
 #include "tessel/parallel/internal/mesh_util.h"
 #include "tessel/parallel/internal/state_dict_shape.h"
@@ -354,6 +355,20 @@ class Group final : public FSDPModule {
     }
   }
 
+  // The flight recorder's compute spans: "fsdp forward <module path>" from after the group's
+  // pre-forward to its post-forward, "fsdp backward <module path>" from after its pre-backward
+  // until its gradients are complete (or the end of backward); the root's usually enclose the
+  // others'.
+  void name_spans(const std::string& path) {
+    const std::string name = path.empty() ? "(root)" : path;
+    forward_span_name_ = "fsdp forward " + name;
+    backward_span_name_ = "fsdp backward " + name;
+  }
+
+  Device compute_device() const {
+    return params_.empty() ? Device::cpu() : params_[0].sharded.device();
+  }
+
   void wait_timed(Work& work) {
     const Stopwatch watch;
     work.wait();
@@ -373,6 +388,7 @@ class Group final : public FSDPModule {
         TESSEL_CHECK(g->context_ == nullptr || g == this, InvalidArgument,
                      "fully_shard: module '{}' already ran under another root", prefix);
         g->context_ = ctx;
+        g->name_spans(prefix);
         ctx->groups.push_back(g);
       }
     }
@@ -397,9 +413,11 @@ class Group final : public FSDPModule {
         if (x.defined() && is_floating(x.dtype())) x = to(x, *options_.mp_policy.param_dtype);
       }
     }
+    forward_span_ = ComputeSpan(forward_span_name_, compute_device());
   }
 
   void post_forward(nn::Tensors& outputs) {
+    forward_span_.end();
     Context& ctx = *context_;
     if (is_root_) {
       ctx.recording = false;
@@ -451,6 +469,9 @@ class Group final : public FSDPModule {
     unshard(true);
     prefetch(backward_prefetch_, -1);
     unshard(false);
+    if (!backward_span_.active()) {
+      backward_span_ = ComputeSpan(backward_span_name_, compute_device());
+    }
   }
 
   // Issues the all_gathers of the explicit list, or of the group next in the recorded forward
@@ -493,7 +514,9 @@ class Group final : public FSDPModule {
     ++grads_ready_;
     int64_t wanted = 0;
     for (const Param& p : params_) wanted += p.requires_grad;
-    if (grads_ready_ == wanted && sync_) issue_reduce_scatter();
+    if (grads_ready_ != wanted) return;
+    backward_span_.end();  // the group's gradients are complete: so is its backward compute
+    if (sync_) issue_reduce_scatter();
   }
 
   // Packs every gradient rank-major (rank r's rows of each parameter, cast to reduce_dtype) and
@@ -602,6 +625,7 @@ class Group final : public FSDPModule {
   // unreduced (parameters some step did not use), wait for every reduction, free everything.
   static void finish_backward(Context& ctx) {
     for (Group* g : ctx.groups) {
+      g->backward_span_.end();  // a group some of whose gradients never came
       if (g->sync_ && !g->pending_reduce_) g->issue_reduce_scatter();
     }
     for (Group* g : ctx.groups) {
@@ -703,6 +727,8 @@ class Group final : public FSDPModule {
   std::vector<size_t> reduce_params_;
   std::vector<FSDPModule*> forward_prefetch_, backward_prefetch_;
   FSDPStats stats_;
+  std::string forward_span_name_, backward_span_name_;
+  ComputeSpan forward_span_, backward_span_;
 };
 
 }  // namespace

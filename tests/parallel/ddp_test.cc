@@ -19,6 +19,7 @@
 #include "tessel/base/error.h"
 #include "tessel/collectives/fake/fake_backend.h"
 #include "tessel/collectives/threads/threads_backend.h"
+#include "tessel/flight_recorder/recorder.h"
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/linear.h"
 #include "tessel/tensor/autograd.h"
@@ -260,6 +261,36 @@ TEST(ReplicateTest, TinyBucketsStartTheirAllReducesDuringBackward) {
     }
   });
   EXPECT_EQ(tiny, one);
+}
+
+// The flight recorder keeps the backward pass as a "ddp backward" span (the compute track of an
+// exported trace), and the buckets' all_reduces started during backward are issued inside it.
+TEST(ReplicateTest, BackwardIsAComputeSpanAroundTheAllReducesItStarts) {
+  threads::run_ranks(1, [&](ProcessGroup& pg) {
+    DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {1}, {"dp"});
+    const Batch b = global_batch(3);
+    nn::GPT model(small_gpt());
+    DDPModule ddp = replicate(model, mesh, {.bucket_bytes = 1});
+    fr::FlightRecorder& recorder = fr::FlightRecorder::global();
+    const uint64_t since = recorder.recorded();
+    backward(nn::GPT::loss(ddp(b.x), b.y));
+    std::vector<fr::Entry> spans, all_reduces;
+    for (const fr::Entry& e : recorder.snapshot()) {
+      if (e.record_id <= since) continue;
+      if (e.op == fr::OpType::kUserSpan) spans.push_back(e);
+      if (e.op == fr::OpType::kAllReduce) all_reduces.push_back(e);
+    }
+    ASSERT_EQ(spans.size(), 1u);
+    EXPECT_STREQ(spans[0].text, "ddp backward");
+    EXPECT_EQ(spans[0].state, fr::EntryState::kCompleted);
+    ASSERT_EQ(all_reduces.size(), ddp.buckets().size());
+    int inside = 0;
+    for (const fr::Entry& a : all_reduces) {
+      inside += a.enqueued_ns >= spans[0].started_ns && a.enqueued_ns <= spans[0].completed_ns;
+    }
+    EXPECT_GT(ddp.stats().started_in_backward, 1);
+    EXPECT_EQ(inside, ddp.stats().started_in_backward);
+  });
 }
 
 TEST(ReplicateTest, BucketsFillInReverseOrderUpToTheirSize) {
