@@ -189,7 +189,8 @@ fi
 
 # The parallel stack on CUDA: collectives of the threads backend on device tensors, and DTensor,
 # FSDP and TP parity with ranks as threads sharing GPU 0; NCCL at world size 1 (its own test,
-# and an FSDP run in fsdp_cuda_test). nccl_backend_test also runs its two-GPU cases where there
+# and FSDP runs in fsdp_cuda_test, one of them exported as a trace whose all_gathers must
+# overlap device-timed compute spans). nccl_backend_test also runs its two-GPU cases where there
 # are two GPUs.
 want parallel && step "parallel stack on CUDA (threads backend, DTensor, FSDP, TP, NCCL)" 540 bash -c "
   set -e
@@ -212,12 +213,15 @@ if want fsdp-bench; then
   step "bench: FSDP GPT step on one GPU beside PyTorch FSDP2" 400 \
     "$root/bench/fsdp_cuda_bench" "${size[@]}" "${peer[@]}" --trace-dir "$trace"
   # The flight recorder's view of the FSDP run: all_gathers and reduce_scatters with their
-  # device-measured spans, between each step's forward/backward/optimizer markers.
+  # device-measured spans on each group's track, every group's forward and backward as
+  # device-timed spans on the compute track, between each step's phase markers.
   step "tessel-trace export of the FSDP run (Perfetto)" 60 bash -c "
     '$root/flight_recorder/tessel-trace' export '$trace' --perfetto /tmp/gpu-check-fsdp-trace.json &&
     python3 -c \"import json; e = json.load(open('/tmp/gpu-check-fsdp-trace.json'));
 e = e['traceEvents'] if isinstance(e, dict) else e;
-print(sum(x.get('ph') == 'X' for x in e), 'collective slices; the trace: /tmp/gpu-check-fsdp-trace.json')\""
+x = [s for s in e if s.get('ph') == 'X'];
+print(sum(s.get('cat') != 'user_span' for s in x), 'collective slices,',
+      sum(s.get('cat') == 'user_span' for s in x), 'compute spans; the trace: /tmp/gpu-check-fsdp-trace.json')\""
 fi
 
 # Two or more GPUs: train_gpt over NCCL, one process per GPU, started by hand through a shared
