@@ -2,9 +2,10 @@
 //
 //   flight_recorder_bench [--iterations N] [--ranks N] [--steps N]
 //
-// 1. One record() (and one full record/started/completed lifecycle) timed individually with
-//    the TSC, p50/p99/p99.9, with and without stack capture, beside the peer: the same entry
-//    pushed into a mutex-protected ring (the obvious implementation).
+// 1. One record() (and one full record/started/completed lifecycle, a user event, a compute
+//    span) timed individually with the TSC, p50/p99/p99.9, with and without stack capture,
+//    beside the peer: the same entry pushed into a mutex-protected ring (the obvious
+//    implementation).
 // 2. The analyzer on N synthetic rank dumps (default 1,024): read + analyze wall time, for the
 //    set read whole and for the streaming reader tessel-trace uses (analyze_dump_dir).
 // The recorder's cost inside a real collectives loop (on vs off, 1 KiB all_reduce) is measured by
@@ -204,6 +205,11 @@ int main(int argc, char** argv) {
   const Percentiles event =
       time_each(iterations, scale, overhead, [&](int) { plain.record_event("step 1200 begins"); });
   print_row("record_event(\"step 1200 begins\")", event, nullptr);
+  // A compute span timed on the host (ComputeSpan on the CPU: FSDP's per-group spans).
+  const Percentiles span = time_each(iterations, scale, overhead, [&](int) {
+    plain.end_span(plain.begin_span("fsdp forward transformer.h.11"));
+  });
+  print_row("begin_span + end_span (a compute span)", span, nullptr);
   RecorderOptions file_options;
   file_options.capacity = 4096;
   file_options.ring_file = (std::filesystem::temp_directory_path() /
