@@ -1,7 +1,7 @@
 #pragma once
 // The flight recorder: a fixed-capacity ring of fixed-size entries holding the metadata of every
-// collective (and user marker) this process issued, so a hang can be traced to the rank and the
-// call. Recording never allocates and never blocks: a slot is claimed with one atomic increment
+// collective (and user marker, and span of its own compute) this process issued, so a hang can
+// be traced to the rank and the call, and a trace can show communication beside compute. Recording never allocates and never blocks: a slot is claimed with one atomic increment
 // and published with a per-slot sequence lock, so dumps can copy entries while ranks record.
 //
 //   auto& fr = FlightRecorder::global();
