@@ -124,17 +124,7 @@ TEST(FsdpCudaTraceTest, NcclStepTraceShowsAllGathersOverlappingDeviceTimedComput
   const DeviceMesh mesh = init_device_mesh(world, {1}, {"dp"});
   const nn::GptConfig config{.vocab_size = 256, .block_size = 256, .n_layer = 6, .n_head = 8,
                              .n_embd = 512, .seed = 1};
-  std::unique_ptr<nn::GPT> gpt;
-  {
-    DefaultDeviceGuard meta(Device::meta());
-    gpt = std::make_unique<nn::GPT>(config);
-  }
-  for (int i = 0; i < config.n_layer; ++i) {
-    fully_shard(gpt->submodule("transformer.h").child(std::to_string(i)), mesh);
-  }
-  fully_shard(*gpt, mesh);
-  gpt->to_empty(kGpu);
-  gpt->init_weights();
+  const std::unique_ptr<nn::GPT> gpt = testing::sharded_gpt(config, mesh, kGpu);
   const Tensor x = zeros({16, config.block_size}, DType::kI64, kGpu);
   auto step = [&] { backward(nn::GPT::loss((*gpt)(x), x)); };
   step();  // records the forward order: prefetching starts with the next step

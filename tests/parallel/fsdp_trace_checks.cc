@@ -8,8 +8,25 @@
 #include "tessel/flight_recorder/dump.h"
 #include "tessel/flight_recorder/export.h"
 #include "tessel/flight_recorder/reader.h"
+#include "tessel/parallel/fsdp.h"
 
 namespace tessel::testing {
+
+std::unique_ptr<nn::GPT> sharded_gpt(const nn::GptConfig& config, const DeviceMesh& mesh,
+                                     Device device) {
+  std::unique_ptr<nn::GPT> gpt;
+  {
+    DefaultDeviceGuard meta(Device::meta());
+    gpt = std::make_unique<nn::GPT>(config);
+  }
+  for (int i = 0; i < config.n_layer; ++i) {
+    fully_shard(gpt->submodule("transformer.h").child(std::to_string(i)), mesh);
+  }
+  fully_shard(*gpt, mesh);
+  gpt->to_empty(device);
+  gpt->init_weights();
+  return gpt;
+}
 
 std::vector<TraceSlice> exported_slices(uint64_t after, int rank, int world_size) {
   fr::FlightRecorder& recorder = fr::FlightRecorder::global();

@@ -1,13 +1,23 @@
 #pragma once
-// What the FSDP trace tests share (fake backend on the CPU, NCCL on a GPU): this process's
-// flight recorder dumped and exported as tessel-trace export --perfetto writes it, its complete
-// slices read back from the JSON, and the all_gathers among them that ran while a block computed.
+// What the FSDP trace tests share (fake backend on the CPU, NCCL on a GPU): a GPT sharded block
+// by block, this process's flight recorder dumped and exported as tessel-trace export --perfetto
+// writes it, its complete slices read back from the JSON, and the all_gathers among them that
+// ran while a block computed.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "tessel/mesh/device_mesh.h"
+#include "tessel/nn/gpt.h"
+
 namespace tessel::testing {
+
+// A GPT built on the meta device, fully_shard'ed per block and then at the root over `mesh`,
+// materialised on `device` and initialised.
+std::unique_ptr<nn::GPT> sharded_gpt(const nn::GptConfig& config, const DeviceMesh& mesh,
+                                     Device device);
 
 // One complete ("X") event of the exported trace, in wall-clock microseconds.
 struct TraceSlice {

@@ -37,17 +37,7 @@ TEST(FsdpTraceTest, AllGathersOverlapBlockComputeInTheExportedTrace) {
   auto pg = fake::create_process_group(0, kWorld,
                                        fake::FakeOptions{.latency = std::chrono::milliseconds(2)});
   const DeviceMesh mesh = init_device_mesh(pg, {kWorld}, {"dp"});
-  std::unique_ptr<nn::GPT> gpt;
-  {
-    DefaultDeviceGuard meta(Device::meta());
-    gpt = std::make_unique<nn::GPT>(kConfig);
-  }
-  for (int i = 0; i < kConfig.n_layer; ++i) {
-    fully_shard(gpt->submodule("transformer.h").child(std::to_string(i)), mesh);
-  }
-  fully_shard(*gpt, mesh);
-  gpt->to_empty(Device::cpu());
-  gpt->init_weights();
+  const std::unique_ptr<nn::GPT> gpt = testing::sharded_gpt(kConfig, mesh, Device::cpu());
   auto step = [&] {
     const Tensor x = zeros({16, kConfig.block_size}, DType::kI64);
     backward(nn::GPT::loss((*gpt)(x), x));
