@@ -25,6 +25,9 @@ void check_all_gather(ProcessGroup& pg, DType dtype, int64_t count, bool uneven)
 void check_reduce_scatter(ProcessGroup& pg, DType dtype, int64_t count, bool uneven, ReduceOp op);
 // Rank r sends (count + j) elements to rank j.
 void check_all_to_all(ProcessGroup& pg, DType dtype, int64_t count);
+// The list form over strided views: rank r sends rank j the (rows + r) x (8 + j) block of its
+// columns; rank j's block arrives as contiguous rows or as a transposed slice.
+void check_all_to_all_views(ProcessGroup& pg, DType dtype, int64_t rows);
 // Every rank sends to rank+1 and receives from rank-1 (world size >= 2).
 void check_send_recv_ring(ProcessGroup& pg, DType dtype, int64_t count);
 // Splits into (rank % colors) groups keyed by -rank (reversed order), checks size, rank order
@@ -36,7 +39,8 @@ void check_split(ProcessGroup& pg, int colors, bool with_no_color);
 void check_async_batch(ProcessGroup& pg, DType dtype, int64_t count);
 
 // The 1M-element cases (1 << 20) in f32, bf16 and i64: all_reduce, broadcast and the send/recv
-// ring of 1M elements; all_gather, reduce_scatter (uneven) and all_to_all of about 1M in total.
+// ring of 1M elements; all_gather, reduce_scatter (uneven) and all_to_all (both forms) of about
+// 1M in total.
 void check_one_million(ProcessGroup& pg);
 
 // The sweep the acceptance asks for: every collective x dtypes {f32, bf16, i64} x counts.
