@@ -7,6 +7,7 @@
 #include <functional>
 #include <vector>
 
+#include "bench_host.h"
 #include "tessel/base/clock.h"
 #include "tessel/collectives/process_group.h"
 #include "tessel/tensor/tensor.h"
@@ -20,6 +21,9 @@ namespace tessel::bench {
 struct PairTiming {
   double ours = 0, peer = 0;  // best seconds per call
   double median_ratio = 0;    // median over rounds of (peer / ours)
+  // This process's CPU seconds per call (all threads, user + system), median over rounds: where
+  // the ranks share too few cores, a ratio below 1 that matches the CPU ratio is work, not waiting.
+  double ours_cpu = 0, peer_cpu = 0;
 };
 inline PairTiming time_pair(const std::function<void()>& ours, const std::function<void()>& peer,
                      const std::function<void()>& barrier, int iters, int rounds) {
@@ -28,28 +32,32 @@ inline PairTiming time_pair(const std::function<void()>& ours, const std::functi
     ours();
   }
   PairTiming t{1e30, 1e30, 0};
-  auto timed = [&](const std::function<void()>& call) {
+  std::vector<double> ratios, ours_cpu, peer_cpu;
+  auto timed = [&](const std::function<void()>& call, std::vector<double>& cpu) {
     barrier();
+    const double cpu0 = cpu_seconds();
     const Stopwatch watch;
     for (int i = 0; i < iters; ++i) call();
-    return watch.elapsed_seconds() / iters;
+    const double seconds = watch.elapsed_seconds() / iters;
+    cpu.push_back((cpu_seconds() - cpu0) / iters);
+    return seconds;
   };
-  std::vector<double> ratios;
   for (int round = 0; round < rounds; ++round) {
     double t_ours = 0, t_peer = 0;
     if (round % 2 == 0) {
-      t_peer = timed(peer);
-      t_ours = timed(ours);
+      t_peer = timed(peer, peer_cpu);
+      t_ours = timed(ours, ours_cpu);
     } else {
-      t_ours = timed(ours);
-      t_peer = timed(peer);
+      t_ours = timed(ours, ours_cpu);
+      t_peer = timed(peer, peer_cpu);
     }
     t.ours = std::min(t.ours, t_ours);
     t.peer = std::min(t.peer, t_peer);
     ratios.push_back(t_peer / t_ours);
   }
-  std::sort(ratios.begin(), ratios.end());
-  t.median_ratio = ratios[ratios.size() / 2];
+  t.median_ratio = median(ratios);
+  t.ours_cpu = median(ours_cpu);
+  t.peer_cpu = median(peer_cpu);
   return t;
 }
 

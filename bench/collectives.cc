@@ -12,8 +12,9 @@
 // noise floor of this machine, against which the ours/raw ratios are read.
 //
 // Sizes are those of the full buffer: the all_reduce tensor, the all_gather output, the
-// reduce_scatter input. Gloo has no reduce_scatter in its options API; the peer there is its
-// legacy ReduceScatterHalvingDoubling algorithm, built once per buffer and run in place.
+// reduce_scatter input, the all_to_all input (--ops picks the ops to time). Gloo has no reduce_scatter in its options API; the peer there is its
+// legacy ReduceScatterHalvingDoubling algorithm, built once per buffer and run in place. Our
+// Gloo all_to_all is our own algorithm over Gloo's unbound buffers; its peer is gloo::alltoallv.
 
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
@@ -33,6 +34,7 @@
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/math.h>
 #include <gloo/reduce_scatter.h>
@@ -62,6 +64,7 @@ struct Flags {
   bool full = false;
   int rounds = 7;  // alternating rounds per size (best and median reported)
   bool peer_vs_peer = false;  // time the raw call against itself (the ratios' noise floor)
+  std::string ops = "all_reduce,all_gather,reduce_scatter,all_to_all";  // which ops to time
 };
 
 // One rank's view of the peer library: a raw call per op on raw pointers, and a barrier.
@@ -69,6 +72,7 @@ struct Raw {
   std::function<void(float*, size_t)> all_reduce;
   std::function<void(float*, float*, size_t per_rank)> all_gather;
   std::function<void(float*, float*, size_t per_rank)> reduce_scatter;
+  std::function<void(float*, float*, size_t per_rank)> all_to_all;
   std::function<void()> barrier;
 };
 
@@ -133,7 +137,8 @@ void run_rank(ProcessGroup& pg, const Raw& raw, const Flags& flags) {
   // The targets: ratio >= 0.97 from 1 MiB up, <= 5 us added at 1 KiB.
   double lowest_best = 1e30, lowest_median = 1e30, most_added_1k = -1e30;
   std::string lowest_best_at, lowest_median_at;
-  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter"}) {
+  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}) {
+    if (("," + flags.ops + ",").find("," + std::string(op) + ",") == std::string::npos) continue;
     for (size_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
       const size_t n = bytes / sizeof(float);
       const size_t per_rank = n / static_cast<size_t>(np);
@@ -142,6 +147,7 @@ void run_rank(ProcessGroup& pg, const Raw& raw, const Flags& flags) {
       // Zeros stay zeros under repeated sums: no overflow, no denormals.
       Tensor big = tessel::zeros({static_cast<int64_t>(full)});
       Tensor part = tessel::zeros({static_cast<int64_t>(per_rank)});
+      Tensor other = tessel::zeros({static_cast<int64_t>(full)});
       std::function<void()> ours, peer;
       const std::string name = op;
       if (name == "all_reduce") {
@@ -150,9 +156,12 @@ void run_rank(ProcessGroup& pg, const Raw& raw, const Flags& flags) {
       } else if (name == "all_gather") {
         ours = [&] { pg.all_gather(part, big); };
         peer = [&] { raw.all_gather(part.data<float>(), big.data<float>(), per_rank); };
-      } else {
+      } else if (name == "reduce_scatter") {
         ours = [&] { pg.reduce_scatter(big, part); };
         peer = [&] { raw.reduce_scatter(big.data<float>(), part.data<float>(), per_rank); };
+      } else {  // all_to_all: the whole buffer in, another out, per_rank to each rank
+        ours = [&] { pg.all_to_all(big, other); };
+        peer = [&] { raw.all_to_all(big.data<float>(), other.data<float>(), per_rank); };
       }
       // A/A: the peer against itself, to measure the noise floor of the ratios on this machine.
       if (flags.peer_vs_peer) ours = peer;
@@ -248,6 +257,14 @@ void gloo_rank(int rank, const std::string& dir, const Flags& flags) {
     }
     scatter->run();
   };
+  raw.all_to_all = [&](float* in, float* out, size_t per_rank) {
+    ::gloo::AlltoallvOptions o(ctx);
+    const std::vector<int64_t> counts(static_cast<size_t>(flags.np), static_cast<int64_t>(per_rank));
+    o.setInput(in, counts);
+    o.setOutput(out, counts);
+    o.setTag(++tag);
+    ::gloo::alltoallv(o);
+  };
   raw.barrier = [&] {
     ::gloo::BarrierOptions o(ctx);
     o.setTag(++tag);
@@ -306,6 +323,10 @@ int run_mpi(Flags flags) {
     std::fill(counts.begin(), counts.end(), static_cast<int>(per_rank));
     MPI_Reduce_scatter(in, out, counts.data(), MPI_FLOAT, MPI_SUM, comm);
   };
+  raw.all_to_all = [&](float* in, float* out, size_t per_rank) {
+    MPI_Alltoall(in, static_cast<int>(per_rank), MPI_FLOAT, out, static_cast<int>(per_rank),
+                 MPI_FLOAT, comm);
+  };
   raw.barrier = [&] { MPI_Barrier(comm); };
   run_rank(*pg, raw, flags);
   MPI_Comm_free(&comm);
@@ -326,11 +347,14 @@ int main(int argc, char** argv) {
       flags.full = true;
     } else if (arg == "--peer-vs-peer") {
       flags.peer_vs_peer = true;
+    } else if (arg == "--ops" && i + 1 < argc) {
+      flags.ops = argv[++i];
     } else if (arg == "--rounds" && i + 1 < argc) {
       flags.rounds = std::max(1, std::atoi(argv[++i]));
     } else {
       std::fprintf(stderr,
                    "usage: %s [--backend gloo|mpi] [--np N (gloo)] [--full] [--rounds R] [--peer-vs-peer]\n"
+                   "       [--ops all_reduce,all_gather,reduce_scatter,all_to_all]\n"
                    "  mpi: mpirun --allow-run-as-root --oversubscribe -np N %s --backend mpi\n",
                    argv[0], argv[0]);
       return 2;

@@ -5,9 +5,15 @@
 //   bench_dtensor --np 2                                  # ours only
 //   bench_dtensor --np 2 --torch auto                     # + PyTorch (venv from scripts/torch-venv.sh)
 //   bench_dtensor --np 2 --torch /tmp/torch-venv/bin/python --sizes 64,262144,1048576,4194304
+//   bench_dtensor --np 3 --transitions S0-\>S1,S1-\>S0 --rounds 15
 //
 // Table 1 (per transition and size): time per call of redistribute and of the raw collective,
-// their ratio (raw / ours; target >= 0.95 from 1 MiB up) and the time redistribute adds.
+// their ratio (raw / ours; target >= 0.95 from 1 MiB up) and the time redistribute adds; then
+// rank 0's process CPU time per call (all threads, user + system; medians) of both and their
+// ratio: with as many busy threads as cores, a time ratio that follows the CPU ratio is work
+// done (a copy the raw call does not make), not waiting. The raw call is the collective the
+// redistribution runs, on contiguous tensors of the same bytes, into an output allocated per
+// call as redistribute's result is (and as the PyTorch peer's raw calls do).
 // Table 2: host overhead per call — what a call adds to the raw collective at the smallest size,
 // ours and PyTorch's, side by side (target: ours at least 10x less); and ours with no transport
 // at all (the fake backend), the framework's own cost.
@@ -46,6 +52,7 @@ struct Flags {
   std::string sizes = "64,262144,1048576,4194304,16777216";  // f32 elements of the global tensor
   int rounds = 7;
   std::string torch;  // a python with torch, "auto", or empty
+  std::string transitions;  // names to run, comma-separated; empty: all
 };
 
 struct Row {
@@ -53,6 +60,7 @@ struct Row {
   int64_t bytes = 0;
   double ours = 0, raw = 0;  // seconds per call
   double median_ratio = 0;
+  double ours_cpu = 0, raw_cpu = 0;  // rank 0's process CPU seconds per call
 };
 
 // One transition on a 1-D mesh of the world: the DTensor to start from, its target, and the raw
@@ -66,22 +74,29 @@ const std::vector<Transition> kTransitions = {
     {"S0->R", {Shard{0}}, {Replicate{}}},     // all_gather
     {"P->R", {Partial{}}, {Replicate{}}},     // all_reduce
     {"P->S0", {Partial{}}, {Shard{0}}},       // reduce_scatter
-    {"S0->S1", {Shard{0}}, {Shard{1}}},       // all_to_all
+    {"S0->S1", {Shard{0}}, {Shard{1}}},       // all_to_all, strided on the way out
+    {"S1->S0", {Shard{1}}, {Shard{0}}},       // all_to_all, strided on the way in
     {"R->S0", {Replicate{}}, {Shard{0}}},     // a local slice
 };
 
-// The global shape of `numel` f32 elements for a world of `np`: rows a multiple of np^2.
+// The global shape of about `numel` f32 elements for a world of `np`: rows a multiple of np^2.
 Shape global_shape(int64_t numel, int np) {
-  const int64_t rows = int64_t{np} * np * std::max<int64_t>(1, numel / (64LL * np * np));
-  return {rows, std::max<int64_t>(1, numel / rows)};
+  const int64_t n = np, n2 = n * n;
+  const int64_t near = n2 * std::max<int64_t>(1, numel / (64 * n2));  // about 64 columns
+  // Columns a multiple of np too, so Shard(1) splits evenly (the raw all_to_all is even), and
+  // rows rounded up so the tensor holds at least `numel` elements.
+  const int64_t cols = n * ((std::max<int64_t>(1, numel / near) + n - 1) / n);
+  return {n2 * ((numel + cols * n2 - 1) / (cols * n2)), cols};
 }
 
 std::function<void()> raw_call(ProcessGroup& pg, const Transition& t, const DTensor& x) {
   const Shape g = x.global_shape();
   const Tensor local = x.to_local();
   if (t.name == "S0->R") {
-    auto out = std::make_shared<Tensor>(empty(g));
-    return [&pg, local, out] { pg.all_gather(local, *out); };
+    return [&pg, local, g] {
+      Tensor out = empty(g);
+      pg.all_gather(local, out);
+    };
   }
   if (t.name == "P->R") {
     return [&pg, local] {
@@ -90,15 +105,24 @@ std::function<void()> raw_call(ProcessGroup& pg, const Transition& t, const DTen
     };
   }
   if (t.name == "P->S0") {
-    auto out = std::make_shared<Tensor>(empty({g[0] / pg.size(), g[1]}));
-    return [&pg, local, out] { pg.reduce_scatter(local, *out); };
+    return [&pg, local, g] {
+      Tensor out = empty({g[0] / pg.size(), g[1]});
+      pg.reduce_scatter(local, out);
+    };
   }
-  if (t.name == "S0->S1") {
-    auto out = std::make_shared<Tensor>(empty(local.shape()));
-    return [&pg, local, out] { pg.all_to_all(local, *out); };
+  if (t.name == "S0->S1" || t.name == "S1->S0") {
+    return [&pg, local] {
+      Tensor out = empty(local.shape());
+      pg.all_to_all(local, out);
+    };
   }
   const int r = pg.rank(), n = pg.size();  // R->S0: the slice, made contiguous
   return [local, r, n] { (void)contiguous(narrow(local, 0, r * local.size(0) / n, local.size(0) / n)); };
+}
+
+bool wanted(const Flags& flags, const Transition& t) {
+  return flags.transitions.empty() ||
+         ("," + flags.transitions + ",").find("," + t.name + ",") != std::string::npos;
 }
 
 std::vector<Row> run_rank(ProcessGroup& pg, const Flags& flags) {
@@ -109,13 +133,15 @@ std::vector<Row> run_rank(ProcessGroup& pg, const Flags& flags) {
     const Shape shape = global_shape(std::stoll(item), pg.size());
     const Tensor full = randn(shape);
     for (const Transition& t : kTransitions) {
+      if (!wanted(flags, t)) continue;
       const DTensor x = distribute_tensor(full, mesh, t.from);
       auto ours = [&] { (void)x.redistribute(t.to); };
       const auto raw = raw_call(pg, t, x);
       auto barrier = [&] { pg.barrier(); };
       const int iters = bench::calls_per_round(pg, raw, barrier);
       const bench::PairTiming p = bench::time_pair(ours, raw, barrier, iters, flags.rounds);
-      rows.push_back({t.name, shape_numel(shape) * 4, p.ours, p.peer, p.median_ratio});
+      rows.push_back({t.name, shape_numel(shape) * 4, p.ours, p.peer, p.median_ratio, p.ours_cpu,
+                      p.peer_cpu});
     }
   }
   return rows;
@@ -149,7 +175,7 @@ bool run_ours(const Flags& flags, const std::string& out) {
       std::ofstream f(out);
       for (const Row& r : rows) {
         f << r.transition << " " << r.bytes << " " << r.ours << " " << r.raw << " "
-          << r.median_ratio << "\n";
+          << r.median_ratio << " " << r.ours_cpu << " " << r.raw_cpu << "\n";
       }
     }
   });
@@ -223,6 +249,8 @@ int main(int argc, char** argv) {
   app.add_option("--sizes", flags.sizes, "global tensor sizes in f32 elements, comma-separated");
   app.add_option("--rounds", flags.rounds, "alternating timing rounds");
   app.add_option("--torch", flags.torch, "python with torch, or 'auto' (scripts/torch-venv.sh)");
+  app.add_option("--transitions", flags.transitions,
+                 "transitions to time, comma-separated (S0->R,P->R,P->S0,S0->S1,S1->S0,R->S0)");
   CLI11_PARSE(app, argc, argv);
   if (!gloo_is_available()) {
     std::printf("skipped: this build has no Gloo backend\n");
@@ -241,7 +269,10 @@ int main(int argc, char** argv) {
   {
     std::ifstream f(out);
     Row r;
-    while (f >> r.transition >> r.bytes >> r.ours >> r.raw >> r.median_ratio) rows.push_back(r);
+    while (f >> r.transition >> r.bytes >> r.ours >> r.raw >> r.median_ratio >> r.ours_cpu >>
+           r.raw_cpu) {
+      rows.push_back(r);
+    }
   }
   std::filesystem::remove(out);
 
@@ -254,16 +285,17 @@ int main(int argc, char** argv) {
   std::printf("torch: %s\n\n", with_torch ? ("PyTorch " + torch.version).c_str()
                                           : ("skipped: " + why).c_str());
 
-  std::printf("%-8s %9s | %10s %10s %7s %7s %9s", "transition", "size", "ours us", "raw us",
-              "raw/ours", "median", "added us");
+  std::printf("%-8s %9s | %10s %10s %7s %7s %9s | %9s %9s %7s", "transition", "size", "ours us",
+              "raw us", "raw/ours", "median", "added us", "ours cpu", "raw cpu", "cpu r/o");
   if (with_torch) std::printf(" | %11s %9s %9s", "torch us", "raw us", "added us");
   std::printf("\n");
   double lowest = 1e30;
   std::string lowest_at;
   for (const Row& r : rows) {
-    std::printf("%-10s %9s | %10.1f %10.1f %8.3f %7.3f %9.1f", r.transition.c_str(),
-                size_text(r.bytes).c_str(), r.ours * 1e6, r.raw * 1e6, r.raw / r.ours,
-                r.median_ratio, (r.ours - r.raw) * 1e6);
+    std::printf("%-10s %9s | %10.1f %10.1f %8.3f %7.3f %9.1f | %9.1f %9.1f %7.3f",
+                r.transition.c_str(), size_text(r.bytes).c_str(), r.ours * 1e6, r.raw * 1e6,
+                r.raw / r.ours, r.median_ratio, (r.ours - r.raw) * 1e6, r.ours_cpu * 1e6,
+                r.raw_cpu * 1e6, r.raw_cpu / r.ours_cpu);
     if (with_torch) {
       const auto it = torch.times[r.transition].find(r.bytes);
       if (it != torch.times[r.transition].end()) {
@@ -290,6 +322,7 @@ int main(int argc, char** argv) {
   std::printf("\n");
   const int64_t smallest = rows.empty() ? 0 : rows.front().bytes;
   for (const Transition& t : kTransitions) {
+    if (!wanted(flags, t)) continue;
     for (const Row& r : rows) {
       if (r.transition != t.name || r.bytes != smallest) continue;
       const double ours_added = std::max(r.ours - r.raw, 0.0);

@@ -82,6 +82,12 @@ class CommBackend {
   virtual void all_to_all(const Tensor& input, Tensor& output,
                           std::span<const int64_t> send_counts,
                           std::span<const int64_t> recv_counts, const OpContext& ctx) = 0;
+  // The list form (ProcessGroup::all_to_all over views): inputs[j] to rank j, outputs[j] from
+  // rank j, size() views each, of one dtype and any strides, elements in row-major order.
+  // Default: packs the inputs into one buffer, runs all_to_all and unpacks (on ctx.stream for
+  // device tensors, with the host waiting for the transfer so the unpack follows it).
+  virtual void all_to_all_views(std::span<const Tensor> inputs, std::span<const Tensor> outputs,
+                                const OpContext& ctx);
   virtual void send(const Tensor& tensor, int peer, int tag, const OpContext& ctx) = 0;
   virtual void recv(Tensor& tensor, int peer, int tag, const OpContext& ctx) = 0;
   virtual void barrier(const OpContext& ctx) = 0;

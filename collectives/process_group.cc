@@ -11,6 +11,7 @@
 #include "tessel/collectives/watchdog.h"
 #include "tessel/flight_recorder/recorder.h"
 #include "tessel/tensor/ops.h"
+#include "tessel/tensor/stream.h"
 
 namespace tessel {
 namespace {
@@ -76,6 +77,30 @@ void CommBackend::check_device(const Tensor& tensor) const {
                "the {} backend takes CPU tensors, got {}", name(), tensor.str());
 }
 Device CommBackend::default_device() const { return Device::cpu(); }
+void CommBackend::all_to_all_views(std::span<const Tensor> inputs,
+                                   std::span<const Tensor> outputs, const OpContext& ctx) {
+  std::optional<StreamGuard> on_stream;
+  if (ctx.stream) on_stream.emplace(*ctx.stream);
+  std::vector<int64_t> send_counts, recv_counts;
+  for (const Tensor& t : inputs) send_counts.push_back(t.numel());
+  for (const Tensor& t : outputs) recv_counts.push_back(t.numel());
+  const Tensor& like = inputs.front();
+  Tensor send = empty({sum_of(send_counts)}, like.dtype(), like.device());
+  Tensor recv = empty({sum_of(recv_counts)}, like.dtype(), like.device());
+  int64_t at = 0;
+  for (const Tensor& in : inputs) {
+    copy_(view(narrow(send, 0, at, in.numel()), in.shape()), in);
+    at += in.numel();
+  }
+  OpContext host_waits = ctx;
+  host_waits.device_work = nullptr;
+  all_to_all(send, recv, send_counts, recv_counts, host_waits);
+  at = 0;
+  for (const Tensor& out : outputs) {
+    copy_(out, view(narrow(recv, 0, at, out.numel()), out.shape()));
+    at += out.numel();
+  }
+}
 std::vector<int> CommBackend::missing_ranks(uint64_t) const { return {}; }
 void CommBackend::abort(const std::string&) {}
 void CommBackend::abort_together(std::span<CommBackend* const> backends,
@@ -503,6 +528,50 @@ Work ProcessGroup::all_to_all(const Tensor& input, Tensor& output,
   call.run = [this, input, output, send = std::move(send),
               recv = std::move(recv)](const OpContext& ctx) mutable {
     backend_->all_to_all(input, output, send, recv, ctx);
+  };
+  return issue(std::move(call));
+}
+
+Work ProcessGroup::all_to_all(std::vector<Tensor> inputs, std::vector<Tensor> outputs,
+                              const AllToAllOptions& options) {
+  TESSEL_CHECK(options.send_counts.empty() && options.recv_counts.empty(), InvalidArgument,
+               "all_to_all on group '{}': the list form takes its counts from the views; "
+               "send_counts and recv_counts must be empty",
+               name());
+  TESSEL_CHECK(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_,
+               InvalidArgument,
+               "all_to_all on group '{}': {} inputs and {} outputs given, expected one per rank ({})",
+               name(), inputs.size(), outputs.size(), size_);
+  auto check_view = [&](const Tensor& t, std::string_view role, int j) {
+    TESSEL_CHECK(t.defined(), InvalidArgument, "all_to_all on group '{}': {} {} is undefined",
+                 name(), role, j);
+    TESSEL_CHECK(t.dtype() == inputs[0].dtype(), InvalidArgument,
+                 "all_to_all on group '{}': {} {} is {}, input 0 is {}", name(), role, j,
+                 dtype_name(t.dtype()), dtype_name(inputs[0].dtype()));
+    backend_->check_device(t);
+  };
+  int64_t sent = 0, received = 0;
+  for (int j = 0; j < size_; ++j) {
+    check_view(inputs[static_cast<size_t>(j)], "input", j);
+    check_view(outputs[static_cast<size_t>(j)], "output", j);
+    sent += inputs[static_cast<size_t>(j)].numel();
+    received += outputs[static_cast<size_t>(j)].numel();
+  }
+  const Tensor& own_in = inputs[static_cast<size_t>(rank_)];
+  const Tensor& own_out = outputs[static_cast<size_t>(rank_)];
+  TESSEL_CHECK(own_in.numel() == own_out.numel(), InvalidArgument,
+               "all_to_all on group '{}': rank {} sends itself {} elements but receives {}",
+               name(), rank_, own_in.numel(), own_out.numel());
+  Call call;
+  call.record.op = fr::OpType::kAllToAll;
+  call.stream = caller_stream(inputs[0]);
+  call.record.input = fr::TensorMeta::make(dtype_name(inputs[0].dtype()), {sent});
+  call.record.output = fr::TensorMeta::make(dtype_name(inputs[0].dtype()), {received});
+  call.async = options.async;
+  call.timeout = timeout_of(options.timeout);
+  call.run = [this, inputs = std::move(inputs),
+              outputs = std::move(outputs)](const OpContext& ctx) {
+    backend_->all_to_all_views(inputs, outputs, ctx);
   };
   return issue(std::move(call));
 }

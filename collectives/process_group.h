@@ -164,6 +164,14 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
                       const ReduceScatterOptions& options = {});
   // Rank r's slice j of `input` lands in rank j's slice r of `output`.
   Work all_to_all(const Tensor& input, Tensor& output, const AllToAllOptions& options = {});
+  // The list form, over views: inputs[j] goes to rank j and outputs[j] receives rank j's
+  // inputs[rank()] (size() tensors each, one dtype, any strides; elements travel in row-major
+  // order, so the two views of a pair may differ in shape but not in numel). A backend packs and
+  // unpacks strided views as it goes (Gloo: piece by piece, overlapped with the transfer);
+  // inputs[rank()] is copied into outputs[rank()] locally. Outputs must not overlap each other
+  // or the inputs. options.send_counts and recv_counts must be empty (the views give them).
+  Work all_to_all(std::vector<Tensor> inputs, std::vector<Tensor> outputs,
+                  const AllToAllOptions& options = {});
   // Point to point; `peer` is a group rank; matched with the peer's recv/send of the same tag.
   Work send(const Tensor& tensor, int peer, const SendOptions& options = {});
   Work recv(Tensor& tensor, int peer, const RecvOptions& options = {});

@@ -46,12 +46,17 @@ def run(rank, world, init_file, sizes, rounds, out_path):
     results = []
     for numel in sizes:
         # rows a multiple of world^2, so every shard splits evenly again for all_to_all.
-        rows = world * world * max(1, numel // (64 * world * world))
-        cols = max(1, numel // rows)
+        # As bench/dtensor_redistribute.cc: columns a multiple of world too, rows rounded up.
+        n2 = world * world
+        near = n2 * max(1, numel // (64 * n2))
+        cols = world * -(-max(1, numel // near) // world)
+        rows = n2 * -(-numel // (cols * n2))
         shape = (rows, cols)
         full = torch.randn(shape)
         local_rows = rows // world
         shard = full[rank * local_rows:(rank + 1) * local_rows].contiguous()
+        local_cols = cols // world
+        column_shard = full[:, rank * local_cols:(rank + 1) * local_cols].contiguous()
         transitions = {
             "S0->R": (lambda: DTensor.from_local(shard, mesh, [Shard(0)], run_check=False),
                       [Replicate()],
@@ -64,6 +69,9 @@ def run(rank, world, init_file, sizes, rounds, out_path):
                       lambda: dist.reduce_scatter_tensor(torch.empty(shard.shape), full)),
             "S0->S1": (lambda: DTensor.from_local(shard, mesh, [Shard(0)], run_check=False),
                        [Shard(1)],
+                       lambda: dist.all_to_all_single(torch.empty(shard.shape), shard)),
+            "S1->S0": (lambda: DTensor.from_local(column_shard, mesh, [Shard(1)], run_check=False),
+                       [Shard(0)],
                        lambda: dist.all_to_all_single(torch.empty(shard.shape), shard)),
             "R->S0": (lambda: DTensor.from_local(full, mesh, [Replicate()], run_check=False),
                       [Shard(0)],

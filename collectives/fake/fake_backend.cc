@@ -136,6 +136,14 @@ class FakeBackend final : public CommBackend {
     const int64_t own = send_counts[rank_] * static_cast<int64_t>(in.element_size());
     note(fr::OpType::kAllToAll, ctx, -1, static_cast<int64_t>(in.nbytes()) - own);
   }
+  void all_to_all_views(std::span<const Tensor> inputs, std::span<const Tensor>,
+                        const OpContext& ctx) override {
+    int64_t bytes = 0;
+    for (int j = 0; j < size_; ++j) {
+      if (j != rank_) bytes += static_cast<int64_t>(inputs[static_cast<size_t>(j)].nbytes());
+    }
+    note(fr::OpType::kAllToAll, ctx, -1, bytes);
+  }
   void send(const Tensor& t, int peer, int, const OpContext& ctx) override {
     note(fr::OpType::kSend, ctx, peer, static_cast<int64_t>(t.nbytes()), /*p2p=*/true);
   }

@@ -12,7 +12,6 @@
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
-#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
@@ -26,7 +25,9 @@
 #include "tessel/base/logging.h"
 #include "tessel/collectives/comm_backend.h"
 #include "tessel/collectives/gloo/network_interface.h"
+#include "tessel/collectives/internal/gloo_all_to_all.h"
 #include "tessel/collectives/internal/reduce.h"
+#include "tessel/tensor/ops.h"
 
 namespace tessel {
 namespace {
@@ -140,7 +141,8 @@ class GlooBackend final : public CommBackend {
       : store_(std::move(store)),
         context_(std::move(context)),
         device_(std::move(device)),
-        halving_max_bytes_(halving_max_bytes) {}
+        halving_max_bytes_(halving_max_bytes),
+        all_to_all_(context_) {}
 
   std::string_view name() const override { return "gloo"; }
   int rank() const override { return context_->rank; }
@@ -222,20 +224,25 @@ class GlooBackend final : public CommBackend {
     }
   }
 
+  // Rank j's slice of each tensor as a 1-D view, through the list form's algorithm.
   void all_to_all(const Tensor& input, Tensor& output, std::span<const int64_t> send_counts,
                   std::span<const int64_t> recv_counts, const OpContext& ctx) override {
-    const int64_t es = static_cast<int64_t>(input.element_size());
-    std::vector<int64_t> send_bytes, recv_bytes;
-    for (int64_t c : send_counts) send_bytes.push_back(c * es);
-    for (int64_t c : recv_counts) recv_bytes.push_back(c * es);
-    uint8_t dummy_in = 0, dummy_out = 0;
-    ::gloo::AlltoallvOptions o(context_);
-    o.setInput(input.nbytes() ? static_cast<uint8_t*>(input.data_ptr()) : &dummy_in, send_bytes);
-    o.setOutput(output.nbytes() ? static_cast<uint8_t*>(output.data_ptr()) : &dummy_out,
-                recv_bytes);
-    o.setTag(static_cast<uint32_t>(ctx.seq));
-    o.setTimeout(to_millis(ctx.timeout));
-    gloo_call("all_to_all", [&] { ::gloo::alltoallv(o); });
+    auto slices = [](const Tensor& t, std::span<const int64_t> counts) {
+      const Tensor flat = view(t, {t.numel()});
+      std::vector<Tensor> out;
+      int64_t at = 0;
+      for (int64_t c : counts) {
+        out.push_back(narrow(flat, 0, at, c));
+        at += c;
+      }
+      return out;
+    };
+    all_to_all_views(slices(input, send_counts), slices(output, recv_counts), ctx);
+  }
+
+  void all_to_all_views(std::span<const Tensor> inputs, std::span<const Tensor> outputs,
+                        const OpContext& ctx) override {
+    gloo_call("all_to_all", [&] { all_to_all_.run(inputs, outputs, ctx.seq, ctx.timeout); });
   }
 
   void send(const Tensor& tensor, int peer, int tag, const OpContext& ctx) override {
@@ -438,6 +445,7 @@ class GlooBackend final : public CommBackend {
   std::unique_ptr<uint8_t[]> scratch_;
   size_t scratch_bytes_ = 0;
   std::unique_ptr<::gloo::transport::UnboundBuffer> scratch_buffer_;  // over scratch_
+  internal::GlooAllToAll all_to_all_;
 };
 
 }  // namespace

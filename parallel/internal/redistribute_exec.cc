@@ -195,37 +195,25 @@ RedistributeResult run_redistribute(const Tensor& local, const DTensorSpec& src,
         break;
       }
       case Kind::kAllToAll: {
-        // Send index r the columns of its piece along dim2; receive from index r its piece along
-        // dim, for this rank's columns. With dim moved to the front, the received pieces stacked
-        // in index order are the result.
+        // Index r gets this rank's piece of its columns along dim2; index r's piece along dim
+        // lands in rows r of the result. The group moves the views as they are (strided ones
+        // packed piece by piece as they go), straight into the result.
         const int64_t d2 = s.dim2;
-        // Pack each index's columns (dim moved to the front) straight into the send buffer.
-        const Tensor front = to_front(cur, d);
-        const int64_t pos2 = d2 < d ? d2 + 1 : d2;
-        Tensor send = empty({front.numel()}, cur.dtype(), cur.device());
-        int64_t offset2 = 0, packed = 0;
+        Shape shape = cur.shape();
+        shape[d] = c.parent;
+        shape[d2] = c.piece2[c.index];
+        Tensor out = empty(shape, cur.dtype(), cur.device());
+        std::vector<Tensor> inputs, outputs;
+        int64_t offset = 0, offset2 = 0;
         for (int64_t r = 0; r < c.parts; ++r) {
-          const Tensor piece = narrow(front, pos2, offset2, c.piece2[r]);
-          copy_(view(narrow(send, 0, packed, piece.numel()), piece.shape()), piece);
+          inputs.push_back(narrow(cur, d2, offset2, c.piece2[r]));
+          outputs.push_back(narrow(out, d, offset, c.piece[r]));
           offset2 += c.piece2[r];
-          packed += piece.numel();
+          offset += c.piece[r];
         }
-        Shape shape = front.shape();
-        shape[0] = c.parent;
-        shape[pos2] = c.piece2[c.index];
-        Tensor recv = empty(shape, cur.dtype(), cur.device());
-        int64_t other = 1;  // elements per (dim, dim2) pair
-        for (size_t j = 1; j < shape.size(); ++j) {
-          if (static_cast<int64_t>(j) != pos2) other *= shape[j];
-        }
-        std::vector<int64_t> send_counts(c.parts), recv_counts(c.parts);
-        for (int64_t r = 0; r < c.parts; ++r) {
-          send_counts[r] = c.piece[c.index] * c.piece2[r] * other;
-          recv_counts[r] = c.piece[r] * c.piece2[c.index] * other;
-        }
-        work = mesh.group(c.group_dim)->all_to_all(
-            send, recv, {.send_counts = send_counts, .recv_counts = recv_counts, .async = async});
-        cur = from_front(recv, d);
+        work = mesh.group(c.group_dim)->all_to_all(std::move(inputs), std::move(outputs),
+                                                   {.async = async});
+        cur = out;
         break;
       }
       case Kind::kZeroPad: {

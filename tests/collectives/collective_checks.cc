@@ -185,6 +185,44 @@ void check_all_to_all(ProcessGroup& pg, DType dtype, int64_t count, Device devic
       "all_to_all", rank);
 }
 
+void check_all_to_all_views(ProcessGroup& pg, DType dtype, int64_t rows) {
+  const int size = pg.size(), rank = pg.rank();
+  // Rank r holds a [rows + r, W] matrix and sends rank j its columns [c_j, c_j + 8 + j): a
+  // strided block whose element k (row-major) depends on (r, j, k).
+  auto element = [&](int src, int dst, int64_t k) {
+    return static_cast<double>((src * 5 + dst * 3 + k) % 13) - 6;
+  };
+  auto width = [](int j) { return int64_t{8} + j; };
+  std::vector<int64_t> column(static_cast<size_t>(size) + 1, 0);
+  for (int j = 0; j < size; ++j) column[j + 1] = column[j] + width(j);
+  Tensor matrix = empty({rows + rank, column[size]}, dtype);
+  std::vector<Tensor> inputs, outputs;
+  for (int j = 0; j < size; ++j) {
+    inputs.push_back(narrow(matrix, 1, column[j], width(j)));
+    Tensor block = contiguous(inputs.back());
+    for (int64_t k = 0; k < block.numel(); ++k) put(block, k, element(rank, j, k));
+    copy_(inputs.back(), block);
+  }
+  // Rank j's block arrives as a [rows + j, width(rank)] view: rows of a contiguous tensor for
+  // even j (received in place), a transposed slice for odd j (unpacked element by element).
+  int64_t all_rows = 0;
+  for (int j = 0; j < size; ++j) all_rows += rows + j;
+  Tensor by_rows = zeros({all_rows, width(rank)}, dtype);
+  Tensor by_columns = zeros({width(rank), all_rows}, dtype);
+  int64_t row = 0;
+  for (int j = 0; j < size; ++j) {
+    outputs.push_back(j % 2 == 0 ? narrow(by_rows, 0, row, rows + j)
+                                 : transpose(narrow(by_columns, 1, row, rows + j), 0, 1));
+    row += rows + j;
+  }
+  const std::vector<Tensor> received = outputs;
+  pg.all_to_all(std::move(inputs), std::move(outputs));
+  for (int j = 0; j < size; ++j) {
+    expect_equal(contiguous(received[j]), [&](int64_t k) { return element(j, rank, k); },
+                 fmt::format("all_to_all(views) from rank {}", j), rank);
+  }
+}
+
 void check_send_recv_ring(ProcessGroup& pg, DType dtype, int64_t count, Device device) {
   const int size = pg.size(), rank = pg.rank();
   const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
@@ -259,6 +297,7 @@ void check_one_million(ProcessGroup& pg, Device device) {
     check_all_gather(pg, dtype, n / size, false, device);
     check_reduce_scatter(pg, dtype, n / size, true, ReduceOp::kSum, device);
     check_all_to_all(pg, dtype, n / (size * size), device);
+    if (device.is_cpu()) check_all_to_all_views(pg, dtype, n / (size * (8 + size)));
     if (size > 1) check_send_recv_ring(pg, dtype, n, device);
   }
 }
@@ -277,6 +316,7 @@ void check_everything(ProcessGroup& pg, const std::vector<int64_t>& counts, Devi
       check_reduce_scatter(pg, dtype, count, true, ReduceOp::kMax, device);
       check_reduce_scatter(pg, dtype, count, true, ReduceOp::kAvg, device);
       check_all_to_all(pg, dtype, count, device);
+      if (device.is_cpu()) check_all_to_all_views(pg, dtype, count);
       if (pg.size() > 1) check_send_recv_ring(pg, dtype, count, device);
       check_async_batch(pg, dtype, count, device);
       pg.barrier();

@@ -30,6 +30,9 @@ void check_reduce_scatter(ProcessGroup& pg, DType dtype, int64_t count, bool une
                           Device device = Device::cpu());
 // Rank r sends (count + j) elements to rank j.
 void check_all_to_all(ProcessGroup& pg, DType dtype, int64_t count, Device device = Device::cpu());
+// The list form over strided views: rank r sends rank j the (rows + r) x (8 + j) block of its
+// columns; rank j's block arrives as contiguous rows or as a transposed slice.
+void check_all_to_all_views(ProcessGroup& pg, DType dtype, int64_t rows);
 // Every rank sends to rank+1 and receives from rank-1 (world size >= 2).
 void check_send_recv_ring(ProcessGroup& pg, DType dtype, int64_t count,
                           Device device = Device::cpu());
@@ -42,7 +45,8 @@ void check_split(ProcessGroup& pg, int colors, bool with_no_color, Device device
 void check_async_batch(ProcessGroup& pg, DType dtype, int64_t count, Device device = Device::cpu());
 
 // The 1M-element cases (1 << 20) in f32, bf16 and i64: all_reduce, broadcast and the send/recv
-// ring of 1M elements; all_gather, reduce_scatter (uneven) and all_to_all of about 1M in total.
+// ring of 1M elements; all_gather, reduce_scatter (uneven) and all_to_all (both forms) of about
+// 1M in total.
 void check_one_million(ProcessGroup& pg, Device device = Device::cpu());
 
 // The sweep the acceptance asks for: every collective x dtypes {f32, bf16, i64} x counts.

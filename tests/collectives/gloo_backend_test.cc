@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <functional>
@@ -17,6 +18,7 @@
 #include "tessel/collectives/file_store.h"
 #include "tessel/collectives/init.h"
 #include "tessel/collectives/watchdog.h"
+#include "tessel/tensor/ops.h"
 
 namespace tessel {
 namespace {
@@ -105,7 +107,9 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooBackendSweepTest, ::testing::Values(1, 
 
 // The last rank never makes collective seq 2 (`op`); every other rank must get a Timeout naming
 // the group and seq within the timeout plus a margin, after the dump hook saw it.
-void expect_missing_rank_times_out(int size, const std::function<void(ProcessGroup&)>& op) {
+// `names`, when given, must appear in the error too.
+void expect_missing_rank_times_out(int size, const std::function<void(ProcessGroup&)>& op,
+                                   const std::string& names = "") {
   const auto timeout = seconds(2);
   auto outcomes = testing::run_processes(
       size,
@@ -130,6 +134,9 @@ void expect_missing_rank_times_out(int size, const std::function<void(ProcessGro
           if (what.find("seq 2") == std::string::npos ||
               what.find("'world'") == std::string::npos) {
             throw testing::CheckFailure("timeout does not name group and seq: " + what);
+          }
+          if (what.find(names) == std::string::npos) {
+            throw testing::CheckFailure("timeout does not say \"" + names + "\": " + what);
           }
         }
         // Bounded by the timeout plus a margin: no hang (not a speed assertion).
@@ -162,6 +169,66 @@ TEST(GlooBackendFaultTest, RankThatNeverCallsReduceScatterMakesOthersTimeOut) {
       Tensor in = zeros({4 * size}), out = zeros({4});
       pg.reduce_scatter(in, out);
     });
+  }
+}
+
+// The list form of all_to_all over strided views (our algorithm over Gloo's point-to-point
+// buffers, as is the contiguous form): the others time out naming the rank that never came.
+std::vector<Tensor> columns(const Tensor& matrix, int size) {
+  std::vector<Tensor> views;
+  for (int j = 0; j < size; ++j) views.push_back(narrow(matrix, 1, j * 4, 4));
+  return views;
+}
+
+TEST(GlooBackendFaultTest, RankThatNeverCallsAllToAllMakesOthersTimeOutNamingIt) {
+  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  for (int size : {2, 3}) {
+    expect_missing_rank_times_out(
+        size,
+        [size](ProcessGroup& pg) {
+          Tensor in = zeros({1000, 4 * size}), out = zeros({1000, 4 * size});
+          pg.all_to_all(columns(in, size), columns(out, size));
+        },
+        fmt::format("ranks not arrived: [{}]", size - 1));
+  }
+}
+
+// A rank killed in the middle of an all_to_all of several pieces per peer: the others fail
+// with the lost peer (or a communication error), long before their timeout, and do not hang.
+TEST(GlooBackendFaultTest, RankKilledMidAllToAllGivesOthersAnError) {
+  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  const auto timeout = seconds(20);
+  auto outcomes = testing::run_processes(
+      3,
+      [&](int rank, const std::string& dir) {
+        auto pg = connect(rank, 3, dir, timeout);
+        pg->barrier();
+        // 16 MiB to each peer: 64 pieces, strided on the way out.
+        Tensor in = zeros({1 << 20, 12}), out = zeros({1 << 20, 12});
+        if (rank == 2) {
+          pg->all_to_all(columns(in, 3), columns(out, 3), {.async = true});
+          ::usleep(2000);  // some pieces are on the wire
+          ::raise(SIGKILL);
+        }
+        const Stopwatch watch;
+        try {
+          pg->all_to_all(columns(in, 3), columns(out, 3));
+          throw testing::CheckFailure("all_to_all returned without rank 2");
+        } catch (const PeerLost&) {
+        } catch (const CommError&) {
+        }
+        // An error from the lost connection, not from the timeout (not a speed assertion).
+        if (watch.elapsed() >= timeout) {
+          throw testing::CheckFailure("the error came only with the timeout, after " +
+                                      format_duration(watch.elapsed()));
+        }
+      },
+      seconds(60));
+  ASSERT_EQ(outcomes.size(), 3u);
+  EXPECT_EQ(outcomes[2].signal, SIGKILL) << testing::describe(outcomes[2]);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(outcomes[r].exited && outcomes[r].exit_code == 0)
+        << testing::describe(outcomes[r]);
   }
 }
 

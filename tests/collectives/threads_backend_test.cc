@@ -10,6 +10,7 @@
 #include "collective_checks.h"
 #include "tessel/base/error.h"
 #include "tessel/flight_recorder/recorder.h"
+#include "tessel/tensor/ops.h"
 
 namespace tessel {
 namespace {
@@ -171,6 +172,45 @@ TEST(ThreadsBackendTest, RejectsMismatchedSizesWithClearMessages) {
   Tensor t = zeros({4});
   EXPECT_THROW(groups[0]->broadcast(t, {.root = 2}), InvalidArgument);
   EXPECT_THROW(groups[0]->send(t, 0), InvalidArgument);
+}
+
+// The list form of all_to_all takes views; it is one recorded collective with the group's next
+// seq, its totals as shapes, and bad lists fail on the caller with the bad value named.
+TEST(ThreadsBackendTest, AllToAllOverViewsIsRecordedAndChecked) {
+  threads::run_ranks(2, [](ProcessGroup& pg) {
+    Tensor in = zeros({3, 4}), out = zeros({3, 4});
+    pg.barrier();
+    pg.all_to_all({narrow(in, 1, 0, 2), narrow(in, 1, 2, 2)},
+                  {narrow(out, 1, 0, 2), narrow(out, 1, 2, 2)});
+  }, ProcessGroupOptions{.name = "views", .id = 4444});
+  int seen = 0;
+  for (const auto& e : fr::FlightRecorder::global().snapshot()) {
+    if (e.group_id != 4444 || e.op != fr::OpType::kAllToAll) continue;
+    ++seen;
+    EXPECT_EQ(e.seq, 2u);
+    EXPECT_EQ(e.state, fr::EntryState::kCompleted);
+    EXPECT_EQ(e.input.numel, 12);
+    EXPECT_EQ(e.output.numel, 12);
+  }
+  EXPECT_EQ(seen, 2);
+
+  auto groups = threads::create_world(2);
+  ProcessGroup& pg = *groups[0];
+  Tensor a = zeros({4}), b = zeros({4}), c = zeros({5}), i = zeros({4}, DType::kI64);
+  auto expect_message = [](const std::function<void()>& call, const std::string& text) {
+    try {
+      call();
+      ADD_FAILURE() << "expected InvalidArgument saying " << text;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expect_message([&] { pg.all_to_all(std::vector<Tensor>{a}, {a, b}); },
+                 "1 inputs and 2 outputs given");
+  expect_message([&] { pg.all_to_all({a, b}, {a, i}); }, "output 1 is i64");
+  expect_message([&] { pg.all_to_all({a, b}, {c, b}); }, "sends itself 4 elements but receives 5");
+  expect_message([&] { pg.all_to_all({a, b}, {a, b}, {.send_counts = {4, 4}}); },
+                 "must be empty");
 }
 
 TEST(ThreadsBackendTest, RunRanksPropagatesTheFirstFailure) {
