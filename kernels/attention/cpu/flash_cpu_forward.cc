@@ -131,11 +131,11 @@ KvOperands prepare_kv(const AttentionProblem& p, const FlashPlan& plan, bool pai
 // P^T (bk x n), ot: O^T (dp x n); m, l, alpha per query; rows: Q or O rows (bq x dp) where
 // they cannot be read or written in place.
 struct ForwardScratch {
-  std::vector<float> qt, st, ot, m, l, alpha, keep, rows;
-  std::vector<uint32_t> qt_pairs, pt_pairs;  // bf16 path: Q^T, P^T paired along D, the keys
+  TileVector<float> qt, st, ot, m, l, alpha, keep, rows;
+  TileVector<uint32_t> qt_pairs, pt_pairs;  // bf16 path: Q^T, P^T paired along D, the keys
   std::vector<uint16_t> bits;
   std::vector<int64_t> panel_lo, panel_hi;  // keys each query panel computes (partial tiles)
-  std::vector<float> keep_tile;  // AMX path with dropout: the keep mask of a tile, like st
+  TileVector<float> keep_tile;  // AMX path with dropout: the keep mask of a tile, like st
   // A task's start: O^T's first `out_rows` rows zero, no maximum, no sum.
   void reset(int64_t out_rows, int64_t n) {
     std::fill(ot.begin(), ot.begin() + out_rows * n, 0.0f);
