@@ -103,6 +103,12 @@ typename V::Reg column_max(const float* x, int64_t rows, int64_t ld) {
   return V::max(V::max(mx[0], mx[1]), V::max(mx[2], mx[3]));
 }
 
+// How far (in log2 units) a score may exceed its query's running maximum m before m is moved
+// and the output rescaled: the exponentials stay below 2^kRescaleSlack (far from f32 overflow)
+// and l and O^T are scaled alike, so the result is the same, while the rescaling pass over O^T,
+// needed after nearly every tile when m must be the exact maximum, is rare.
+inline constexpr float kRescaleSlack = 8.0f;
+
 // See TileOps::softmax_step. Vectors run along the queries, so every step is vertical: no
 // horizontal reductions, no per-query scalar work.
 template <class V>
@@ -110,14 +116,18 @@ void softmax_step(float* st, int64_t keys, int64_t n, float mul, float* m, float
                   int64_t out_rows, float* alpha) {
   const auto vmul = V::set1(mul);
   const auto lowest = V::set1(-__FLT_MAX__);
+  const auto slack = V::set1(kRescaleSlack);
   for (int64_t i = 0; i < n; i += V::kWidth) {
-    const auto mx = column_max<V>(st + i, keys, n);
     const auto m_old = V::load(m + i);
-    const auto m_new = V::max(m_old, V::mul(mx, vmul));  // mul > 0: the max commutes with it
+    // mul > 0: the max commutes with it.
+    const auto m_tile = V::mul(column_max<V>(st + i, keys, n), vmul);
+    // The maxima move only when a score passes them by more than the slack (or was -inf).
+    const bool moves = V::any_greater(m_tile, V::add(m_old, slack));
+    const auto m_new = moves ? V::max(m_old, m_tile) : m_old;
     // A query that sees no key yet has m_new = -inf: subtracting `lowest` instead keeps its
     // exponentials (and its factor 2^(m_old - ...)) at 0 rather than NaN.
     const auto sub = V::max(m_new, lowest);
-    const auto a = V::exp2(V::sub(m_old, sub));
+    const auto a = moves ? V::exp2(V::sub(m_old, sub)) : V::set1(1.0f);
     auto sum = V::zero();
     for (int64_t j = 0; j < keys; ++j) {
       const auto e = V::exp2(V::fmsub(V::load(st + j * n + i), vmul, sub));
@@ -127,14 +137,9 @@ void softmax_step(float* st, int64_t keys, int64_t n, float mul, float* m, float
     V::store(l + i, V::fmadd(V::load(l + i), a, sum));
     V::store(m + i, m_new);
     V::store(alpha + i, a);
-  }
-  bool rescale = false;
-  for (int64_t i = 0; i < n; ++i) rescale |= alpha[i] != 1.0f;
-  if (!rescale) return;  // the common case once the maxima settle
-  for (int64_t c = 0; c < out_rows; ++c) {
-    float* row = ot + c * n;
-    for (int64_t i = 0; i < n; i += V::kWidth) {
-      V::store(row + i, V::mul(V::load(row + i), V::load(alpha + i)));
+    if (!moves) continue;  // the common case once the maxima settle
+    for (int64_t c = 0; c < out_rows; ++c) {
+      V::store(ot + c * n + i, V::mul(V::load(ot + c * n + i), a));
     }
   }
 }

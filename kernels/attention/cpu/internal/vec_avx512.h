@@ -24,9 +24,11 @@ struct Vec512 {
   static Reg fmsub(Reg a, Reg b, Reg c) { return _mm512_fmsub_ps(a, b, c); }
   static float reduce_add(Reg a) { return _mm512_reduce_add_ps(a); }
   static float reduce_max(Reg a) { return _mm512_reduce_max_ps(a); }
-  // 2^x for x <= 0 (the softmax only exponentiates differences from the row max): split
-  // x = n + f with |f| <= 0.5, 2^f by polynomial, times 2^n by vscalefps. Lanes with x < -126
-  // (-inf included) give exactly 0, so masked scores and results below 2^-126 vanish.
+  static bool any_greater(Reg a, Reg b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) != 0; }
+  // 2^x for x <= 64 (the softmax exponentiates differences from a running maximum, at most
+  // kRescaleSlack above it): split x = n + f with |f| <= 0.5, 2^f by polynomial, times 2^n by
+  // vscalefps. Lanes with x < -126 (-inf included) give exactly 0, so masked scores and results
+  // below 2^-126 vanish.
   static Reg exp2(Reg x) {
     const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
     const Reg n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
