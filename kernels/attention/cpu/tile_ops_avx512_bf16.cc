@@ -69,18 +69,17 @@ void pair_rows_blocked(const float* src, int64_t rows, int64_t n, uint32_t* dst)
 
 // 2^x for x <= 64 to 2.7e-6 relative (about 22 f32 ulps, like PyTorch's exp_u20), exactly 0 for
 // x < -126 and -inf: for probabilities that are rounded to bf16 (3.9e-3) right after. Cheaper
-// than Vec512::exp2: the fraction by one vreduceps, a degree-4 polynomial (least squares on the
-// relative error at 400 Chebyshev nodes of [-0.5, 0.5]).
+// than Vec512::exp2: a degree-4 polynomial in f = x - floor(x) (least squares on the relative
+// error at 400 Chebyshev nodes of [0, 1]).
 __m512 exp2_bf16(__m512 x) {
   const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
-  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT);  // x - round(x), exactly
-  const __m512 n = _mm512_sub_ps(x, f);
-  __m512 p = _mm512_set1_ps(0.00956051021f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0559170392f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.240249811f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.693121968f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.999999191f));
-  return _mm512_maskz_scalef_ps(live, p, n);
+  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF);  // x - floor(x), exactly
+  __m512 p = _mm512_set1_ps(0.0135206031f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0520374291f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.241427496f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.693006635f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000025f));
+  return _mm512_maskz_scalef_ps(live, p, x);  // times 2^floor(x)
 }
 
 // See Bf16TileOps::softmax_pairs; the arithmetic of softmax_step<Vec512> with n = 16, but the
