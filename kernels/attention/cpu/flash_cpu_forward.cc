@@ -146,10 +146,12 @@ struct ForwardScratch {
     std::fill(m.begin(), m.end(), kNegInf);
     std::fill(l.begin(), l.end(), 0.0f);
   }
+  // Only the Q^T and P^T layouts the plan's GEMMs read are allocated (f32 or bf16 pairs).
   ForwardScratch(const FlashPlan& plan, int64_t n, int64_t blocks)
-      : qt(blocks * plan.dp * n), st(plan.bk * n), ot(blocks * plan.dp * n), m(blocks * n),
-        l(blocks * n), alpha(n), keep(plan.bk), rows(plan.bq * plan.dp),
-        qt_pairs(blocks * plan.dp / 2 * n), pt_pairs(plan.bk / 2 * n), bits(plan.dp),
+      : qt(plan.bf16 ? 0 : blocks * plan.dp * n), st(plan.bk * n), ot(blocks * plan.dp * n),
+        m(blocks * n), l(blocks * n), alpha(n), keep(plan.bk), rows(plan.bq * plan.dp),
+        qt_pairs(plan.bf16 ? blocks * plan.dp / 2 * n : 0),
+        pt_pairs(plan.bf16 ? plan.bk / 2 * n : 0), bits(plan.dp),
         panel_lo(ceil_div(n, kPanel)), panel_hi(ceil_div(n, kPanel)),
         keep_tile(plan.amx ? plan.bk * n : 0), blocks(blocks) {}
 };
@@ -441,7 +443,9 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
                                     : KvOperands{};
   const int64_t n = round_up(plan.bq, kTileWidth);
   const int64_t group = plan.amx ? 1 : forward_query_group(plan);  // query blocks per task
-  std::vector<ForwardScratch> scratch(team.threads(), ForwardScratch(plan, n, group));
+  std::vector<ForwardScratch> scratch;  // one per worker, each zeroed once
+  scratch.reserve(team.threads());
+  for (int worker = 0; worker < team.threads(); ++worker) scratch.emplace_back(plan, n, group);
   const std::vector<ForwardTask> tasks = forward_tasks(plan, group);
   team.run(static_cast<int64_t>(tasks.size()), [&](int worker, int64_t task) {
     const ForwardTask& t = tasks[task];
