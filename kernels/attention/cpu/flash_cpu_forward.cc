@@ -260,14 +260,14 @@ void forward_task_fma(const AttentionProblem& p, const FlashPlan& plan, const Kv
     float *qt, *ot, *m, *l;
     uint32_t* qt_pairs;
   };
-  auto block = [&](int64_t g) {
+  auto block = [&](int64_t g) {  // only the Q^T layout the GEMMs read is allocated
     return Block{t.i0 + g * bq,
                  std::min(bq, t.rows - g * bq),
-                 w.qt.data() + g * dp * n,
+                 bf16 ? nullptr : w.qt.data() + g * dp * n,
                  w.ot.data() + g * dp * n,
                  w.m.data() + g * n,
                  w.l.data() + g * n,
-                 w.qt_pairs.data() + g * dp / 2 * n};
+                 bf16 ? w.qt_pairs.data() + g * dp / 2 * n : nullptr};
   };
 
   // Q^T, zero in the padding columns [rows, n) and rows [D, dp).
