@@ -27,12 +27,14 @@ struct Case {
   int64_t b, hq, hkv, sq, sk, d;
   MaskKind mask;
   CpuIsa isa = CpuIsa::kAuto;
+  int threads = 0;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
-  return fmt::format("{}_B{}_Hq{}_Hkv{}_Sq{}_Sk{}_D{}_{}", mask_kind_name(c.mask), c.b, c.hq,
-                     c.hkv, c.sq, c.sk, c.d, cpu_isa_name(c.isa));
+  return fmt::format("{}_B{}_Hq{}_Hkv{}_Sq{}_Sk{}_D{}_{}{}", mask_kind_name(c.mask), c.b, c.hq,
+                     c.hkv, c.sq, c.sk, c.d, cpu_isa_name(c.isa),
+                     c.threads > 0 ? fmt::format("_T{}", c.threads) : "");
 }
 
 class FlashCpuSweepTest : public ::testing::TestWithParam<Case> {};
@@ -53,7 +55,7 @@ TEST_P(FlashCpuSweepTest, MatchesMathForwardAndBackward) {
 
   Buffer out = q, dq = q, dk = k, dv = v;
   std::vector<float> lse(lse_ref.size());
-  const FlashCpuOptions opts{.isa = c.isa};
+  const FlashCpuOptions opts{.isa = c.isa, .threads = c.threads};
   flash_cpu_forward(p, out.view(), lse.data(), opts);
   flash_cpu_backward(p, out.view(), dout.view(), lse.data(), dq.view(), dk.view(), dv.view(),
                      opts);
@@ -101,6 +103,12 @@ std::vector<Case> sweep_cases() {
       const int64_t hkv = big ? 1 : 2, hq = gqa ? hkv * (big ? 2 : 3) : hkv;
       cases.push_back({big ? 1 : b, hq, hkv, sq, sk, d, static_cast<MaskKind>(m)});
     }
+  }
+  // A head's K and V past 1 MiB (S_k * D > 2^17 floats): the forward's tasks take four query
+  // blocks (at one thread), the last group a single partial block, each key block shared.
+  for (MaskKind m : {MaskKind::kNone, MaskKind::kCausalBottomRight, MaskKind::kWindow,
+                     MaskKind::kDocuments, MaskKind::kDropout}) {
+    cases.push_back({1, 2, 1, 300, 1100, 128, m, CpuIsa::kAuto, 1});
   }
   for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kScalar}) {
     for (int m = 0; m < kinds; m += 2) {

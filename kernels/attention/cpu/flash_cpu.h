@@ -11,12 +11,14 @@
 //   flash_cpu_backward(p, out_view, dout_view, lse.data(), dq_view, dk_view, dv_view);
 //
 // Work split: forward runs tasks (batch, query head, query block) with its tiles transposed
-// (S^T = K Q^T, O^T = V^T P^T) so that f32 K and V are read in place; backward runs tasks
-// (batch, key/value head, key block), each computing its dk/dv block over all query heads of
-// its group and adding its dq contributions into a shared f32 accumulator under a per-query-
-// block lock, so no phase serializes on heads. Extra memory: per-thread tiles; for bf16 inputs
-// converted or paired copies of K and V (forward); for backward an f32 dq accumulator plus two
-// floats per query row: O(S * D) per head, never O(S^2).
+// (S^T = K Q^T, O^T = V^T P^T) so that f32 K and V are read in place; where a head's K and V
+// outgrow the L2 cache a task takes up to four query blocks, which share each key block it
+// fetches. Backward runs tasks (batch, key/value head, key block), each computing its dk/dv
+// block over all query heads of its group and adding its dq contributions into a shared f32
+// accumulator under a per-query-block lock, so no phase serializes on heads. Extra memory:
+// per-thread tiles; for bf16 inputs converted or paired copies of K and V (forward); for
+// backward an f32 dq accumulator plus two floats per query row: O(S * D) per head, never
+// O(S^2).
 
 #include <cstdint>
 #include <string_view>

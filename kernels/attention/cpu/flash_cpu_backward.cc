@@ -25,11 +25,11 @@ namespace {
 
 // One worker's tiles. kt/vt: this key block transposed (dp x bk); k: its rows (bk x dp).
 struct BackwardScratch {
-  std::vector<float> kt, vt, k, q, dout, p, pdrop, ds, dk, dv, keep, row;
+  TileVector<float> kt, vt, k, q, dout, p, pdrop, ds, dk, dv, keep, row;
   // bf16 path, in pairs of bf16: K^T and V^T paired along D (dp/2 x bk), K paired along keys
   // (bk/2 x dp); per tile Q and dO paired along D (rows x dp/2) and along queries
   // (rows/2 x dp), P_drop^T and dS^T paired along queries (rows/2 x bk), dS along keys.
-  std::vector<uint32_t> kt2, vt2, k2, q_d, dout_d, q_i, dout_i, pt2, dst2, ds2;
+  TileVector<uint32_t> kt2, vt2, k2, q_d, dout_d, q_i, dout_i, pt2, dst2, ds2;
   BackwardScratch(const FlashPlan& plan, bool bf16)
       : kt(plan.dp * plan.bk), vt(plan.dp * plan.bk), k(plan.bk * plan.dp),
         q(plan.bq * plan.dp), dout(plan.bq * plan.dp), p(plan.bq * plan.bk),

@@ -62,8 +62,8 @@ QueryOperand layout_queries(const AttentionView& view, const FlashPlan& plan,
 // ([bq / 2][bk]); dsb: dS rows in bf16 ([bq][bk / 2] pairs); dkt, dvt: dK^T and dV^T
 // ([dp][bk] f32).
 struct AmxScratch {
-  std::vector<float> p, pdrop, ds, keep, dkt, dvt, row;
-  std::vector<uint32_t> kt, vt, kp, pp, dsp, dsb;
+  TileVector<float> p, pdrop, ds, keep, dkt, dvt, row;
+  TileVector<uint32_t> kt, vt, kp, pp, dsp, dsb;
   std::vector<uint16_t> kbits, vbits;
   explicit AmxScratch(const FlashPlan& plan)
       : p(plan.bq * plan.bk),

@@ -127,26 +127,33 @@ KvOperands prepare_kv(const AttentionProblem& p, const FlashPlan& plan, bool pai
   return kv;
 }
 
-// One worker's tiles; n = query block padded to kTileWidth. qt: Q^T (dp x n), st: S^T then
+// One worker's tiles; n = query block padded to kTileWidth, `blocks` query blocks per task
+// (each with its own Q^T, O^T, m and l, block after block). qt: Q^T (dp x n), st: S^T then
 // P^T (bk x n), ot: O^T (dp x n); m, l, alpha per query; rows: Q or O rows (bq x dp) where
 // they cannot be read or written in place.
 struct ForwardScratch {
-  std::vector<float> qt, st, ot, m, l, alpha, keep, rows;
-  std::vector<uint32_t> qt_pairs, pt_pairs;  // bf16 path: Q^T, P^T paired along D, the keys
+  TileVector<float> qt, st, ot, m, l, alpha, keep, rows;
+  TileVector<uint32_t> qt_pairs, pt_pairs;  // bf16 path: Q^T, P^T paired along D, the keys
   std::vector<uint16_t> bits;
   std::vector<int64_t> panel_lo, panel_hi;  // keys each query panel computes (partial tiles)
-  std::vector<float> keep_tile;  // AMX path with dropout: the keep mask of a tile, like st
-  // A task's start: O^T's first `out_rows` rows zero, no maximum, no sum.
+  TileVector<float> keep_tile;  // AMX path with dropout: the keep mask of a tile, like st
+  int64_t blocks;
+  // A task's start: O^T's first `out_rows` rows zero in every block, no maximum, no sum.
   void reset(int64_t out_rows, int64_t n) {
-    std::fill(ot.begin(), ot.begin() + out_rows * n, 0.0f);
+    for (size_t o = 0; o < ot.size(); o += ot.size() / blocks) {
+      std::fill(ot.begin() + o, ot.begin() + o + out_rows * n, 0.0f);
+    }
     std::fill(m.begin(), m.end(), kNegInf);
     std::fill(l.begin(), l.end(), 0.0f);
   }
-  ForwardScratch(const FlashPlan& plan, int64_t n)
-      : qt(plan.dp * n), st(plan.bk * n), ot(plan.dp * n), m(n), l(n), alpha(n), keep(plan.bk),
-        rows(plan.bq * plan.dp), qt_pairs(plan.dp / 2 * n), pt_pairs(plan.bk / 2 * n),
-        bits(plan.dp), panel_lo(ceil_div(n, kPanel)), panel_hi(ceil_div(n, kPanel)),
-        keep_tile(plan.amx ? plan.bk * n : 0) {}
+  // Only the Q^T and P^T layouts the plan's GEMMs read are allocated (f32 or bf16 pairs).
+  ForwardScratch(const FlashPlan& plan, int64_t n, int64_t blocks)
+      : qt(plan.bf16 ? 0 : blocks * plan.dp * n), st(plan.bk * n), ot(blocks * plan.dp * n),
+        m(blocks * n), l(blocks * n), alpha(n), keep(plan.bk), rows(plan.bq * plan.dp),
+        qt_pairs(plan.bf16 ? blocks * plan.dp / 2 * n : 0),
+        pt_pairs(plan.bf16 ? plan.bk / 2 * n : 0), bits(plan.dp),
+        panel_lo(ceil_div(n, kPanel)), panel_hi(ceil_div(n, kPanel)),
+        keep_tile(plan.amx ? plan.bk * n : 0), blocks(blocks) {}
 };
 
 // The class of the tile of query rows [i0, i0 + rows) and keys [j0, j0 + cols) of batch b.
@@ -230,6 +237,197 @@ void forward_task_amx(const AttentionProblem& p, const FlashPlan& plan, const Kv
   for (int64_t r = 0; r < t.rows; ++r) store_row(out, t.b, t.h, t.i0 + r, w.rows.data() + r * dp);
 }
 
+// One forward task with FMA GEMMs: f32 (bf16 inputs converted once per call) or bf16 pairs
+// through vdpbf16ps. Its query blocks (bq rows each from t.i0, at most w.blocks) meet the key
+// blocks in turn, so that each K and V block is fetched once for all of them.
+void forward_task_fma(const AttentionProblem& p, const FlashPlan& plan, const KvOperands& kv,
+                      const MaskEvaluator& mask, const DropoutMask& drop, const ForwardTask& t,
+                      ForwardScratch& w, const AttentionView& out, float* lse) {
+  const TileOps& ops = *plan.ops;
+  const Bf16TileOps* bf16 = plan.bf16;  // null: f32 GEMMs
+  const int64_t bq = plan.bq, bk = plan.bk, d = plan.d, dp = plan.dp;
+  const int64_t n = round_up(bq, kTileWidth);
+  // Scores in log2 units (the softmax uses exp2): the softmax step multiplies by
+  // scale * log2(e).
+  const float s_mul = plan.scale * kLog2e;
+  // f32 rows with unit stride along D are read (Q) and written (out) in place.
+  const bool q_in_place = p.q.dtype == DType::kF32 && p.q.strides[3] == 1;
+  const bool out_in_place = out.dtype == DType::kF32 && out.strides[3] == 1;
+  const int64_t blocks = ceil_div(t.rows, bq);
+  // Query block g: rows [i0, i0 + rows) and its Q^T, O^T, running maxima and sums.
+  struct Block {
+    int64_t i0, rows;
+    float *qt, *ot, *m, *l;
+    uint32_t* qt_pairs;
+  };
+  auto block = [&](int64_t g) {  // only the Q^T layout the GEMMs read is allocated
+    return Block{t.i0 + g * bq,
+                 std::min(bq, t.rows - g * bq),
+                 bf16 ? nullptr : w.qt.data() + g * dp * n,
+                 w.ot.data() + g * dp * n,
+                 w.m.data() + g * n,
+                 w.l.data() + g * n,
+                 bf16 ? w.qt_pairs.data() + g * dp / 2 * n : nullptr};
+  };
+
+  // Q^T, zero in the padding columns [rows, n) and rows [D, dp).
+  for (int64_t g = 0; g < blocks; ++g) {
+    const Block q = block(g);
+    if (bf16) {
+      std::fill(q.qt_pairs, q.qt_pairs + dp / 2 * n, 0u);
+      for (int64_t r = 0; r < q.rows; ++r) {
+        load_row_bf16(p.q, t.b, t.h, q.i0 + r, w.bits.data(), dp);
+        for (int64_t u = 0; u < dp / 2; ++u) {
+          q.qt_pairs[u * n + r] = bf16_pair(w.bits[2 * u], w.bits[2 * u + 1]);
+        }
+      }
+    } else {
+      const float* rows = w.rows.data();
+      int64_t ld = dp;
+      if (q_in_place) {
+        rows = static_cast<const float*>(p.q.data) + p.q.offset(t.b, t.h, q.i0, 0);
+        ld = p.q.strides[2];
+      } else {
+        load_rows(p.q, t.b, t.h, q.i0, q.rows, q.rows, w.rows.data(), dp);
+      }
+      ops.transpose(rows, ld, q.rows, d, q.qt, n, nullptr);
+      for (int64_t c = 0; q.rows < n && c < d; ++c) {
+        std::fill(q.qt + c * n + q.rows, q.qt + (c + 1) * n, 0.0f);
+      }
+    }
+  }
+  w.reset(d, n);
+
+  for (int64_t kb = 0; kb < plan.kv_blocks; ++kb) {
+    const int64_t j0 = kb * bk, cols = std::min(bk, plan.sk - j0);
+    for (int64_t g = 0; g < blocks; ++g) {
+      const Block q = block(g);
+      const TileClass tile = forward_tile_class(p, mask, t.b, q.i0, q.rows, j0, cols);
+      if (tile == TileClass::kEmpty) continue;
+      // S^T = K Q^T. A partial tile of a causal/window mask goes panel by panel over only the
+      // keys the panel's queries see (about half of a diagonal tile is never computed); the
+      // entries left out are masked below like any invisible key, and P V skips them too.
+      const bool by_panel = !bf16 && tile == TileClass::kPartial && mask.rows_are_ranges();
+      if (by_panel) {
+        for (int64_t q0 = 0, u = 0; q0 < n; q0 += kPanel, ++u) {
+          int64_t& lo = w.panel_lo[u];
+          int64_t& hi = w.panel_hi[u];
+          panel_keys(mask, q.i0 + q0, q.i0 + std::min(q.rows, q0 + kPanel), j0, cols, &lo, &hi);
+          if (lo >= hi) continue;
+          ops.gemm(hi - lo, std::min(kPanel, n - q0), d, kv.k(t.bkv, j0 + lo), kv.k_row,
+                   kv.k_col, q.qt + q0, n, w.st.data() + lo * n + q0, n, false);
+        }
+      } else if (bf16) {
+        bf16->gemm(cols, n, dp / 2, kv.k_pairs.data() + t.bkv * kv.head + j0 * dp / 2, dp / 2, 1,
+                   q.qt_pairs, n, w.st.data(), n, false);
+      } else {
+        ops.gemm(cols, n, d, kv.k(t.bkv, j0), kv.k_row, kv.k_col, q.qt, n, w.st.data(), n,
+                 false);
+      }
+      // Mask, online softmax (rescales O^T), dropout.
+      if (tile == TileClass::kPartial) {
+        for (int64_t r = 0; r < q.rows; ++r) {
+          mask_tile_row(mask, t.b, t.h, q.i0 + r, j0, cols, w.st.data() + r, n);
+        }
+      }
+      ops.softmax_step(w.st.data(), cols, n, s_mul, q.m, q.l, q.ot, d, w.alpha.data());
+      if (drop.enabled()) {
+        for (int64_t r = 0; r < q.rows; ++r) {
+          if (q.m[r] == kNegInf) continue;  // an all-zero column
+          drop.fill(t.b, t.h, q.i0 + r, j0, cols, w.keep.data());
+          for (int64_t c = 0; c < cols; ++c) w.st[c * n + r] *= w.keep[c];
+        }
+      }
+      // O^T += V^T P^T.
+      if (bf16) {
+        for (int64_t u = 0; 2 * u < cols; ++u) {
+          bf16->to_bf16_pairs(w.st.data() + 2 * u * n,
+                              2 * u + 1 < cols ? w.st.data() + (2 * u + 1) * n : nullptr,
+                              w.pt_pairs.data() + u * n, n);
+        }
+        bf16->gemm(d, n, (cols + 1) / 2, kv.v_pairs.data() + t.bkv * kv.head + (j0 / 2) * dp, 1,
+                   dp, w.pt_pairs.data(), n, q.ot, n, true);
+      } else if (by_panel) {
+        for (int64_t q0 = 0, u = 0; q0 < n; q0 += kPanel, ++u) {
+          const int64_t lo = w.panel_lo[u], hi = w.panel_hi[u];
+          if (lo >= hi) continue;
+          ops.gemm(d, std::min(kPanel, n - q0), hi - lo, kv.v(t.bkv, j0 + lo), kv.v_col,
+                   kv.v_row, w.st.data() + lo * n + q0, n, q.ot + q0, n, true);
+        }
+      } else {
+        ops.gemm(d, n, cols, kv.v(t.bkv, j0), kv.v_col, kv.v_row, w.st.data(), n, q.ot, n, true);
+      }
+    }
+  }
+
+  // out = (O^T)^T / l; rows that saw no key get 0.
+  const int64_t bh = t.b * plan.q_heads + t.h;
+  for (int64_t g = 0; g < blocks; ++g) {
+    const Block q = block(g);
+    for (int64_t r = 0; r < q.rows; ++r) {
+      const float l = q.l[r];
+      w.alpha[r] = l > 0 ? 1.0f / l : 0.0f;
+      if (lse) lse[bh * plan.sq + q.i0 + r] = l > 0 ? q.m[r] * kLn2 + std::log(l) : kNegInf;
+    }
+    if (out_in_place) {
+      ops.transpose(q.ot, n, d, q.rows,
+                    static_cast<float*>(out.data) + out.offset(t.b, t.h, q.i0, 0),
+                    out.strides[2], w.alpha.data());
+    } else {
+      ops.transpose(q.ot, n, d, q.rows, w.rows.data(), dp, w.alpha.data());
+      for (int64_t r = 0; r < q.rows; ++r) {
+        store_row(out, t.b, t.h, q.i0 + r, w.rows.data() + r * dp);
+      }
+    }
+  }
+}
+
+// Query blocks per FMA task. Several share each K and V block they fetch, which pays once a
+// head's K and V outgrow about half of a 2 MiB L2 cache (S 2048, D 128: 2 MiB; one fetch per
+// query block made it the slowest configuration) and costs a little below that (the blocks'
+// Q^T and O^T leave L1). The call keeps kMinTasksPerThread tasks per thread for the balance.
+constexpr int64_t kMaxQueryGroup = 4, kMinTasksPerThread = 4;
+constexpr int64_t kKvBytesInL2 = int64_t{1} << 20;
+int64_t forward_query_group(const FlashPlan& plan) {
+  if (2 * plan.sk * plan.dp * int64_t{sizeof(float)} <= kKvBytesInL2) return 1;
+  int64_t group = kMaxQueryGroup;
+  while (group > 1 && plan.batch * plan.q_heads * ceil_div(plan.q_blocks, group) <
+                          kMinTasksPerThread * plan.threads) {
+    group /= 2;
+  }
+  return group;
+}
+
+// The forward's tasks in the order workers take them: per (batch, head) its groups of query
+// blocks, heaviest first (under a causal mask the last query blocks see the most keys). The
+// call's last `threads` groups are split into single blocks, so that a worker that runs out of
+// tasks waits for at most one block of another's, not a group (a group of four at S 2048,
+// D 128 lasts about 1.4 ms).
+std::vector<ForwardTask> forward_tasks(const FlashPlan& plan, int64_t group) {
+  std::vector<ForwardTask> tasks;
+  const int64_t groups = ceil_div(plan.q_blocks, group);
+  auto add = [&](int64_t bh, int64_t i0, int64_t rows) {
+    const int64_t b = bh / plan.q_heads, h = bh % plan.q_heads;
+    tasks.push_back({b, h, b * plan.kv_heads + h / plan.group, i0, rows});
+  };
+  for (int64_t bh = 0; bh < plan.batch * plan.q_heads; ++bh) {
+    for (int64_t ig = groups - 1; ig >= 0; --ig) {
+      const int64_t i0 = ig * group * plan.bq;
+      add(bh, i0, std::min(group * plan.bq, plan.sq - i0));
+    }
+  }
+  if (group == 1) return tasks;
+  const size_t split = std::min<size_t>(tasks.size(), plan.threads);
+  const std::vector<ForwardTask> last(tasks.end() - split, tasks.end());
+  tasks.resize(tasks.size() - split);
+  for (const ForwardTask& t : last) {
+    for (int64_t i0 = t.i0 + round_up(t.rows, plan.bq) - plan.bq; i0 >= t.i0; i0 -= plan.bq) {
+      add(t.b * plan.q_heads + t.h, i0, std::min(plan.bq, t.i0 + t.rows - i0));
+    }
+  }
+  return tasks;
+}
+
 }  // namespace
 
 void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, float* lse,
@@ -240,133 +438,21 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
   const ForkJoin team(plan.threads);
   const MaskEvaluator mask(p);
   const DropoutMask drop(p.dropout.p, p.dropout.seed, p.dropout.offset);
-  const TileOps& ops = *plan.ops;
-  const Bf16TileOps* bf16 = plan.bf16;  // null: f32 GEMMs
-  const AmxTileOps* amx = plan.amx;     // with bf16: its GEMMs on AMX tiles
-  const KvOperands kv =
-      plan.sk > 0 ? prepare_kv(p, plan, bf16 != nullptr, amx != nullptr, team) : KvOperands{};
-  const int64_t bq = plan.bq, bk = plan.bk, d = plan.d, dp = plan.dp;
-  const int64_t n = round_up(bq, kTileWidth);
-  // Scores in log2 units (the softmax uses exp2): the softmax step multiplies by
-  // scale * log2(e).
-  const float s_mul = plan.scale * kLog2e;
-  // f32 rows with unit stride along D are read (Q) and written (out) in place.
-  const bool q_in_place = p.q.dtype == DType::kF32 && p.q.strides[3] == 1;
-  const bool out_in_place = out.dtype == DType::kF32 && out.strides[3] == 1;
-  std::vector<ForwardScratch> scratch(team.threads(), ForwardScratch(plan, n));
-
-  // Heaviest tasks first: under a causal mask the last query blocks see the most keys.
-  const int64_t tasks = plan.batch * plan.q_heads * plan.q_blocks;
-  team.run(tasks, [&](int worker, int64_t task) {
-    const int64_t ib = plan.q_blocks - 1 - task % plan.q_blocks;
-    const int64_t bh = task / plan.q_blocks;
-    const int64_t b = bh / plan.q_heads, h = bh % plan.q_heads;
-    const int64_t bkv = b * plan.kv_heads + h / plan.group;
-    const int64_t i0 = ib * bq, rows = std::min(bq, plan.sq - i0);
-    ForwardScratch& w = scratch[worker];
-    if (amx) {
-      forward_task_amx(p, plan, kv, mask, drop, {b, h, bkv, i0, rows}, w, out, lse);
-      return;
-    }
-    // Q^T, zero in the padding columns [rows, n) and rows [D, dp).
-    if (bf16) {
-      std::fill(w.qt_pairs.begin(), w.qt_pairs.end(), 0u);
-      for (int64_t r = 0; r < rows; ++r) {
-        load_row_bf16(p.q, b, h, i0 + r, w.bits.data(), dp);
-        for (int64_t t = 0; t < dp / 2; ++t) {
-          w.qt_pairs[t * n + r] = bf16_pair(w.bits[2 * t], w.bits[2 * t + 1]);
-        }
-      }
+  const KvOperands kv = plan.sk > 0 ? prepare_kv(p, plan, plan.bf16 != nullptr,
+                                                 plan.amx != nullptr, team)
+                                    : KvOperands{};
+  const int64_t n = round_up(plan.bq, kTileWidth);
+  const int64_t group = plan.amx ? 1 : forward_query_group(plan);  // query blocks per task
+  std::vector<ForwardScratch> scratch;  // one per worker, each zeroed once
+  scratch.reserve(team.threads());
+  for (int worker = 0; worker < team.threads(); ++worker) scratch.emplace_back(plan, n, group);
+  const std::vector<ForwardTask> tasks = forward_tasks(plan, group);
+  team.run(static_cast<int64_t>(tasks.size()), [&](int worker, int64_t task) {
+    const ForwardTask& t = tasks[task];
+    if (plan.amx) {
+      forward_task_amx(p, plan, kv, mask, drop, t, scratch[worker], out, lse);
     } else {
-      const float* q = w.rows.data();
-      int64_t ldq = dp;
-      if (q_in_place) {
-        q = static_cast<const float*>(p.q.data) + p.q.offset(b, h, i0, 0);
-        ldq = p.q.strides[2];
-      } else {
-        load_rows(p.q, b, h, i0, rows, rows, w.rows.data(), dp);
-      }
-      ops.transpose(q, ldq, rows, d, w.qt.data(), n, nullptr);
-      for (int64_t c = 0; rows < n && c < d; ++c) {
-        std::fill(w.qt.begin() + c * n + rows, w.qt.begin() + (c + 1) * n, 0.0f);
-      }
-    }
-    w.reset(d, n);
-
-    for (int64_t kb = 0; kb < plan.kv_blocks; ++kb) {
-      const int64_t j0 = kb * bk, cols = std::min(bk, plan.sk - j0);
-      const TileClass tile = forward_tile_class(p, mask, b, i0, rows, j0, cols);
-      if (tile == TileClass::kEmpty) continue;
-      // S^T = K Q^T. A partial tile of a causal/window mask goes panel by panel over only the
-      // keys the panel's queries see (about half of a diagonal tile is never computed); the
-      // entries left out are masked below like any invisible key, and P V skips them too.
-      const bool by_panel = !bf16 && tile == TileClass::kPartial && mask.rows_are_ranges();
-      if (by_panel) {
-        for (int64_t q0 = 0, t = 0; q0 < n; q0 += kPanel, ++t) {
-          int64_t& lo = w.panel_lo[t];
-          int64_t& hi = w.panel_hi[t];
-          panel_keys(mask, i0 + q0, i0 + std::min(rows, q0 + kPanel), j0, cols, &lo, &hi);
-          if (lo >= hi) continue;
-          ops.gemm(hi - lo, std::min(kPanel, n - q0), d, kv.k(bkv, j0 + lo), kv.k_row, kv.k_col,
-                   w.qt.data() + q0, n, w.st.data() + lo * n + q0, n, false);
-        }
-      } else if (bf16) {
-        bf16->gemm(cols, n, dp / 2, kv.k_pairs.data() + bkv * kv.head + j0 * dp / 2, dp / 2, 1,
-                   w.qt_pairs.data(), n, w.st.data(), n, false);
-      } else {
-        ops.gemm(cols, n, d, kv.k(bkv, j0), kv.k_row, kv.k_col, w.qt.data(), n, w.st.data(), n,
-                 false);
-      }
-      // Mask, online softmax (rescales O^T), dropout.
-      if (tile == TileClass::kPartial) {
-        for (int64_t r = 0; r < rows; ++r) {
-          mask_tile_row(mask, b, h, i0 + r, j0, cols, w.st.data() + r, n);
-        }
-      }
-      ops.softmax_step(w.st.data(), cols, n, s_mul, w.m.data(), w.l.data(), w.ot.data(), d,
-                       w.alpha.data());
-      if (drop.enabled()) {
-        for (int64_t r = 0; r < rows; ++r) {
-          if (w.m[r] == kNegInf) continue;  // an all-zero column
-          drop.fill(b, h, i0 + r, j0, cols, w.keep.data());
-          for (int64_t c = 0; c < cols; ++c) w.st[c * n + r] *= w.keep[c];
-        }
-      }
-      // O^T += V^T P^T.
-      if (bf16) {
-        for (int64_t t = 0; 2 * t < cols; ++t) {
-          bf16->to_bf16_pairs(w.st.data() + 2 * t * n,
-                              2 * t + 1 < cols ? w.st.data() + (2 * t + 1) * n : nullptr,
-                              w.pt_pairs.data() + t * n, n);
-        }
-        bf16->gemm(d, n, (cols + 1) / 2, kv.v_pairs.data() + bkv * kv.head + (j0 / 2) * dp, 1, dp,
-                   w.pt_pairs.data(), n, w.ot.data(), n, true);
-      } else if (by_panel) {
-        for (int64_t q0 = 0, t = 0; q0 < n; q0 += kPanel, ++t) {
-          const int64_t lo = w.panel_lo[t], hi = w.panel_hi[t];
-          if (lo >= hi) continue;
-          ops.gemm(d, std::min(kPanel, n - q0), hi - lo, kv.v(bkv, j0 + lo), kv.v_col, kv.v_row,
-                   w.st.data() + lo * n + q0, n, w.ot.data() + q0, n, true);
-        }
-      } else {
-        ops.gemm(d, n, cols, kv.v(bkv, j0), kv.v_col, kv.v_row, w.st.data(), n, w.ot.data(), n,
-                 true);
-      }
-    }
-
-    // out = (O^T)^T / l; rows that saw no key get 0.
-    for (int64_t r = 0; r < rows; ++r) {
-      const float l = w.l[r];
-      w.alpha[r] = l > 0 ? 1.0f / l : 0.0f;
-      if (lse) lse[bh * plan.sq + i0 + r] = l > 0 ? w.m[r] * kLn2 + std::log(l) : kNegInf;
-    }
-    if (out_in_place) {
-      ops.transpose(w.ot.data(), n, d, rows,
-                    static_cast<float*>(out.data) + out.offset(b, h, i0, 0), out.strides[2],
-                    w.alpha.data());
-    } else {
-      ops.transpose(w.ot.data(), n, d, rows, w.rows.data(), dp, w.alpha.data());
-      for (int64_t r = 0; r < rows; ++r) store_row(out, b, h, i0 + r, w.rows.data() + r * dp);
+      forward_task_fma(p, plan, kv, mask, drop, t, scratch[worker], out, lse);
     }
   });
 }

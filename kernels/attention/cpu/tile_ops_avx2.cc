@@ -33,11 +33,15 @@ struct Vec {
     s = _mm_max_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
-  // 2^x for x <= 0: x = n + f, 2^f by polynomial, 2^n into the exponent bits. Clamping at -127
-  // makes the exponent field 0, so -inf and anything below 2^-126 give exactly 0.
+  static bool any_greater(Reg a, Reg b) {
+    return _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ)) != 0;
+  }
+  // 2^x for x <= 64 (see Vec512::exp2): x = n + f with n = floor(x), 2^f by polynomial, 2^n
+  // into the exponent bits. Clamping at -127 makes the exponent field 0, so -inf and anything
+  // below 2^-126 give exactly 0.
   static Reg exp2(Reg x) {
     x = _mm256_max_ps(x, _mm256_set1_ps(-127.0f));
-    const Reg n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const Reg n = _mm256_round_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     const Reg f = _mm256_sub_ps(x, n);
     Reg p = _mm256_set1_ps(kExp2Poly[kExp2Degree]);
     for (int i = kExp2Degree - 1; i >= 0; --i) {

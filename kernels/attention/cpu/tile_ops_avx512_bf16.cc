@@ -67,20 +67,19 @@ void pair_rows_blocked(const float* src, int64_t rows, int64_t n, uint32_t* dst)
   }
 }
 
-// 2^x for x <= 0 to 2.7e-6 relative (about 22 f32 ulps, like PyTorch's exp_u20), exactly 0 for
+// 2^x for x <= 64 to 2.7e-6 relative (about 22 f32 ulps, like PyTorch's exp_u20), exactly 0 for
 // x < -126 and -inf: for probabilities that are rounded to bf16 (3.9e-3) right after. Cheaper
-// than Vec512::exp2: the fraction by one vreduceps, a degree-4 polynomial (least squares on the
-// relative error at 400 Chebyshev nodes of [-0.5, 0.5]).
+// than Vec512::exp2: a degree-4 polynomial in f = x - floor(x) (least squares on the relative
+// error at 400 Chebyshev nodes of [0, 1]).
 __m512 exp2_bf16(__m512 x) {
   const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
-  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT);  // x - round(x), exactly
-  const __m512 n = _mm512_sub_ps(x, f);
-  __m512 p = _mm512_set1_ps(0.00956051021f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0559170392f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.240249811f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.693121968f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.999999191f));
-  return _mm512_maskz_scalef_ps(live, p, n);
+  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF);  // x - floor(x), exactly
+  __m512 p = _mm512_set1_ps(0.0135206031f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0520374291f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.241427496f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.693006635f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000025f));
+  return _mm512_maskz_scalef_ps(live, p, x);  // times 2^floor(x)
 }
 
 // See Bf16TileOps::softmax_pairs; the arithmetic of softmax_step<Vec512> with n = 16, but the
@@ -90,12 +89,14 @@ void softmax_pairs(const float* st, int64_t keys, float mul, const float* keep, 
                    int64_t pairs) {
   using V = Vec512;
   const __m512 vmul = V::set1(mul);
-  const __m512 mx = column_max<V>(st, keys, 16);
   const __m512 m_old = V::load(m);
-  const __m512 m_new = V::max(m_old, V::mul(mx, vmul));
+  const __m512 m_tile = V::mul(column_max<V>(st, keys, 16), vmul);
+  // The maxima move only past the slack (see softmax_step).
+  const bool moves = V::any_greater(m_tile, V::add(m_old, V::set1(kRescaleSlack)));
+  const __m512 m_new = moves ? V::max(m_old, m_tile) : m_old;
   // A query that sees no key yet keeps exponentials (and alpha) at 0 rather than NaN.
   const __m512 sub = V::max(m_new, V::set1(-__FLT_MAX__));
-  const __m512 a = V::exp2(V::sub(m_old, sub));
+  const __m512 a = moves ? V::exp2(V::sub(m_old, sub)) : V::set1(1.0f);
   __m512 sum = V::zero();
   int64_t t = 0;
   for (; 2 * t < keys; ++t) {
@@ -113,7 +114,7 @@ void softmax_pairs(const float* st, int64_t keys, float mul, const float* keep, 
   V::store(l, V::fmadd(V::load(l), a, sum));
   V::store(m, m_new);
   V::store(alpha, a);
-  if (_mm512_cmp_ps_mask(a, V::set1(1.0f), _CMP_NEQ_UQ) == 0) return;  // maxima settled
+  if (!moves) return;  // the common case once the maxima settle
   for (int64_t c = 0; c < out_rows; ++c) V::store(ot + c * 16, V::mul(V::load(ot + c * 16), a));
 }
 

@@ -25,6 +25,7 @@ struct Vec {
   static Reg fmsub(Reg a, Reg b, Reg c) { return a * b - c; }
   static float reduce_add(Reg a) { return a; }
   static float reduce_max(Reg a) { return a; }
+  static bool any_greater(Reg a, Reg b) { return a > b; }
   static Reg exp2(Reg x) { return std::exp2(x); }
 };
 

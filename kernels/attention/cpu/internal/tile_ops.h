@@ -22,10 +22,13 @@ struct TileOps {
   // One online-softmax step of FlashAttention-2 over a transposed tile of scores st (keys x n,
   // row-major: st[j * n + i] is query i's score for key j; entries a query may not see already
   // -inf), n a multiple of kTileWidth, mul > 0. For every query i < n:
-  //   m' = max(m[i], mul * max_j st[j, i]);  st[j, i] = 2^(mul * st[j, i] - m');
+  //   m' = max(m[i], mul * max_j st[j, i]) or m[i];  st[j, i] = 2^(mul * st[j, i] - m');
   //   alpha[i] = 2^(m[i] - m');  l[i] = l[i] * alpha[i] + sum_j st[j, i];  m[i] = m';
   // and the transposed output accumulator ot (out_rows x n, row-major) has column i scaled by
-  // alpha[i]. A query with m' = -inf (no visible key so far) gets zeros and alpha 0.
+  // alpha[i]. m' stays m[i] (alpha 1) while every score of the vector of queries that i
+  // belongs to stays within kRescaleSlack (8) of its m: m is then a reference, not always the
+  // maximum, and the probabilities stay below 2^8; m + log2(l) is the same either way. A query
+  // with m' = -inf (no visible key so far) gets zeros and alpha 0 or 1.
   void (*softmax_step)(float* st, int64_t keys, int64_t n, float mul, float* m, float* l,
                        float* ot, int64_t out_rows, float* alpha);
   // The backward's dS in place of dP (rows x n, row-major, n a multiple of kTileWidth):

@@ -103,6 +103,12 @@ typename V::Reg column_max(const float* x, int64_t rows, int64_t ld) {
   return V::max(V::max(mx[0], mx[1]), V::max(mx[2], mx[3]));
 }
 
+// How far (in log2 units) a score may exceed its query's running maximum m before m is moved
+// and the output rescaled: the exponentials stay below 2^kRescaleSlack (far from f32 overflow)
+// and l and O^T are scaled alike, so the result is the same, while the rescaling pass over O^T,
+// needed after nearly every tile when m must be the exact maximum, is rare.
+inline constexpr float kRescaleSlack = 8.0f;
+
 // See TileOps::softmax_step. Vectors run along the queries, so every step is vertical: no
 // horizontal reductions, no per-query scalar work.
 template <class V>
@@ -110,14 +116,18 @@ void softmax_step(float* st, int64_t keys, int64_t n, float mul, float* m, float
                   int64_t out_rows, float* alpha) {
   const auto vmul = V::set1(mul);
   const auto lowest = V::set1(-__FLT_MAX__);
+  const auto slack = V::set1(kRescaleSlack);
   for (int64_t i = 0; i < n; i += V::kWidth) {
-    const auto mx = column_max<V>(st + i, keys, n);
     const auto m_old = V::load(m + i);
-    const auto m_new = V::max(m_old, V::mul(mx, vmul));  // mul > 0: the max commutes with it
+    // mul > 0: the max commutes with it.
+    const auto m_tile = V::mul(column_max<V>(st + i, keys, n), vmul);
+    // The maxima move only when a score passes them by more than the slack (or was -inf).
+    const bool moves = V::any_greater(m_tile, V::add(m_old, slack));
+    const auto m_new = moves ? V::max(m_old, m_tile) : m_old;
     // A query that sees no key yet has m_new = -inf: subtracting `lowest` instead keeps its
     // exponentials (and its factor 2^(m_old - ...)) at 0 rather than NaN.
     const auto sub = V::max(m_new, lowest);
-    const auto a = V::exp2(V::sub(m_old, sub));
+    const auto a = moves ? V::exp2(V::sub(m_old, sub)) : V::set1(1.0f);
     auto sum = V::zero();
     for (int64_t j = 0; j < keys; ++j) {
       const auto e = V::exp2(V::fmsub(V::load(st + j * n + i), vmul, sub));
@@ -127,14 +137,9 @@ void softmax_step(float* st, int64_t keys, int64_t n, float mul, float* m, float
     V::store(l + i, V::fmadd(V::load(l + i), a, sum));
     V::store(m + i, m_new);
     V::store(alpha + i, a);
-  }
-  bool rescale = false;
-  for (int64_t i = 0; i < n; ++i) rescale |= alpha[i] != 1.0f;
-  if (!rescale) return;  // the common case once the maxima settle
-  for (int64_t c = 0; c < out_rows; ++c) {
-    float* row = ot + c * n;
-    for (int64_t i = 0; i < n; i += V::kWidth) {
-      V::store(row + i, V::mul(V::load(row + i), V::load(alpha + i)));
+    if (!moves) continue;  // the common case once the maxima settle
+    for (int64_t c = 0; c < out_rows; ++c) {
+      V::store(ot + c * n + i, V::mul(V::load(ot + c * n + i), a));
     }
   }
 }
@@ -179,14 +184,15 @@ void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, flo
   edge(r0, rows, 0, cols);
 }
 
-// 2^f on [-0.5, 0.5], degree 6: least-squares fit of the relative error at 400 Chebyshev
-// nodes. Evaluated in f32 by Horner its relative error is below 1e-7, the same as the degree-7
-// Taylor polynomial's (f32 rounding dominates both), one FMA cheaper.
+// 2^f on [0, 1], degree 6: least-squares fit of the relative error at 400 Chebyshev nodes.
+// Evaluated in f32 by Horner (FMAs) its relative error is below 6.3e-8 (the same fit on
+// [-0.5, 0.5] gave 7.9e-8: f32 rounding dominates), p(0) = 1 and p(1) = 2 exactly. The
+// fraction x - floor(x) lets the AVX-512 kernels scale by 2^floor(x) with vscalefps on x itself.
 inline constexpr int kExp2Degree = 6;
-inline constexpr float kExp2Poly[kExp2Degree + 1] = {1.0f,           0.693147182f,
-                                                     0.240226462f,   0.0555032901f,
-                                                     0.00961851981f, 0.00133998599f,
-                                                     0.000153375702f};
+inline constexpr float kExp2Poly[kExp2Degree + 1] = {1.0f,           0.693147004f,
+                                                     0.2402298f,     0.0554835238f,
+                                                     0.00967847276f, 0.00124430819f,
+                                                     0.00021690609f};
 
 // Vector types for f32 products provide these from their basic operations.
 template <class Base>

@@ -24,18 +24,19 @@ struct Vec512 {
   static Reg fmsub(Reg a, Reg b, Reg c) { return _mm512_fmsub_ps(a, b, c); }
   static float reduce_add(Reg a) { return _mm512_reduce_add_ps(a); }
   static float reduce_max(Reg a) { return _mm512_reduce_max_ps(a); }
-  // 2^x for x <= 0 (the softmax only exponentiates differences from the row max): split
-  // x = n + f with |f| <= 0.5, 2^f by polynomial, times 2^n by vscalefps. Lanes with x < -126
-  // (-inf included) give exactly 0, so masked scores and results below 2^-126 vanish.
+  static bool any_greater(Reg a, Reg b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) != 0; }
+  // 2^x for x <= 64 (the softmax exponentiates differences from a running maximum, at most
+  // kRescaleSlack above it): 2^f for f = x - floor(x) in [0, 1] (one vreduceps) by
+  // polynomial, times 2^floor(x) by vscalefps on x. Lanes with x < -126 (-inf included) give
+  // exactly 0, so masked scores and results below 2^-126 vanish.
   static Reg exp2(Reg x) {
     const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
-    const Reg n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const Reg f = _mm512_sub_ps(x, n);
+    const Reg f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF);  // x - floor(x), exactly
     Reg p = _mm512_set1_ps(kExp2Poly[kExp2Degree]);
     for (int i = kExp2Degree - 1; i >= 0; --i) {
       p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[i]));
     }
-    return _mm512_maskz_scalef_ps(live, p, n);
+    return _mm512_maskz_scalef_ps(live, p, x);
   }
   // dst[c * ld_dst + r] = src[r * ld_src + c] * (scale ? scale[c] : 1) for a 16 x 16 block:
   // unpack pairs, then quads, then 128-bit lanes twice.
