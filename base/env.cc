@@ -37,7 +37,8 @@ constexpr std::array<EnvKnobInfo, static_cast<size_t>(EnvKnob::kCount)> kKnobs =
     {EnvKnob::kFrRingDir, "TESSEL_FR_RING_DIR", "",
      "keep the flight-recorder ring in a memory-mapped file here so it survives SIGKILL"},
     {EnvKnob::kNumThreads, "TESSEL_NUM_THREADS", "0",
-     "threads for CPU tensor ops and GEMM (0 = one per hardware core); set_num_threads overrides"},
+     "threads for CPU tensor ops and GEMM (0 = OMP_NUM_THREADS if set, else one per hardware "
+     "core); set_num_threads overrides"},
     {EnvKnob::kPgTimeout, "TESSEL_PG_TIMEOUT", "5m",
      "default timeout of a process group's collectives (e.g. '30s')"},
     {EnvKnob::kPgBackend, "TESSEL_PG_BACKEND", "auto",

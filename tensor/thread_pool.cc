@@ -1,8 +1,11 @@
 #include "tessel/tensor/thread_pool.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
+#include <string_view>
 
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
@@ -157,12 +160,27 @@ ThreadPool& global_pool() {
   std::lock_guard<std::mutex> lock(g_pool_mu);
   if (!g_pool) {
     g_pool = std::make_unique<ThreadPool>();
-    g_pool->start(resolve_threads(static_cast<int>(env_int(EnvKnob::kNumThreads))));
+    g_pool->start(default_num_threads());
   }
   return *g_pool;
 }
 
 }  // namespace
+
+int default_num_threads() {
+  const auto ours = env_int(EnvKnob::kNumThreads);
+  if (ours > 0) return static_cast<int>(ours);
+  // OpenMP's variable may list one count per nesting level ("4,2"): the first is ours.
+  if (const char* omp = std::getenv("OMP_NUM_THREADS"); omp != nullptr) {
+    const std::string_view text(omp);
+    int value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (ec == std::errc() && value > 0 && (end == text.data() + text.size() || *end == ',')) {
+      return value;
+    }
+  }
+  return resolve_threads(0);
+}
 
 int num_threads() { return global_pool().num_threads(); }
 

@@ -71,8 +71,12 @@ class ThreadPool {
   std::shared_ptr<Job> job_;     // guarded by mu_; the latest job
 };
 
-// The process-wide pool's thread count (>= 1). First use reads TESSEL_NUM_THREADS.
+// The process-wide pool's thread count (>= 1). First use takes default_num_threads().
 int num_threads();
+// What the pool starts with: TESSEL_NUM_THREADS when positive, else OMP_NUM_THREADS's first
+// value when positive (tessel-run, like torchrun, sets it to 1 for several workers per node, so
+// they do not oversubscribe the cores), else one thread per hardware core.
+int default_num_threads();
 // Sets the thread count for tensor ops and GEMM; n <= 0 means one per hardware core.
 // Not to be called while ops run on other threads.
 void set_num_threads(int n);

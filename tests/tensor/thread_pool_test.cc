@@ -1,8 +1,12 @@
-// ThreadPool: covers every index once, nests, propagates exceptions.
+// ThreadPool: covers every index once, nests, propagates exceptions; its default size.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
+#include <thread>
 
 #include "tessel/tensor/thread_pool.h"
 
@@ -55,6 +59,38 @@ TEST(ThreadPoolTest, SetNumThreads) {
   EXPECT_EQ(num_threads(), 3);
   set_num_threads(before);
   EXPECT_EQ(num_threads(), before);
+}
+
+// The pool's default: TESSEL_NUM_THREADS, else OMP_NUM_THREADS (what tessel-run and torchrun set
+// for several workers per node), else the hardware's cores.
+TEST(ThreadPoolTest, DefaultFollowsTesselThenOpenMpVariables) {
+  const char* saved_ours = std::getenv("TESSEL_NUM_THREADS");
+  const char* saved_omp = std::getenv("OMP_NUM_THREADS");
+  const std::string ours = saved_ours ? saved_ours : "", omp = saved_omp ? saved_omp : "";
+  const int hardware = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  unsetenv("TESSEL_NUM_THREADS");
+  unsetenv("OMP_NUM_THREADS");
+  EXPECT_EQ(default_num_threads(), hardware);
+  setenv("OMP_NUM_THREADS", "3", 1);
+  EXPECT_EQ(default_num_threads(), 3);
+  setenv("OMP_NUM_THREADS", "5,2", 1);  // one count per nesting level: the first
+  EXPECT_EQ(default_num_threads(), 5);
+  setenv("OMP_NUM_THREADS", "lots", 1);  // not a count: ignored, as OpenMP would
+  EXPECT_EQ(default_num_threads(), hardware);
+  setenv("OMP_NUM_THREADS", "1", 1);
+  setenv("TESSEL_NUM_THREADS", "2", 1);  // ours wins
+  EXPECT_EQ(default_num_threads(), 2);
+  setenv("TESSEL_NUM_THREADS", "0", 1);  // 0: not set
+  EXPECT_EQ(default_num_threads(), 1);
+  auto restore = [](const char* name, const char* saved, const std::string& value) {
+    if (saved) {
+      setenv(name, value.c_str(), 1);
+    } else {
+      unsetenv(name);
+    }
+  };
+  restore("TESSEL_NUM_THREADS", saved_ours, ours);
+  restore("OMP_NUM_THREADS", saved_omp, omp);
 }
 
 }  // namespace
