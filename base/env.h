@@ -35,6 +35,7 @@ enum class EnvKnob {
   kStoreTokenFile,  // TESSEL_STORE_TOKEN_FILE
   kStoreDir,        // TESSEL_STORE_DIR
   kGlooIface,       // TESSEL_GLOO_IFACE
+  kGlooShm,         // TESSEL_GLOO_SHM
   kNcclSplitShare,  // TESSEL_NCCL_SPLIT_SHARE
   kRdzvToken,       // TESSEL_RDZV_TOKEN
   kTlsCert,         // TESSEL_TLS_CERT

@@ -137,12 +137,14 @@ constexpr uint64_t kReduceScatterSlotPrefix = uint64_t{0x7d} << 56;
 class GlooBackend final : public CommBackend {
  public:
   GlooBackend(std::shared_ptr<tessel::Store> store, std::shared_ptr<::gloo::Context> context,
-              std::shared_ptr<::gloo::transport::Device> device, size_t halving_max_bytes)
+              std::shared_ptr<::gloo::transport::Device> device, size_t halving_max_bytes,
+              internal::SharedMemoryOptions shm)
       : store_(std::move(store)),
         context_(std::move(context)),
         device_(std::move(device)),
         halving_max_bytes_(halving_max_bytes),
-        all_to_all_(context_) {}
+        shm_(shm),
+        all_to_all_(context_, std::move(shm)) {}
 
   std::string_view name() const override { return "gloo"; }
   int rank() const override { return context_->rank; }
@@ -279,7 +281,7 @@ class GlooBackend final : public CommBackend {
     auto context = connect(store, request.new_rank, static_cast<int>(request.members.size()),
                            request.options.timeout, device_);
     return std::make_unique<GlooBackend>(std::move(store), std::move(context), device_,
-                                         halving_max_bytes_);
+                                         halving_max_bytes_, shm_);
   }
 
  private:
@@ -442,6 +444,7 @@ class GlooBackend final : public CommBackend {
   std::shared_ptr<::gloo::Context> context_;
   std::shared_ptr<::gloo::transport::Device> device_;
   const size_t halving_max_bytes_;
+  const internal::SharedMemoryOptions shm_;
   std::unique_ptr<uint8_t[]> scratch_;
   size_t scratch_bytes_ = 0;
   std::unique_ptr<::gloo::transport::UnboundBuffer> scratch_buffer_;  // over scratch_
@@ -479,8 +482,11 @@ std::shared_ptr<ProcessGroup> gloo_create_process_group(std::shared_ptr<Store> s
   log_debug(LogComponent::kCollectives, "gloo group '{}' connected: rank {} of {} on {}",
             options.group.name, rank, size, device->str());
   return std::make_shared<ProcessGroup>(
-      std::make_unique<GlooBackend>(std::move(prefixed), std::move(context), std::move(device),
-                                    options.halving_max_bytes),
+      std::make_unique<GlooBackend>(
+          std::move(prefixed), std::move(context), std::move(device), options.halving_max_bytes,
+          internal::SharedMemoryOptions{
+              .enabled = options.shared_memory && env_bool(EnvKnob::kGlooShm),
+              .host_id = options.host_id}),
       options.group, std::move(ranks));
 }
 

@@ -1,12 +1,16 @@
 #pragma once
-// Private: the Gloo backend's all_to_all (gloo/gloo_all_to_all.cc), over Gloo's unbound buffers,
-// for contiguous buffers and strided views alike.
+// Private: the Gloo backend's all_to_all (gloo/gloo_all_to_all.cc), for contiguous buffers and
+// strided views alike: over shared memory with the peers on this host (shm_channel.h), over
+// Gloo's unbound buffers (TCP) with the others.
 
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "tessel/base/clock.h"
+#include "tessel/collectives/internal/shm_channel.h"
 #include "tessel/tensor/tensor.h"
 
 namespace gloo {
@@ -15,7 +19,23 @@ class Context;
 
 namespace tessel::internal {
 
-// All_to_all on one Gloo context. Every rank posts all its receives first, so a peer's send
+// Which peers an all_to_all may reach through shared memory.
+struct SharedMemoryOptions {
+  bool enabled = true;  // both ends of a pair must enable it
+  // Ranks with equal ids share memory when their segments open (empty: the kernel's boot id).
+  std::string host_id = {};
+};
+
+// All_to_all on one Gloo context.
+//
+// Peers on this host (same boot id, both enabled, each side able to map the other's segment:
+// settled once, collectively, in the group's first call) exchange through shared-memory rings:
+// a sender copies each view (packing a strided one) straight into the receiver's ring, in chunks,
+// while the receiver copies out what has arrived (unpacking into a strided view); each call's
+// bytes are preceded by its sequence number and size, which the receiver checks (a mismatch is
+// an error on both ends, not a silent misread).
+//
+// With peers elsewhere, every rank posts all its receives first, so a peer's send
 // finds its receive waiting and goes out at once. Each peer's bytes travel in pieces of
 // kPieceBytes; in round k a rank sends piece k to rank+1, rank+2, ... (packing a strided view's
 // piece just before it goes, while earlier pieces are on the wire) and copies piece k of its own
@@ -32,21 +52,47 @@ class GlooAllToAll {
  public:
   static constexpr size_t kPieceBytes = size_t{256} << 10;
 
-  explicit GlooAllToAll(std::shared_ptr<::gloo::Context> context);
+  GlooAllToAll(std::shared_ptr<::gloo::Context> context, SharedMemoryOptions shm);
   ~GlooAllToAll();
 
   // inputs[j] goes to rank j, outputs[j] receives rank j's inputs[rank]: CPU views of one dtype,
   // any strides, elements in row-major order; inputs[j].numel() must equal rank j's
   // outputs[rank].numel(). Blocks until all is sent and received. Throws Timeout naming the
-  // ranks whose data had not all arrived within `timeout`; Gloo's own exceptions otherwise (a
-  // lost peer), for the backend to translate.
+  // ranks whose data had not all arrived within `timeout`; PeerLost naming a peer on this host
+  // that exited; InvalidArgument when a peer's element count disagrees (on both ends); Gloo's
+  // own exceptions otherwise (a lost peer), for the backend to translate.
   void run(std::span<const Tensor> inputs, std::span<const Tensor> outputs, uint64_t seq,
            Nanoseconds timeout);
 
+  // The peers reached through shared memory (settled by the first call; empty before).
+  std::vector<int> shared_memory_peers() const;
+
  private:
+  // One peer on this host: its segment (holding the ring this rank writes), the ring it writes
+  // into this rank's segment, and its process.
+  struct Local {
+    int rank = -1;
+    ShmSegment segment;
+    ShmRing* out = nullptr;  // in the peer's segment
+    ShmRing* in = nullptr;   // in ours
+    PeerProcess process;
+  };
+
   uint8_t* staging_for(size_t bytes);
+  // Settles which peers share memory: collective, in the group's first call.
+  void connect_shared_memory(uint64_t seq, const Deadline& deadline, Nanoseconds timeout);
+  // The local peers' bytes and this rank's own chunk (through `bounce`, a piece of scratch, when
+  // both of its views are strided).
+  void run_local(std::span<const Tensor> inputs, std::span<const Tensor> outputs, uint64_t seq,
+                 uint8_t* bounce, const Deadline& deadline, Nanoseconds timeout);
 
   std::shared_ptr<::gloo::Context> context_;
+  SharedMemoryOptions shm_options_;
+  bool shm_settled_ = false;
+  bool shm_broken_ = false;  // a call over the rings failed: they are out of step
+  ShmSegment own_;
+  std::vector<int> local_index_;  // per rank: its index in locals_, or -1
+  std::vector<Local> locals_;
   std::unique_ptr<uint8_t[]> staging_;
   size_t staging_bytes_ = 0;
 };

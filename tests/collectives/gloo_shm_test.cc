@@ -1,0 +1,360 @@
+// The Gloo backend's all_to_all over shared memory between ranks of one host (forked processes):
+// which pairs use it (host ids, the option on one end only), exact results when some pairs use
+// shared memory and others TCP, views that wrap the rings many times, a count that disagrees
+// (an error on both ends), a peer killed or absent mid-call on either transport, and no names
+// left in /dev/shm, even by a process that died during the set-up.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "collective_checks.h"
+#include "fork_harness.h"
+#include "tessel/base/clock.h"
+#include "tessel/base/error.h"
+#include "tessel/collectives/file_store.h"
+#include "tessel/collectives/gloo/gloo_backend.h"
+#include "tessel/collectives/internal/shm_channel.h"
+#include "tessel/tensor/ops.h"
+
+namespace tessel {
+namespace {
+
+using std::chrono::seconds;
+
+struct Shm {
+  bool enabled = true;
+  std::string host_id = {};
+};
+
+std::shared_ptr<ProcessGroup> connect(int rank, int size, const std::string& dir, const Shm& shm,
+                                      Nanoseconds timeout = seconds(30)) {
+  auto store = std::make_shared<FileStore>(dir, seconds(30));
+  GlooOptions options;
+  options.hostname = "127.0.0.1";
+  options.group.timeout = timeout;
+  options.shared_memory = shm.enabled;
+  options.host_id = shm.host_id;
+  return gloo_create_process_group(store, rank, size, options);
+}
+
+void expect_all_succeeded(const std::vector<testing::ProcessOutcome>& outcomes) {
+  for (const auto& o : outcomes) {
+    EXPECT_TRUE(o.exited && o.exit_code == 0) << testing::describe(o);
+  }
+}
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw testing::CheckFailure(what);
+}
+
+// The all_to_all segments this process has mapped (its own and its peers'), from its maps.
+int mapped_segments() {
+  std::ifstream maps("/proc/self/maps");
+  std::set<std::string> names;
+  for (std::string line; std::getline(maps, line);) {
+    const size_t at = line.find("/dev/shm/tessel-a2a-");
+    if (at != std::string::npos) names.insert(line.substr(at));
+  }
+  return static_cast<int>(names.size());
+}
+
+// Names in /dev/shm made by any of `pids`.
+std::vector<std::string> names_of(const std::vector<int>& pids) {
+  std::vector<std::string> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = entry.path().filename();
+    if (name.rfind("tessel-a2a-", 0) != 0) continue;
+    for (int pid : pids) {
+      if (name.find(fmt::format("-{}-", pid)) != std::string::npos) found.push_back(name);
+    }
+  }
+  return found;
+}
+
+// Rank r's value at (row, col) of its input: an integer that varies with rank, row and column,
+// below 256 for bf16 (which holds those exactly).
+double value(int rank, int64_t row, int64_t col, DType dtype) {
+  const int64_t modulus = dtype == DType::kBF16 ? 251 : 65521;
+  return static_cast<double>((rank * 7919 + row * 131 + col) % modulus);
+}
+
+// The list form over column blocks of `cols` columns (strided on the way out) into row blocks
+// (contiguous), then back from row blocks into column blocks (strided on the way in); checks
+// every element against the other ranks' inputs.
+void check_column_exchange(ProcessGroup& pg, int64_t rows, int64_t cols, DType dtype) {
+  const int n = pg.size(), me = pg.rank();
+  Tensor in = empty({rows, cols * n}, dtype);
+  Tensor in_f = empty({rows, cols * n});
+  auto* p = in_f.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols * n; ++c) p[r * cols * n + c] = static_cast<float>(value(me, r, c, dtype));
+  }
+  copy_(in, in_f);
+  Tensor out = empty({rows * n, cols}, dtype);
+  std::vector<Tensor> ins, outs;
+  for (int j = 0; j < n; ++j) {
+    ins.push_back(narrow(in, 1, j * cols, cols));
+    outs.push_back(narrow(out, 0, j * rows, rows));
+  }
+  pg.all_to_all(ins, outs);
+  const Tensor got = to(out, DType::kF32);
+  const auto* g = got.data<float>();
+  for (int j = 0; j < n; ++j) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float want = static_cast<float>(value(j, r, me * cols + c, dtype));
+        const float have = g[(j * rows + r) * cols + c];
+        check(have == want, fmt::format("rank {}: from rank {} at ({}, {}): {} != {}", me, j, r,
+                                        c, have, want));
+      }
+    }
+  }
+  // And back: row blocks into column blocks, which must rebuild the input.
+  Tensor back = empty({rows, cols * n}, dtype);
+  std::vector<Tensor> back_ins, back_outs;
+  for (int j = 0; j < n; ++j) {
+    back_ins.push_back(narrow(out, 0, j * rows, rows));
+    back_outs.push_back(narrow(back, 1, j * cols, cols));
+  }
+  pg.all_to_all(back_ins, back_outs);
+  const Tensor back_f = to(back, DType::kF32), in_again = to(in, DType::kF32);
+  check(std::memcmp(back_f.data_ptr(), in_again.data_ptr(), back_f.nbytes()) == 0,
+        fmt::format("rank {}: the round trip did not rebuild the input", me));
+}
+
+// Uneven counts through the contiguous form: a different count per pair, and none from an odd
+// rank to itself.
+void check_uneven(ProcessGroup& pg) {
+  const int n = pg.size(), me = pg.rank();
+  auto count = [&](int from, int to) -> int64_t { return from == to && from % 2 ? 0 : 1000 * (from + 1) + to; };
+  std::vector<int64_t> send, recv;
+  int64_t send_total = 0, recv_total = 0;
+  for (int j = 0; j < n; ++j) {
+    send.push_back(count(me, j));
+    recv.push_back(count(j, me));
+    send_total += send.back();
+    recv_total += recv.back();
+  }
+  Tensor in = empty({send_total}, DType::kI64), out = zeros({recv_total}, DType::kI64);
+  auto* p = in.data<int64_t>();
+  int64_t at = 0;
+  for (int j = 0; j < n; ++j) {
+    for (int64_t k = 0; k < send[static_cast<size_t>(j)]; ++k) p[at++] = me * 1'000'000 + j * 10'000 + k;
+  }
+  pg.all_to_all(in, out, {.send_counts = send, .recv_counts = recv});
+  const auto* q = out.data<int64_t>();
+  at = 0;
+  for (int j = 0; j < n; ++j) {
+    for (int64_t k = 0; k < recv[static_cast<size_t>(j)]; ++k, ++at) {
+      check(q[at] == j * 1'000'000 + me * 10'000 + k,
+            fmt::format("rank {}: element {} from rank {} is {}", me, k, j, q[at]));
+    }
+  }
+}
+
+void check_everything(ProcessGroup& pg) {
+  check_column_exchange(pg, 3, 5, DType::kF32);         // a few odd-sized rows
+  check_column_exchange(pg, 40000, 12, DType::kF32);    // 1.8 MiB per peer: the rings wrap
+  check_column_exchange(pg, 20001, 33, DType::kBF16);   // odd rows of 66 bytes
+  check_column_exchange(pg, 0, 4, DType::kF32);         // nothing at all
+  check_uneven(pg);
+}
+
+class GlooShmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+    if (!std::filesystem::is_directory("/dev/shm")) GTEST_SKIP() << "no /dev/shm on this host";
+  }
+};
+
+// Four ranks standing in two hosts: pairs on one "host" share memory, the others use TCP; every
+// result is exact either way, and no name is left in /dev/shm.
+TEST_F(GlooShmTest, PairsOnOneHostShareMemoryAndTheRestUseTcp) {
+  expect_all_succeeded(testing::run_processes(
+      4,
+      [](int rank, const std::string& dir) {
+        auto pg = connect(rank, 4, dir, {.host_id = fmt::format("host{}", rank / 2)});
+        check(mapped_segments() == 0, "segments mapped before any all_to_all");
+        check_everything(*pg);
+        // Its own segment and its partner's.
+        check(mapped_segments() == 2, fmt::format("rank {} maps {} segments, expected 2", rank,
+                                                  mapped_segments()));
+        pg->barrier();
+        const auto left = names_of({static_cast<int>(::getpid())});
+        check(left.empty(), fmt::format("rank {} left {} in /dev/shm", rank, left.size()));
+      },
+      seconds(120)));
+}
+
+// All on this host (the default host id): every pair shares memory; a sub-group made by split
+// sets up its own.
+TEST_F(GlooShmTest, AllRanksOfThisHostShareMemoryAndSplitsToo) {
+  expect_all_succeeded(testing::run_processes(
+      3,
+      [](int rank, const std::string& dir) {
+        auto pg = connect(rank, 3, dir, {});
+        check_everything(*pg);
+        check(mapped_segments() == 3, fmt::format("rank {} maps {} segments, expected 3", rank,
+                                                  mapped_segments()));
+        auto sub = pg->split(rank == 2 ? 1 : 0, rank);
+        check_everything(*sub);
+        const int expected = rank == 2 ? 3 : 5;  // rank 2 is alone in its sub-group
+        check(mapped_segments() == expected, fmt::format("rank {} maps {} segments, expected {}",
+                                                         rank, mapped_segments(), expected));
+      },
+      seconds(120)));
+}
+
+// A pair shares memory only when both ends enable it: rank 2 turns it off, so it talks TCP with
+// everyone while ranks 0 and 1 still share memory.
+TEST_F(GlooShmTest, BothEndsMustEnableIt) {
+  expect_all_succeeded(testing::run_processes(
+      3,
+      [](int rank, const std::string& dir) {
+        auto pg = connect(rank, 3, dir, {.enabled = rank != 2});
+        check_everything(*pg);
+        const int expected = rank == 2 ? 0 : 2;
+        check(mapped_segments() == expected, fmt::format("rank {} maps {} segments, expected {}",
+                                                         rank, mapped_segments(), expected));
+      },
+      seconds(120)));
+}
+
+// A count that disagrees: both ends fail with the same named mismatch, at once, rather than
+// misreading the stream, hanging, or (the sender) returning as if all went well.
+TEST_F(GlooShmTest, CountsThatDisagreeFailOnBothEnds) {
+  expect_all_succeeded(testing::run_processes(
+      2,
+      [](int rank, const std::string& dir) {
+        auto pg = connect(rank, 2, dir, {}, seconds(20));
+        // Rank 0 sends rank 1 ten elements; rank 1 expects twelve. The other direction agrees.
+        const std::vector<int64_t> send = rank == 0 ? std::vector<int64_t>{4, 10}
+                                                    : std::vector<int64_t>{4, 4};
+        const std::vector<int64_t> recv = rank == 0 ? std::vector<int64_t>{4, 4}
+                                                    : std::vector<int64_t>{12, 4};
+        Tensor in = zeros({rank == 0 ? 14 : 8}), out = zeros({rank == 0 ? 8 : 16});
+        const Stopwatch watch;
+        try {
+          pg->all_to_all(in, out, {.send_counts = send, .recv_counts = recv});
+          throw testing::CheckFailure("a mismatched all_to_all returned");
+        } catch (const InvalidArgument& e) {
+          const std::string text = e.what();
+          const std::string expected = "rank 0 sends 40 bytes to rank 1, which expects 48";
+          check(text.find(expected) != std::string::npos, "rank " + std::to_string(rank) +
+                                                              " got: " + text);
+        }
+        check(watch.elapsed() < seconds(20), "the mismatch was found only at the timeout");
+      },
+      seconds(60)));
+}
+
+// A rank that never calls: the others time out naming it, on either transport.
+TEST_F(GlooShmTest, AbsentRankIsNamedOnEitherTransport) {
+  for (bool shm : {true, false}) {
+    expect_all_succeeded(testing::run_processes(
+        3,
+        [shm](int rank, const std::string& dir) {
+          auto pg = connect(rank, 3, dir, {.enabled = shm}, seconds(3));  // the timeout
+          pg->barrier();
+          Tensor in = zeros({1000, 12}), out = zeros({1000, 12});
+          std::vector<Tensor> ins, outs;
+          for (int j = 0; j < 3; ++j) {
+            ins.push_back(narrow(in, 1, 4 * j, 4));
+            outs.push_back(narrow(out, 1, 4 * j, 4));
+          }
+          pg->all_to_all(ins, outs);  // sets up, then rank 2 stays away
+          if (rank == 2) {
+            ::sleep(5);  // past the others' timeout
+            return;
+          }
+          try {
+            pg->all_to_all(ins, outs);
+            throw testing::CheckFailure("all_to_all returned without rank 2");
+          } catch (const Timeout& e) {
+            check(std::string(e.what()).find("ranks not arrived: [2]") != std::string::npos,
+                  fmt::format("shm={} rank {}: {}", shm, rank, e.what()));
+          }
+        },
+        seconds(60)));
+  }
+}
+
+// A rank killed in the middle of a large all_to_all: the others fail with the lost peer well
+// before their timeout, on either transport.
+TEST_F(GlooShmTest, KilledRankFailsTheOthersOnEitherTransport) {
+  for (bool shm : {true, false}) {
+    const auto timeout = seconds(20);
+    auto outcomes = testing::run_processes(
+        3,
+        [&](int rank, const std::string& dir) {
+          auto pg = connect(rank, 3, dir, {.enabled = shm}, timeout);
+          Tensor in = zeros({1 << 20, 12}), out = zeros({1 << 20, 12});
+          std::vector<Tensor> ins, outs;
+          for (int j = 0; j < 3; ++j) {
+            ins.push_back(narrow(in, 1, 4 * j, 4));
+            outs.push_back(narrow(out, 1, 4 * j, 4));
+          }
+          pg->all_to_all(ins, outs);  // the set-up is done
+          if (rank == 2) {
+            pg->all_to_all(ins, outs, {.async = true});
+            ::usleep(2000);
+            ::raise(SIGKILL);
+          }
+          const Stopwatch watch;
+          try {
+            pg->all_to_all(ins, outs);
+            throw testing::CheckFailure("all_to_all returned without rank 2");
+          } catch (const PeerLost&) {
+          } catch (const CommError&) {
+          }
+          check(watch.elapsed() < timeout,
+                "the error came only with the timeout, after " + format_duration(watch.elapsed()));
+        },
+        seconds(60));
+    ASSERT_EQ(outcomes.size(), 3u);
+    EXPECT_EQ(outcomes[2].signal, SIGKILL) << testing::describe(outcomes[2]);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(outcomes[r].exited && outcomes[r].exit_code == 0)
+          << "shm=" << shm << ": " << testing::describe(outcomes[r]);
+    }
+  }
+}
+
+// A name whose process died (during a set-up, before it could unlink it) is swept by the next
+// set-up on this host; a live process's name is not.
+TEST_F(GlooShmTest, NamesOfDeadProcessesAreSwept) {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // its pid is now unused
+  const std::string prefix = fmt::format("/dev/shm/tessel-a2a-{:x}-", internal::this_pid_namespace());
+  const std::string dead = fmt::format("{}{}-00000000deadbeef", prefix, child);
+  const std::string alive = fmt::format("{}{}-00000000a11ba11b", prefix, ::getpid());
+  std::ofstream(dead) << "left behind";
+  std::ofstream(alive) << "in use";
+  expect_all_succeeded(testing::run_processes(
+      2,
+      [](int rank, const std::string& dir) {
+        auto pg = connect(rank, 2, dir, {});
+        check_column_exchange(*pg, 100, 4, DType::kF32);
+        check(mapped_segments() == 2, "the pair did not share memory");
+      },
+      seconds(60)));
+  EXPECT_FALSE(std::filesystem::exists(dead)) << dead << " was not swept";
+  EXPECT_TRUE(std::filesystem::exists(alive)) << alive << " (a live process's) was swept";
+  std::filesystem::remove(alive);
+}
+
+}  // namespace
+}  // namespace tessel
