@@ -144,7 +144,8 @@ void copy_own(const Tensor& in, const Tensor& out, int64_t first, int64_t count,
     unpack_elements(static_cast<const uint8_t*>(in.data_ptr()) + first * element, out, first,
                     count);
   } else if (out.is_contiguous()) {
-    pack_elements(in, first, count, static_cast<uint8_t*>(out.data_ptr()) + first * element);
+    pack_elements(in, first, count, static_cast<uint8_t*>(out.data_ptr()) + first * element,
+                  worth_streaming(out.nbytes()));
   } else {
     pack_elements(in, first, count, bounce);
     unpack_elements(bounce, out, first, count);

@@ -113,13 +113,14 @@ __attribute__((always_inline)) inline void copy_run(char* dst, const char* src, 
 // `rows` runs of `run` bytes, `pitch` bytes apart, packed into (or, with Unpack, out of)
 // consecutive bytes at `packed`. Runs a few times shorter than their pitch (a column block: the
 // blocks in between go to other peers or to this rank's own chunk next) prefetch whole rows
-// ahead, so memory streams each row once rather than once per block. With `nt` (unpacking whole
-// aligned cache lines), the stores bypass the cache: a line written whole need not be read
-// first, which a cached store does, as a library memcpy into contiguous memory does not.
+// ahead, so memory streams each row once rather than once per block. With `nt` (destination
+// 16-byte aligned, runs of whole 16-byte pieces), the stores bypass the cache: a line written
+// whole need not be read first, which a cached store does (a library memcpy into contiguous
+// memory does not).
 template <bool Unpack>
 TESSEL_ISA_CLONES void copy_rows(char* packed, char* strided, int64_t rows, size_t run,
-                                 int64_t pitch, bool nt) {
-  const bool prefetch = pitch > static_cast<int64_t>(run) && pitch <= 8 * static_cast<int64_t>(run);
+                                 int64_t pitch, bool nt, bool ahead) {
+  const bool prefetch = ahead && pitch > static_cast<int64_t>(run) && pitch <= 8 * static_cast<int64_t>(run);
   constexpr int64_t kAhead = 8;  // rows
   for (int64_t i = 0; i < rows; ++i, packed += run, strided += pitch) {
     if (prefetch && !nt && i + kAhead < rows) {
@@ -128,7 +129,7 @@ TESSEL_ISA_CLONES void copy_rows(char* packed, char* strided, int64_t rows, size
     char* d = Unpack ? strided : packed;
     const char* s = Unpack ? packed : strided;
 #if defined(__x86_64__)
-    if (Unpack && nt) {
+    if (nt) {
       for (size_t k = 0; k < run; k += 16) {
         _mm_stream_si128(reinterpret_cast<__m128i*>(d + k),
                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + k)));
@@ -143,19 +144,11 @@ TESSEL_ISA_CLONES void copy_rows(char* packed, char* strided, int64_t rows, size
 #endif
 }
 
-// The per-core (L2) cache size, 1 MiB when the system does not say.
-size_t cache_bytes() {
-  static const size_t bytes = [] {
-    const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
-    return l2 > 0 ? static_cast<size_t>(l2) : size_t{1} << 20;
-  }();
-  return bytes;
-}
 
 // Elements [first, first + count) of a view of rows of contiguous runs (one outer dimension):
 // the partial rows at the ends through copy_run, the whole rows between through copy_rows.
 template <bool Unpack>
-void copy_2d(const Rows& r, int64_t first, int64_t count, char* packed) {
+void copy_2d(const Rows& r, int64_t first, int64_t count, char* packed, bool stream) {
   const int64_t pitch = r.stride[0];
   const auto e = static_cast<size_t>(r.element);
   int64_t row = first / r.row, col = first % r.row;
@@ -177,14 +170,17 @@ void copy_2d(const Rows& r, int64_t first, int64_t count, char* packed) {
   }
   const int64_t whole = count / r.row;
   if (whole > 0) {
-    // Streaming stores for a view that would take over half this core's cache (rows of whole
-    // lines): measured, they beat cached stores from there up, and lose below.
+    // Streaming stores into a view that would take over half this core's cache, or into
+    // packed memory the caller says is a large result.
     const size_t run = static_cast<size_t>(r.row) * e;
     char* first_row = r.base + row * pitch;
-    const bool nt = Unpack && run % 64 == 0 && pitch % 64 == 0 &&
-                    reinterpret_cast<uintptr_t>(first_row) % 64 == 0 &&
-                    static_cast<size_t>(r.size[0] * pitch) > cache_bytes() / 2;
-    copy_rows<Unpack>(packed, first_row, whole, run, pitch, nt);
+    char* dst = Unpack ? first_row : packed;
+    const bool nt = run % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 &&
+                    (Unpack ? pitch % 16 == 0 && worth_streaming(static_cast<size_t>(r.size[0] * pitch))
+                            : stream);
+    // Rows in cache already (a view spanning less) gain nothing from prefetching.
+    const bool ahead = worth_streaming(static_cast<size_t>(r.size[0] * pitch));
+    copy_rows<Unpack>(packed, first_row, whole, run, pitch, nt, ahead);
     packed += static_cast<size_t>(whole * r.row) * e;
     row += whole;
     count -= whole * r.row;
@@ -194,11 +190,21 @@ void copy_2d(const Rows& r, int64_t first, int64_t count, char* packed) {
 
 }  // namespace
 
-void pack_elements(const Tensor& view, int64_t first, int64_t count, void* dst) {
+bool worth_streaming(size_t bytes) {
+  // Half the per-core (L2) cache (1 MiB when the system does not say): measured on unpacking
+  // column blocks, streaming stores win from there up and lose below.
+  static const size_t threshold = [] {
+    const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return (l2 > 0 ? static_cast<size_t>(l2) : size_t{1} << 20) / 2;
+  }();
+  return bytes > threshold;
+}
+
+void pack_elements(const Tensor& view, int64_t first, int64_t count, void* dst, bool stream) {
   const Rows r = rows_of(view);
   auto* out = static_cast<char*>(dst);
   if (r.step == r.element && r.dims == 1) {
-    copy_2d<false>(r, first, count, out);
+    copy_2d<false>(r, first, count, out, stream);
     return;
   }
   if (r.step == r.element) {
@@ -219,7 +225,7 @@ void unpack_elements(const void* src, const Tensor& view, int64_t first, int64_t
   const Rows r = rows_of(view);
   const auto* in = static_cast<const char*>(src);
   if (r.step == r.element && r.dims == 1) {
-    copy_2d<true>(r, first, count, const_cast<char*>(in));
+    copy_2d<true>(r, first, count, const_cast<char*>(in), false);
     return;
   }
   if (r.step == r.element) {

@@ -1,7 +1,8 @@
 // pack_elements / unpack_elements (collectives/internal/strided_copy.h) against contiguous():
 // every view kind the list form of all_to_all moves (narrowed columns, transposed, permuted 3-D
-// views, size-1 dimensions, a scalar, empty ones), whole and in ranges that start and end
-// mid-row, in every dtype size.
+// views, size-1 dimensions, a scalar, empty ones, column blocks large enough for the prefetching
+// and streaming-store paths), whole and in ranges that start and end mid-row, in every dtype
+// size.
 
 #include "tessel/collectives/internal/strided_copy.h"
 
@@ -37,6 +38,11 @@ std::vector<ViewCase> cases() {
       {"every other column", [](const Tensor& b) { return slice(b, 1, 0, 7, 2); }, {4, 7}},
       {"scalar", [](const Tensor& b) { return select(b, 0, 2); }, {4}},
       {"empty", [](const Tensor& b) { return narrow(b, 1, 2, 0); }, {3, 4}},
+      // Larger than half a core's cache: prefetched rows, streaming stores where aligned.
+      {"column block of a large matrix", [](const Tensor& b) { return narrow(b, 1, 32, 32); },
+       {20000, 64}},
+      {"odd column block of a large matrix", [](const Tensor& b) { return narrow(b, 1, 5, 19); },
+       {9001, 37}},
   };
 }
 
@@ -67,12 +73,15 @@ TEST_P(StridedCopyTest, PackMatchesContiguousInAnyRanges) {
     const Tensor v = c.make(counting(c.base, dtype));
     const std::vector<uint8_t> want = bytes_of(v);
     for (int64_t piece : {int64_t{1}, int64_t{2}, int64_t{5}, std::max<int64_t>(v.numel(), 1)}) {
-      std::vector<uint8_t> got(want.size(), 0xee);
-      for (const auto& [first, count] : ranges(v.numel(), piece)) {
-        internal::pack_elements(v, first, count,
-                                got.data() + first * static_cast<int64_t>(v.element_size()));
+      for (bool stream : {false, true}) {
+        std::vector<uint8_t> got(want.size(), 0xee);
+        for (const auto& [first, count] : ranges(v.numel(), piece)) {
+          internal::pack_elements(v, first, count,
+                                  got.data() + first * static_cast<int64_t>(v.element_size()),
+                                  stream);
+        }
+        EXPECT_EQ(got, want) << c.name << ", pieces of " << piece << ", stream " << stream;
       }
-      EXPECT_EQ(got, want) << c.name << ", pieces of " << piece;
     }
   }
 }
