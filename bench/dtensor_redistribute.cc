@@ -6,6 +6,7 @@
 //   bench_dtensor --np 2 --torch auto                     # + PyTorch (venv from scripts/torch-venv.sh)
 //   bench_dtensor --np 2 --torch /tmp/torch-venv/bin/python --sizes 64,262144,1048576,4194304
 //   bench_dtensor --np 3 --transitions S0-\>S1,S1-\>S0 --rounds 15
+//   bench_dtensor --np 2 --noise-floor                    # the raw call against itself
 //
 // Table 1 (per transition and size): time per call of redistribute and of the raw collective,
 // their ratio (raw / ours; target >= 0.95 from 1 MiB up) and the time redistribute adds; then
@@ -53,6 +54,7 @@ struct Flags {
   int rounds = 7;
   std::string torch;  // a python with torch, "auto", or empty
   std::string transitions;  // names to run, comma-separated; empty: all
+  bool noise_floor = false;  // time the raw call against itself
 };
 
 struct Row {
@@ -135,8 +137,9 @@ std::vector<Row> run_rank(ProcessGroup& pg, const Flags& flags) {
     for (const Transition& t : kTransitions) {
       if (!wanted(flags, t)) continue;
       const DTensor x = distribute_tensor(full, mesh, t.from);
-      auto ours = [&] { (void)x.redistribute(t.to); };
       const auto raw = raw_call(pg, t, x);
+      std::function<void()> ours = [&] { (void)x.redistribute(t.to); };
+      if (flags.noise_floor) ours = raw_call(pg, t, x);
       auto barrier = [&] { pg.barrier(); };
       const int iters = bench::calls_per_round(pg, raw, barrier);
       const bench::PairTiming p = bench::time_pair(ours, raw, barrier, iters, flags.rounds);
@@ -251,11 +254,15 @@ int main(int argc, char** argv) {
   app.add_option("--torch", flags.torch, "python with torch, or 'auto' (scripts/torch-venv.sh)");
   app.add_option("--transitions", flags.transitions,
                  "transitions to time, comma-separated (S0->R,P->R,P->S0,S0->S1,S1->S0,R->S0)");
+  app.add_flag("--noise-floor", flags.noise_floor,
+               "time the raw call against itself (in the 'ours' columns): the ratios this prints "
+               "are the machine's run-to-run spread, against which ours are read");
   CLI11_PARSE(app, argc, argv);
   if (!gloo_is_available()) {
     std::printf("skipped: this build has no Gloo backend\n");
     return 0;
   }
+  if (flags.noise_floor) std::printf("noise floor: 'ours' is the raw call timed against itself\n");
   std::printf("bench_dtensor: %d processes over Gloo (loopback), load %s\ncpu: %s\n\n", flags.np,
               bench::load_average().c_str(), bench::cpu_features({"avx512f", "amx_tile"}).c_str());
 

@@ -298,13 +298,19 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
     bool header = false;
     uint64_t header_end = 0;  // a send's ring position after its header
     bool checked = false;
+    // The other end's count as last read (a send: the ring's tail; a receive: its head), read
+    // again only when it does not allow a whole step: the line the other end writes is not
+    // pulled over at every look.
+    uint64_t seen = 0;
     bool finished() const { return header && checked && done == align_up(bytes); }
   };
   std::vector<Flow> outs, ins;
   for (Local& l : locals_) {
     const auto r = static_cast<size_t>(l.rank);
     outs.push_back({&l, &inputs[r], static_cast<size_t>(inputs[r].numel()) * element});
+    outs.back().seen = l.out->tail.load(std::memory_order_acquire);
     ins.push_back({&l, &outputs[r], static_cast<size_t>(outputs[r].numel()) * element});
+    ins.back().seen = l.in->head.load(std::memory_order_acquire);
   }
   const Tensor& own_in = inputs[static_cast<size_t>(me)];
   const Tensor& own_out = outputs[static_cast<size_t>(me)];
@@ -328,7 +334,11 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
       mismatch(me, f.peer->rank, r.fault_seq, r.fault_sent, r.fault_expected);
     }
     uint64_t head = r.head.load(std::memory_order_relaxed);
-    const uint64_t tail = r.tail.load(std::memory_order_acquire);
+    const size_t step = (f.header ? 0 : kAlign) + std::min(kChunk, align_up(f.bytes) - f.done);
+    if (!f.checked || kRing - static_cast<size_t>(head - f.seen) < step) {
+      f.seen = r.tail.load(std::memory_order_acquire);
+    }
+    const uint64_t tail = f.seen;
     size_t space = kRing - static_cast<size_t>(head - tail);
     bool moved = false;
     if (!f.header) {
@@ -366,7 +376,9 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
     if (f.finished()) return false;
     ShmRing& r = *f.peer->in;
     uint64_t tail = r.tail.load(std::memory_order_relaxed);
-    size_t avail = static_cast<size_t>(r.head.load(std::memory_order_acquire) - tail);
+    const size_t step = (f.header ? 0 : kAlign) + std::min(kChunk, align_up(f.bytes) - f.done);
+    if (static_cast<size_t>(f.seen - tail) < step) f.seen = r.head.load(std::memory_order_acquire);
+    size_t avail = static_cast<size_t>(f.seen - tail);
     bool moved = false;
     if (!f.header) {
       if (avail < kAlign) return false;

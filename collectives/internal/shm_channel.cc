@@ -166,17 +166,23 @@ void ShmSegment::unlink() {
 }
 
 void ring_bell(ShmHeader& header) {
-  header.bell.fetch_add(1, std::memory_order_seq_cst);
-  if (header.sleeping.load(std::memory_order_seq_cst) != 0) {
+  // Only a sleeper costs a write to the shared line and a system call. The fence pairs with the
+  // one in snapshot(): either the sleeper's check sees what the caller published just before,
+  // or the caller sees its mark here.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (header.sleeping.load(std::memory_order_relaxed) != 0) {
+    header.bell.fetch_add(1, std::memory_order_seq_cst);
     futex(&header.bell, FUTEX_WAKE, 1, nullptr);
   }
 }
 
 uint32_t Doorbell::snapshot() {
-  // Marked sleeping before the snapshot: a peer that publishes after our check either changed
-  // the bell before we read it (the sleep returns at once) or sees the mark and wakes us.
-  header_.sleeping.store(1, std::memory_order_seq_cst);
-  return header_.bell.load(std::memory_order_seq_cst);
+  // Marked sleeping before the snapshot: a peer that publishes after our check either sees the
+  // mark and rings (changing the bell, so the sleep returns at once or is woken), or published
+  // early enough for the check to see it.
+  header_.sleeping.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return header_.bell.load(std::memory_order_acquire);
 }
 
 void Doorbell::sleep(uint32_t value, Nanoseconds limit) {
