@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -327,6 +328,33 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
                                        "expects {} from it", seq, from, sent, to, expected));
   };
 
+  // Split rows: when every send and this rank's own block are column blocks of one matrix (the
+  // same rows and pitch; a Shard(0) -> Shard(1) exchange) larger than this core's cache, and
+  // its own output is contiguous, bands of the matrix's rows are read once each, every block
+  // going to its ring or to the output in the same pass, instead of once per block. Sends move
+  // whole rows then. (Measured: 1.03-1.06x the separate passes' speed at 16 and 64 MiB on 2 and
+  // 4 ranks, 0.9x for a matrix the cache holds, where the separate passes stay.)
+  std::vector<RowRuns> layouts;
+  std::vector<RowSink> sinks;
+  int64_t rows_done = 0;  // rows of every send
+  int64_t own_rows = 0;   // rows of this rank's own block (rows_done or, while waiting, more)
+  bool fused = !outs.empty() && own_out.is_contiguous();
+  for (size_t j = 0; fused && j <= outs.size(); ++j) {
+    const Tensor& view = j < outs.size() ? *outs[j].view : own_in;
+    const std::optional<RowRuns> l = row_runs(view);
+    fused = l.has_value() && l->rows > 1 &&
+            (layouts.empty() || (l->rows == layouts[0].rows && l->pitch == layouts[0].pitch));
+    if (fused) layouts.push_back(*l);
+  }
+  if (fused) {
+    fused = static_cast<size_t>(layouts[0].rows * layouts[0].pitch) > core_cache_bytes();
+  }
+  if (!fused) layouts.clear();
+  sinks.resize(layouts.size());
+  const size_t own_run_elements = fused ? layouts.back().run / element : 0;
+  size_t widest = 0;
+  for (const RowRuns& l : layouts) widest = std::max(widest, l.run);
+
   auto push = [&](Flow& f) {
     if (f.finished()) return false;
     ShmRing& r = *f.peer->out;
@@ -352,7 +380,10 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
     }
     if (!f.checked && tail >= f.header_end) f.checked = moved = true;
     const size_t at = head % kRing;
-    const size_t n = std::min({space, align_up(f.bytes) - f.done, kRing - at, kChunk});
+    // Split rows move a send's data (below); here only its header and its padding.
+    const size_t n = fused && f.done < f.bytes
+                         ? 0
+                         : std::min({space, align_up(f.bytes) - f.done, kRing - at, kChunk});
     if (n > 0) {
       const size_t data = f.done < f.bytes ? std::min(n, f.bytes - f.done) : 0;
       if (data > 0 && f.view->is_contiguous()) {
@@ -417,6 +448,67 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
     return moved;
   };
 
+  // One band of split rows, as many as every ring has room for (at most a chunk's worth of the
+  // widest block), after every send's header.
+  auto push_rows = [&] {
+    if (!fused || rows_done == layouts[0].rows) return false;
+    int64_t band = std::min<int64_t>(layouts[0].rows - rows_done,
+                                      std::max<int64_t>(1, static_cast<int64_t>(kChunk / widest)));
+    for (size_t j = 0; j < outs.size(); ++j) {
+      Flow& f = outs[j];
+      if (!f.header) return false;
+      ShmRing& r = *f.peer->out;
+      const uint64_t head = r.head.load(std::memory_order_relaxed);
+      const size_t want = static_cast<size_t>(band) * layouts[j].run;
+      if (kRing - static_cast<size_t>(head - f.seen) < want) {
+        f.seen = r.tail.load(std::memory_order_acquire);
+      }
+      const size_t space = kRing - static_cast<size_t>(head - f.seen);
+      band = std::min<int64_t>(band, static_cast<int64_t>(space / layouts[j].run));
+      sinks[j] = {r.data, kRing, static_cast<size_t>(head % kRing), false};
+    }
+    if (band == 0) return false;
+    // This rank's own block goes along unless it ran ahead while the rings were full.
+    const bool with_own = own_rows == rows_done;
+    sinks.back() = {static_cast<uint8_t*>(own_out.data_ptr()),
+                    0,
+                    static_cast<size_t>(rows_done) * layouts.back().run,
+                    worth_streaming(own_out.nbytes())};
+    const size_t n = with_own ? layouts.size() : outs.size();
+    split_rows(std::span(layouts).first(n), rows_done, band, std::span(sinks).first(n));
+    for (size_t j = 0; j < outs.size(); ++j) {
+      Flow& f = outs[j];
+      ShmRing& r = *f.peer->out;
+      const size_t moved = static_cast<size_t>(band) * layouts[j].run;
+      r.head.store(r.head.load(std::memory_order_relaxed) + moved, std::memory_order_release);
+      f.done += moved;
+      ring_bell(f.peer->segment.header());
+    }
+    rows_done += band;
+    if (with_own) own_rows = rows_done;
+    own_done = own_rows * static_cast<int64_t>(own_run_elements);
+    return true;
+  };
+
+  // While the rings are full: this rank's own block alone, a band ahead, as far as
+  // kAheadWhenIdle (its rows are then read again for the sends, still in cache).
+  auto own_rows_ahead = [&] {
+    if (!fused || own_rows == layouts[0].rows) return false;
+    const int64_t limit = std::min<int64_t>(
+        layouts[0].rows,
+        rows_done + std::max<int64_t>(1, static_cast<int64_t>(kAheadWhenIdle) / layouts[0].pitch));
+    const int64_t band = std::min<int64_t>(
+        limit - own_rows, std::max<int64_t>(1, static_cast<int64_t>(kChunk / widest)));
+    if (band <= 0) return false;
+    RowSink own{static_cast<uint8_t*>(own_out.data_ptr()), 0,
+                static_cast<size_t>(own_rows) * layouts.back().run,
+                worth_streaming(own_out.nbytes())};
+    split_rows(std::span(layouts).last(1), own_rows, band, std::span(&own, 1));
+    own_rows += band;
+    own_done = own_rows * static_cast<int64_t>(own_run_elements);
+    return true;
+  };
+
   auto all_finished = [&] {
     auto done = [](const Flow& f) { return f.finished(); };
     return own_done == own_count && std::all_of(outs.begin(), outs.end(), done) &&
@@ -446,6 +538,7 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
     while (true) {
       bool moved = false;
       for (Flow& f : outs) moved |= push(f);
+      moved |= push_rows();
       // This rank's own chunk keeps pace with the flows that share its strided view (the sends
       // when the input is strided, else the receives when the output is): its piece then
       // covers the rows whose other columns they just read or wrote, still in cache.
@@ -467,15 +560,16 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
         copy_own(own_in, own_out, own_done, count, bounce);
         own_done += count;
       };
-      if (own_done < std::min(own_count, own_limit)) {
+      if (!fused && own_done < std::min(own_count, own_limit)) {
         copy_own_piece(own_limit);
         moved = true;
       }
       for (Flow& f : ins) moved |= pull(f);
-      if (!moved && own_done < std::min(own_count, idle_limit)) {
+      if (!fused && !moved && own_done < std::min(own_count, idle_limit)) {
         copy_own_piece(idle_limit);
         moved = true;
       }
+      if (!moved) moved = own_rows_ahead();
       if (all_finished()) break;
       if (moved) {
         idle = 0;

@@ -190,14 +190,18 @@ void copy_2d(const Rows& r, int64_t first, int64_t count, char* packed, bool str
 
 }  // namespace
 
-bool worth_streaming(size_t bytes) {
-  // Half the per-core (L2) cache (1 MiB when the system does not say): measured on unpacking
-  // column blocks, streaming stores win from there up and lose below.
-  static const size_t threshold = [] {
+size_t core_cache_bytes() {
+  static const size_t bytes = [] {
     const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
-    return (l2 > 0 ? static_cast<size_t>(l2) : size_t{1} << 20) / 2;
+    return l2 > 0 ? static_cast<size_t>(l2) : size_t{1} << 20;
   }();
-  return bytes > threshold;
+  return bytes;
+}
+
+bool worth_streaming(size_t bytes) {
+  // Measured on unpacking column blocks: streaming stores win from half the core's cache up
+  // and lose below.
+  return bytes > core_cache_bytes() / 2;
 }
 
 void pack_elements(const Tensor& view, int64_t first, int64_t count, void* dst, bool stream) {
@@ -240,6 +244,80 @@ void unpack_elements(const void* src, const Tensor& view, int64_t first, int64_t
       std::memcpy(p + i * r.step, in, static_cast<size_t>(r.element));
     }
   });
+}
+
+std::optional<RowRuns> row_runs(const Tensor& view) {
+  const Rows r = rows_of(view);
+  if (r.step != r.element || r.dims != 1) return std::nullopt;
+  return RowRuns{r.base, r.size[0], static_cast<size_t>(r.row * r.element), r.stride[0]};
+}
+
+namespace {
+
+TESSEL_ISA_CLONES void split_rows_impl(std::span<const RowRuns> views, int64_t first,
+                                       int64_t count, std::span<RowSink> sinks, const char* lo,
+                                       int64_t span, bool ahead) {
+  constexpr int64_t kAhead = 8;  // rows
+  const int64_t pitch = views[0].pitch;
+  for (int64_t row = first; row < first + count; ++row) {
+    if (ahead && row + kAhead < first + count) {
+      for (int64_t b = 0; b < span; b += 64) __builtin_prefetch(lo + (row + kAhead) * pitch + b, 0, 3);
+    }
+    for (size_t j = 0; j < views.size(); ++j) {
+      const char* src = views[j].base + row * pitch;
+      const size_t run = views[j].run;
+      RowSink& sink = sinks[j];
+      char* dst = reinterpret_cast<char*>(sink.data) + sink.at;
+      if (sink.size == 0) {
+#if defined(__x86_64__)
+        if (sink.stream && run % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+          for (size_t k = 0; k < run; k += 16) {
+            _mm_stream_si128(reinterpret_cast<__m128i*>(dst + k),
+                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k)));
+          }
+          sink.at += run;
+          continue;
+        }
+#endif
+        copy_run(dst, src, run);
+        sink.at += run;
+      } else if (sink.at + run <= sink.size) {
+        copy_run(dst, src, run);
+        sink.at = (sink.at + run) % sink.size;
+      } else {  // the row straddles the ring's end
+        const size_t head = sink.size - sink.at;
+        std::memcpy(dst, src, head);
+        std::memcpy(sink.data, src + head, run - head);
+        sink.at = run - head;
+      }
+    }
+  }
+#if defined(__x86_64__)
+  for (const RowSink& sink : sinks) {
+    if (sink.stream) {
+      _mm_sfence();
+      break;
+    }
+  }
+#endif
+}
+
+}  // namespace
+
+void split_rows(std::span<const RowRuns> views, int64_t first, int64_t count,
+                std::span<RowSink> sinks) {
+  if (views.empty() || count <= 0) return;
+  // The matrix row these views cut: from the lowest block's start to the highest block's end.
+  const char* lo = views[0].base;
+  const char* hi = views[0].base + views[0].run;
+  for (const RowRuns& v : views) {
+    lo = std::min(lo, v.base);
+    hi = std::max(hi, v.base + v.run);
+  }
+  const int64_t span = hi - lo;
+  const bool ahead = span <= 4096 &&
+                     worth_streaming(static_cast<size_t>(views[0].rows * views[0].pitch));
+  split_rows_impl(views, first, count, sinks, lo, span, ahead);
 }
 
 }  // namespace tessel::internal

@@ -167,6 +167,10 @@ void check_everything(ProcessGroup& pg) {
   check_column_exchange(pg, 40000, 12, DType::kF32);    // 1.8 MiB per peer: the rings wrap
   check_column_exchange(pg, 20001, 33, DType::kBF16);   // odd rows of 66 bytes
   check_column_exchange(pg, 0, 4, DType::kF32);         // nothing at all
+  // Matrices larger than a core's cache: the sends and the own block leave in one pass over
+  // the rows, and rows of 66 bytes straddle the rings' ends.
+  check_column_exchange(pg, 70001, 16, DType::kF32);
+  check_column_exchange(pg, 70001, 33, DType::kBF16);
   check_uneven(pg);
 }
 

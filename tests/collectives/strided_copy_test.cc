@@ -107,6 +107,49 @@ TEST_P(StridedCopyTest, UnpackWritesTheViewAndNothingElse) {
   }
 }
 
+// split_rows: the column blocks of a matrix, rows [first, first + count) in pieces, into a
+// small ring (rows straddle its end; read back after each piece) and into contiguous memory,
+// as pack_elements would.
+TEST_P(StridedCopyTest, SplitRowsMatchesPackingEachBlock) {
+  const DType dtype = GetParam();
+  const int64_t rows = 3001, widths[] = {5, 11, 7};
+  const Tensor matrix = counting({rows, 23}, dtype);
+  std::vector<Tensor> blocks;
+  std::vector<internal::RowRuns> views;
+  int64_t at = 0;
+  for (int64_t w : widths) {
+    blocks.push_back(narrow(matrix, 1, at, w));
+    at += w;
+    const auto runs = internal::row_runs(blocks.back());
+    ASSERT_TRUE(runs.has_value());
+    views.push_back(*runs);
+  }
+  ASSERT_FALSE(internal::row_runs(matrix).has_value()) << "a contiguous matrix is one run";
+  // Not a multiple of any dtype's row of block 1, and larger than a piece of its rows.
+  const size_t ring_bytes = 10000;
+  for (int64_t piece : {int64_t{1}, int64_t{7}, int64_t{97}}) {
+    std::vector<std::vector<uint8_t>> got(3);
+    std::vector<uint8_t> ring(ring_bytes);
+    std::vector<internal::RowSink> sinks(3);
+    got[0].resize(bytes_of(blocks[0]).size());
+    got[2].resize(bytes_of(blocks[2]).size());
+    sinks[0] = {got[0].data(), 0, 0, false};
+    sinks[1] = {ring.data(), ring_bytes, 0, false};
+    sinks[2] = {got[2].data(), 0, 0, true};  // streaming stores where aligned
+    size_t taken = 0;  // block 1's bytes so far, read back out of the ring after each piece
+    for (int64_t first = 0; first < rows; first += piece) {
+      const int64_t count = std::min(piece, rows - first);
+      internal::split_rows(views, first, count, sinks);
+      const size_t n = static_cast<size_t>(count) * views[1].run;
+      for (size_t k = 0; k < n; ++k) got[1].push_back(ring[(taken + k) % ring_bytes]);
+      taken += n;
+    }
+    for (size_t j = 0; j < 3; ++j) {
+      EXPECT_EQ(got[j], bytes_of(blocks[j])) << "block " << j << ", pieces of " << piece;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, StridedCopyTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kI64, DType::kBool),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
