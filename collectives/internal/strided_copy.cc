@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <type_traits>
 
 #include <unistd.h>
 
@@ -94,8 +95,9 @@ void for_each_run(const Rows& r, int64_t first, int64_t count, F&& f) {
   }
 }
 
-// A run of a few hundred bytes, the usual row of a column block: moved inline in 64- and
-// 32-byte pieces, as a library memcpy call's dispatch would cost as much as the copy.
+// A run of a few hundred bytes, the usual row of a column block: moved inline in 64-byte pieces
+// and a tail of two overlapping moves (88 bytes: 64, then 16 twice), as a library memcpy call's
+// dispatch would cost as much as the copy.
 __attribute__((always_inline)) inline void copy_run(char* dst, const char* src, size_t bytes) {
   if (bytes > 1024) {
     std::memcpy(dst, src, bytes);
@@ -103,11 +105,23 @@ __attribute__((always_inline)) inline void copy_run(char* dst, const char* src, 
   }
   size_t i = 0;
   for (; i + 64 <= bytes; i += 64) __builtin_memcpy(dst + i, src + i, 64);
-  if (i + 32 <= bytes) {
-    __builtin_memcpy(dst + i, src + i, 32);
-    i += 32;
+  const size_t tail = bytes - i;
+  auto two = [&](auto width) {  // [i, i + width) and [bytes - width, bytes): they may overlap
+    constexpr size_t w = decltype(width)::value;
+    __builtin_memcpy(dst + i, src + i, w);
+    __builtin_memcpy(dst + bytes - w, src + bytes - w, w);
+  };
+  if (tail >= 32) {
+    two(std::integral_constant<size_t, 32>{});
+  } else if (tail >= 16) {
+    two(std::integral_constant<size_t, 16>{});
+  } else if (tail >= 8) {
+    two(std::integral_constant<size_t, 8>{});
+  } else if (tail >= 4) {
+    two(std::integral_constant<size_t, 4>{});
+  } else {
+    for (; i < bytes; ++i) dst[i] = src[i];
   }
-  if (i < bytes) std::memcpy(dst + i, src + i, bytes - i);
 }
 
 // `rows` runs of `run` bytes, `pitch` bytes apart, packed into (or, with Unpack, out of)
