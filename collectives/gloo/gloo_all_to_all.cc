@@ -1,5 +1,6 @@
 #include "tessel/collectives/internal/gloo_all_to_all.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -268,6 +269,10 @@ void GlooAllToAll::connect_shared_memory(uint64_t seq, const Deadline& deadline,
     locals_.push_back(std::move(l));
   }
   if (locals_.empty()) own_ = ShmSegment();
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int usable = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
+  crowded_ = usable > 0 && static_cast<int>(locals_.size()) + 1 > usable;
   log_debug(LogComponent::kCollectives, "all_to_all: rank {} shares memory with ranks [{}]", me,
             fmt::join(shared_memory_peers(), ", "));
 }
@@ -579,7 +584,14 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
       }
       if (!armed) {
         if (++idle < kSpins) {
-          cpu_relax();
+          // With more ranks on this host than CPUs to run them, the peer this rank waits for may
+          // be waiting for this CPU: give it up rather than spin (measured on 2 CPUs: 3 and 4
+          // ranks' all_to_all 1.3-1.9x faster).
+          if (crowded_) {
+            ::sched_yield();
+          } else {
+            cpu_relax();
+          }
           continue;
         }
         rung = bell.snapshot();  // then one more look before sleeping

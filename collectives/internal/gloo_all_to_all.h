@@ -90,6 +90,7 @@ class GlooAllToAll {
   SharedMemoryOptions shm_options_;
   bool shm_settled_ = false;
   bool shm_broken_ = false;  // a call over the rings failed: they are out of step
+  bool crowded_ = false;     // more ranks on this host (in this group) than CPUs this one may use
   ShmSegment own_;
   std::vector<int> local_index_;  // per rank: its index in locals_, or -1
   std::vector<Local> locals_;
