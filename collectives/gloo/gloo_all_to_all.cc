@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string_view>
@@ -193,6 +194,11 @@ std::vector<int> GlooAllToAll::shared_memory_peers() const {
   return out;
 }
 
+bool GlooAllToAll::group_may_share_memory(uint64_t seq, Nanoseconds timeout) {
+  if (!shm_settled_) connect_shared_memory(seq, Deadline::after(timeout), timeout);
+  return group_has_candidates_;
+}
+
 void GlooAllToAll::connect_shared_memory(uint64_t seq, const Deadline& deadline,
                                          Nanoseconds timeout) {
   const int n = context_->size, me = context_->rank;
@@ -217,6 +223,9 @@ void GlooAllToAll::connect_shared_memory(uint64_t seq, const Deadline& deadline,
   std::vector<Hello> hello(static_cast<size_t>(n), mine);
   std::vector<Hello> hello_out(static_cast<size_t>(n), mine);
   exchange(*context_, hello_out, everyone, hello, slot(1), deadline, timeout);
+  for (int r = 0; r < n && !group_has_candidates_; ++r) {
+    group_has_candidates_ = !candidates_of(r, hello).empty();
+  }
   const std::vector<int> candidates = candidates_of(me, hello);
   if (candidates.empty()) return;
 
@@ -272,7 +281,13 @@ void GlooAllToAll::connect_shared_memory(uint64_t seq, const Deadline& deadline,
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
   const int usable = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
-  crowded_ = usable > 0 && static_cast<int>(locals_.size()) + 1 > usable;
+  // Ranks on this host: this group's, or the job's when the launcher says (LOCAL_WORLD_SIZE, as
+  // tessel-run and torchrun set it) and it is more: other groups' ranks compete for the CPUs too.
+  int on_host = static_cast<int>(locals_.size()) + 1;
+  if (const char* local_world = std::getenv("LOCAL_WORLD_SIZE")) {
+    on_host = std::max(on_host, std::atoi(local_world));
+  }
+  crowded_ = usable > 0 && on_host > usable;
   log_debug(LogComponent::kCollectives, "all_to_all: rank {} shares memory with ranks [{}]", me,
             fmt::join(shared_memory_peers(), ", "));
 }

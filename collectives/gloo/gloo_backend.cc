@@ -167,6 +167,26 @@ class GlooBackend final : public CommBackend {
   void all_gather(const Tensor& input, Tensor& output, std::span<const int64_t> counts,
                   const OpContext& ctx) override {
     if (output.nbytes() == 0) return;
+    // When ranks of the group share a host, an all_to_all of the input to every rank into the
+    // output's slices: through shared memory between those, over TCP otherwise. (Every rank
+    // takes the same branch: the condition is the group's, not this rank's.)
+    bool local = false;
+    if (size() > 1) {
+      gloo_call("all_gather",
+                [&] { local = all_to_all_.group_may_share_memory(ctx.seq, ctx.timeout); });
+    }
+    if (local) {
+      const Tensor flat_in = view(input, {input.numel()});
+      const Tensor flat_out = view(output, {output.numel()});
+      std::vector<Tensor> inputs(static_cast<size_t>(size()), flat_in), outputs;
+      int64_t at = 0;
+      for (int64_t c : counts) {
+        outputs.push_back(narrow(flat_out, 0, at, c));
+        at += c;
+      }
+      gloo_call("all_gather", [&] { all_to_all_.run(inputs, outputs, ctx.seq, ctx.timeout); });
+      return;
+    }
     const bool even =
         std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; });
     if (even) {

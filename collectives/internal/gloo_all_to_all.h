@@ -66,6 +66,11 @@ class GlooAllToAll {
 
   // The peers reached through shared memory (settled by the first call; empty before).
   std::vector<int> shared_memory_peers() const;
+  // Whether some pair of the group's ranks is on one host with shared memory enabled at both
+  // ends — the same answer on every rank, so all can choose the same algorithm by it. Settles
+  // the pairs first if no call has (collective then: every rank must ask in the same call).
+  // Throws as run() does when a peer does not come.
+  bool group_may_share_memory(uint64_t seq, Nanoseconds timeout);
 
  private:
   // One peer on this host: its segment (holding the ring this rank writes), the ring it writes
@@ -90,7 +95,8 @@ class GlooAllToAll {
   SharedMemoryOptions shm_options_;
   bool shm_settled_ = false;
   bool shm_broken_ = false;  // a call over the rings failed: they are out of step
-  bool crowded_ = false;     // more ranks on this host (in this group) than CPUs this one may use
+  bool crowded_ = false;     // more ranks on this host than CPUs this one may use
+  bool group_has_candidates_ = false;  // some pair of ranks may share memory (any rank's view)
   ShmSegment own_;
   std::vector<int> local_index_;  // per rank: its index in locals_, or -1
   std::vector<Local> locals_;

@@ -1,4 +1,5 @@
-// The Gloo backend's all_to_all over shared memory between ranks of one host (forked processes):
+// The Gloo backend's all_to_all (and all_gather, which runs on it) over shared memory between
+// ranks of one host (forked processes):
 // which pairs use it (host ids, the option on one end only), exact results when some pairs use
 // shared memory and others TCP, views that wrap the rings many times, a count that disagrees
 // (an error on both ends), a peer killed or absent mid-call on either transport, and no names
@@ -162,6 +163,33 @@ void check_uneven(ProcessGroup& pg) {
   }
 }
 
+// all_gather (which runs as an all_to_all of the input when a peer shares memory), even and
+// uneven, large enough to wrap the rings.
+void check_all_gather(ProcessGroup& pg) {
+  const int n = pg.size(), me = pg.rank();
+  for (bool even : {true, false}) {
+    auto count = [&](int r) -> int64_t { return even ? 300000 : 100000 * (r + 1) + r; };
+    std::vector<int64_t> counts;
+    int64_t total = 0;
+    for (int r = 0; r < n; ++r) {
+      counts.push_back(count(r));
+      total += count(r);
+    }
+    Tensor in = empty({count(me)}, DType::kI32), out = zeros({total}, DType::kI32);
+    auto* p = in.data<int32_t>();
+    for (int64_t k = 0; k < count(me); ++k) p[k] = static_cast<int32_t>(me * 1'000'000 + k);
+    pg.all_gather(in, out, {.counts = even ? std::vector<int64_t>{} : counts});
+    const auto* q = out.data<int32_t>();
+    int64_t at = 0;
+    for (int r = 0; r < n; ++r) {
+      for (int64_t k = 0; k < count(r); ++k, ++at) {
+        check(q[at] == r * 1'000'000 + k,
+              fmt::format("rank {}: all_gather element {} of rank {} is {}", me, k, r, q[at]));
+      }
+    }
+  }
+}
+
 void check_everything(ProcessGroup& pg) {
   check_column_exchange(pg, 3, 5, DType::kF32);         // a few odd-sized rows
   check_column_exchange(pg, 40000, 12, DType::kF32);    // 1.8 MiB per peer: the rings wrap
@@ -190,6 +218,9 @@ TEST_F(GlooShmTest, PairsOnOneHostShareMemoryAndTheRestUseTcp) {
       [](int rank, const std::string& dir) {
         auto pg = connect(rank, 4, dir, {.host_id = fmt::format("host{}", rank / 2)});
         check(mapped_segments() == 0, "segments mapped before any all_to_all");
+        check_all_gather(*pg);  // the first call that moves data sets the pairs up
+        check(mapped_segments() == 2, fmt::format("rank {} maps {} segments after all_gather",
+                                                  rank, mapped_segments()));
         check_everything(*pg);
         // Its own segment and its partner's.
         check(mapped_segments() == 2, fmt::format("rank {} maps {} segments, expected 2", rank,
@@ -227,6 +258,7 @@ TEST_F(GlooShmTest, BothEndsMustEnableIt) {
       3,
       [](int rank, const std::string& dir) {
         auto pg = connect(rank, 3, dir, {.enabled = rank != 2});
+        check_all_gather(*pg);  // rank 2 must take the same algorithm as the others
         check_everything(*pg);
         const int expected = rank == 2 ? 0 : 2;
         check(mapped_segments() == expected, fmt::format("rank {} maps {} segments, expected {}",
