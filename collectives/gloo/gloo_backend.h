@@ -25,9 +25,9 @@ struct GlooOptions {
   // power-of-two groups for inputs up to this size, a ring (n - 1 steps, three chunks of
   // scratch) otherwise. Sub-groups made by split inherit it.
   size_t halving_max_bytes = size_t{8} << 20;
-  // all_to_all moves data through shared memory between ranks on one host (a pair uses it when
-  // both enable it and each can map the other's segment; TCP otherwise). TESSEL_GLOO_SHM=0
-  // turns it off too. Sub-groups made by split inherit both fields.
+  // all_to_all and all_gather move data through shared memory between ranks on one host (a pair
+  // uses it when both enable it and each can map the other's segment; TCP otherwise).
+  // TESSEL_GLOO_SHM=0 turns it off too. Sub-groups made by split inherit both fields.
   bool shared_memory = true;
   // Ranks whose host_id is equal are taken to share a host (empty: the kernel's boot id, so
   // ranks on one machine, whatever their network namespace). A pairing is still checked by
