@@ -25,14 +25,20 @@ namespace {
 
 using std::chrono::seconds;
 
+// shared_memory = false: every collective runs Gloo's TCP algorithms (or ours over Gloo's
+// point-to-point buffers) as between hosts; true: all_to_all and all_gather run over shared
+// memory between these ranks (all on this host).
 std::shared_ptr<ProcessGroup> connect(int rank, int size, const std::string& dir,
                                       Nanoseconds timeout = seconds(30),
-                                      size_t halving_max_bytes = GlooOptions{}.halving_max_bytes) {
+                                      size_t halving_max_bytes = GlooOptions{}.halving_max_bytes,
+                                      bool shared_memory = true) {
   auto store = std::make_shared<FileStore>(dir, seconds(30));
-  return gloo_create_process_group(store, rank, size,
-                                   GlooOptions{.hostname = "127.0.0.1",
-                                               .group = {.timeout = timeout},
-                                               .halving_max_bytes = halving_max_bytes});
+  GlooOptions options;
+  options.hostname = "127.0.0.1";
+  options.group.timeout = timeout;
+  options.halving_max_bytes = halving_max_bytes;
+  options.shared_memory = shared_memory;
+  return gloo_create_process_group(store, rank, size, options);
 }
 
 void expect_all_succeeded(const std::vector<testing::ProcessOutcome>& outcomes) {
@@ -59,6 +65,20 @@ TEST_P(GlooBackendSweepTest, EveryCollectiveMatchesLocalExpectation) {
       seconds(90)));
 }
 
+// The same sweep with the ranks taken as on different hosts: Gloo's TCP algorithms and ours
+// over its point-to-point buffers.
+TEST_P(GlooBackendSweepTest, EveryCollectiveMatchesLocalExpectationOverTcp) {
+  const int size = GetParam();
+  expect_all_succeeded(testing::run_processes(
+      size,
+      [&](int rank, const std::string& dir) {
+        auto pg = connect(rank, size, dir, seconds(30), GlooOptions{}.halving_max_bytes,
+                          /*shared_memory=*/false);
+        testing::check_everything(*pg, testing::acceptance_counts(/*large=*/false));
+      },
+      seconds(90)));
+}
+
 TEST_P(GlooBackendSweepTest, OneMillionElements) {
   const int size = GetParam();
   expect_all_succeeded(testing::run_processes(
@@ -77,7 +97,8 @@ TEST_P(GlooBackendSweepTest, ReduceScatterRingOnEveryGroupSize) {
   expect_all_succeeded(testing::run_processes(
       size,
       [&](int rank, const std::string& dir) {
-        auto pg = connect(rank, size, dir, seconds(30), /*halving_max_bytes=*/0);
+        auto pg = connect(rank, size, dir, seconds(30), /*halving_max_bytes=*/0,
+                          /*shared_memory=*/false);
         for (DType dtype : {DType::kF32, DType::kBF16, DType::kI64}) {
           for (int64_t count : {0, 1, 7, 1000}) {
             testing::check_reduce_scatter(*pg, dtype, count, false, ReduceOp::kSum);
@@ -109,13 +130,16 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooBackendSweepTest, ::testing::Values(1, 
 // timeout plus a margin with an error naming the group and seq: a Timeout (which the dump hook
 // saw, and which says `names` when given), or PeerLost from a peer that timed out first and
 // closed its connections (Gloo's way) — at least one rank must time out.
-void expect_missing_rank_times_out(int size, const std::function<void(ProcessGroup&)>& op,
-                                   const std::string& names = "") {
+// Both transports: shared memory between these ranks, and TCP as between hosts.
+void expect_missing_rank_times_out_on(bool shared_memory, int size,
+                                      const std::function<void(ProcessGroup&)>& op,
+                                      const std::string& names) {
   const auto timeout = seconds(2);
   auto outcomes = testing::run_processes(
       size,
       [&](int rank, const std::string& dir) {
-        auto pg = connect(rank, size, dir, timeout);
+        auto pg = connect(rank, size, dir, timeout, GlooOptions{}.halving_max_bytes,
+                          shared_memory);
         pg->barrier();  // seq 1: everyone is connected
         auto store = std::make_shared<FileStore>(dir);
         std::vector<std::string> checked;
@@ -163,6 +187,14 @@ void expect_missing_rank_times_out(int size, const std::function<void(ProcessGro
       },
       seconds(40));
   expect_all_succeeded(outcomes);
+}
+
+void expect_missing_rank_times_out(int size, const std::function<void(ProcessGroup&)>& op,
+                                   const std::string& names = "") {
+  for (bool shared_memory : {true, false}) {
+    SCOPED_TRACE(shared_memory ? "shared memory" : "TCP");
+    expect_missing_rank_times_out_on(shared_memory, size, op, names);
+  }
 }
 
 TEST(GlooBackendFaultTest, RankThatNeverCallsMakesOthersTimeOut) {
