@@ -124,6 +124,17 @@ __attribute__((always_inline)) inline void copy_run(char* dst, const char* src, 
   }
 }
 
+#if defined(__x86_64__)
+// A run of whole 16-byte pieces into 16-byte aligned memory, stored past the cache (a line
+// written whole is then not read first). The caller fences (_mm_sfence) after its last one.
+__attribute__((always_inline)) inline void stream_run(char* dst, const char* src, size_t bytes) {
+  for (size_t k = 0; k < bytes; k += 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + k),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k)));
+  }
+}
+#endif
+
 // `rows` runs of `run` bytes, `pitch` bytes apart, packed into (or, with Unpack, out of)
 // consecutive bytes at `packed`. Runs a few times shorter than their pitch (a column block: the
 // blocks in between go to other peers or to this rank's own chunk next) prefetch whole rows
@@ -144,10 +155,7 @@ TESSEL_ISA_CLONES void copy_rows(char* packed, char* strided, int64_t rows, size
     const char* s = Unpack ? packed : strided;
 #if defined(__x86_64__)
     if (nt) {
-      for (size_t k = 0; k < run; k += 16) {
-        _mm_stream_si128(reinterpret_cast<__m128i*>(d + k),
-                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + k)));
-      }
+      stream_run(d, s, run);
       continue;
     }
 #endif
@@ -285,10 +293,7 @@ TESSEL_ISA_CLONES void split_rows_impl(std::span<const RowRuns> views, int64_t f
       if (sink.size == 0) {
 #if defined(__x86_64__)
         if (sink.stream && run % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
-          for (size_t k = 0; k < run; k += 16) {
-            _mm_stream_si128(reinterpret_cast<__m128i*>(dst + k),
-                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k)));
-          }
+          stream_run(dst, src, run);
           sink.at += run;
           continue;
         }

@@ -133,6 +133,14 @@ void check_column_exchange(ProcessGroup& pg, int64_t rows, int64_t cols, DType d
         fmt::format("rank {}: the round trip did not rebuild the input", me));
 }
 
+// The n blocks of equal width of a matrix's columns (strided views).
+std::vector<Tensor> column_blocks(const Tensor& matrix, int n) {
+  const int64_t width = matrix.size(1) / n;
+  std::vector<Tensor> blocks;
+  for (int j = 0; j < n; ++j) blocks.push_back(narrow(matrix, 1, j * width, width));
+  return blocks;
+}
+
 // Uneven counts through the contiguous form: a different count per pair, and none from an odd
 // rank to itself.
 void check_uneven(ProcessGroup& pg) {
@@ -304,14 +312,11 @@ TEST_F(GlooShmTest, AbsentRankIsNamedOnEitherTransport) {
           auto pg = connect(rank, 3, dir, {.enabled = shm}, seconds(3));  // the timeout
           pg->barrier();
           Tensor in = zeros({1000, 12}), out = zeros({1000, 12});
-          std::vector<Tensor> ins, outs;
-          for (int j = 0; j < 3; ++j) {
-            ins.push_back(narrow(in, 1, 4 * j, 4));
-            outs.push_back(narrow(out, 1, 4 * j, 4));
-          }
+          const std::vector<Tensor> ins = column_blocks(in, 3), outs = column_blocks(out, 3);
           pg->all_to_all(ins, outs);  // sets up, then rank 2 stays away
-          if (rank == 2) {
-            ::sleep(5);  // past the others' timeout
+          FileStore store(dir, seconds(60));
+          if (rank == 2) {  // alive, not calling, until the others have seen their timeout
+            store.wait({"checked/0", "checked/1"}, seconds(60));
             return;
           }
           try {
@@ -321,6 +326,7 @@ TEST_F(GlooShmTest, AbsentRankIsNamedOnEitherTransport) {
             check(std::string(e.what()).find("ranks not arrived: [2]") != std::string::npos,
                   fmt::format("shm={} rank {}: {}", shm, rank, e.what()));
           }
+          store.set("checked/" + std::to_string(rank), "1");
         },
         seconds(60)));
   }
@@ -336,15 +342,12 @@ TEST_F(GlooShmTest, KilledRankFailsTheOthersOnEitherTransport) {
         [&](int rank, const std::string& dir) {
           auto pg = connect(rank, 3, dir, {.enabled = shm}, timeout);
           Tensor in = zeros({1 << 20, 12}), out = zeros({1 << 20, 12});
-          std::vector<Tensor> ins, outs;
-          for (int j = 0; j < 3; ++j) {
-            ins.push_back(narrow(in, 1, 4 * j, 4));
-            outs.push_back(narrow(out, 1, 4 * j, 4));
-          }
+          const std::vector<Tensor> ins = column_blocks(in, 3), outs = column_blocks(out, 3);
           pg->all_to_all(ins, outs);  // the set-up is done
           if (rank == 2) {
+            // Dies while its call is queued or under way: the others need all of its data, so
+            // their calls cannot complete whenever the kill lands.
             pg->all_to_all(ins, outs, {.async = true});
-            ::usleep(2000);
             ::raise(SIGKILL);
           }
           const Stopwatch watch;
