@@ -120,19 +120,6 @@ DTensorSpec DTensorSpec::with_placements(std::vector<Placement> placements,
                      std::move(shard_order));
 }
 
-std::string DTensorSpec::cache_key() const {
-  std::string key;
-  for (const MeshDim& dim : mesh_.layout().dims()) {
-    key += dim.name + ":";
-    for (const MeshMode& mode : dim.modes) key += fmt::format("{}x{},", mode.size, mode.stride);
-  }
-  key += "|" + placements_str(placements_) + "|";
-  for (int64_t m : shard_order_) key += fmt::format("{},", m);
-  key += "|" + typed_shape_str(dtype_, global_shape_) + "|at";
-  for (int64_t c : mesh_.coordinate()) key += fmt::format(" {}", c);
-  return key;
-}
-
 std::string DTensorSpec::str() const {
   std::string out = fmt::format("global {}, mesh {}, placements {}",
                                 typed_shape_str(dtype_, global_shape_), mesh_.shape_str(),

@@ -55,9 +55,6 @@ class DTensorSpec {
   DTensorSpec with_placements(std::vector<Placement> placements,
                               std::vector<int64_t> shard_order = {}) const;
 
-  // One key for caches of this rank's arithmetic: mesh layout and this rank's coordinate,
-  // placements, order, shape, dtype.
-  std::string cache_key() const;
   // "global f32[1024, 768], mesh (dp=2, tp=4), placements (Shard(0), Replicate())".
   std::string str() const;
 

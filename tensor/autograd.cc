@@ -140,6 +140,10 @@ std::shared_ptr<Node> grad_fn(const Tensor& t) {
   return meta ? meta->grad_fn : nullptr;
 }
 
+bool needs_grad(const Tensor& input) {
+  return grad_enabled() && input.defined() && input.requires_grad();
+}
+
 bool needs_grad(const std::vector<Tensor>& inputs) {
   if (!grad_enabled()) return false;
   for (const Tensor& t : inputs) {

@@ -171,6 +171,7 @@ std::vector<Tensor> apply_function(std::string_view name, const std::vector<Tens
 
 // True when grad mode is on and some input requires a gradient.
 bool needs_grad(const std::vector<Tensor>& inputs);
+bool needs_grad(const Tensor& input);  // one input, with no vector to build
 // Gradient function of a recorded op: gradients of the inputs from those of the outputs.
 using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs)>;
 // Makes `outputs` (fresh tensors, not aliases of inputs' handles) results of a new node with

@@ -67,11 +67,13 @@ std::optional<Strides> view_strides(const Shape& old_shape, const Strides& old_s
   return strides;
 }
 
-// Records a view op whose gradient is backward(g).
-Tensor record_view(const char* name, const Tensor& in, Tensor out,
-                   std::function<Tensor(const Tensor&)> backward) {
-  if (needs_grad({in})) {
-    record_op(name, {in}, {out}, [backward = std::move(backward)](const std::vector<Tensor>& g) {
+// Records a view op whose gradient is make_backward()(g). The backward closure is built only
+// when a graph is recorded: views are taken on every collective and redistribution, where
+// copying shapes into a closure nobody calls was most of a view's cost.
+template <class MakeBackward>
+Tensor record_view(const char* name, const Tensor& in, Tensor out, MakeBackward&& make_backward) {
+  if (needs_grad(in)) {
+    record_op(name, {in}, {out}, [backward = make_backward()](const std::vector<Tensor>& g) {
       return std::vector<Tensor>{backward(g[0])};
     });
   }
@@ -95,9 +97,9 @@ Tensor view(const Tensor& t, const Shape& shape) {
                "view: tensor of shape {} with strides {} cannot be viewed as {} without a copy; "
                "use reshape",
                shape_str(t.shape()), shape_str(t.strides()), shape_str(target));
-  const Shape in_shape = t.shape();
-  return record_view("view", t, t.as_strided(target, *strides, t.offset()),
-                     [in_shape](const Tensor& g) { return reshape(g, in_shape); });
+  return record_view("view", t, t.as_strided(target, *strides, t.offset()), [&] {
+    return [in_shape = t.shape()](const Tensor& g) { return reshape(g, in_shape); };
+  });
 }
 
 Tensor reshape(const Tensor& t, const Shape& shape) {
@@ -135,8 +137,9 @@ Tensor permute(const Tensor& t, const std::vector<int64_t>& dims) {
     shape[i] = t.shape()[order[i]];
     strides[i] = t.strides()[order[i]];
   }
-  return record_view("permute", t, t.as_strided(shape, strides, t.offset()),
-                     [inverse](const Tensor& g) { return permute(g, inverse); });
+  return record_view("permute", t, t.as_strided(shape, strides, t.offset()), [&] {
+    return [inverse](const Tensor& g) { return permute(g, inverse); };
+  });
 }
 
 Tensor transpose(const Tensor& t, int64_t dim0, int64_t dim1) {
@@ -158,15 +161,14 @@ Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t s
   Strides strides = t.strides();
   shape[dim] = (end - start + step - 1) / step;
   strides[dim] *= step;
-  const Shape in_shape = t.shape();
-  const DType dtype = t.dtype();
-  const Device device = t.device();
   return record_view(
-      "slice", t, t.as_strided(shape, strides, t.offset() + start * t.strides()[dim]),
-      [=](const Tensor& g) {
-        return scatter_into_zeros(in_shape, dtype, device, g, [&](const Tensor& z) {
-          return slice(z, dim, start, end, step);
-        });
+      "slice", t, t.as_strided(shape, strides, t.offset() + start * t.strides()[dim]), [&] {
+        return [in_shape = t.shape(), dtype = t.dtype(), device = t.device(), dim, start, end,
+                step](const Tensor& g) {
+          return scatter_into_zeros(in_shape, dtype, device, g, [&](const Tensor& z) {
+            return slice(z, dim, start, end, step);
+          });
+        };
       });
 }
 
@@ -215,9 +217,9 @@ Tensor expand(const Tensor& t, const Shape& shape) {
                  "expand: shape {} cannot expand to {} (dim {})", shape_str(t.shape()),
                  shape_str(shape), i);
   }
-  const Shape in_shape = t.shape();
-  return record_view("expand", t, internal::broadcast_view(t, target),
-                     [in_shape](const Tensor& g) { return sum_to(g, in_shape); });
+  return record_view("expand", t, internal::broadcast_view(t, target), [&] {
+    return [in_shape = t.shape()](const Tensor& g) { return sum_to(g, in_shape); };
+  });
 }
 
 std::vector<Tensor> split(const Tensor& t, int64_t split_size, int64_t dim) {

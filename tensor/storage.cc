@@ -17,7 +17,9 @@ constexpr size_t kCpuAlignment = 64;
 // Blocks of at least kCacheMinBytes are kept for reuse (exact size), up to kCacheLimitBytes in
 // all: fresh pages cost a page fault and a zeroing per 4 KiB in the kernel, which doubled the
 // time of elementwise ops on large tensors; training steps reallocate the same sizes each step.
-constexpr size_t kCacheMinBytes = size_t{1} << 20;
+// Below 1 MiB glibc's heap gives blocks back when they end it: per-call buffers of a collective
+// took page faults and landed at new addresses, so 64 KiB.
+constexpr size_t kCacheMinBytes = size_t{1} << 16;
 constexpr size_t kCacheLimitBytes = size_t{1} << 30;
 
 void atomic_max(std::atomic<int64_t>& target, int64_t value) {

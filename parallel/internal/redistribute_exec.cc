@@ -69,30 +69,91 @@ std::vector<CompiledStep> compile(const DTensorSpec& src, const DTensorSpec& dst
   return out;
 }
 
-// Plans by (src key, dst placements and order). Bounded: cleared when it grows past the limit
-// (training reuses a handful of specs; a sweep over many shapes should not grow without end).
+// What a plan depends on: the mesh layout and this rank's coordinate in it, the global shape
+// and dtype, and both placements with their orders. Kept by value to check a hash match.
+struct PlanKey {
+  std::vector<MeshDim> layout;
+  std::vector<int64_t> coordinate;
+  Shape shape;
+  DType dtype;
+  std::vector<Placement> from, to;
+  std::vector<int64_t> from_order, to_order;
+
+  bool matches(const DTensorSpec& src, const DTensorSpec& dst,
+               const std::vector<int64_t>& coord) const {
+    if (dtype != src.dtype() || shape != src.global_shape() || from != src.placements() ||
+        to != dst.placements() || from_order != src.shard_order() ||
+        to_order != dst.shard_order() || coordinate != coord) {
+      return false;
+    }
+    const std::vector<MeshDim>& dims = src.mesh().layout().dims();
+    if (dims.size() != layout.size()) return false;
+    for (size_t i = 0; i < dims.size(); ++i) {
+      if (dims[i].name != layout[i].name || dims[i].modes != layout[i].modes) return false;
+    }
+    return true;
+  }
+};
+
+uint64_t mix(uint64_t h, uint64_t v) {  // boost-style combine on a 64-bit golden ratio
+  return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
+}
+
+uint64_t plan_hash(const DTensorSpec& src, const DTensorSpec& dst,
+                   const std::vector<int64_t>& coord) {
+  uint64_t h = static_cast<uint64_t>(src.dtype());
+  for (const MeshDim& dim : src.mesh().layout().dims()) {
+    h = mix(h, std::hash<std::string>{}(dim.name));
+    for (const MeshMode& mode : dim.modes) h = mix(mix(h, mode.size), mode.stride);
+  }
+  for (int64_t c : coord) h = mix(h, c);
+  for (int64_t s : src.global_shape()) h = mix(h, s);
+  for (const auto* ps : {&src.placements(), &dst.placements()}) {
+    h = mix(h, ps->size());
+    for (const Placement& p : *ps) {
+      h = mix(h, static_cast<uint64_t>(p.kind()) << 16 |
+                     static_cast<uint64_t>(p.is_shard() ? p.dim() : static_cast<int>(p.op())));
+    }
+  }
+  for (int64_t m : src.shard_order()) h = mix(h, m);
+  for (int64_t m : dst.shard_order()) h = mix(h, m + 1000);
+  return h;
+}
+
+// Compiled plans by PlanKey, looked up by its hash with no string built per call. Bounded:
+// cleared when it grows past the limit (training reuses a handful of specs; a sweep over many
+// shapes should not grow without end).
 class PlanCache {
  public:
   std::shared_ptr<const std::vector<CompiledStep>> get(const DTensorSpec& src,
                                                        const DTensorSpec& dst) {
-    std::string key = src.cache_key() + "->" + placements_str(dst.placements());
-    for (int64_t m : dst.shard_order()) key += fmt::format(",{}", m);
+    const std::vector<int64_t> coord = src.mesh().coordinate();
+    const uint64_t hash = plan_hash(src, dst, coord);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = plans_.find(key);
-      if (it != plans_.end()) return it->second;
+      auto [first, last] = plans_.equal_range(hash);
+      for (auto it = first; it != last; ++it) {
+        if (it->second.key.matches(src, dst, coord)) return it->second.plan;
+      }
     }
     auto plan = std::make_shared<const std::vector<CompiledStep>>(compile(src, dst));
+    Entry entry{{src.mesh().layout().dims(), coord, src.global_shape(), src.dtype(),
+                 src.placements(), dst.placements(), src.shard_order(), dst.shard_order()},
+                plan};
     std::lock_guard<std::mutex> lock(mu_);
     if (plans_.size() >= kLimit) plans_.clear();
-    plans_.emplace(std::move(key), plan);
+    plans_.emplace(hash, std::move(entry));
     return plan;
   }
 
  private:
+  struct Entry {
+    PlanKey key;
+    std::shared_ptr<const std::vector<CompiledStep>> plan;
+  };
   static constexpr size_t kLimit = 4096;
   std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<const std::vector<CompiledStep>>> plans_;
+  std::unordered_multimap<uint64_t, Entry> plans_;
 };
 
 PlanCache& plan_cache() {
