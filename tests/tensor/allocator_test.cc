@@ -1,8 +1,10 @@
-// The CPU allocator: reuse of large blocks by exact size, alignment, cache release, and the
-// memory statistics (allocated, reserved, peaks) that tests and benchmarks read.
+// The CPU allocator: reuse of large blocks by exact size and of the latest freed mid-sized ones,
+// alignment, cache release, and the memory statistics (allocated, reserved, peaks) that tests
+// and benchmarks read.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "tessel/base/error.h"
 #include "tessel/tensor/storage.h"
@@ -33,24 +35,34 @@ TEST(CpuAllocatorTest, ReusesLargeBlocksOfTheSameSize) {
   a.deallocate(zero, 0);
 }
 
-// Per-call buffers of collectives (a 512 KiB result, say) are cached from 64 KiB: glibc would
-// hand them back when they end its heap and fault their pages in again.
-TEST(CpuAllocatorTest, CachesBlocksFrom64KiB) {
+// Blocks of 64 KiB up to 1 MiB: the latest freed are kept, 4 MiB of them at most, the oldest
+// given back first; a block of the size just freed is that block again.
+TEST(CpuAllocatorTest, KeepsTheLatestFreedMidSizedBlocks) {
   Allocator& a = cpu_allocator();
   const Stream s;
   empty_cache(Device::cpu());
   const int64_t reserved = memory_stats(Device::cpu()).reserved_bytes;
-  const size_t cached = size_t{64} << 10, not_cached = cached - 64;
-  void* p = a.allocate(cached, s);
-  a.deallocate(p, cached);
-  EXPECT_EQ(memory_stats(Device::cpu()).reserved_bytes, reserved + static_cast<int64_t>(cached));
-  EXPECT_EQ(a.allocate(cached, s), p);
-  a.deallocate(p, cached);
-  void* q = a.allocate(not_cached, s);
-  a.deallocate(q, not_cached);
-  EXPECT_EQ(memory_stats(Device::cpu()).reserved_bytes, reserved + static_cast<int64_t>(cached));
+  auto reserved_now = [&] { return memory_stats(Device::cpu()).reserved_bytes - reserved; };
+  const size_t kept = size_t{512} << 10;
+  void* p = a.allocate(kept, s);
+  a.deallocate(p, kept);
+  EXPECT_EQ(reserved_now(), static_cast<int64_t>(kept));
+  EXPECT_EQ(a.allocate(kept, s), p);
+  a.deallocate(p, kept);
+  const size_t below = (size_t{64} << 10) - 64;  // not kept
+  a.deallocate(a.allocate(below, s), below);
+  EXPECT_EQ(reserved_now(), static_cast<int64_t>(kept));
+  // Five blocks of 960 KiB freed in turn (p's 512 KiB before them): 4 MiB holds the last four.
+  const size_t block = size_t{960} << 10;
+  std::vector<void*> blocks;
+  for (int i = 0; i < 5; ++i) blocks.push_back(a.allocate(block, s));
+  for (void* b : blocks) a.deallocate(b, block);
+  EXPECT_EQ(reserved_now(), static_cast<int64_t>(4 * block));
+  for (int i = 4; i >= 1; --i) EXPECT_EQ(a.allocate(block, s), blocks[static_cast<size_t>(i)]);
+  EXPECT_EQ(reserved_now(), static_cast<int64_t>(4 * block));
+  for (int i = 1; i <= 4; ++i) a.deallocate(blocks[static_cast<size_t>(i)], block);
   empty_cache(Device::cpu());
-  EXPECT_EQ(memory_stats(Device::cpu()).reserved_bytes, reserved);
+  EXPECT_EQ(reserved_now(), 0);
 }
 
 TEST(CpuAllocatorTest, StatisticsFollowAllocationsCacheAndPeaks) {
