@@ -57,8 +57,8 @@ constexpr std::array<EnvKnobInfo, static_cast<size_t>(EnvKnob::kCount)> kKnobs =
      "network interface Gloo binds (default: the one that reaches the job's store; tessel-run "
      "sets it for its workers)"},
     {EnvKnob::kGlooShm, "TESSEL_GLOO_SHM", "1",
-     "Gloo's all_to_all and all_gather move data through shared memory between ranks on one "
-     "host (0: TCP only)"},
+     "Gloo's all_to_all, all_gather, reduce_scatter and all_reduce move data through shared "
+     "memory between ranks on one host (0: TCP only)"},
     {EnvKnob::kNcclSplitShare, "TESSEL_NCCL_SPLIT_SHARE", "0",
      "NCCL groups made by split share the parent's resources (less memory; 1 to enable)"},
     {EnvKnob::kRdzvToken, "TESSEL_RDZV_TOKEN", "",

@@ -30,7 +30,7 @@ namespace {
 
 using Buffer = ::gloo::transport::UnboundBuffer;
 
-// Slots of our all_to_all: a prefix and 56 bits of the group sequence number.
+// Slots of our all_to_all: a prefix and 56 bits of the call's id (call_id()).
 constexpr uint64_t kAllToAllSlotPrefix = uint64_t{0x7c} << 56;
 // Slots of the shared-memory set-up: a prefix, the phase (8 bits) and 48 bits of the sequence.
 constexpr uint64_t kShmSetupSlotPrefix = uint64_t{0x7b} << 56;
@@ -52,9 +52,17 @@ constexpr size_t align_up(size_t bytes) {
   return (bytes + ShmRing::kAlign - 1) / ShmRing::kAlign * ShmRing::kAlign;
 }
 
+// What identifies one exchange: the group's sequence number and the phase within that
+// collective (all_reduce exchanges twice under one number).
+constexpr uint64_t call_id(uint64_t seq, uint32_t phase) { return seq << 4 | (phase & 15u); }
+std::string call_str(uint64_t call) {
+  return call % 16 == 0 ? fmt::format("#{}", call >> 4)
+                        : fmt::format("#{} (phase {})", call >> 4, call % 16);
+}
+
 // The record each call puts before its bytes in a ring (one 64-byte grain).
 struct CallHeader {
-  uint64_t seq = 0;
+  uint64_t call = 0;  // call_id()
   uint64_t bytes = 0;
   int32_t from = -1;
 };
@@ -293,7 +301,7 @@ void GlooAllToAll::connect_shared_memory(uint64_t seq, const Deadline& deadline,
 }
 
 void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Tensor> outputs,
-                             uint64_t seq, uint8_t* bounce, const Deadline& deadline,
+                             uint64_t call, uint8_t* bounce, const Deadline& deadline,
                              Nanoseconds timeout) {
   constexpr size_t kRing = ShmRing::kRingBytes, kAlign = ShmRing::kAlign;
   constexpr size_t kChunk = size_t{64} << 10;  // copied per step: a ring holds four
@@ -338,14 +346,17 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
   const int64_t own_count = own_in.numel();
   int64_t own_done = 0;
 
-  auto mismatch = [&](int from, int to, uint64_t their_seq, uint64_t sent, uint64_t expected) {
-    if (their_seq != seq) {
-      throw CommError(fmt::format("all_to_all #{}: rank {} sent rank {} the data of its call "
-                                   "#{}: the ranks' collectives on this group are out of step",
-                                   seq, from, to, their_seq));
+  // Both are the group's failure, not this rank's arguments: CommError, which the process
+  // group dumps for tessel-trace like a hang.
+  auto mismatch = [&](int from, int to, uint64_t their_call, uint64_t sent, uint64_t expected) {
+    if (their_call != call) {
+      throw CommError(fmt::format("all_to_all {}: rank {} sent rank {} the data of its call "
+                                   "{}: the ranks' collectives on this group are out of step",
+                                   call_str(call), from, to, call_str(their_call)));
     }
-    throw InvalidArgument(fmt::format("all_to_all #{}: rank {} sends {} bytes to rank {}, which "
-                                       "expects {} from it", seq, from, sent, to, expected));
+    throw CommError(fmt::format("all_to_all {}: rank {} sends {} bytes to rank {}, which "
+                                 "expects {} from it: the ranks passed different sizes",
+                                 call_str(call), from, sent, to, expected));
   };
 
   // Split rows: when every send and this rank's own block are column blocks of one matrix (the
@@ -380,7 +391,7 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
     if (f.finished()) return false;
     ShmRing& r = *f.peer->out;
     if (r.fault.load(std::memory_order_acquire) != 0) {
-      mismatch(me, f.peer->rank, r.fault_seq, r.fault_sent, r.fault_expected);
+      mismatch(me, f.peer->rank, r.fault_call, r.fault_sent, r.fault_expected);
     }
     uint64_t head = r.head.load(std::memory_order_relaxed);
     const size_t step = (f.header ? 0 : kAlign) + std::min(kChunk, align_up(f.bytes) - f.done);
@@ -392,7 +403,7 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
     bool moved = false;
     if (!f.header) {
       if (space < kAlign) return false;
-      const CallHeader h{seq, f.bytes, me};
+      const CallHeader h{call, f.bytes, me};
       std::memcpy(r.data + head % kRing, &h, sizeof(h));
       head += kAlign;
       space -= kAlign;
@@ -436,13 +447,13 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
       if (avail < kAlign) return false;
       CallHeader h;
       std::memcpy(&h, r.data + tail % kRing, sizeof(h));
-      if (h.seq != seq || h.bytes != f.bytes) {
-        r.fault_seq = h.seq;
+      if (h.call != call || h.bytes != f.bytes) {
+        r.fault_call = h.call;
         r.fault_sent = h.bytes;
         r.fault_expected = f.bytes;
         r.fault.store(1, std::memory_order_release);
         ring_bell(f.peer->segment.header());
-        mismatch(f.peer->rank, me, h.seq, h.bytes, f.bytes);
+        mismatch(f.peer->rank, me, h.call, h.bytes, f.bytes);
       }
       tail += kAlign;
       avail -= kAlign;
@@ -654,11 +665,12 @@ uint8_t* GlooAllToAll::staging_for(size_t bytes) {
 }
 
 void GlooAllToAll::run(std::span<const Tensor> inputs, std::span<const Tensor> outputs,
-                       uint64_t seq, Nanoseconds timeout) {
+                       uint64_t seq, Nanoseconds timeout, uint32_t phase) {
   const int n = context_->size, me = context_->rank;
   const Deadline deadline = Deadline::after(timeout);
   const int64_t element = static_cast<int64_t>(inputs[static_cast<size_t>(me)].element_size());
-  const uint64_t slot = kAllToAllSlotPrefix | (seq & ((uint64_t{1} << 56) - 1));
+  const uint64_t call = call_id(seq, phase);
+  const uint64_t slot = kAllToAllSlotPrefix | (call & ((uint64_t{1} << 56) - 1));
   auto bytes_of = [&](const Tensor& t) { return static_cast<size_t>(t.numel() * element); };
   auto peer_at = [&](int step, int direction) { return ((me + direction * step) % n + n) % n; };
   if (!shm_settled_) connect_shared_memory(seq, deadline, timeout);
@@ -744,7 +756,7 @@ void GlooAllToAll::run(std::span<const Tensor> inputs, std::span<const Tensor> o
     }
   }
 
-  if (any_local) run_local(inputs, outputs, seq, stage + bounce, deadline, timeout);
+  if (any_local) run_local(inputs, outputs, call, stage + bounce, deadline, timeout);
 
   // Step 4: the receives, piece k from every peer in the order they send to us, for k = 0,
   // 1, ...; a staged piece is unpacked as soon as it is in. arrived[p] and left[p] count p's

@@ -150,8 +150,38 @@ class GlooBackend final : public CommBackend {
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
 
+  // Where ranks of the group share a host: a reduce-scatter and an all_gather, both as
+  // exchanges (all_to_all) through shared memory with those ranks and TCP with the rest; every
+  // chunk is reduced once, in rank order, so all ranks get the same bits. Otherwise Gloo's
+  // ring all-reduce.
   void all_reduce(Tensor& tensor, ReduceOp op, const OpContext& ctx) override {
-    all_reduce_raw(tensor.data_ptr(), tensor.numel(), tensor.dtype(), op, ctx);
+    if (tensor.numel() == 0) return;
+    if (!use_shared_memory("all_reduce", ctx)) {
+      all_reduce_raw(tensor.data_ptr(), tensor.numel(), tensor.dtype(), op, ctx);
+      return;
+    }
+    const int n = size(), me = rank();
+    const int64_t total = tensor.numel();
+    std::vector<int64_t> counts, offsets;
+    for (int64_t j = 0, at = 0; j < n; ++j) {
+      counts.push_back(total / n + (j < total % n ? 1 : 0));
+      offsets.push_back(at);
+      at += counts.back();
+    }
+    const Tensor flat = view(tensor, {total});
+    const ReduceOp base = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+    reduce_scatter_exchange(flat, counts, narrow(flat, 0, offsets[me], counts[me]), base, ctx,
+                            "all_reduce");
+    std::vector<Tensor> inputs, outputs;
+    for (int j = 0; j < n; ++j) {
+      const bool own = j == me;  // already in place
+      inputs.push_back(narrow(flat, 0, offsets[me], own ? 0 : counts[me]));
+      outputs.push_back(narrow(flat, 0, offsets[j], own ? 0 : counts[j]));
+    }
+    gloo_call("all_reduce", [&] {
+      all_to_all_.run(inputs, outputs, ctx.seq, ctx.timeout, /*phase=*/1);
+    });
+    if (op == ReduceOp::kAvg) internal::divide_by(tensor.dtype(), tensor.data_ptr(), total, n);
   }
 
   void broadcast(Tensor& tensor, int root, const OpContext& ctx) override {
@@ -168,14 +198,8 @@ class GlooBackend final : public CommBackend {
                   const OpContext& ctx) override {
     if (output.nbytes() == 0) return;
     // When ranks of the group share a host, an all_to_all of the input to every rank into the
-    // output's slices: through shared memory between those, over TCP otherwise. (Every rank
-    // takes the same branch: the condition is the group's, not this rank's.)
-    bool local = false;
-    if (size() > 1) {
-      gloo_call("all_gather",
-                [&] { local = all_to_all_.group_may_share_memory(ctx.seq, ctx.timeout); });
-    }
-    if (local) {
+    // output's slices: through shared memory between those, over TCP otherwise.
+    if (use_shared_memory("all_gather", ctx)) {
       const Tensor flat_in = view(input, {input.numel()});
       const Tensor flat_out = view(output, {output.numel()});
       std::vector<Tensor> inputs(static_cast<size_t>(size()), flat_in), outputs;
@@ -231,6 +255,14 @@ class GlooBackend final : public CommBackend {
     }
     if (n == 1) {
       if (output.nbytes() > 0) std::memcpy(output.data_ptr(), plan.in, output.nbytes());
+      return;
+    }
+    if (use_shared_memory("reduce_scatter", ctx)) {
+      reduce_scatter_exchange(view(input, {input.numel()}), counts, output, plan.op, ctx,
+                              "reduce_scatter");
+      if (op == ReduceOp::kAvg && output.numel() > 0) {
+        internal::divide_by(output.dtype(), output.data_ptr(), output.numel(), n);
+      }
       return;
     }
     const Deadline deadline = Deadline::after(ctx.timeout);
@@ -305,6 +337,65 @@ class GlooBackend final : public CommBackend {
   }
 
  private:
+  // Whether the group's collectives go through all_to_all's shared memory: some pair of its
+  // ranks shares a host. The group's answer, the same on every rank, so all take the same
+  // algorithm; settles the pairs in the group's first call (collective then).
+  bool use_shared_memory(const char* what, const OpContext& ctx) {
+    if (size() == 1) return false;
+    bool local = false;
+    gloo_call(what, [&] { local = all_to_all_.group_may_share_memory(ctx.seq, ctx.timeout); });
+    return local;
+  }
+
+  // Reduce-scatter as an exchange: chunk j of every rank's `flat_in` goes to rank j, which
+  // reduces the pieces in rank order into `out` (a 1-D contiguous tensor of counts[rank]
+  // elements, which may be this rank's own chunk of flat_in: all_reduce's first half).
+  void reduce_scatter_exchange(const Tensor& flat_in, std::span<const int64_t> counts,
+                               const Tensor& out, ReduceOp op, const OpContext& ctx,
+                               const char* what) {
+    const int n = size(), me = rank();
+    const DType dtype = flat_in.dtype();
+    const int64_t mine = counts[static_cast<size_t>(me)];
+    Tensor pieces = empty({(n - 1) * mine}, dtype);  // the peers' pieces of this rank's chunk
+    std::vector<Tensor> inputs, outputs;
+    int64_t at = 0, own_at = 0;
+    for (int j = 0, slot = 0; j < n; ++j) {
+      const int64_t c = counts[static_cast<size_t>(j)];
+      if (j == me) {  // reduced straight from the input
+        own_at = at;
+        inputs.push_back(narrow(flat_in, 0, at, 0));
+        outputs.push_back(narrow(pieces, 0, 0, 0));
+      } else {
+        inputs.push_back(narrow(flat_in, 0, at, c));
+        outputs.push_back(narrow(pieces, 0, slot++ * mine, mine));
+      }
+      at += c;
+    }
+    gloo_call(what, [&] { all_to_all_.run(inputs, outputs, ctx.seq, ctx.timeout); });
+    if (mine == 0) return;
+    // Rank order, a block at a time so the block stays in cache while every piece goes in. The
+    // own piece is read from a copy when `out` is where it lies.
+    const auto element = static_cast<int64_t>(dtype_size(dtype));
+    const auto* own = static_cast<const uint8_t*>(flat_in.data_ptr()) + own_at * element;
+    const auto* peers = static_cast<const uint8_t*>(pieces.data_ptr());
+    auto* result = static_cast<uint8_t*>(out.data_ptr());
+    const bool in_place = result == own;
+    constexpr int64_t kBlockBytes = 16 << 10;
+    const int64_t block = kBlockBytes / element;
+    std::vector<uint8_t> own_copy(in_place ? kBlockBytes : 0);
+    for (int64_t b = 0; b < mine; b += block) {
+      const int64_t len = std::min(block, mine - b);
+      if (in_place) std::memcpy(own_copy.data(), own + b * element, len * element);
+      auto piece = [&](int j) -> const void* {
+        if (j == me) return in_place ? own_copy.data() : own + b * element;
+        return peers + ((j < me ? j : j - 1) * mine + b) * element;
+      };
+      uint8_t* o = result + b * element;
+      internal::reduce_pair(dtype, op, o, piece(0), piece(1), len);
+      for (int j = 2; j < n; ++j) internal::reduce_into(dtype, op, o, piece(j), len);
+    }
+  }
+
   void all_reduce_raw(void* data, int64_t n, DType dtype, ReduceOp op, const OpContext& ctx) {
     if (n == 0) return;
     ::gloo::AllreduceOptions o(context_);

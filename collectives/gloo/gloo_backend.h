@@ -21,12 +21,13 @@ struct GlooOptions {
   // Network interface to bind instead of a host name ("eth0"); wins over hostname.
   std::string iface = {};
   ProcessGroupOptions group = {};  // name, id and default timeout (also the connect timeout)
-  // reduce_scatter runs recursive halving (log2 n steps, scratch as large as the input) on
-  // power-of-two groups for inputs up to this size, a ring (n - 1 steps, three chunks of
-  // scratch) otherwise. Sub-groups made by split inherit it.
+  // Between hosts, reduce_scatter runs recursive halving (log2 n steps, scratch as large as
+  // the input) on power-of-two groups for inputs up to this size, a ring (n - 1 steps, three
+  // chunks of scratch) otherwise. Sub-groups made by split inherit it.
   size_t halving_max_bytes = size_t{8} << 20;
-  // all_to_all and all_gather move data through shared memory between ranks on one host (a pair
-  // uses it when both enable it and each can map the other's segment; TCP otherwise).
+  // all_to_all, all_gather, reduce_scatter and all_reduce move data through shared memory
+  // between ranks on one host (a pair uses it when both enable it and each can map the other's
+  // segment; TCP otherwise).
   // TESSEL_GLOO_SHM=0 turns it off too. Sub-groups made by split inherit both fields.
   bool shared_memory = true;
   // Ranks whose host_id is equal are taken to share a host (empty: the kernel's boot id, so

@@ -26,8 +26,8 @@ namespace {
 using std::chrono::seconds;
 
 // shared_memory = false: every collective runs Gloo's TCP algorithms (or ours over Gloo's
-// point-to-point buffers) as between hosts; true: all_to_all and all_gather run over shared
-// memory between these ranks (all on this host).
+// point-to-point buffers) as between hosts; true: all_to_all, all_gather, reduce_scatter and
+// all_reduce run as exchanges over shared memory between these ranks (all on this host).
 std::shared_ptr<ProcessGroup> connect(int rank, int size, const std::string& dir,
                                       Nanoseconds timeout = seconds(30),
                                       size_t halving_max_bytes = GlooOptions{}.halving_max_bytes,

@@ -276,7 +276,8 @@ TEST_F(GlooShmTest, BothEndsMustEnableIt) {
 }
 
 // A count that disagrees: both ends fail with the same named mismatch, at once, rather than
-// misreading the stream, hanging, or (the sender) returning as if all went well.
+// misreading the stream, hanging, or (the sender) returning as if all went well. A CommError:
+// the group's failure, which the process group dumps for tessel-trace.
 TEST_F(GlooShmTest, CountsThatDisagreeFailOnBothEnds) {
   expect_all_succeeded(testing::run_processes(
       2,
@@ -292,7 +293,7 @@ TEST_F(GlooShmTest, CountsThatDisagreeFailOnBothEnds) {
         try {
           pg->all_to_all(in, out, {.send_counts = send, .recv_counts = recv});
           throw testing::CheckFailure("a mismatched all_to_all returned");
-        } catch (const InvalidArgument& e) {
+        } catch (const CommError& e) {
           const std::string text = e.what();
           const std::string expected = "rank 0 sends 40 bytes to rank 1, which expects 48";
           check(text.find(expected) != std::string::npos, "rank " + std::to_string(rank) +
@@ -301,6 +302,46 @@ TEST_F(GlooShmTest, CountsThatDisagreeFailOnBothEnds) {
         check(watch.elapsed() < seconds(20), "the mismatch was found only at the timeout");
       },
       seconds(60)));
+}
+
+// The reductions run as exchanges too: an all_reduce or reduce_scatter whose sizes differ
+// between ranks fails on every rank at once, naming the sizes, and leaves the group failed.
+TEST_F(GlooShmTest, ReductionsOfDifferentSizesFailOnEveryRank) {
+  for (const bool scatter : {false, true}) {
+    expect_all_succeeded(testing::run_processes(
+        3,
+        [scatter](int rank, const std::string& dir) {
+          auto pg = connect(rank, 3, dir, {}, seconds(20));
+          Tensor warm = ones({6});
+          pg->all_reduce(warm);  // sets up; every rank agrees
+          check(warm.data<float>()[5] == 3.0f, "the warm-up all_reduce summed wrongly");
+          const int64_t n = rank == 1 ? 9 : 6;  // rank 1's chunks are 3, the others' 2
+          const Stopwatch watch;
+          try {
+            if (scatter) {
+              Tensor out = zeros({n / 3});
+              pg->reduce_scatter(ones({n}), out);
+            } else {
+              Tensor t = ones({n});
+              pg->all_reduce(t);
+            }
+            throw testing::CheckFailure("a mismatched reduction returned");
+          } catch (const CommError& e) {
+            const std::string text = e.what();
+            check(text.find("the ranks passed different sizes") != std::string::npos &&
+                      text.find(scatter ? "reduce_scatter" : "all_reduce") != std::string::npos,
+                  "rank " + std::to_string(rank) + " got: " + text);
+          }
+          check(watch.elapsed() < seconds(20), "the mismatch was found only at the timeout");
+          Tensor again = ones({6});
+          try {
+            pg->all_reduce(again);
+            throw testing::CheckFailure("the group went on after a failed exchange");
+          } catch (const CommError&) {
+          }
+        },
+        seconds(60)));
+  }
 }
 
 // A rank that never calls: the others time out naming it, on either transport.
