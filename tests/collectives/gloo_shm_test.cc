@@ -1,5 +1,5 @@
-// The Gloo backend's all_to_all (and all_gather, which runs on it) over shared memory between
-// ranks of one host (forked processes):
+// The Gloo backend's all_to_all (and all_gather, reduce_scatter and all_reduce, which run on it)
+// over shared memory between ranks of one host (forked processes):
 // which pairs use it (host ids, the option on one end only), exact results when some pairs use
 // shared memory and others TCP, views that wrap the rings many times, a count that disagrees
 // (an error on both ends), a peer killed or absent mid-call on either transport, and no names
@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -198,7 +199,69 @@ void check_all_gather(ProcessGroup& pg) {
   }
 }
 
+// all_reduce and reduce_scatter (exchanges through the rings where a peer shares memory): f32
+// values whose sum depends on the order, so the result must equal rank order's bit for bit on
+// every rank; max and avg; bf16 and i64; fewer elements than ranks; large enough to wrap.
+void check_reductions(ProcessGroup& pg) {
+  const int n = pg.size(), me = pg.rank();
+  auto value = [](int rank, int64_t k) {  // magnitudes apart, so float sums round by order
+    return static_cast<float>((k % 7 + 1) * (rank % 2 ? 1e-7 : 1e7)) + static_cast<float>(rank);
+  };
+  for (int64_t numel : {int64_t{1}, int64_t{n + 1}, int64_t{600001}}) {
+    Tensor x = empty({numel});
+    for (int64_t k = 0; k < numel; ++k) x.data<float>()[k] = value(me, k);
+    Tensor sum = clone(x), max = clone(x), avg = clone(x);
+    pg.all_reduce(sum);
+    pg.all_reduce(max, {.op = ReduceOp::kMax});
+    pg.all_reduce(avg, {.op = ReduceOp::kAvg});
+    for (int64_t k = 0; k < numel; ++k) {
+      float want = value(0, k), top = value(0, k);
+      for (int r = 1; r < n; ++r) {
+        want += value(r, k);
+        top = std::max(top, value(r, k));
+      }
+      const float s = sum.data<float>()[k];
+      check(std::memcmp(&s, &want, sizeof s) == 0,
+            fmt::format("rank {}: all_reduce sum of {} at {} is {:a}, rank order gives {:a}", me,
+                        numel, k, s, want));
+      check(max.data<float>()[k] == top, fmt::format("rank {}: all_reduce max at {}", me, k));
+      check(avg.data<float>()[k] == want / static_cast<float>(n),
+            fmt::format("rank {}: all_reduce avg at {}", me, k));
+    }
+  }
+  // Integers and bf16 through reduce_scatter, uneven (rank r's chunk has 3r + 1 elements).
+  std::vector<int64_t> counts;
+  int64_t total = 0;
+  for (int r = 0; r < n; ++r) {
+    counts.push_back(3 * r + 1 + (r == 0 ? 200000 : 0));
+    total += counts.back();
+  }
+  Tensor in = empty({total}, DType::kI64);
+  for (int64_t k = 0; k < total; ++k) in.data<int64_t>()[k] = (int64_t{1} << 40) * me + k;
+  Tensor out = empty({counts[static_cast<size_t>(me)]}, DType::kI64);
+  pg.reduce_scatter(in, out, {.counts = counts});
+  int64_t first = 0;
+  for (int r = 0; r < me; ++r) first += counts[static_cast<size_t>(r)];
+  for (int64_t k = 0; k < out.numel(); ++k) {
+    const int64_t want = (int64_t{1} << 40) * (n * (n - 1) / 2) + n * (first + k);
+    check(out.data<int64_t>()[k] == want,
+          fmt::format("rank {}: reduce_scatter i64 at {} is {}, want {}", me, k,
+                      out.data<int64_t>()[k], want));
+  }
+  std::vector<int64_t> b_counts;
+  for (int r = 0; r < n; ++r) b_counts.push_back(1000 + (r < 3 ? 1 : 0));
+  Tensor b = full({1000 * n + std::min(n, 3)}, 1.5, DType::kBF16);
+  Tensor b_out = empty({b_counts[static_cast<size_t>(me)]}, DType::kBF16);
+  pg.reduce_scatter(b, b_out, {.counts = b_counts});
+  const Tensor b_f = to(b_out, DType::kF32);
+  for (int64_t k = 0; k < b_f.numel(); ++k) {
+    check(b_f.data<float>()[k] == 1.5f * static_cast<float>(n),
+          fmt::format("rank {}: reduce_scatter bf16 at {} is {}", me, k, b_f.data<float>()[k]));
+  }
+}
+
 void check_everything(ProcessGroup& pg) {
+  check_reductions(pg);
   check_column_exchange(pg, 3, 5, DType::kF32);         // a few odd-sized rows
   check_column_exchange(pg, 40000, 12, DType::kF32);    // 1.8 MiB per peer: the rings wrap
   check_column_exchange(pg, 20001, 33, DType::kBF16);   // odd rows of 66 bytes
