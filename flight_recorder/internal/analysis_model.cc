@@ -149,12 +149,35 @@ const HeldEntry* Model::crash_op(int rank) const {
   return nullptr;
 }
 
+bool Model::needs_gone_rank(int rank, const HeldEntry& e) const {
+  const auto git = groups_.find(e.group_id);
+  if (git == groups_.end()) return false;
+  const GroupInfo& g = *git->second;
+  auto gone = [&](int s) {
+    return s != rank && s >= 0 && s < world_size_ &&
+           (crashed(s) || (dump_of(s) == nullptr && exits_.count(s) > 0));
+  };
+  if (!e.is_collective()) {
+    return e.peer >= 0 && static_cast<size_t>(e.peer) < g.ranks.size() && gone(g.ranks[e.peer]);
+  }
+  for (int s : g.ranks) {
+    if (!gone(s)) continue;
+    if (dump_of(s) == nullptr || reached(s, g.id) < e.seq) return true;
+    const HeldEntry* in = crash_op(s);  // it crashed inside this very collective
+    if (in != nullptr && in->group_id == e.group_id && in->seq == e.seq) return true;
+  }
+  return false;
+}
+
 void Model::find_wait(const Dump& dump) {
   const RankDump& d = *dump.header;
   const auto& held = dump.digest->held;
   const HeldEntry* blocking = nullptr;
   for (const auto& e : held) {
-    if (!e.finished() && d.monotonic_ns - e.enqueued_ns >= threshold_ns_) {
+    if (e.finished()) continue;
+    // A young operation is in flight, not waiting, unless a rank it needs is gone (a launcher
+    // asks for dumps as soon as a rank dies, before the others have noticed).
+    if (d.monotonic_ns - e.enqueued_ns >= threshold_ns_ || needs_gone_rank(d.rank, e)) {
       blocking = &e;
       break;
     }

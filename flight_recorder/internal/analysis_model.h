@@ -153,6 +153,9 @@ class Model {
   bool member_of(int rank, uint64_t group) const;
   void index_dump(const Dump& d);
   void find_wait(const Dump& d);
+  // Whether a member `e` needs is known to be gone: it crashed, or the launcher recorded its
+  // exit and it left no dump. Such an operation waits, however young: it cannot complete.
+  bool needs_gone_rank(int rank, const HeldEntry& e) const;
   void find_deviations();
   // The entry `rank` recorded for collective `seq` of `group` (or of a sibling group the rank
   // belongs to), nullopt when none.

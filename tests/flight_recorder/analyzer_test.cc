@@ -235,6 +235,25 @@ TEST(AnalyzerTest, TimeoutTriggerMeansHungWhateverTheAge) {
   EXPECT_EQ(analyze(set).culprits, std::vector<int>{2});
 }
 
+// A launcher asks for dumps the moment a rank dies, often before the others notice: their
+// collective is young, but it needs the dead rank, so it is a wait all the same. The same dumps
+// with the rank merely missing (no exit recorded) blame nobody.
+TEST(AnalyzerTest, YoungOpThatNeedsARankTheLauncherSawDieIsAWait) {
+  for (const int signal : {9, 0}) {
+    TempDir dir;
+    DumpSet set = live_job(std::chrono::milliseconds(5), DumpTrigger::kStoreRequest, dir);
+    set.dumps.pop_back();  // rank 2 left no dump
+    set.missing_ranks = {2};
+    set.exits = {ExitRecord{.rank = 2, .exit_code = signal ? -1 : 0, .signal = signal}};
+    Verdict v = analyze(set);
+    EXPECT_EQ(v.culprits, std::vector<int>{2}) << format_verdict(v);
+    EXPECT_EQ(v.positions[0].where, RankPosition::Where::kInOperation) << format_verdict(v);
+    set.exits.clear();
+    v = analyze(set);
+    EXPECT_TRUE(v.culprits.empty()) << format_verdict(v);
+  }
+}
+
 TEST(AnalyzerTest, MismatchWithoutMajorityIsInconclusive) {
   TempDir dir;
   for (int r = 0; r < 4; ++r) {
