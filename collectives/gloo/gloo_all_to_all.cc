@@ -53,11 +53,11 @@ constexpr size_t align_up(size_t bytes) {
 }
 
 // What identifies one exchange: the group's sequence number and the phase within that
-// collective (all_reduce exchanges twice under one number).
-constexpr uint64_t call_id(uint64_t seq, uint32_t phase) { return seq << 4 | (phase & 15u); }
+// collective (reduce_scatter's rounds and all_reduce's gather under one number; 0 to 255).
+constexpr uint64_t call_id(uint64_t seq, uint32_t phase) { return seq << 8 | (phase & 255u); }
 std::string call_str(uint64_t call) {
-  return call % 16 == 0 ? fmt::format("#{}", call >> 4)
-                        : fmt::format("#{} (phase {})", call >> 4, call % 16);
+  return call % 256 == 0 ? fmt::format("#{}", call >> 8)
+                         : fmt::format("#{} (phase {})", call >> 8, call % 256);
 }
 
 // The record each call puts before its bytes in a ring (one 64-byte grain).

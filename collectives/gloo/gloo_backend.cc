@@ -34,6 +34,9 @@ namespace {
 
 using Millis = std::chrono::milliseconds;
 
+// Rounds of a reduce-scatter exchange at most: with all_reduce's gather, phases 0 to 255.
+constexpr int64_t kMaxRounds = 255;
+
 Millis to_millis(Nanoseconds d) {
   return std::max(Millis(1), std::chrono::duration_cast<Millis>(d));
 }
@@ -138,11 +141,12 @@ class GlooBackend final : public CommBackend {
  public:
   GlooBackend(std::shared_ptr<tessel::Store> store, std::shared_ptr<::gloo::Context> context,
               std::shared_ptr<::gloo::transport::Device> device, size_t halving_max_bytes,
-              internal::SharedMemoryOptions shm)
+              size_t exchange_scratch_bytes, internal::SharedMemoryOptions shm)
       : store_(std::move(store)),
         context_(std::move(context)),
         device_(std::move(device)),
         halving_max_bytes_(halving_max_bytes),
+        exchange_scratch_bytes_(std::max<size_t>(exchange_scratch_bytes, 1)),
         shm_(shm),
         all_to_all_(context_, std::move(shm)) {}
 
@@ -170,8 +174,8 @@ class GlooBackend final : public CommBackend {
     }
     const Tensor flat = view(tensor, {total});
     const ReduceOp base = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-    reduce_scatter_exchange(flat, counts, narrow(flat, 0, offsets[me], counts[me]), base, ctx,
-                            "all_reduce");
+    const uint32_t phases = reduce_scatter_exchange(
+        flat, counts, narrow(flat, 0, offsets[me], counts[me]), base, ctx, "all_reduce");
     std::vector<Tensor> inputs, outputs;
     for (int j = 0; j < n; ++j) {
       const bool own = j == me;  // already in place
@@ -179,7 +183,7 @@ class GlooBackend final : public CommBackend {
       outputs.push_back(narrow(flat, 0, offsets[j], own ? 0 : counts[j]));
     }
     gloo_call("all_reduce", [&] {
-      all_to_all_.run(inputs, outputs, ctx.seq, ctx.timeout, /*phase=*/1);
+      all_to_all_.run(inputs, outputs, ctx.seq, ctx.timeout, phases);
     });
     if (op == ReduceOp::kAvg) internal::divide_by(tensor.dtype(), tensor.data_ptr(), total, n);
   }
@@ -333,7 +337,7 @@ class GlooBackend final : public CommBackend {
     auto context = connect(store, request.new_rank, static_cast<int>(request.members.size()),
                            request.options.timeout, device_);
     return std::make_unique<GlooBackend>(std::move(store), std::move(context), device_,
-                                         halving_max_bytes_, shm_);
+                                         halving_max_bytes_, exchange_scratch_bytes_, shm_);
   }
 
  private:
@@ -349,51 +353,68 @@ class GlooBackend final : public CommBackend {
 
   // Reduce-scatter as an exchange: chunk j of every rank's `flat_in` goes to rank j, which
   // reduces the pieces in rank order into `out` (a 1-D contiguous tensor of counts[rank]
-  // elements, which may be this rank's own chunk of flat_in: all_reduce's first half).
-  void reduce_scatter_exchange(const Tensor& flat_in, std::span<const int64_t> counts,
-                               const Tensor& out, ReduceOp op, const OpContext& ctx,
-                               const char* what) {
+  // elements, which may be this rank's own chunk of flat_in: all_reduce's first half). The
+  // peers' pieces are held in scratch of about GlooOptions::exchange_scratch_bytes: larger chunks go in
+  // rounds (one exchange each, phases 0, 1, ...), every rank cutting them alike. Returns the
+  // number of phases used.
+  uint32_t reduce_scatter_exchange(const Tensor& flat_in, std::span<const int64_t> counts,
+                                   const Tensor& out, ReduceOp op, const OpContext& ctx,
+                                   const char* what) {
     const int n = size(), me = rank();
     const DType dtype = flat_in.dtype();
-    const int64_t mine = counts[static_cast<size_t>(me)];
-    Tensor pieces = empty({(n - 1) * mine}, dtype);  // the peers' pieces of this rank's chunk
-    std::vector<Tensor> inputs, outputs;
-    int64_t at = 0, own_at = 0;
-    for (int j = 0, slot = 0; j < n; ++j) {
-      const int64_t c = counts[static_cast<size_t>(j)];
-      if (j == me) {  // reduced straight from the input
-        own_at = at;
-        inputs.push_back(narrow(flat_in, 0, at, 0));
-        outputs.push_back(narrow(pieces, 0, 0, 0));
-      } else {
-        inputs.push_back(narrow(flat_in, 0, at, c));
-        outputs.push_back(narrow(pieces, 0, slot++ * mine, mine));
-      }
-      at += c;
-    }
-    gloo_call(what, [&] { all_to_all_.run(inputs, outputs, ctx.seq, ctx.timeout); });
-    if (mine == 0) return;
-    // Rank order, a block at a time so the block stays in cache while every piece goes in. The
-    // own piece is read from a copy when `out` is where it lies.
     const auto element = static_cast<int64_t>(dtype_size(dtype));
-    const auto* own = static_cast<const uint8_t*>(flat_in.data_ptr()) + own_at * element;
-    const auto* peers = static_cast<const uint8_t*>(pieces.data_ptr());
-    auto* result = static_cast<uint8_t*>(out.data_ptr());
-    const bool in_place = result == own;
-    constexpr int64_t kBlockBytes = 16 << 10;
-    const int64_t block = kBlockBytes / element;
-    std::vector<uint8_t> own_copy(in_place ? kBlockBytes : 0);
-    for (int64_t b = 0; b < mine; b += block) {
-      const int64_t len = std::min(block, mine - b);
-      if (in_place) std::memcpy(own_copy.data(), own + b * element, len * element);
-      auto piece = [&](int j) -> const void* {
-        if (j == me) return in_place ? own_copy.data() : own + b * element;
-        return peers + ((j < me ? j : j - 1) * mine + b) * element;
+    const int64_t mine = counts[static_cast<size_t>(me)];
+    const int64_t longest = *std::max_element(counts.begin(), counts.end());
+    // Elements of each chunk per round: what fits the scratch, and few enough rounds that the
+    // phases (all_reduce adds one) stay within a call id's 8 bits.
+    const int64_t per_round = std::max<int64_t>(
+        {static_cast<int64_t>(exchange_scratch_bytes_) / ((n - 1) * element),
+         (longest + kMaxRounds - 1) / kMaxRounds, 1});
+    const auto rounds = static_cast<uint32_t>(std::max<int64_t>(1, (longest + per_round - 1) / per_round));
+    Tensor pieces = empty({(n - 1) * std::min(mine, per_round)}, dtype);
+    std::vector<int64_t> offsets;
+    for (int64_t j = 0, at = 0; j < n; at += counts[static_cast<size_t>(j)], ++j) offsets.push_back(at);
+    std::vector<uint8_t> own_copy;
+    for (uint32_t round = 0; round < rounds; ++round) {
+      const int64_t lo = static_cast<int64_t>(round) * per_round;
+      auto piece_of = [&](int j) {  // [first, length) of chunk j in this round
+        const int64_t c = counts[static_cast<size_t>(j)];
+        const int64_t first = std::min(lo, c);
+        return std::pair{first, std::min(lo + per_round, c) - first};
       };
-      uint8_t* o = result + b * element;
-      internal::reduce_pair(dtype, op, o, piece(0), piece(1), len);
-      for (int j = 2; j < n; ++j) internal::reduce_into(dtype, op, o, piece(j), len);
+      const auto [first, len] = piece_of(me);
+      std::vector<Tensor> inputs, outputs;
+      for (int j = 0, slot = 0; j < n; ++j) {
+        const auto [f, l] = piece_of(j);
+        const bool own = j == me;  // reduced straight from the input
+        inputs.push_back(narrow(flat_in, 0, offsets[static_cast<size_t>(j)] + f, own ? 0 : l));
+        outputs.push_back(narrow(pieces, 0, own ? 0 : slot++ * len, own ? 0 : len));
+      }
+      gloo_call(what, [&] { all_to_all_.run(inputs, outputs, ctx.seq, ctx.timeout, round); });
+      if (len == 0) continue;
+      // Rank order, a block at a time so the block stays in cache while every piece goes in.
+      // The own piece is read from a copy when `out` is where it lies.
+      const auto* own = static_cast<const uint8_t*>(flat_in.data_ptr()) +
+                        (offsets[static_cast<size_t>(me)] + first) * element;
+      const auto* peers = static_cast<const uint8_t*>(pieces.data_ptr());
+      auto* result = static_cast<uint8_t*>(out.data_ptr()) + first * element;
+      const bool in_place = result == own;
+      constexpr int64_t kBlockBytes = 16 << 10;
+      const int64_t block = kBlockBytes / element;
+      if (in_place) own_copy.resize(kBlockBytes);
+      for (int64_t b = 0; b < len; b += block) {
+        const int64_t m = std::min(block, len - b);
+        if (in_place) std::memcpy(own_copy.data(), own + b * element, static_cast<size_t>(m * element));
+        auto piece = [&](int j) -> const void* {
+          if (j == me) return in_place ? own_copy.data() : own + b * element;
+          return peers + ((j < me ? j : j - 1) * len + b) * element;
+        };
+        uint8_t* o = result + b * element;
+        internal::reduce_pair(dtype, op, o, piece(0), piece(1), m);
+        for (int j = 2; j < n; ++j) internal::reduce_into(dtype, op, o, piece(j), m);
+      }
     }
+    return rounds;
   }
 
   void all_reduce_raw(void* data, int64_t n, DType dtype, ReduceOp op, const OpContext& ctx) {
@@ -555,6 +576,7 @@ class GlooBackend final : public CommBackend {
   std::shared_ptr<::gloo::Context> context_;
   std::shared_ptr<::gloo::transport::Device> device_;
   const size_t halving_max_bytes_;
+  const size_t exchange_scratch_bytes_;
   const internal::SharedMemoryOptions shm_;
   std::unique_ptr<uint8_t[]> scratch_;
   size_t scratch_bytes_ = 0;
@@ -595,6 +617,7 @@ std::shared_ptr<ProcessGroup> gloo_create_process_group(std::shared_ptr<Store> s
   return std::make_shared<ProcessGroup>(
       std::make_unique<GlooBackend>(
           std::move(prefixed), std::move(context), std::move(device), options.halving_max_bytes,
+          options.exchange_scratch_bytes,
           internal::SharedMemoryOptions{
               .enabled = options.shared_memory && env_bool(EnvKnob::kGlooShm),
               .host_id = options.host_id}),

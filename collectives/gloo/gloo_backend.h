@@ -25,6 +25,10 @@ struct GlooOptions {
   // the input) on power-of-two groups for inputs up to this size, a ring (n - 1 steps, three
   // chunks of scratch) otherwise. Sub-groups made by split inherit it.
   size_t halving_max_bytes = size_t{8} << 20;
+  // On one host, reduce_scatter and all_reduce hold the peers' pieces of this rank's chunk in
+  // scratch of about this size, exchanging larger chunks in rounds (at most 255, so a chunk
+  // over 255 times this takes a larger scratch). Every rank must pass the same value.
+  size_t exchange_scratch_bytes = size_t{64} << 20;
   // all_to_all, all_gather, reduce_scatter and all_reduce move data through shared memory
   // between ranks on one host (a pair uses it when both enable it and each can map the other's
   // segment; TCP otherwise).

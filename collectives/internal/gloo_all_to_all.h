@@ -57,8 +57,8 @@ class GlooAllToAll {
 
   // inputs[j] goes to rank j, outputs[j] receives rank j's inputs[rank]: CPU views of one dtype,
   // any strides, elements in row-major order; inputs[j].numel() must equal rank j's
-  // outputs[rank].numel(). `phase` tells apart the exchanges of one collective (seq): every
-  // rank's must agree. Blocks until all is sent and received. Throws Timeout naming the ranks
+  // outputs[rank].numel(). `phase` (0-255) tells apart the exchanges of one collective (seq):
+  // every rank's must agree. Blocks until all is sent and received. Throws Timeout naming the ranks
   // whose data had not all arrived within `timeout`; PeerLost naming a peer on this host that
   // exited; CommError on both ends when a peer on this host sent another call's data or another
   // byte count than this rank expects (InvalidArgument only for this rank's own block);

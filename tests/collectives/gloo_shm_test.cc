@@ -36,6 +36,7 @@ using std::chrono::seconds;
 struct Shm {
   bool enabled = true;
   std::string host_id = {};
+  size_t scratch = GlooOptions{}.exchange_scratch_bytes;
 };
 
 std::shared_ptr<ProcessGroup> connect(int rank, int size, const std::string& dir, const Shm& shm,
@@ -46,6 +47,7 @@ std::shared_ptr<ProcessGroup> connect(int rank, int size, const std::string& dir
   options.group.timeout = timeout;
   options.shared_memory = shm.enabled;
   options.host_id = shm.host_id;
+  options.exchange_scratch_bytes = shm.scratch;
   return gloo_create_process_group(store, rank, size, options);
 }
 
@@ -318,6 +320,29 @@ TEST_F(GlooShmTest, AllRanksOfThisHostShareMemoryAndSplitsToo) {
         const int expected = rank == 2 ? 3 : 5;  // rank 2 is alone in its sub-group
         check(mapped_segments() == expected, fmt::format("rank {} maps {} segments, expected {}",
                                                          rank, mapped_segments(), expected));
+      },
+      seconds(120)));
+}
+
+// Reductions whose chunks outgrow the scratch go in rounds (here the most, 255, each of a few
+// hundred elements), with results as exact as in one exchange and scratch that stays small.
+TEST_F(GlooShmTest, ReductionsLargerThanTheScratchGoInRounds) {
+  expect_all_succeeded(testing::run_processes(
+      3,
+      [](int rank, const std::string& dir) {
+        auto pg = connect(rank, 3, dir, {.host_id = rank == 2 ? "elsewhere" : "", .scratch = 4096});
+        check_reductions(*pg);
+        empty_cache(Device::cpu());
+        reset_peak_memory_stats(Device::cpu());
+        const int64_t before = memory_stats(Device::cpu()).allocated_bytes;
+        Tensor big = ones({3 * 100000});
+        pg->all_reduce(big);
+        check(big.data<float>()[299999] == 3.0f, "the all_reduce in rounds summed wrongly");
+        const int64_t scratch = memory_stats(Device::cpu()).peak_allocated_bytes - before -
+                                static_cast<int64_t>(big.nbytes());
+        check(scratch <= 16 << 10, fmt::format("rank {}: the all_reduce held {} bytes of scratch "
+                                               "(2 x 100000 elements without rounds)",
+                                               rank, scratch));
       },
       seconds(120)));
 }
