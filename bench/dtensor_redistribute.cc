@@ -14,7 +14,10 @@
 // ratio: with as many busy threads as cores, a time ratio that follows the CPU ratio is work
 // done (a copy the raw call does not make), not waiting. The raw call is the collective the
 // redistribution runs, on contiguous tensors of the same bytes, into an output allocated per
-// call as redistribute's result is (and as the PyTorch peer's raw calls do).
+// call as redistribute's result is (and as the PyTorch peer's raw calls do). For Shard->Shard,
+// whose pieces are strided column blocks, a second pair times redistribute against the
+// all_to_all of those very views: the collective it runs, so that ratio isolates what
+// redistribute adds from what the strided layout costs the transport.
 // Table 2: host overhead per call — what a call adds to the raw collective at the smallest size,
 // ours and PyTorch's, side by side (target: ours at least 10x less); and ours with no transport
 // at all (the fake backend), the framework's own cost.
@@ -63,6 +66,9 @@ struct Row {
   double ours = 0, raw = 0;  // seconds per call
   double median_ratio = 0;
   double ours_cpu = 0, raw_cpu = 0;  // rank 0's process CPU seconds per call
+  // Shard->Shard only (0 otherwise): a second pair against the all_to_all of the very views
+  // redistribute passes (strided column blocks), best seconds and ratios.
+  double views_ours = 0, views = 0, views_median = 0;
 };
 
 // One transition on a 1-D mesh of the world: the DTensor to start from, its target, and the raw
@@ -122,6 +128,27 @@ std::function<void()> raw_call(ProcessGroup& pg, const Transition& t, const DTen
   return [local, r, n] { (void)contiguous(narrow(local, 0, r * local.size(0) / n, local.size(0) / n)); };
 }
 
+// Shard->Shard's own collective: the all_to_all of the column blocks of the local tensor into
+// the row blocks of a result allocated per call (or the reverse), the views redistribute makes.
+std::function<void()> views_call(ProcessGroup& pg, const Transition& t, const DTensor& x) {
+  const Tensor local = x.to_local();
+  const int64_t gather = t.name == "S0->S1" ? 0 : 1, split = 1 - gather;
+  return [&pg, local, gather, split] {
+    const int64_t n = pg.size();
+    Shape shape = local.shape();
+    shape[static_cast<size_t>(gather)] *= n;
+    shape[static_cast<size_t>(split)] /= n;
+    Tensor out = empty(shape);
+    std::vector<Tensor> inputs, outputs;
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t piece = shape[static_cast<size_t>(split)], got = local.size(gather);
+      inputs.push_back(narrow(local, split, r * piece, piece));
+      outputs.push_back(narrow(out, gather, r * got, got));
+    }
+    pg.all_to_all(std::move(inputs), std::move(outputs));
+  };
+}
+
 bool wanted(const Flags& flags, const Transition& t) {
   return flags.transitions.empty() ||
          ("," + flags.transitions + ",").find("," + t.name + ",") != std::string::npos;
@@ -145,6 +172,14 @@ std::vector<Row> run_rank(ProcessGroup& pg, const Flags& flags) {
       const bench::PairTiming p = bench::time_pair(ours, raw, barrier, iters, flags.rounds);
       rows.push_back({t.name, shape_numel(shape) * 4, p.ours, p.peer, p.median_ratio, p.ours_cpu,
                       p.peer_cpu});
+      if (t.name == "S0->S1" || t.name == "S1->S0") {
+        const auto views = views_call(pg, t, x);
+        if (flags.noise_floor) ours = views_call(pg, t, x);
+        const bench::PairTiming v = bench::time_pair(ours, views, barrier, iters, flags.rounds);
+        rows.back().views_ours = v.ours;
+        rows.back().views = v.peer;
+        rows.back().views_median = v.median_ratio;
+      }
     }
   }
   return rows;
@@ -178,7 +213,8 @@ bool run_ours(const Flags& flags, const std::string& out) {
       std::ofstream f(out);
       for (const Row& r : rows) {
         f << r.transition << " " << r.bytes << " " << r.ours << " " << r.raw << " "
-          << r.median_ratio << " " << r.ours_cpu << " " << r.raw_cpu << "\n";
+          << r.median_ratio << " " << r.ours_cpu << " " << r.raw_cpu << " " << r.views_ours << " "
+          << r.views << " " << r.views_median << "\n";
       }
     }
   });
@@ -277,7 +313,7 @@ int main(int argc, char** argv) {
     std::ifstream f(out);
     Row r;
     while (f >> r.transition >> r.bytes >> r.ours >> r.raw >> r.median_ratio >> r.ours_cpu >>
-           r.raw_cpu) {
+           r.raw_cpu >> r.views_ours >> r.views >> r.views_median) {
       rows.push_back(r);
     }
   }
@@ -321,6 +357,32 @@ int main(int argc, char** argv) {
   if (lowest < 1e30) {
     std::printf("\nfrom 1 MiB up: lowest raw/ours %.3f (%s); target >= 0.95\n", lowest,
                 lowest_at.c_str());
+  }
+
+  // Shard->Shard against the collective it runs on the same views: what redistribute adds,
+  // apart from the cost of the strided layout that the contiguous raw call above does not pay.
+  bool any_views = false;
+  double lowest_views = 1e30;
+  std::string lowest_views_at;
+  for (const Row& r : rows) {
+    if (r.views <= 0) continue;
+    if (!any_views) {
+      std::printf("\nShard->Shard against the all_to_all of the same (strided) views:\n");
+      std::printf("%-8s %9s | %10s %10s %8s %7s %9s\n", "transition", "size", "ours us",
+                  "views us", "views/ours", "median", "added us");
+      any_views = true;
+    }
+    std::printf("%-10s %9s | %10.1f %10.1f %10.3f %7.3f %9.1f\n", r.transition.c_str(),
+                size_text(r.bytes).c_str(), r.views_ours * 1e6, r.views * 1e6,
+                r.views / r.views_ours, r.views_median, (r.views_ours - r.views) * 1e6);
+    if (r.bytes >= (1 << 20) && r.views / r.views_ours < lowest_views) {
+      lowest_views = r.views / r.views_ours;
+      lowest_views_at = r.transition + " " + size_text(r.bytes);
+    }
+  }
+  if (lowest_views < 1e30) {
+    std::printf("from 1 MiB up: lowest views/ours %.3f (%s)\n", lowest_views,
+                lowest_views_at.c_str());
   }
 
   std::printf("\nhost overhead per call at the smallest size (added to the raw call), us:\n");
