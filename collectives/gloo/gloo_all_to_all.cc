@@ -612,7 +612,11 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
         continue;
       }
       if (!armed) {
-        if (++idle < kSpins) {
+        // The deadline ends the spinning too: on a loaded machine a yield can take milliseconds,
+        // and 256 of them outlasted the watchdog's grace, which then failed the call without the
+        // ranks not arrived.
+        const bool late = (crowded_ || idle % 32 == 0) && deadline.expired();
+        if (++idle < kSpins && !late) {
           // With more ranks on this host than CPUs to run them, the peer this rank waits for may
           // be waiting for this CPU: give it up rather than spin (measured on 2 CPUs: 3 and 4
           // ranks' all_to_all 1.3-1.9x faster).
