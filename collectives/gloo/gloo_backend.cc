@@ -354,9 +354,9 @@ class GlooBackend final : public CommBackend {
   // Reduce-scatter as an exchange: chunk j of every rank's `flat_in` goes to rank j, which
   // reduces the pieces in rank order into `out` (a 1-D contiguous tensor of counts[rank]
   // elements, which may be this rank's own chunk of flat_in: all_reduce's first half). The
-  // peers' pieces are held in scratch of about GlooOptions::exchange_scratch_bytes: larger chunks go in
-  // rounds (one exchange each, phases 0, 1, ...), every rank cutting them alike. Returns the
-  // number of phases used.
+  // peers' pieces are held in scratch of about GlooOptions::exchange_scratch_bytes: larger
+  // chunks go in rounds (one exchange each, phases 0, 1, ...), every rank cutting them alike.
+  // Returns the number of phases used.
   uint32_t reduce_scatter_exchange(const Tensor& flat_in, std::span<const int64_t> counts,
                                    const Tensor& out, ReduceOp op, const OpContext& ctx,
                                    const char* what) {
@@ -370,10 +370,13 @@ class GlooBackend final : public CommBackend {
     const int64_t per_round = std::max<int64_t>(
         {static_cast<int64_t>(exchange_scratch_bytes_) / ((n - 1) * element),
          (longest + kMaxRounds - 1) / kMaxRounds, 1});
-    const auto rounds = static_cast<uint32_t>(std::max<int64_t>(1, (longest + per_round - 1) / per_round));
+    const auto rounds =
+        static_cast<uint32_t>(std::max<int64_t>(1, (longest + per_round - 1) / per_round));
     Tensor pieces = empty({(n - 1) * std::min(mine, per_round)}, dtype);
     std::vector<int64_t> offsets;
-    for (int64_t j = 0, at = 0; j < n; at += counts[static_cast<size_t>(j)], ++j) offsets.push_back(at);
+    for (int64_t j = 0, at = 0; j < n; at += counts[static_cast<size_t>(j)], ++j) {
+      offsets.push_back(at);
+    }
     std::vector<uint8_t> own_copy;
     for (uint32_t round = 0; round < rounds; ++round) {
       const int64_t lo = static_cast<int64_t>(round) * per_round;
@@ -404,7 +407,9 @@ class GlooBackend final : public CommBackend {
       if (in_place) own_copy.resize(kBlockBytes);
       for (int64_t b = 0; b < len; b += block) {
         const int64_t m = std::min(block, len - b);
-        if (in_place) std::memcpy(own_copy.data(), own + b * element, static_cast<size_t>(m * element));
+        if (in_place) {
+          std::memcpy(own_copy.data(), own + b * element, static_cast<size_t>(m * element));
+        }
         auto piece = [&](int j) -> const void* {
           if (j == me) return in_place ? own_copy.data() : own + b * element;
           return peers + ((j < me ? j : j - 1) * len + b) * element;

@@ -58,13 +58,14 @@ class GlooAllToAll {
   // inputs[j] goes to rank j, outputs[j] receives rank j's inputs[rank]: CPU views of one dtype,
   // any strides, elements in row-major order; inputs[j].numel() must equal rank j's
   // outputs[rank].numel(). `phase` (0-255) tells apart the exchanges of one collective (seq):
-  // every rank's must agree. Blocks until all is sent and received. Throws Timeout naming the ranks
-  // whose data had not all arrived within `timeout`; PeerLost naming a peer on this host that
-  // exited; CommError on both ends when a peer on this host sent another call's data or another
-  // byte count than this rank expects (InvalidArgument only for this rank's own block);
+  // every rank's must agree. Blocks until all is sent and received. Throws Timeout naming the
+  // ranks whose data had not all arrived within `timeout`; PeerLost naming a peer on this host
+  // that exited; CommError on both ends when a peer on this host sent another call's data or
+  // another byte count than this rank expects (InvalidArgument only for this rank's own block);
   // Gloo's own exceptions otherwise (a lost peer), for the backend to translate.
   void run(std::span<const Tensor> inputs, std::span<const Tensor> outputs, uint64_t seq,
            Nanoseconds timeout, uint32_t phase = 0);
+
   // The peers reached through shared memory (settled by the first call; empty before).
   std::vector<int> shared_memory_peers() const;
   // Whether some pair of the group's ranks is on one host with shared memory enabled at both

@@ -32,8 +32,9 @@ struct alignas(64) ShmRing {
 
   alignas(64) std::atomic<uint64_t> head{0};
   alignas(64) std::atomic<uint64_t> tail{0};
-  // Set by the reader when the writer's call does not match its own (its sequence number or its
-  // byte count); the writer then stops and reports the same mismatch. Read by both.
+  // Set by the reader when the writer's call does not match its own (its call id, sequence
+  // number and phase, or its byte count); the writer then stops and reports the same mismatch.
+  // Read by both.
   alignas(64) std::atomic<uint32_t> fault{0};
   uint64_t fault_call = 0, fault_expected = 0, fault_sent = 0;  // the call id as sent
   alignas(64) uint8_t data[kRingBytes];
