@@ -24,7 +24,8 @@ constexpr std::array<EnvKnobInfo, static_cast<size_t>(EnvKnob::kCount)> kKnobs =
     {EnvKnob::kFrCapacity, "TESSEL_FR_CAPACITY", "4096",
      "entries the flight recorder keeps per process; older ones are overwritten"},
     {EnvKnob::kFrDumpDir, "TESSEL_FR_DUMP_DIR", "/tmp/tessel_fr",
-     "directory where flight-recorder dumps are written (tessel_fr_rank<R>.json)"},
+     "directory where flight-recorder dumps are written (tessel_fr_rank<R>.json); unset, "
+     "each job writes into <default>/<run id>"},
     {EnvKnob::kFrDumpSignal, "TESSEL_FR_DUMP_SIGNAL", "SIGUSR1",
      "signal that makes a process dump its flight recorder (name or number; 'none' disables)"},
     {EnvKnob::kFrDumpOnFatal, "TESSEL_FR_DUMP_ON_FATAL", "1",
@@ -36,6 +37,9 @@ constexpr std::array<EnvKnobInfo, static_cast<size_t>(EnvKnob::kCount)> kKnobs =
      "(0: clock_gettime)"},
     {EnvKnob::kFrRingDir, "TESSEL_FR_RING_DIR", "",
      "keep the flight-recorder ring in a memory-mapped file here so it survives SIGKILL"},
+    {EnvKnob::kFrRunId, "TESSEL_FR_RUN_ID", "",
+     "the job's run id in flight-recorder dumps and file names (default: the launcher's; "
+     "tessel-run sets it)"},
     {EnvKnob::kNumThreads, "TESSEL_NUM_THREADS", "0",
      "threads for CPU tensor ops and GEMM (0 = OMP_NUM_THREADS if set, else one per hardware "
      "core); set_num_threads overrides"},

@@ -26,6 +26,7 @@ enum class EnvKnob {
   kFrStack,         // TESSEL_FR_STACK
   kFrTsc,           // TESSEL_FR_TSC
   kFrRingDir,       // TESSEL_FR_RING_DIR
+  kFrRunId,         // TESSEL_FR_RUN_ID
   kNumThreads,      // TESSEL_NUM_THREADS
   kPgTimeout,       // TESSEL_PG_TIMEOUT
   kPgBackend,       // TESSEL_PG_BACKEND

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -10,6 +11,7 @@
 #include "tessel/base/logging.h"
 #include "tessel/collectives/watchdog.h"
 #include "tessel/flight_recorder/recorder.h"
+#include "tessel/flight_recorder/run_id.h"
 
 namespace tessel {
 
@@ -126,6 +128,23 @@ void DumpCoordinator::run(int64_t seen) {
 
 namespace {
 
+// The job's run id: the launcher's (fr::run_id_from_env), else the first rank's
+// "pid-<pid>-<host>" shared through the store, else this process's own.
+std::string resolve_run_id(Store* store) {
+  if (std::string id = fr::run_id_from_env(); !id.empty()) return id;
+  char host[64] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "unknown");
+  const std::string own = fr::sanitize_run_id(fmt::format("pid-{}-{}", ::getpid(), host));
+  if (store == nullptr) return own;
+  try {
+    return fr::sanitize_run_id(store->compare_set("tessel/fr/run_id", "", own));
+  } catch (const Error& e) {
+    log_warn(LogComponent::kCollectives, "flight recorder: run id not shared ({}); using {}",
+             e.what(), own);
+    return own;
+  }
+}
+
 // The process's dumper and coordinator; destroyed at exit in the safe order.
 struct DumpRuntime {
   std::unique_ptr<fr::Dumper> dumper;
@@ -148,8 +167,10 @@ void enable_flight_recorder_dumps(std::shared_ptr<Store> store, int rank, int wo
   std::lock_guard lock(mutex);
   if (runtime.dumper) return;
   fr::FlightRecorder& recorder = fr::FlightRecorder::global();
+  const std::string run_id = resolve_run_id(store.get());
+  recorder.set_run_id(run_id);  // before the rank, so a ring file is renamed once
   recorder.set_process_info(rank, world_size);
-  runtime.dumper = std::make_unique<fr::Dumper>(recorder, fr::DumperOptions::from_env());
+  runtime.dumper = std::make_unique<fr::Dumper>(recorder, fr::DumperOptions::from_env(run_id));
   runtime.dumper->start();
   if (!store) {
     // No store (e.g. MPI without one): this rank still dumps on its own timeouts and signals.

@@ -96,6 +96,7 @@ void format_dump(const FlightRecorder& recorder, DumpTrigger trigger, int initia
   s.key("rank").i64(p.rank).key("world_size").i64(p.world_size);
   s.key("hostname").str(std::string_view(p.hostname, strnlen(p.hostname, sizeof(p.hostname))));
   s.key("pid").i64(p.pid);
+  s.key("run_id").str(std::string_view(p.run_id, strnlen(p.run_id, sizeof(p.run_id))));
   s.key("trigger").str(trigger_name(trigger)).key("initiator").i64(initiator);
   s.key("reason").str(reason == nullptr ? "" : std::string_view(reason, strlen(reason)));
   // The two clocks read together let a reader put every rank's timestamps on wall time.

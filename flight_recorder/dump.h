@@ -16,9 +16,9 @@
 namespace tessel::fr {
 
 inline constexpr std::string_view kDumpFormatName = "tessel-flight-recorder";
-// Version 2 added the "split" op, version 3 the "user_span" op; the reader also reads versions
-// 1 and 2 (whose entries are a subset).
-inline constexpr int kDumpFormatVersion = 3;
+// Version 2 added the "split" op, version 3 the "user_span" op, version 4 the job's "run_id";
+// the reader also reads versions 1 to 3 (whose fields are a subset; their run id reads as "").
+inline constexpr int kDumpFormatVersion = 4;
 inline constexpr int kOldestDumpFormatVersion = 1;
 
 // Why a dump was written.

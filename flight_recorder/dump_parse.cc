@@ -266,6 +266,7 @@ class Parser {
         case key_hash("world_size"): d.world_size = i32(p); seen |= 1 << 3; return;
         case key_hash("hostname"): d.hostname = str(p); seen |= 1 << 4; return;
         case key_hash("pid"): d.pid = i32(p); seen |= 1 << 5; return;
+        case key_hash("run_id"): d.run_id = str(p); return;  // optional: version 4 on
         case key_hash("trigger"): {
           const std::string trigger = str(p);
           const auto t = parse_trigger(trigger);

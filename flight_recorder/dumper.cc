@@ -16,6 +16,7 @@
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
 #include "tessel/flight_recorder/internal/dump_format.h"
+#include "tessel/flight_recorder/run_id.h"
 
 namespace tessel::fr {
 namespace {
@@ -105,9 +106,9 @@ int parse_signal(std::string_view text) {
   return number;
 }
 
-DumperOptions DumperOptions::from_env() {
+DumperOptions DumperOptions::from_env(std::string_view run_id) {
   DumperOptions o;
-  o.dir = env_string(EnvKnob::kFrDumpDir);
+  o.dir = job_dump_dir(run_id);
   try {
     o.dump_signal = parse_signal(env_string(EnvKnob::kFrDumpSignal));
   } catch (const InvalidArgument& e) {

@@ -40,10 +40,11 @@ struct DumperOptions {
   int dump_signal = 0;                           // signal number that triggers a dump; 0 = none
   bool dump_on_fatal = false;                    // install the fatal-signal handlers
 
-  // dir from TESSEL_FR_DUMP_DIR, dump_signal from TESSEL_FR_DUMP_SIGNAL ("SIGUSR1", "USR2",
-  // "12", "none"), dump_on_fatal from TESSEL_FR_DUMP_ON_FATAL. Throws InvalidArgument naming
-  // the variable on a bad value.
-  static DumperOptions from_env();
+  // dir = job_dump_dir(run_id) (run_id.h: TESSEL_FR_DUMP_DIR when set, else
+  // /tmp/tessel_fr/<run id>), dump_signal from TESSEL_FR_DUMP_SIGNAL ("SIGUSR1", "USR2", "12",
+  // "none"), dump_on_fatal from TESSEL_FR_DUMP_ON_FATAL. Throws InvalidArgument naming the
+  // variable on a bad value.
+  static DumperOptions from_env(std::string_view run_id = {});
 };
 
 // Parses a signal name or number ("SIGUSR1", "usr1", "10"); 0 for "none"/"0"/"off". Throws

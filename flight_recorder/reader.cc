@@ -1,5 +1,7 @@
 #include "tessel/flight_recorder/reader.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -196,6 +198,37 @@ std::vector<ExitRecord> parse_exits(std::string_view text, const std::string& na
   return out;
 }
 
+namespace {
+
+// Dumps of different jobs (run ids) never make one verdict: throws InvalidArgument naming each
+// run id with its ranks and files. Dumps without a run id (before version 4) are not counted.
+void refuse_mixed_jobs(const std::filesystem::path& dir,
+                       const std::vector<std::filesystem::path>& files,
+                       const std::vector<std::optional<RankDump>>& parsed) {
+  std::map<std::string, std::vector<size_t>> by_run;
+  for (size_t i = 0; i < parsed.size(); ++i) {
+    if (parsed[i] && !parsed[i]->run_id.empty()) by_run[parsed[i]->run_id].push_back(i);
+  }
+  if (by_run.size() <= 1) return;
+  std::vector<std::string> jobs;
+  for (const auto& [run, members] : by_run) {
+    std::vector<std::string> ranks, names;
+    for (size_t i : members) {
+      ranks.push_back(std::to_string(parsed[i]->rank));
+      names.push_back(files[i].filename().string());
+    }
+    jobs.push_back(fmt::format("run id '{}' ({} {}: {})", run, ranks.size() == 1 ? "rank" : "ranks",
+                               fmt::join(ranks, ","), fmt::join(names, ", ")));
+  }
+  throw InvalidArgument(fmt::format(
+      "'{}' holds the dumps of {} different jobs, which never make one verdict: {}; analyze "
+      "one job's dumps at a time (unless TESSEL_FR_DUMP_DIR is set, each job writes into "
+      "/tmp/tessel_fr/<run id>/)",
+      dir.string(), by_run.size(), fmt::join(jobs, "; ")));
+}
+
+}  // namespace
+
 namespace internal {
 
 StreamedDumps stream_dump_dir(const std::filesystem::path& dir, int world_size_hint,
@@ -251,6 +284,7 @@ StreamedDumps stream_dump_dir(const std::filesystem::path& dir, int world_size_h
     }
   });
 
+  refuse_mixed_jobs(dir, files, parsed);
   DumpSet& set = out.set;
   std::map<int, size_t> by_rank;  // rank -> index in set.dumps
   for (size_t i = 0; i < files.size(); ++i) {

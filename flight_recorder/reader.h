@@ -55,6 +55,7 @@ struct RankDump {
   int rank = -1, world_size = -1;
   std::string hostname;
   int pid = 0;
+  std::string run_id;  // the job's run id ("" in dumps before version 4 and in PyTorch's)
   DumpTrigger trigger = DumpTrigger::kApi;
   int initiator = -1;
   std::string reason;
@@ -115,7 +116,9 @@ std::vector<ExitRecord> parse_exits(std::string_view text, const std::string& na
 // problems; the set never throws for them. A directory without tessel dumps is read as
 // PyTorch's flight-recorder dumps (files named <prefix><rank>, JSON or pickle: pytorch_dump.h);
 // `world_size_hint` gives their world size when the highest ranks left no dump. Throws IoError
-// when `dir` cannot be listed and InvalidArgument when it is not a directory.
+// when `dir` cannot be listed, InvalidArgument when it is not a directory, and InvalidArgument
+// naming the run ids and which ranks' files carry each when its dumps belong to different jobs
+// (dumps without a run id, older ones and PyTorch's, never count as another job).
 DumpSet read_dump_dir(const std::filesystem::path& dir, int world_size_hint = -1);
 
 }  // namespace tessel::fr

@@ -157,9 +157,10 @@ struct alignas(64) FlightRecorder::Slot {
 // The group text is one line per registration: "<id>\t<name>\t<rank>,<rank>,...\n".
 struct FlightRecorder::Header {
   static constexpr char kMagic[8] = {'T', 'S', 'L', 'F', 'R', 'R', 'N', 'G'};
-  // Version 3 added the user_span op; a version-2 file has the same layout and reads alike.
-  static constexpr uint32_t kVersion = 3;
-  static constexpr uint32_t kOldestVersion = 2;
+  // Version 3 added the user_span op, version 4 the run id in the process info (a larger
+  // header: older files are refused).
+  static constexpr uint32_t kVersion = 4;
+  static constexpr uint32_t kOldestVersion = 4;
   char magic[8];
   uint32_t version;
   uint32_t slot_size;
@@ -240,6 +241,7 @@ FlightRecorder::FlightRecorder(RecorderOptions options)
     }
     storage_->base = static_cast<std::byte*>(base);
     storage_->mapped = true;
+    ring_path_ = options.ring_file;
   } else {
     storage_->base = static_cast<std::byte*>(::operator new (storage_->size, std::align_val_t{64}));
   }
@@ -365,9 +367,11 @@ FlightRecorder& FlightRecorder::global() {
       std::filesystem::create_directories(ring_dir, ec);
       TESSEL_CHECK(!ec, IoError, "TESSEL_FR_RING_DIR='{}': cannot create it: {}", ring_dir,
                    ec.message());
-      options.ring_file = fmt::format("{}/tessel_fr_{}.ring", ring_dir, ::getpid());
+      options.ring_file =
+          (std::filesystem::path(ring_dir) / ring_file_name("", -1, ::getpid())).string();
     }
     auto* r = new FlightRecorder(options);
+    r->name_ring_ = !options.ring_file.empty();
     r->set_enabled(env_bool(EnvKnob::kFrEnable));
     return r;
   }();
@@ -385,6 +389,43 @@ void FlightRecorder::set_process_info(int rank, int world_size) {
   char host[sizeof(p.hostname)] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "unknown");
   std::memcpy(p.hostname, host, sizeof(host));
+  std::lock_guard lock(groups_mutex_);
+  name_ring_file();
+}
+
+void FlightRecorder::set_run_id(std::string_view run_id) {
+  ProcessInfo& p = header_->process;
+  char id[sizeof(p.run_id)] = {};
+  std::memcpy(id, run_id.data(), std::min(run_id.size(), sizeof(id) - 1));
+  std::memcpy(p.run_id, id, sizeof(id));
+  std::lock_guard lock(groups_mutex_);
+  name_ring_file();
+}
+
+std::string FlightRecorder::ring_file() const {
+  std::lock_guard lock(groups_mutex_);
+  return ring_path_;
+}
+
+void FlightRecorder::name_ring_file() {
+  const ProcessInfo& p = header_->process;
+  if (!name_ring_ || ring_path_.empty() || p.rank < 0) return;
+  const std::filesystem::path from = ring_path_;
+  const auto to = from.parent_path() / ring_file_name(p.run_id, p.rank, p.pid);
+  if (to == from) return;
+  // The mapping stays valid across a rename; a failure only leaves the old name.
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    log_warn(LogComponent::kFlightRecorder, "cannot rename ring file '{}' to '{}': {}",
+             from.string(), to.string(), std::strerror(errno));
+    return;
+  }
+  ring_path_ = to.string();
+}
+
+std::string ring_file_name(std::string_view run_id, int rank, int pid) {
+  if (rank < 0) return fmt::format("tessel_fr_{}.ring", pid);
+  if (run_id.empty()) return fmt::format("tessel_fr_rank{}.ring", rank);
+  return fmt::format("tessel_fr_{}_rank{}.ring", run_id, rank);
 }
 
 const ProcessInfo& FlightRecorder::process_info() const noexcept { return header_->process; }

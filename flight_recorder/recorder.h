@@ -123,7 +123,13 @@ struct ProcessInfo {
   int world_size = -1;
   int pid = 0;
   char hostname[64] = {};
+  char run_id[64] = {};  // the job's run id (set_run_id), "" when unknown
 };
+
+// Ring file names (RecorderOptions::ring_file; FlightRecorder::global() under TESSEL_FR_RING_DIR):
+// "tessel_fr_<run id>_rank<R>.ring" once the rank is known ("tessel_fr_rank<R>.ring" without a
+// run id), "tessel_fr_<pid>.ring" before.
+std::string ring_file_name(std::string_view run_id, int rank, int pid);
 
 // A group as registered: id, name and member ranks (global ranks).
 struct GroupInfo {
@@ -181,7 +187,8 @@ class FlightRecorder {
   FlightRecorder& operator=(const FlightRecorder&) = delete;
 
   // The process's recorder (capacity from TESSEL_FR_CAPACITY, stacks from TESSEL_FR_STACK, a
-  // ring file <TESSEL_FR_RING_DIR>/tessel_fr_<pid>.ring when that is set; at first use). Never
+  // ring file <TESSEL_FR_RING_DIR>/tessel_fr_<pid>.ring when that is set, renamed to
+  // ring_file_name(run id, rank, pid) once set_process_info gives the rank; at first use). Never
   // destroyed.
   static FlightRecorder& global();
 
@@ -205,6 +212,13 @@ class FlightRecorder {
   // Sets the rank and world size written in dumps; hostname and pid are filled in here.
   // Call once the process knows its rank (init of the world group). Not for the hot path.
   void set_process_info(int rank, int world_size);
+  // Sets the job's run id written in dumps (sanitized by the caller: fr::sanitize_run_id;
+  // truncated to 63 bytes). Call before set_process_info so a ring file is renamed once. Not
+  // for the hot path.
+  void set_run_id(std::string_view run_id);
+  // The ring file's path ("" without one). The global recorder's name follows set_run_id and
+  // set_process_info (ring_file_name); a RecorderOptions::ring_file keeps the name it was given.
+  std::string ring_file() const;
   // Async-signal-safe read (plain fields written before publication).
   const ProcessInfo& process_info() const noexcept;
 
@@ -291,6 +305,7 @@ class FlightRecorder {
   }
   uint64_t record_(const RecordArgs& args, bool started) noexcept;
   void append_group_to_file(const GroupInfo& group);
+  void name_ring_file();  // renames the ring file after the run id and rank; groups_mutex_ held
   void set_state(uint64_t record_id, EntryState state) noexcept;
   void note_dropped(const Record& old) noexcept;
 
@@ -309,6 +324,8 @@ class FlightRecorder {
   // Groups form an append-only list (nodes live as long as the recorder) so a signal handler
   // can walk it; the mutex only orders writers.
   mutable std::mutex groups_mutex_;
+  std::string ring_path_;  // the ring file ("" when none); guarded by groups_mutex_
+  bool name_ring_ = false;  // global(): the ring file is renamed after the run id and rank
   std::atomic<const GroupNode*> groups_head_{nullptr};
 };
 

@@ -407,10 +407,12 @@ std::optional<proto::Failure> first_failure_root_cause(const proto::Failure& roo
   return f;
 }
 
-// The store client an agent records its workers' exits with; null (logged) when the store
+// The store client an agent records its workers' exits with, and the job's flight-recorder
+// files (their run id shared through that store: job_files.h); null (logged) when the store
 // cannot be reached.
 std::unique_ptr<WorkerExitLog> make_exit_log(const std::string& endpoint, const std::string& token,
-                                             const TlsFiles& tls) {
+                                             const TlsFiles& tls, const std::string& rdzv_id,
+                                             JobRecorderFiles& files) {
   try {
     StoreClientOptions client;
     client.address = endpoint;
@@ -418,10 +420,12 @@ std::unique_ptr<WorkerExitLog> make_exit_log(const std::string& endpoint, const 
     client.tls = tls;
     client.connect_timeout = std::chrono::seconds(5);
     client.rpc_timeout = std::chrono::seconds(2);
-    return std::make_unique<WorkerExitLog>(std::make_shared<StoreClient>(client),
-                                           env_string(EnvKnob::kFrDumpDir));
+    auto store = std::make_shared<StoreClient>(client);
+    files = job_recorder_files(rdzv_id, store.get());
+    return std::make_unique<WorkerExitLog>(std::move(store), files);
   } catch (const Error& e) {
     log_warn(kL, "worker exits will not be recorded for dump gathering: {}", e.message());
+    files = job_recorder_files(rdzv_id, nullptr);
     return nullptr;
   }
 }
@@ -508,6 +512,8 @@ struct NodeAgent::Impl {
   std::unique_ptr<LogMux> mux;
   std::unique_ptr<WorkerGroup> workers;
   std::unique_ptr<WorkerExitLog> exit_log;  // null when the job's store cannot be reached
+  JobRecorderFiles fr_files;                // the job's run id, dump and ring folders
+  std::vector<int> ended_ranks, ended_pids;  // every worker reaped: whose rings to remove
   std::string endpoint;
   NetworkRoute route;               // this node's worker-facing address and its interface
   std::string attempt_dir;
@@ -535,6 +541,9 @@ struct NodeAgent::Impl {
       vars["TESSEL_STORE_ADDR"] = endpoint;
       vars["TESSEL_STORE_TOKEN"] = token;
       vars["TESSEL_AGENT_ID"] = node_id;
+      // One run id and ring folder per job, so dumps and rings of two jobs never mix.
+      vars["TESSEL_FR_RUN_ID"] = fr_files.run_id;
+      vars["TESSEL_FR_RING_DIR"] = fr_files.ring_dir;
       vars["TORCHELASTIC_ERROR_FILE"] = error_file(r.rank_offset() + local);
       if (!o.tls.cert.empty()) vars["TESSEL_TLS_CERT"] = o.tls.cert;
       if (!o.tls.key.empty()) vars["TESSEL_TLS_KEY"] = o.tls.key;
@@ -604,6 +613,8 @@ struct NodeAgent::Impl {
         if (exit_log) {
           exit_log->record(r.round(), e.global_rank, e.local_rank, e.pid, e.exit_code, e.signal);
         }
+        ended_ranks.push_back(e.global_rank);
+        ended_pids.push_back(e.pid);
         if (e.success()) continue;
         all_ok = false;
         if (stopping) continue;
@@ -950,7 +961,7 @@ struct NodeAgent::Impl {
     event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (event_fd < 0) throw_system_error("eventfd", errno);
     workers = std::make_unique<WorkerGroup>(program, program_args, mux.get(), guard.get());
-    exit_log = make_exit_log(endpoint, token, o.tls);
+    exit_log = make_exit_log(endpoint, token, o.tls, o.rdzv_id, fr_files);
     workers->add_external_fd(signal_fd);
     workers->add_external_fd(event_fd);
 
@@ -1007,6 +1018,10 @@ NodeAgent::~NodeAgent() {
 
 AgentResult NodeAgent::run() {
   AgentResult result = run_guarded();
+  // A job that succeeded needs no rings (a failed one keeps them for `tessel-trace recover`).
+  if (result.exit_status == 0) {
+    remove_worker_rings(impl_->fr_files, impl_->ended_ranks, impl_->ended_pids);
+  }
   // A default log directory goes once the job succeeded (failures keep theirs: the report
   // points into it); --log-dir and --keep-logs keep it.
   if (result.exit_status == 0 && impl_->default_log_dir && !impl_->o.keep_logs &&

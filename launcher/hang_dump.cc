@@ -105,22 +105,33 @@ std::string store_exit_key(int64_t round, int rank) {
   return fmt::format("tessel/run/exit/{}/{}", round, rank);
 }
 
-WorkerExitLog::WorkerExitLog(std::shared_ptr<Store> store, std::string dump_dir)
-    : store_(std::move(store)), dump_dir_(std::move(dump_dir)) {}
+WorkerExitLog::WorkerExitLog(std::shared_ptr<Store> store, JobRecorderFiles files)
+    : store_(std::move(store)), files_(std::move(files)) {}
 
 void WorkerExitLog::record(int64_t round, int rank, int local_rank, int pid, int exit_code,
                            int signal) {
   try {
     // A worker that died may have left a dump (its fatal-signal handler): post it for the
-    // gatherer, which cannot ask a dead rank. Only this worker's: the file names its pid.
+    // gatherer, which cannot ask a dead rank. Only this worker's: the file names its pid. One
+    // that left none (SIGKILL) is recovered from its ring; a dump it wrote wins over its ring.
     if (exit_code != 0 || signal != 0) {
-      std::ifstream in(fmt::format("{}/{}", dump_dir_, fr::dump_file_name(rank, 0)),
+      std::ifstream in(fmt::format("{}/{}", files_.dump_dir, fr::dump_file_name(rank, 0)),
                        std::ios::binary);
       std::ostringstream text;
       text << in.rdbuf();
-      const std::string dump = text.str();
-      if (dump.find(fmt::format("\"pid\":{},", pid)) != std::string::npos) {
-        store_->set(fr::store_final_dump_key(rank), dump);
+      std::optional<std::string> dump = text.str();
+      if (dump->find(fmt::format("\"pid\":{},", pid)) == std::string::npos) {
+        dump = recover_worker_ring(
+            files_, rank, pid,
+            signal != 0 ? fmt::format("signal {} (no dump; recovered from its ring)", signal)
+                        : fmt::format("exit status {} without a dump (recovered from its ring)",
+                                      exit_code));
+      }
+      // Never leave an earlier worker's dump of this rank for the gatherer to take.
+      if (dump) {
+        store_->set(fr::store_final_dump_key(rank), *dump);
+      } else {
+        store_->delete_key(fr::store_final_dump_key(rank));
       }
     }
     char host[256] = {};

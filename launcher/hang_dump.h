@@ -18,6 +18,7 @@
 
 #include "tessel/base/clock.h"
 #include "tessel/flight_recorder/reader.h"
+#include "tessel/launcher/job_files.h"
 
 namespace tessel {
 class Store;
@@ -82,18 +83,19 @@ class StoreDumpChannel final : public DumpChannel {
 };
 
 // The agent's side: records each worker's exit in the job's store (store_exit_key) with, for a
-// worker that died, the dump it left in the dump directory, and tells whether any rank of the
-// job answers dump requests (it runs tessel's collectives). Thread-compatible; shares the store.
+// worker that died, the dump it left in the job's dump folder (its fatal-signal dump), else its
+// ring recovered into one (job_files.h), and tells whether any rank of the job answers dump
+// requests (it runs tessel's collectives). Thread-compatible; shares the store.
 class WorkerExitLog {
  public:
-  WorkerExitLog(std::shared_ptr<Store> store, std::string dump_dir);
+  WorkerExitLog(std::shared_ptr<Store> store, JobRecorderFiles files);
   // Never throws: a store that is gone only costs the record (logged).
   void record(int64_t round, int rank, int local_rank, int pid, int exit_code, int signal);
   bool dump_responders(int world_size);
 
  private:
   std::shared_ptr<Store> store_;
-  std::string dump_dir_;
+  JobRecorderFiles files_;
 };
 
 // "tessel/run/exit/<round>/<rank>": "<exit_code> <signal> <wall_time_us> <pid> <local_rank>

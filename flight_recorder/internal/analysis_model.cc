@@ -9,6 +9,16 @@
 #include "tessel/base/error.h"
 
 namespace tessel::fr::internal {
+namespace {
+
+// A dump of a process that died: written by its fatal-signal handler, or recovered afterwards
+// from its ring file (the launcher does so for a worker killed without a dump, e.g. SIGKILL;
+// its reason is then "signal <N> ...").
+bool left_at_death(DumpTrigger t) {
+  return t == DumpTrigger::kFatalSignal || t == DumpTrigger::kRecovered;
+}
+
+}  // namespace
 
 Model::Model(const Digest& digest, const AnalyzerOptions& options)
     : digest_(digest), options_(options) {
@@ -42,7 +52,7 @@ Model::Model(const Digest& digest, const AnalyzerOptions& options)
     families_[family_of(id)].push_back(id);
   }
   for (const auto& d : set.dumps) {
-    if (!stale_[d.rank] && d.trigger != DumpTrigger::kFatalSignal) find_wait(by_rank_[d.rank]);
+    if (!stale_[d.rank] && !left_at_death(d.trigger)) find_wait(by_rank_[d.rank]);
   }
   find_deviations();
   for (const auto& [key, ranks] : failed_) {
@@ -102,7 +112,7 @@ bool Model::member_of(int rank, uint64_t group) const {
 
 bool Model::crashed(int rank) const {
   const Dump* d = dump_of(rank);
-  return d != nullptr && d->header->trigger == DumpTrigger::kFatalSignal;
+  return d != nullptr && left_at_death(d->header->trigger);
 }
 
 bool Model::exited_cleanly(int rank) const {

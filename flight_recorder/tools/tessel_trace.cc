@@ -11,6 +11,7 @@
 // The other commands exit 0 on success and 3 on bad input or usage.
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -36,6 +37,25 @@ constexpr int kExitBadInput = 3;
 using namespace tessel;
 using namespace tessel::fr;
 
+// The folders right under `dir` that hold tessel dumps: per-job folders (<dir>/<run id>/), as
+// under the default /tmp/tessel_fr.
+std::vector<std::string> job_folders(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& sub : std::filesystem::directory_iterator(dir, ec)) {
+    if (!sub.is_directory(ec)) continue;
+    for (const auto& f : std::filesystem::directory_iterator(sub.path(), ec)) {
+      const std::string name = f.path().filename().string();
+      if (name.rfind("tessel_fr_", 0) == 0 && f.path().extension() == ".json") {
+        out.push_back(sub.path().string());
+        break;
+      }
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 int print_problems(const DumpSet& set) {
   for (const auto& p : set.problems) std::cerr << "tessel-trace: " << p.message << "\n";
   return kExitBadInput;
@@ -49,6 +69,12 @@ int run_analyze(const std::string& dir, bool json, bool skip_bad, int world_size
   if (set.dumps.empty()) {
     print_problems(set);
     std::cerr << "tessel-trace: no usable dump (tessel_fr_*.json) in '" << dir << "'\n";
+    const auto jobs = job_folders(dir);
+    if (!jobs.empty()) {
+      std::cerr << "tessel-trace: it holds the dump folders of " << jobs.size()
+                << " job(s), one per run id; analyze one of them:\n";
+      for (const auto& j : jobs) std::cerr << "  " << j << "\n";
+    }
     return kExitBadInput;
   }
   if (!set.problems.empty() && !skip_bad) {
@@ -151,7 +177,9 @@ int main(int argc, char** argv) {
   std::string recover_out;
   auto* recover_cmd = app.add_subcommand(
       "recover", "write dumps from ring files (TESSEL_FR_RING_DIR) of processes that died");
-  recover_cmd->add_option("RING", rings, "tessel_fr_<pid>.ring files")->required();
+  recover_cmd
+      ->add_option("RING", rings, "tessel_fr_<run id>_rank<R>.ring (or tessel_fr_<pid>.ring) files")
+      ->required();
   recover_cmd->add_option("--out", recover_out, "dump directory")->required();
 
   try {

@@ -68,8 +68,8 @@ TEST(ReaderTest, RejectsMalformedDumpsNamingFileAndProblem) {
   expect_rejected("[1, 2]", "expected an object");
   expect_rejected(replaced(good, "\"rank\":0", "\"rank\":\"zero\""), "rank: expected an integer");
   expect_rejected(replaced(good, "\"hostname\":", "\"hostnome\":"), "missing field 'hostname'");
-  expect_rejected(replaced(good, "\"version\":3", "\"version\":4"),
-                  "version 4 is not supported; this reader understands versions 1 to 3");
+  expect_rejected(replaced(good, "\"version\":4", "\"version\":5"),
+                  "version 5 is not supported; this reader understands versions 1 to 4");
   expect_rejected(replaced(good, "tessel-flight-recorder", "other-tool"), "format");
   expect_rejected(replaced(good, "\"rank\":0", "\"rank\":5"), "rank 5 is not a rank");
   expect_rejected(replaced(good, "\"op\":\"all_reduce\"", "\"op\":\"all_reduse\""),
@@ -86,7 +86,7 @@ TEST(ReaderTest, ReadsADirectoryAndReportsEveryProblem) {
   write_file(d / "tessel_fr_rank1.json", valid_dump_text(1, 5));
   write_file(d / "tessel_fr_rank2.json", "{\"format\":");  // truncated
   write_file(d / "tessel_fr_rank3.json",
-             replaced(valid_dump_text(3, 5), "\"version\":3", "\"version\":4"));  // unknown version
+             replaced(valid_dump_text(3, 5), "\"version\":4", "\"version\":5"));  // unknown version
   write_file(d / "tessel_fr_rank4_copy.json", valid_dump_text(1, 5));             // duplicate rank
   write_file(d / "tessel_fr_rank9.json", valid_dump_text(2, 6));                  // other world
   write_file(d / "notes.txt", "ignored");
@@ -103,7 +103,7 @@ TEST(ReaderTest, ReadsADirectoryAndReportsEveryProblem) {
     by_file[p.path.filename().string()] = p.message;
   }
   EXPECT_NE(by_file["tessel_fr_rank2.json"].find("not valid JSON"), std::string::npos);
-  EXPECT_NE(by_file["tessel_fr_rank3.json"].find("version 4"), std::string::npos);
+  EXPECT_NE(by_file["tessel_fr_rank3.json"].find("version 5"), std::string::npos);
   EXPECT_NE(by_file["tessel_fr_rank4_copy.json"].find("rank 1 is also dumped"), std::string::npos);
   EXPECT_NE(by_file["tessel_fr_rank9.json"].find("world size 6 disagrees"), std::string::npos);
 }

@@ -99,10 +99,10 @@ TEST(HangDumpTest, EndedRanksAreNotWaitedForAndTheirExitsAreKept) {
   std::vector<std::unique_ptr<SimulatedRank>> dumpers;
   dumpers.push_back(std::make_unique<SimulatedRank>(store, 0, 3, dir + "/ranks"));
   // Rank 1 exited cleanly (no dump); rank 2 crashed and left a dump its agent posts.
-  WorkerExitLog exits(store, dir + "/local");
+  WorkerExitLog exits(store, JobRecorderFiles{"job", dir + "/local", dir + "/local/rings"});
   exits.record(0, 1, 1, 4242, 0, 0);
+  exits.record(0, 2, 2, 4343, 0, SIGSEGV);  // its dump is not in dir/local: posted below
   store->set(fr::store_final_dump_key(2), "{\"final\": true}");
-  exits.record(0, 2, 2, 4343, 0, SIGSEGV);
   store->set(fr::store_failure_key(0), fr::encode_store_failure(2000, "PeerLost: lost rank 2"));
   store->set(fr::store_failure_key(2), fr::encode_store_failure(1000, "Timeout: all_reduce"));
   StoreDumpChannel channel(store);

@@ -15,6 +15,8 @@
 //   all_reduce               join the job's Gloo world through the job's store (the launcher's
 //                            TESSEL_STORE_ADDR + token), all_reduce rank+1 and print
 //                            "all_reduce rank R of W sum S"; exit 1 when S is not W(W+1)/2
+//   ring                     all_reduce as above, then print "RING PATH EXISTS" (its flight-
+//                            recorder ring file, 1 when it exists), barrier, exit 0
 //   store-probe DIR          set + get of its own key in a loop until DIR/stop exists; each
 //                            sample counts as "attack" while DIR/attack exists, else "quiet";
 //                            prints "store ADDR" first and "probe PHASE n=N p50=US p99=US
@@ -227,6 +229,21 @@ int main(int argc, char** argv) {
       return sum == w * (w + 1) / 2 ? 0 : 1;
     } catch (const tessel::Error& e) {
       std::fprintf(stderr, "all_reduce rank %d: %s\n", rank, e.what());
+      return 1;
+    }
+  }
+  if (mode == "ring") {
+    try {
+      auto world = tessel::init_process_group({.backend = "gloo"});
+      tessel::Tensor t = tessel::from_vector<int64_t>({rank + 1});
+      world->all_reduce(t);
+      const std::string ring = tessel::fr::FlightRecorder::global().ring_file();
+      std::printf("RING %s %d\n", ring.c_str(), ::access(ring.c_str(), F_OK) == 0 ? 1 : 0);
+      std::fflush(stdout);
+      world->barrier().wait();  // no rank ends before every rank looked at its ring
+      return 0;
+    } catch (const tessel::Error& e) {
+      std::fprintf(stderr, "ring rank %d: %s\n", rank, e.what());
       return 1;
     }
   }

@@ -151,7 +151,7 @@ TEST(TesselRunTest, HungRankIsNamedByTheLaunchersVerdict) {
 // Every launcher path of a hang prints a verdict naming the rank at fault, without waiting for
 // ranks known to be dead: a rank that stays out (its peers time out, exit 124, or lose it, exit
 // 1, in either reaping order), one that crashes (its fatal-signal dump, posted by its agent,
-// says so), one that is SIGKILLed (no dump; its agent's exit record says so), and one that
+// says so), one that is SIGKILLed (no dump; its agent recovers its ring file), and one that
 // exits cleanly too early. The hang-dump timeout is 30 s; the job must
 // end well before it.
 TEST(TesselRunTest, EveryHangPathPrintsAVerdictWithoutWaitingForTheDead) {
@@ -163,7 +163,7 @@ TEST(TesselRunTest, EveryHangPathPrintsAVerdictWithoutWaitingForTheDead) {
   for (const Case& c :
        {Case{"hang", {"verdict: CULPRIT FOUND: rank 1\n", "[not_joined] rank 1"}, 124},
         Case{"crash", {"verdict: CULPRIT FOUND: rank 1\n", "crashed (SIGSEGV)"}, 128 + SIGSEGV},
-        Case{"kill", {"verdict: CULPRIT FOUND: rank 1\n", "rank 1: killed by SIGKILL, no dump"},
+        Case{"kill", {"verdict: CULPRIT FOUND: rank 1\n", "rank 1: crashed (SIGKILL)"},
              128 + SIGKILL},
         Case{"exit", {"verdict: CULPRIT FOUND: rank 1\n", "rank 1: exited with status 0, no dump"},
              1}}) {
