@@ -29,8 +29,11 @@ std::string dtype_of(const std::string& torch_name) {
   return it != names.end() ? it->second : torch_name.substr(0, 7);
 }
 
+// "gloo:all_reduce" -> all_reduce; "nccl:send 0->1" / "nccl:recv 1<-0" -> send / recv (the
+// ranks after the space are the group ranks of this rank and its peer).
 OpType op_of(const std::string& profiling_name, const std::string& name, const std::string& where) {
-  const std::string op = profiling_name.substr(profiling_name.find(':') + 1);
+  std::string op = profiling_name.substr(profiling_name.find(':') + 1);
+  op = op.substr(0, op.find(' '));
   static const std::map<std::string, OpType> ops = {
       {"all_reduce", OpType::kAllReduce},
       {"allreduce", OpType::kAllReduce},
@@ -105,6 +108,36 @@ TensorMeta tensors(const Json& entry, const char* sizes_key, const char* dtypes_
   return t;
 }
 
+// The peer's group rank of a send ("send 0->1": 1) or recv ("recv 1<-0": 0); -1 when the
+// profiling name does not say (PyTorch's Gloo backend records no sends or receives).
+int32_t peer_of(const std::string& profiling_name) {
+  for (const char* arrow : {"->", "<-"}) {
+    const size_t at = profiling_name.rfind(arrow);
+    if (at == std::string::npos) continue;
+    const std::string digits = profiling_name.substr(at + 2);
+    if (digits.empty() || digits.size() > 9 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+      return -1;
+    }
+    return std::stoi(digits);
+  }
+  return -1;
+}
+
+// A group's id from the name PyTorch gives it on every member (process_group[0]: "0" for the
+// default group, then "1", "2", ... or a hash): pg_id counts the groups one process has built,
+// so a 2x2 mesh's rank 0 and rank 1 both call their dp group pg 1 though they are different
+// groups. Numeric names keep their number (+1); others hash into ids no number reaches.
+uint64_t group_id_of(const std::string& uid) {
+  if (!uid.empty() && uid.size() <= 9 &&
+      std::all_of(uid.begin(), uid.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+    return std::stoull(uid) + 1;
+  }
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (char c : uid) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+  return h | (1ull << 62);
+}
+
 std::vector<int> parse_rank_list(const Json& v, const std::string& name, const std::string& where) {
   std::vector<int> ranks;
   if (v.is_array()) {
@@ -173,7 +206,8 @@ RankDump parse_pytorch_dump(std::string_view bytes, int rank, const std::string&
   d.reason = fmt::format("PyTorch flight recorder {} (version {})",
                          format == ForeignFormat::kPytorchPickle ? "pickle" : "JSON",
                          j.value("version", std::string("?")));
-  std::map<int64_t, GroupInfo> groups;
+  std::map<uint64_t, GroupInfo> groups;
+  std::map<std::tuple<uint64_t, OpType, int32_t>, uint64_t> p2p_count;  // per group, op, peer
   int64_t newest = 0;
   const Json& entries = field(j, "entries", name, "top level");
   if (!entries.is_array()) bad(name, "entries", "expected a list");
@@ -184,15 +218,25 @@ RankDump parse_pytorch_dump(std::string_view bytes, int rank, const std::string&
     TraceEntry t;
     t.record_id = static_cast<uint64_t>(integer(field(e, "record_id", name, where), name, where)) + 1;
     const int64_t pg = integer(field(e, "pg_id", name, where), name, where);
-    t.group_id = static_cast<uint64_t>(pg + 1);
-    auto& g = groups[pg];
-    g.id = t.group_id;
     const Json& pgn = field(e, "process_group", name, where);
+    const std::string uid = pgn.is_array() && !pgn.empty() && pgn[0].is_string()
+                                ? pgn[0].get<std::string>()
+                                : std::to_string(pg);
     const std::string desc = pgn.is_array() && pgn.size() > 1 ? pgn[1].get<std::string>() : "";
-    g.name = desc.empty() || desc == "undefined" ? fmt::format("pg{}", pg) : desc;
-    t.op = op_of(field(e, "profiling_name", name, where).get<std::string>(), name, where);
+    t.group_id = group_id_of(uid);
+    auto& g = groups[t.group_id];
+    g.id = t.group_id;
+    g.name = desc.empty() || desc == "undefined" ? fmt::format("pg{}", uid) : desc;
+    const std::string profiling_name = field(e, "profiling_name", name, where).get<std::string>();
+    t.op = op_of(profiling_name, name, where);
     t.seq = static_cast<uint64_t>(integer(field(e, "collective_seq_id", name, where), name, where));
     t.p2p_seq = static_cast<uint64_t>(integer(e.value("p2p_seq_id", Json(0)), name, where));
+    if (t.is_p2p()) {
+      // PyTorch's p2p_seq_id counts every send and recv of the group; matching a send with its
+      // recv needs the count per peer and direction, as tessel's own dumps keep it.
+      t.peer = peer_of(profiling_name);
+      if (t.peer >= 0) t.p2p_seq = ++p2p_count[{t.group_id, t.op, t.peer}];
+    }
     t.input = tensors(e, "input_sizes", "input_dtypes", name, where);
     t.output = tensors(e, "output_sizes", "output_dtypes", name, where);
     t.enqueued_ns = integer(field(e, "time_created_ns", name, where), name, where);
@@ -217,8 +261,8 @@ RankDump parse_pytorch_dump(std::string_view bytes, int rank, const std::string&
       info.name = key;
       info.ranks = parse_rank_list(cfg["ranks"], name, "pg_config." + key);
       bool matched = false;
-      for (auto& [pg, g] : groups) {
-        if (!key.empty() && (key == std::to_string(pg) || key == g.name)) {
+      for (auto& [id, g] : groups) {
+        if (!key.empty() && (id == group_id_of(key) || key == g.name)) {
           g.ranks = info.ranks;
           matched = true;
         }
@@ -229,7 +273,7 @@ RankDump parse_pytorch_dump(std::string_view bytes, int rank, const std::string&
       }
     }
   }
-  for (auto& [pg, g] : groups) d.groups.push_back(std::move(g));
+  for (auto& [id, g] : groups) d.groups.push_back(std::move(g));
   // Times are wall-clock nanoseconds; the dump's "now" is its newest stamp (the dump itself
   // carries none), so "how long pending" is measured from the last thing the rank recorded.
   d.monotonic_ns = newest;

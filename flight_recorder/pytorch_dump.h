@@ -5,14 +5,18 @@
 // C++, for the plain subset PyTorch writes; anything else is refused with a clear message).
 //
 // What maps to what: the rank is the number that ends the file name (as torchfrtrace reads
-// it); pg_id p becomes group p + 1, named by its description (or "pg<p>"); collective_seq_id and
-// p2p_seq_id are the seqs; profiling_name "gloo:all_reduce" / "nccl:all_reduce" the op;
+// it); the group is the name all its members give it (process_group[0]: "n" becomes group
+// n + 1, other names a hash; pg_id only counts the groups one process built), named by its
+// description (or "pg<name>"); collective_seq_id is the seq; profiling_name "gloo:all_reduce" /
+// "nccl:all_reduce" the op, and "nccl:send 0->1" / "nccl:recv 1<-0" also the peer (a send's or
+// recv's seq is then its count per peer and direction, else p2p_seq_id);
 // input_sizes/dtypes the arguments (several tensors add up); time_created_ns (wall clock) the
 // enqueue time; an entry is finished once retired or completed. Members of a group come from
 // pg_config when it names the group; PyTorch's Gloo recorder (2.15) writes one pg_config entry
 // keyed "" per rank, which is taken as the members of the one non-default group it can be;
-// otherwise a group's members are the ranks that recorded entries in it. send/recv carry no peer
-// in these dumps and Gloo does not record them: such waits stay unexplained.
+// otherwise a group's members are the ranks that recorded entries in it. Gloo records no
+// send/recv; a send/recv without a peer in its name stays unexplained. read_dump_dir then reads
+// back entries that timed out (retired like finished ones): internal/pytorch_timeouts.h.
 //
 // Thread-safe: pure functions.
 

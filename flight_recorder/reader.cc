@@ -15,6 +15,7 @@
 
 #include "tessel/base/error.h"
 #include "tessel/flight_recorder/internal/dump_stream.h"
+#include "tessel/flight_recorder/internal/pytorch_timeouts.h"
 #include "tessel/flight_recorder/pytorch_dump.h"
 
 namespace tessel::fr {
@@ -157,6 +158,7 @@ DumpSet read_pytorch_dumps(const std::vector<std::filesystem::path>& files, int 
     }
   }
   settle_pytorch_groups(set.dumps, world_size_hint);
+  internal::reconcile_pytorch_timeouts(set.dumps);  // timed-out entries read as finished
   std::sort(set.dumps.begin(), set.dumps.end(),
             [](const RankDump& a, const RankDump& b) { return a.rank < b.rank; });
   set.world_size = set.dumps.empty() ? world_size_hint : set.dumps.front().world_size;

@@ -15,6 +15,9 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'
 rm -rf "$out"
+# The timed-out fixtures are written in the recorder's format first (no torch needed); the real
+# jobs below then replace the timeout_* scenarios make_fixtures.py runs (review the diff).
+python3 "$root/tests/flight_recorder/pytorch/write_timeout_fixtures.py" "$out"
 "$venv/bin/python" "$root/tests/flight_recorder/pytorch/make_fixtures.py" "$out"
 for dir in "$out"/*/; do
   echo "== torchfrtrace $(basename "$dir")"

@@ -6,6 +6,11 @@ the dumps: each rank dumps while the job hangs, HANG_S after the scenario's last
 pickle (torch._C._distributed_c10d._dump_fr_trace_file, which writes TORCH_FR_DUMP_TEMP_FILE +
 rank) and as JSON (_dump_fr_trace_json), then leaves. A rank killed by the scenario dumps nothing.
 
+The timeout_* scenarios set a 3 s timeout and dump 6 s after the fault, so the waiting ranks
+dump after their collective timed out (PyTorch retires it like a finished one). Their committed
+fixtures were written without torch by write_timeout_fixtures.py, in the format the dumps of this
+script show; running these scenarios regenerates them from real jobs (compare before replacing).
+
   python make_fixtures.py OUT_DIR [NAME...]  scenarios into OUT_DIR/<scenario>/{pickle,json}
   python make_fixtures.py --rank R SCENARIO  one rank (what the driver starts)
 """
@@ -27,13 +32,20 @@ SCENARIOS = {
     "deadlock": "ranks 0 and 1 take a world and a pair all_reduce in opposite orders",
     "killed": "rank 3 is SIGKILLed before the last all_reduce",
     "unmatched_send": "rank 0 sends to rank 1, which never posts the recv",
+    "timeout_w4_r3": "rank 3 never enters world all_reduce #4; the others time out in it",
+    "timeout_mesh": "2x2 mesh: rank 3 never enters its tp all_reduce #3",
 }
+TIMEOUT_S = 3.0
 
 
-def dump_later(rank, json_dir):
+def is_timeout(scenario):
+    return scenario.startswith("timeout_")
+
+
+def dump_later(rank, json_dir, wait_s):
     from torch._C._distributed_c10d import _dump_fr_trace_file, _dump_fr_trace_json
 
-    time.sleep(HANG_S)
+    time.sleep(wait_s)
     _dump_fr_trace_file(rank)
     with open(os.path.join(json_dir, f"rank_{rank}.json"), "wb") as f:
         f.write(_dump_fr_trace_json())
@@ -44,17 +56,47 @@ def run_rank(scenario, rank):
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    timeout = TIMEOUT_S if is_timeout(scenario) else 60
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
+    if scenario == "timeout_mesh":
+        run_mesh(rank)
+        return
     pair = dist.new_group([0, 1])
     t = torch.ones(4)
     for _ in range(3):
         dist.all_reduce(t)
-    threading.Thread(target=dump_later, args=(rank, os.environ["FIXTURE_JSON_DIR"]),
+    wait_s = TIMEOUT_S + HANG_S / 2 if is_timeout(scenario) else HANG_S
+    threading.Thread(target=dump_later, args=(rank, os.environ["FIXTURE_JSON_DIR"], wait_s),
                      daemon=True).start()
     try:
         fault(scenario, rank, t, pair)
     except RuntimeError:
         pass  # a peer died: stay until the dump thread ends the process
+    time.sleep(3600)
+
+
+def run_mesh(rank):
+    """dp x tp mesh [[0, 1], [2, 3]]: per step a dp all_gather, a tp all_reduce and a world
+    all_reduce; in step 3 rank 3 stops after its dp all_gather."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp, tp = mesh.get_group("dp"), mesh.get_group("tp")
+    threading.Thread(target=dump_later,
+                     args=(rank, os.environ["FIXTURE_JSON_DIR"], TIMEOUT_S + HANG_S),
+                     daemon=True).start()
+    t = torch.ones(4)
+    try:
+        for step in range(3):
+            dist.all_gather_into_tensor(torch.empty(8), t, group=dp)
+            if step == 2 and rank == 3:
+                break
+            dist.all_reduce(t, group=tp)
+            dist.all_reduce(torch.ones(1))
+    except RuntimeError:
+        pass  # timed out: stay until the dump thread ends the process
     time.sleep(3600)
 
 
@@ -70,6 +112,8 @@ def fault(scenario, rank, t, pair):
         first, second = (None, pair) if rank == 0 else (pair, None)
         dist.all_reduce(t, group=first)
         dist.all_reduce(t, group=second)
+    elif scenario == "timeout_w4_r3" and rank == 3:
+        pass  # stays in compute; the others time out in all_reduce #4
     elif scenario == "killed" and rank == 3:
         os.kill(os.getpid(), signal.SIGKILL)
     elif scenario == "unmatched_send":
