@@ -62,6 +62,7 @@ class TorchPickler:
                 raw = v.encode()
                 self.out += b"X" + struct.pack("<I", len(raw)) + raw
                 self.memo[v] = len(self.memo)
+                assert self.memo[v] < 255, "more strings than BINPUT/BINGET address"
                 self.out += b"q" + bytes([self.memo[v]])
         elif isinstance(v, tuple):
             assert len(v) == 2
