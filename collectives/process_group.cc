@@ -153,6 +153,7 @@ ProcessGroup::ProcessGroup(std::unique_ptr<CommBackend> backend, ProcessGroupOpt
 }
 
 ProcessGroup::~ProcessGroup() {
+  destroying_.store(true);  // queued operations of a failed transport are not run (execute)
   worker_->stop();
   // The backend before the operations in flight: NCCL lets its communication stream drain first,
   // so their tensors are released once the device is done with them.
@@ -369,6 +370,16 @@ void ProcessGroup::execute(const std::shared_ptr<WorkState>& state, Call& call,
                            bool recorded_started) {
   auto& recorder = fr::FlightRecorder::global();
   const uint64_t id = state->record_id();
+  // A queued operation met by the destructor after the transport failed would only wait out its
+  // timeout against the same lost peer: fail it unrun.
+  if (destroying_.load() && transport_failed_.load()) {
+    recorder.failed(id);
+    state->fail(wrap_error(ErrorKind::kCommError,
+                           fmt::format("{} (rank {} of {}): not run: its group was destroyed "
+                                       "after an earlier operation failed in the transport",
+                                       state->describe(), rank_, size_)));
+    return;
+  }
   if (!recorded_started) recorder.started(id);
   state->mark_started();
   // The watchdog times the operation in the slot; cleared however it ends.
@@ -419,6 +430,7 @@ void ProcessGroup::execute(const std::shared_ptr<WorkState>& state, Call& call,
   // Bad arguments are the caller's to see; transport failures are also dumped (before the
   // caller wakes) and put through the watchdog's policy.
   const bool transport = kind != ErrorKind::kInvalidArgument;
+  if (transport) transport_failed_.store(true);
   if (state->finished()) return;  // the watchdog failed it first
   recorder.failed(id);
   if (transport) Watchdog::global().dump(*state, kind, what);

@@ -31,7 +31,9 @@
 // Thread-safety: all methods are thread-safe; calls from several threads are ordered by the
 // group's internal lock, which is only deterministic across ranks if the caller orders them.
 // Ownership: groups are shared (std::shared_ptr) by meshes and users; a group owns its backend
-// and its worker thread, and is destroyed after its last queued operation finished.
+// and its worker thread, and is destroyed after its last queued operation finished (once an
+// operation failed in the transport, the ones still queued fail unrun instead of each waiting
+// out its timeout against the same lost peer).
 
 #include <atomic>
 #include <cstdint>
@@ -235,6 +237,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::vector<uint64_t> send_seq_, recv_seq_;  // per peer, guarded by mutex_
   uint64_t split_count_ = 0;               // guarded by mutex_
   std::atomic<bool> aborted_{false};       // written under mutex_, read without
+  std::atomic<bool> transport_failed_{false};  // an operation failed in the transport
+  std::atomic<bool> destroying_{false};        // the destructor runs the queue's last tasks
   bool watched_ = false;                   // registered with the watchdog; guarded by mutex_
   mutable std::mutex running_mutex_;
   std::shared_ptr<WorkState> running_;     // guarded by running_mutex_

@@ -77,6 +77,7 @@ void format_entry(JsonSink& s, const Entry& e) noexcept {
   s.key("enqueued_ns").i64(e.enqueued_ns).key("started_ns").i64(e.started_ns);
   s.key("completed_ns").i64(e.completed_ns).key("thread_id").u64(e.thread_id);
   s.key("text").str(std::string_view(e.text, strnlen(e.text, sizeof(e.text))));
+  s.key("purpose").str(std::string_view(e.purpose, strnlen(e.purpose, sizeof(e.purpose))));
   s.key("stack").raw("[");
   for (int i = 0; i < e.stack_depth && i < kMaxStackFrames; ++i) {
     if (i > 0) s.raw(",");

@@ -228,6 +228,7 @@ class Parser {
         case key_hash("completed_ns"): e.completed_ns = time(p, kMaxNanoseconds); seen |= 1 << 17; return;
         case key_hash("thread_id"): e.thread_id = u32(p); seen |= 1 << 18; return;
         case key_hash("text"): e.text = str(p); seen |= 1 << 19; return;
+        case key_hash("purpose"): e.purpose = str(p); return;  // optional: newer dumps
         case key_hash("stack"):
           array(p, [&](size_t i) {
             const Path item{&at, "stack", i};

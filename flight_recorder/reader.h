@@ -38,6 +38,7 @@ struct TraceEntry {
   int64_t enqueued_ns = 0, started_ns = 0, completed_ns = 0;
   uint32_t thread_id = 0;
   std::string text;
+  std::string purpose;  // the recording thread's ThreadScope ("" outside any, and in older dumps)
   std::vector<uint64_t> stack;
 
   bool is_p2p() const { return op == OpType::kSend || op == OpType::kRecv; }

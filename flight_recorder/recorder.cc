@@ -99,9 +99,40 @@ uint32_t this_thread_id() noexcept {
   return tid;
 }
 
+// The calling thread's ThreadScope, read by every record.
+struct ThreadTag {
+  char purpose[kMaxPurpose];
+  int64_t step;
+};
+ThreadTag& this_thread_tag() noexcept {
+  static thread_local ThreadTag tag __attribute__((tls_model("initial-exec"))) = {{}, -1};
+  return tag;
+}
+
 enum : uint8_t { kTicksAreNanoseconds = 0, kTicksAreCycles = 1 };
 
 }  // namespace
+
+ThreadScope::ThreadScope(std::string_view purpose, int64_t step) noexcept {
+  ThreadTag& tag = this_thread_tag();
+  std::memcpy(previous_purpose_, tag.purpose, kMaxPurpose);
+  previous_step_ = tag.step;
+  const size_t n = std::min(purpose.size(), kMaxPurpose - 1);
+  std::memset(tag.purpose, 0, kMaxPurpose);
+  if (n > 0) std::memcpy(tag.purpose, purpose.data(), n);
+  tag.step = step;
+}
+
+ThreadScope::~ThreadScope() {
+  ThreadTag& tag = this_thread_tag();
+  std::memcpy(tag.purpose, previous_purpose_, kMaxPurpose);
+  tag.step = previous_step_;
+}
+
+std::string_view thread_purpose() noexcept {
+  const ThreadTag& tag = this_thread_tag();
+  return std::string_view(tag.purpose, strnlen(tag.purpose, kMaxPurpose));
+}
 
 // What a slot stores: an Entry without its stack (stacks live in their own array, present only
 // when they are captured), with times in recorder ticks. Kept small: five cache lines a slot.
@@ -124,6 +155,7 @@ struct FlightRecorder::Record {
   uint8_t stack_depth;
   TensorMeta input, output;
   char text[sizeof(Entry::text)];
+  char purpose[kMaxPurpose];
 };
 
 struct FlightRecorder::StackFrames {
@@ -158,9 +190,9 @@ struct alignas(64) FlightRecorder::Slot {
 struct FlightRecorder::Header {
   static constexpr char kMagic[8] = {'T', 'S', 'L', 'F', 'R', 'R', 'N', 'G'};
   // Version 3 added the user_span op, version 4 the run id in the process info (a larger
-  // header: older files are refused).
-  static constexpr uint32_t kVersion = 4;
-  static constexpr uint32_t kOldestVersion = 4;
+  // header), version 5 the entry's thread purpose (a larger record): older files are refused.
+  static constexpr uint32_t kVersion = 5;
+  static constexpr uint32_t kOldestVersion = 5;
   char magic[8];
   uint32_t version;
   uint32_t slot_size;
@@ -431,6 +463,7 @@ std::string ring_file_name(std::string_view run_id, int rank, int pid) {
 const ProcessInfo& FlightRecorder::process_info() const noexcept { return header_->process; }
 
 void FlightRecorder::set_step(int64_t step) noexcept {
+  step_thread_.store(this_thread_id(), std::memory_order_relaxed);
   header_->step.store(step, std::memory_order_relaxed);
 }
 
@@ -537,13 +570,21 @@ uint64_t FlightRecorder::record_(const RecordArgs& args, bool started) noexcept 
   r.enqueued = now;
   r.started = started ? now : 0;
   r.completed = 0;
-  r.step = step();
+  // The training step belongs to the thread that set it; a scoped thread carries its own.
+  const uint32_t tid = this_thread_id();
+  const ThreadTag& tag = this_thread_tag();
+  std::memcpy(r.purpose, tag.purpose, kMaxPurpose);
+  if (tag.purpose[0] != '\0') {
+    r.step = tag.step;
+  } else {
+    r.step = tid == step_thread_.load(std::memory_order_relaxed) ? step() : -1;
+  }
   r.peer = args.peer;
   r.root = args.root;
   r.coalesced_id = args.coalesced_id;
   r.coalesced_index = args.coalesced_index;
   r.callsite_id = args.callsite_id;
-  r.thread_id = this_thread_id();
+  r.thread_id = tid;
   r.op = args.op;
   r.reduce_op = args.reduce_op;
   r.state = started ? EntryState::kStarted : EntryState::kScheduled;
@@ -682,6 +723,7 @@ bool FlightRecorder::read_entry(uint64_t record_id, Entry& out,
     out.completed_ns = base.to_ns(r.completed);
     out.thread_id = r.thread_id;
     std::memcpy(out.text, r.text, sizeof(out.text));
+    std::memcpy(out.purpose, r.purpose, sizeof(out.purpose));
     out.stack_depth = stacks_ != nullptr ? std::min<uint8_t>(r.stack_depth, kMaxStackFrames) : 0;
     for (int i = 0; i < kMaxStackFrames; ++i) {
       out.stack[i] = i < out.stack_depth ? stack.frames[i] : 0;

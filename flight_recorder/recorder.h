@@ -59,6 +59,7 @@ std::string_view state_name(EntryState state);  // "scheduled", "started", "comp
 inline constexpr int kMaxDims = 6;
 inline constexpr int kMaxStackFrames = 16;         // frames kept per entry when stacks are captured
 inline constexpr size_t kMaxTrackedGroups = 1024;  // groups whose dropped entries are tracked
+inline constexpr size_t kMaxPurpose = 24;  // bytes of an entry's thread purpose, NUL included
 
 // Shape and dtype of one tensor argument, inline (no heap).
 struct TensorMeta {
@@ -101,11 +102,14 @@ struct Entry {
   uint32_t coalesced_id = 0;
   uint32_t coalesced_index = 0;
   uint32_t callsite_id = 0;
-  int64_t step = -1;  // training step current when recorded (set_step), -1 if never set
+  // The training step (set_step) when recorded by the thread that set it; -1 when never set or
+  // when another thread recorded it (a ThreadScope's own step, when it gave one).
+  int64_t step = -1;
   TensorMeta input, output;
   int64_t enqueued_ns = 0, started_ns = 0, completed_ns = 0;
   uint32_t thread_id = 0;   // kernel thread id of the recording thread
   char text[48] = {};       // user event or span text
+  char purpose[kMaxPurpose] = {};  // the recording thread's ThreadScope ("" outside any)
   uint8_t stack_depth = 0;  // frames in `stack` (0 unless RecorderOptions::capture_stack)
   uintptr_t stack[kMaxStackFrames] = {};  // return addresses, innermost first
 };
@@ -130,6 +134,34 @@ struct ProcessInfo {
 // "tessel_fr_<run id>_rank<R>.ring" once the rank is known ("tessel_fr_rank<R>.ring" without a
 // run id), "tessel_fr_<pid>.ring" before.
 std::string ring_file_name(std::string_view run_id, int rank, int pid);
+
+// Attributes what the calling thread records, while the scope lives, to the work it does for
+// ("checkpoint writer", "eval"): its entries carry `purpose` (up to kMaxPurpose - 1 bytes) and
+// `step` (default -1) instead of the training loop's step, and the analyzer leaves them out of
+// its per-step counts and names the purpose in verdicts ("all_gather #3 of group 'dp' (checkpoint
+// writer thread, no step, i64[1])"). A thread that issues collectives beside the training loop
+// should open one at its top:
+//
+//   std::thread eval([&] {
+//     tessel::fr::ThreadScope scope("eval");
+//     world->all_reduce(metric);   // recorded as the "eval" thread's, with no step
+//   });
+//
+// Scopes nest (the innermost wins; the previous one is back at destruction). Costs one 24-byte
+// copy per record; no allocation. Create and destroy on one thread; not copyable.
+class ThreadScope {
+ public:
+  explicit ThreadScope(std::string_view purpose, int64_t step = -1) noexcept;
+  ~ThreadScope();
+  ThreadScope(const ThreadScope&) = delete;
+  ThreadScope& operator=(const ThreadScope&) = delete;
+
+ private:
+  char previous_purpose_[kMaxPurpose];
+  int64_t previous_step_;
+};
+// The calling thread's purpose: its innermost ThreadScope's, "" outside any.
+std::string_view thread_purpose() noexcept;
 
 // A group as registered: id, name and member ranks (global ranks).
 struct GroupInfo {
@@ -256,7 +288,9 @@ class FlightRecorder {
   // it), never before the entry was enqueued.
   void completed(uint64_t record_id, Nanoseconds device_time) noexcept;
 
-  // The training step stamped on later entries.
+  // The training step stamped on later entries recorded by the calling thread (the training
+  // loop); entries of other threads carry -1, or their ThreadScope's step, so collectives of a
+  // checkpoint writer or a user thread are never counted in the loop's step.
   void set_step(int64_t step) noexcept;
   int64_t step() const noexcept;
 
@@ -321,6 +355,7 @@ class FlightRecorder {
   StackFrames* stacks_;  // null unless stacks are captured
   DropCounter* drops_;
   std::atomic<bool> enabled_{true};
+  std::atomic<uint32_t> step_thread_{0};  // the kernel thread id of set_step's last caller
   // Groups form an append-only list (nodes live as long as the recorder) so a signal handler
   // can walk it; the mutex only orders writers.
   mutable std::mutex groups_mutex_;

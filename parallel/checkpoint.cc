@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <random>
 #include <thread>
@@ -12,6 +13,7 @@
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
 #include "tessel/collectives/process_group.h"
+#include "tessel/flight_recorder/recorder.h"
 #include "tessel/parallel/checkpoint_metadata.h"
 #include "tessel/parallel/fsdp.h"
 #include "tessel/parallel/internal/checkpoint_files.h"
@@ -623,6 +625,8 @@ class Checkpointer::Writer {
   Snapshot snapshot;
   Work work;
   uint64_t saves = 0;
+  // A save started and not yet finished (its thread may be blocked in a collective).
+  bool in_flight() const { return work.state() != nullptr && !work.is_completed(); }
 
  private:
   std::thread thread_;
@@ -639,7 +643,19 @@ Checkpointer::Checkpointer(std::shared_ptr<ProcessGroup> group, std::string root
   }
 }
 
-Checkpointer::~Checkpointer() { writer_->join(); }  // a failure was logged by the writer
+Checkpointer::~Checkpointer() {
+  // A save in flight while an error unwinds this scope (a collective failed, a peer is lost), or
+  // once the caller's group was aborted, cannot commit on every rank: abort the private group so
+  // the writer's collectives fail now rather than each at its timeout (a call already blocked in
+  // a backend that cannot be interrupted, Gloo, still ends at its own), then join. Otherwise
+  // wait for the save, as wait() does; a failure was logged by the writer.
+  const bool failing =
+      std::uncaught_exceptions() > 0 || (user_group_ != nullptr && user_group_->aborted());
+  if (failing && group_ != nullptr && writer_->in_flight()) {
+    group_->abort("the Checkpointer was destroyed with its save in flight while an error unwound");
+  }
+  writer_->join();
+}
 
 Work Checkpointer::async_save(const CheckpointState& state) {
   TESSEL_CHECK(state.group() == user_group_, InvalidArgument,
@@ -653,6 +669,8 @@ Work Checkpointer::async_save(const CheckpointState& state) {
   writer_->work = Work(work_state);
   const std::string dir = (fs::path(root_) / step_dir_name(state.step)).string();
   writer_->start([this, dir, work_state] {
+    // Its collectives are the writer's, not the training step's (docs/flight-recorder.md).
+    fr::ThreadScope scope("checkpoint writer");
     try {
       commit(writer_->snapshot, group_.get(), dir, options_.timeout);
       if (writer_->snapshot.rank == 0) retain();

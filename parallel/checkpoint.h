@@ -157,13 +157,16 @@ struct CheckpointerOptions {
 //
 // Thread-safety: one thread calls its methods. Ownership: owns a private process group (split
 // from `group` at construction, so its commit collectives never interleave with training's) and
-// the writer thread, joined by wait() and the destructor.
+// the writer thread, joined by wait() and the destructor. The writer's collectives are recorded
+// as the "checkpoint writer" thread's (fr::ThreadScope), outside the training loop's steps.
 class Checkpointer {
  public:
   // Collective over `group` (null: one process): makes the private group.
   Checkpointer(std::shared_ptr<ProcessGroup> group, std::string root,
                CheckpointerOptions options = {});
-  // Waits for a save in flight (a failed save is logged when it fails, not thrown here).
+  // Waits for a save in flight (a failed save is logged when it fails, not thrown here). While
+  // an exception unwinds, or once `group` was aborted, it first aborts the private group, so a
+  // save whose peers are lost fails at once instead of waiting out its timeouts.
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;

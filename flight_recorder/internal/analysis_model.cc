@@ -711,11 +711,13 @@ std::string Model::group_name(uint64_t group) const {
 
 std::string Model::describe_collective(uint64_t group, uint64_t seq, const Call& e,
                                        int64_t step) const {
+  // A scoped thread's call names its purpose: "(checkpoint writer thread, no step, ...)".
+  const std::string when = (e.purpose.empty() ? "" : e.purpose + " thread, ") +
+                           (step >= 0 ? fmt::format("step {}", step) : "no step");
   std::string args;
   if (e.op == OpType::kSplit) {
     args = e.text.empty() ? "" : fmt::format(", making '{}'", e.text);
-    return fmt::format("split #{} of group '{}' ({}{})", seq, group_name(group),
-                       step >= 0 ? fmt::format("step {}", step) : "no step", args);
+    return fmt::format("split #{} of group '{}' ({}{})", seq, group_name(group), when, args);
   }
   if (e.input.dtype[0] != '\0') {
     args = fmt::format(", {}[{}]", e.input.dtype, e.input.numel);
@@ -724,8 +726,8 @@ std::string Model::describe_collective(uint64_t group, uint64_t seq, const Call&
     args += fmt::format(", {}", reduce_op_text(e.reduce_op));
   }
   if (e.op == OpType::kBroadcast && e.root >= 0) args += fmt::format(", root {}", e.root);
-  return fmt::format("{} #{} of group '{}' ({}{})", op_name(e.op), seq, group_name(group),
-                     step >= 0 ? fmt::format("step {}", step) : "no step", args);
+  return fmt::format("{} #{} of group '{}' ({}{})", op_name(e.op), seq, group_name(group), when,
+                     args);
 }
 
 std::string Model::describe_p2p(const Op& op, bool as_recv) const {

@@ -20,6 +20,7 @@ bool same_tensor(const TensorMeta& a, const TensorMeta& b) {
 size_t hash_call(const Call& c) {
   size_t h = std::hash<std::string>()(c.text);
   auto mix = [&h](uint64_t v) { h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2); };
+  if (!c.purpose.empty()) mix(std::hash<std::string>()(c.purpose));
   mix(static_cast<uint64_t>(c.op));
   mix(c.reduce_op ? 1 + static_cast<uint64_t>(*c.reduce_op) : 0);
   mix(static_cast<uint64_t>(static_cast<int64_t>(c.root)));
@@ -106,7 +107,7 @@ class FindSink : public EntrySink {
 
 bool Call::operator==(const Call& o) const {
   return op == o.op && reduce_op == o.reduce_op && root == o.root && text == o.text &&
-         same_tensor(input, o.input) && same_tensor(output, o.output);
+         purpose == o.purpose && same_tensor(input, o.input) && same_tensor(output, o.output);
 }
 
 int64_t count_at(const std::vector<StepRun>& runs, int64_t step) {
@@ -152,7 +153,8 @@ uint32_t RankFold::local_call(const TraceEntry& e) {
                .root = e.root,
                .input = e.input,
                .output = e.output,
-               .text = e.text};
+               .text = e.text,
+               .purpose = e.purpose};
   return intern_call(c, calls_, call_ids_);
 }
 
@@ -198,7 +200,8 @@ void RankFold::fold(const TraceEntry& e) {
     ++hist.in_ring;
     hist.collectives = true;
     hist.reached = std::max(hist.reached, e.seq);
-    if (e.step >= 0) {
+    // A step counts the training loop's collectives only, not a scoped thread's (ThreadScope).
+    if (e.step >= 0 && e.purpose.empty()) {
       if (g.steps.empty() || g.steps.back().first != e.step) {
         g.steps.emplace_back(e.step, 1);
       } else {

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "tessel/flight_recorder/analyzer.h"
@@ -103,6 +104,35 @@ TEST(RankFoldTest, HoldsAWindowPerGroupOfALongRing) {
   const auto classes = digest.classes(1, {5, 0});
   ASSERT_EQ(classes.size(), 1u);
   EXPECT_EQ(classes[0].ranks, std::vector<int>{0});
+}
+
+// A step counts the training loop's collectives only: entries of a scoped thread (a purpose),
+// even with a step of their own, stay out of the tally, and their call names the purpose.
+TEST(RankFoldTest, ScopedThreadsCollectivesStayOutOfTheStepCounts) {
+  const DumpSet none;
+  Digest digest(none);
+  RankFold fold(digest);
+  fold.fold(op(1, OpType::kAllReduce, 1, 0, 100));
+  fold.fold(op(1, OpType::kAllReduce, 2, 1, 200));
+  TraceEntry writer = op(1, OpType::kAllGather, 3, 1, 250);
+  writer.purpose = "checkpoint writer";
+  fold.fold(writer);
+  fold.fold(op(1, OpType::kAllReduce, 4, 2, 300));
+  RankDump header;
+  header.rank = 0;
+  header.world_size = 2;
+  header.recorded = 4;
+  GroupInfo pair{1, "pair", {0, 1}};
+  const RankDigest r = fold.finish(header, {&pair});
+  const GroupHistory* h = r.history(1);
+  ASSERT_NE(h, nullptr);
+  EXPECT_EQ(count_at(h->steps, 0), 1);
+  EXPECT_EQ(count_at(h->steps, 1), 1);  // not 2: the writer's all_gather is not the step's
+  EXPECT_EQ(count_at(h->steps, 2), 1);
+  const auto gathered = std::find_if(r.held.begin(), r.held.end(),
+                                     [](const HeldEntry& e) { return e.seq == 3; });
+  ASSERT_NE(gathered, r.held.end());
+  EXPECT_EQ(digest.call(gathered->call).purpose, "checkpoint writer");
 }
 
 std::vector<int> iota_ranks(int n) {

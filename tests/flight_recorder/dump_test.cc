@@ -185,6 +185,37 @@ TEST(DumpTest, RoundTripsSpans) {
   EXPECT_EQ(d.entries[3].completed_ns, 0);
 }
 
+// An entry's thread purpose is written and read back; a dump without the field reads as "".
+TEST(DumpTest, RoundTripsThreadPurpose) {
+  FlightRecorder fr(RecorderOptions{8});
+  fr.set_process_info(0, 2);
+  fr.register_group(1, "world", {0, 1});
+  fr.set_step(5);
+  RecordArgs a;
+  a.group_id = 1;
+  a.seq = 1;
+  fr.record(a);
+  {
+    ThreadScope scope("checkpoint writer");
+    a.seq = 2;
+    fr.record(a);
+  }
+  TempDir dir;
+  const std::string path = write_dump(fr, {}, dir.path());
+  const RankDump d = read_dump(path);
+  ASSERT_EQ(d.entries.size(), 2u);
+  EXPECT_EQ(d.entries[0].purpose, "");
+  EXPECT_EQ(d.entries[0].step, 5);
+  EXPECT_EQ(d.entries[1].purpose, "checkpoint writer");
+  EXPECT_EQ(d.entries[1].step, -1);
+  // Older writers have no "purpose": the field is optional.
+  std::ifstream in(path);
+  nlohmann::json j = nlohmann::json::parse(in);
+  for (auto& e : j["entries"]) e.erase("purpose");
+  std::ofstream(path) << j.dump();
+  EXPECT_EQ(read_dump(path).entries[1].purpose, "");
+}
+
 TEST(DumpTest, LeavesNoTemporaryFilesAndReplacesTheOldDump) {
   FlightRecorder fr(RecorderOptions{4});
   fr.set_process_info(0, 1);

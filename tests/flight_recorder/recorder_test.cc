@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -44,6 +45,36 @@ TEST(RecorderTest, RecordsLifecycle) {
   EXPECT_GE(entries[0].completed_ns, entries[0].started_ns);
   ASSERT_EQ(fr.groups().size(), 1u);
   EXPECT_EQ(fr.groups()[0].ranks, (std::vector<int>{0, 1}));
+}
+
+// set_step applies to the thread that set it (the training loop): another thread's entries carry
+// no step, and a ThreadScope's entries carry its purpose and its own step; scopes nest.
+TEST(RecorderTest, StepBelongsToItsThreadAndScopesNameTheirPurpose) {
+  FlightRecorder fr(RecorderOptions{16});
+  fr.set_step(12);
+  fr.record(all_reduce(3, 1));
+  std::thread([&] {
+    fr.record(all_reduce(3, 2));  // an untagged thread
+    ThreadScope scope("checkpoint writer");
+    EXPECT_EQ(thread_purpose(), "checkpoint writer");
+    fr.record(all_reduce(3, 3));
+    {
+      ThreadScope inner("a purpose longer than the entry keeps", 40);
+      fr.record(all_reduce(3, 4));
+    }
+    fr.record(all_reduce(3, 5));
+  }).join();
+  EXPECT_EQ(thread_purpose(), "");
+  fr.record(all_reduce(3, 6));
+  const auto entries = fr.snapshot();
+  ASSERT_EQ(entries.size(), 6u);
+  const std::vector<int64_t> steps = {12, -1, -1, 40, -1, 12};
+  const std::vector<std::string> purposes = {"", "", "checkpoint writer",
+                                             "a purpose longer than t", "checkpoint writer", ""};
+  for (size_t i = 0; i < entries.size(); ++i) {
+    EXPECT_EQ(entries[i].step, steps[i]) << i;
+    EXPECT_EQ(std::string(entries[i].purpose), purposes[i]) << i;
+  }
 }
 
 TEST(RecorderTest, RingKeepsNewestAndIgnoresStaleUpdates) {
