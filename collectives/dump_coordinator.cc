@@ -43,15 +43,23 @@ void DumpCoordinator::stop() {
     stop_ = true;
   }
   stopping_.notify_all();
+  posted_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
 void DumpCoordinator::on_timeout(const std::string& reason) {
   const int64_t now_us = fr::FlightRecorder::global().wall_now_us();
   dumper_.notify_timeout(rank_, reason);
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   if (!pending_) pending_ = reason;
   if (!failed_at_us_) failed_at_us_ = now_us;  // the first failure, by this rank's clock
+  // The caller learns of the failure only after this returns, and a program that does not catch
+  // it dies at once (std::terminate skips every destructor): wait, boundedly, until the watcher
+  // has asked the other ranks to dump, or nobody else ever will.
+  const uint64_t want = posted_ + 1;
+  if (thread_.joinable() && !stop_) {
+    posted_cv_.wait_for(lock, options_.post_bound, [&] { return posted_ >= want || stop_; });
+  }
 }
 
 void DumpCoordinator::answer(int64_t n, const std::string& value) {
@@ -96,6 +104,11 @@ void DumpCoordinator::run(int64_t seen) {
         const std::string value = fr::encode_store_dump_request(rank_, *post);
         store_->set(fr::store_dump_request_key(n), value);
         post.reset();
+        {
+          std::lock_guard lock(mutex_);
+          ++posted_;
+        }
+        posted_cv_.notify_all();
         answer(n, value);
         own.insert(n);
         continue;

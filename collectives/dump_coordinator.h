@@ -6,7 +6,8 @@
 //
 // Thread-safety: all methods are thread-safe. Owns one watcher thread (start() / stop(), joined by
 // the destructor). on_timeout() never touches the store or a communicator: the watcher posts the
-// request, so a dead store can never block the watchdog.
+// request, and on_timeout() waits for that at most DumpCoordinatorOptions::post_bound, so a dead
+// store can never block the watchdog for longer.
 
 #include <atomic>
 #include <condition_variable>
@@ -26,6 +27,8 @@ namespace tessel {
 struct DumpCoordinatorOptions {
   // Longest a store wait blocks before the watcher checks for stop or a request to post.
   Nanoseconds poll = std::chrono::milliseconds(500);
+  // Longest on_timeout() waits for the watcher to post its dump request to the other ranks.
+  Nanoseconds post_bound = std::chrono::seconds(3);
 };
 
 class DumpCoordinator {
@@ -47,7 +50,9 @@ class DumpCoordinator {
 
   // A collective of this rank failed: dump here now, and ask every rank to dump (the watcher
   // records the failure's time under store_failure_key, posts the request and publishes this
-  // rank's answer to it). Returns at once.
+  // rank's answer to it). Returns once the watcher has posted the request (at most
+  // DumpCoordinatorOptions::post_bound later: a dead store only delays the failure), so a
+  // program that dies of the error right away still leaves the others asked to dump.
   void on_timeout(const std::string& reason);
 
   // Requests this rank has answered (dumped and published).
@@ -64,6 +69,8 @@ class DumpCoordinator {
   std::mutex mutex_;
   std::condition_variable stopping_;     // wakes the watcher's back-off on stop()
   std::optional<std::string> pending_;  // guarded by mutex_: a request to post
+  uint64_t posted_ = 0;                 // guarded by mutex_: requests the watcher posted
+  std::condition_variable posted_cv_;   // signalled when posted_ grows or on stop()
   bool stop_ = false;                   // guarded by mutex_
   std::optional<int64_t> failed_at_us_;  // guarded by mutex_: wall time of the first failure
   bool failure_posted_ = false;          // watcher thread only

@@ -9,6 +9,7 @@
 #include "tessel/collectives/comm_backend.h"
 #include "tessel/collectives/internal/group_worker.h"
 #include "tessel/collectives/watchdog.h"
+#include "tessel/flight_recorder/analyzer.h"
 #include "tessel/flight_recorder/recorder.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/stream.h"
@@ -143,6 +144,12 @@ ProcessGroup::ProcessGroup(std::unique_ptr<CommBackend> backend, ProcessGroupOpt
       global_ranks_(std::move(global_ranks)),
       rank_(backend_->rank()),
       size_(backend_->size()),
+      members_text_(std::make_shared<const std::string>(
+          fmt::format("world ranks {}", fr::format_rank_list(global_ranks_)))),
+      who_(global_ranks_.size() == static_cast<size_t>(size_) && rank_ >= 0 && rank_ < size_
+               ? fmt::format("world rank {}; group rank {} of {}", global_ranks_[rank_], rank_,
+                             size_)
+               : fmt::format("rank {} of {}", rank_, size_)),
       send_seq_(static_cast<size_t>(size_), 0),
       recv_seq_(static_cast<size_t>(size_), 0),
       worker_(std::make_unique<internal::GroupWorker>(options_.name)) {
@@ -220,8 +227,8 @@ bool ProcessGroup::mark_aborted(const std::string& reason) {
   }
   for (const auto& work : in_flight) {
     if (work->finished()) continue;
-    const std::string what = fmt::format("{} (rank {} of {}): group was aborted: {}",
-                                         work->describe(), rank_, size_, reason);
+    const std::string what =
+        fmt::format("{} ({}): group was aborted: {}", work->describe(), who_, reason);
     if (work->fail(wrap_error(ErrorKind::kCommError, what))) {
       fr::FlightRecorder::global().failed(work->record_id());
     }
@@ -264,6 +271,55 @@ std::vector<int> ProcessGroup::missing_ranks(uint64_t seq) const {
   return backend_->missing_ranks(seq);
 }
 
+std::string ProcessGroup::describe_members(const std::vector<int>& group_ranks) const {
+  std::vector<int> world;
+  for (int r : group_ranks) {
+    if (r < 0 || r >= size_) return fmt::format("group ranks {}", fmt::join(group_ranks, ","));
+    world.push_back(global_ranks_[static_cast<size_t>(r)]);
+  }
+  const bool one = group_ranks.size() == 1;
+  return fmt::format("world rank{} {} (group rank{} {})", one ? "" : "s", fmt::join(world, ","),
+                     one ? "" : "s", fmt::join(group_ranks, ","));
+}
+
+namespace {
+
+// A backend's message in the caller's terms. Backends name the ranks a timed-out call still
+// waits for by group rank ("ranks not arrived: [1, 2]"): messages name world ranks first. And a
+// backend that carries one collective with another (Gloo's all_gather and reduce_scatter run
+// through its all_to_all exchange) names the one it ran: the message names the one called.
+std::string in_callers_terms(const ProcessGroup& group, fr::OpType called, std::string message) {
+  static constexpr std::string_view kCarrier = "all_to_all";
+  if (called != fr::OpType::kAllToAll && message.rfind(kCarrier, 0) == 0 &&
+      message.size() > kCarrier.size() &&
+      (message[kCarrier.size()] == ' ' || message[kCarrier.size()] == ':')) {
+    message = "its all_to_all exchange" + message.substr(kCarrier.size());
+  }
+  static constexpr std::string_view kMarker = "ranks not arrived: [";
+  const size_t at = message.find(kMarker);
+  if (at == std::string::npos) return message;
+  const size_t open = at + kMarker.size();
+  const size_t close = message.find(']', open);
+  if (close == std::string::npos) return message;
+  std::vector<int> ranks;
+  const std::string list = message.substr(open, close - open);
+  for (size_t i = 0; i < list.size();) {
+    size_t used = 0;
+    try {
+      ranks.push_back(std::stoi(list.substr(i), &used));
+    } catch (const std::exception&) {
+      return message;  // not a list of numbers: leave it as the backend wrote it
+    }
+    i += used;
+    while (i < list.size() && (list[i] == ',' || list[i] == ' ')) ++i;
+  }
+  if (ranks.empty()) return message;
+  return message.substr(0, at) + "not arrived: " + group.describe_members(ranks) +
+         message.substr(close + 1);
+}
+
+}  // namespace
+
 std::vector<std::shared_ptr<WorkState>> ProcessGroup::poll_device_work() {
   std::vector<std::shared_ptr<WorkState>> in_flight;
   {
@@ -304,7 +360,8 @@ void ProcessGroup::fail_device_work(WorkState& work, std::exception_ptr error) {
     message = e.what();
   }
   const std::string what =
-      fmt::format("{} (rank {} of {}): {}", work.describe(), rank_, size_, message);
+      fmt::format("{} ({}): {}", work.describe(), who_,
+                  in_callers_terms(*this, work.op(), message));
   fr::FlightRecorder::global().failed(work.record_id());
   Watchdog::global().dump(work, kind, what);
   if (!work.fail(wrap_error(kind, what))) return;
@@ -342,7 +399,7 @@ Work ProcessGroup::issue(Call call) {
   std::shared_ptr<WorkState> state;
   try {
     state = std::make_shared<WorkState>(options_.name, options_.id, record.op, seq, record_id,
-                                        call.timeout);
+                                        call.timeout, members_text_);
     if (!watched_) {
       Watchdog::global().watch(weak_from_this());
       watched_ = true;
@@ -375,9 +432,9 @@ void ProcessGroup::execute(const std::shared_ptr<WorkState>& state, Call& call,
   if (destroying_.load() && transport_failed_.load()) {
     recorder.failed(id);
     state->fail(wrap_error(ErrorKind::kCommError,
-                           fmt::format("{} (rank {} of {}): not run: its group was destroyed "
-                                       "after an earlier operation failed in the transport",
-                                       state->describe(), rank_, size_)));
+                           fmt::format("{} ({}): not run: its group was destroyed after an "
+                                       "earlier operation failed in the transport",
+                                       state->describe(), who_)));
     return;
   }
   if (!recorded_started) recorder.started(id);
@@ -425,8 +482,9 @@ void ProcessGroup::execute(const std::shared_ptr<WorkState>& state, Call& call,
   } catch (const std::exception& e) {
     message = e.what();
   }
-  const std::string what = fmt::format("{} (rank {} of {}): {}", state->describe(), rank_,
-                                       size_, message);
+  const std::string what =
+      fmt::format("{} ({}): {}", state->describe(), who_,
+                  in_callers_terms(*this, state->op(), message));
   // Bad arguments are the caller's to see; transport failures are also dumped (before the
   // caller wakes) and put through the watchdog's policy.
   const bool transport = kind != ErrorKind::kInvalidArgument;

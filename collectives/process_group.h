@@ -197,6 +197,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // For the watchdog: the group ranks the backend knows have not reached collective `seq`
   // (empty when it cannot know).
   std::vector<int> missing_ranks(uint64_t seq) const;
+  // How messages name members of this group: "world ranks 2,4 (group ranks 1,2)", or "world
+  // rank 2 (group rank 1)" for one. Group ranks outside the group are named as such.
+  std::string describe_members(const std::vector<int>& group_ranks) const;
   // The operation now in the execution slot, null when none: what the watchdog times.
   std::shared_ptr<WorkState> running() const;
   // For the watchdog: polls the device part of the operations in flight on the device, oldest
@@ -232,6 +235,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   const std::vector<int> global_ranks_;
   const int rank_;
   const int size_;
+  // For messages: the members as world ranks ("world ranks 0-3"), shared with every WorkState,
+  // and this process in both numberings ("world rank 2; group rank 1 of 4").
+  const std::shared_ptr<const std::string> members_text_;
+  const std::string who_;
   mutable std::mutex mutex_;
   uint64_t seq_ = 0;                       // guarded by mutex_
   std::vector<uint64_t> send_seq_, recv_seq_;  // per peer, guarded by mutex_

@@ -183,7 +183,7 @@ void Watchdog::expire(const std::shared_ptr<WorkState>& state, ProcessGroup& gro
   if (work.finished()) return;
   std::string missing;
   const auto ranks = group.missing_ranks(work.seq());
-  if (!ranks.empty()) missing = fmt::format("; ranks not arrived: [{}]", fmt::join(ranks, ", "));
+  if (!ranks.empty()) missing = "; not arrived: " + group.describe_members(ranks);
   const std::string what = fmt::format(
       "{} did not complete within its timeout of {} (watchdog){}", work.describe(),
       format_duration(work.timeout()), missing);

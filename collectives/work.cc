@@ -9,8 +9,10 @@
 namespace tessel {
 
 WorkState::WorkState(std::string group_name, uint64_t group_id, fr::OpType op, uint64_t seq,
-                     uint64_t record_id, Nanoseconds timeout)
+                     uint64_t record_id, Nanoseconds timeout,
+                     std::shared_ptr<const std::string> members)
     : group_name_(std::move(group_name)),
+      members_(std::move(members)),
       group_id_(group_id),
       op_(op),
       seq_(seq),
@@ -25,8 +27,10 @@ SteadyClock::time_point WorkState::started_at() const {
 }
 
 std::string WorkState::describe() const {
-  return fmt::format("{} seq {} on group '{}' (id {})", fr::op_name(op_), seq_, group_name_,
-                     group_id_);
+  if (members_ == nullptr || members_->empty()) {
+    return fmt::format("{} #{} on group '{}'", fr::op_name(op_), seq_, group_name_);
+  }
+  return fmt::format("{} #{} on group '{}' ({})", fr::op_name(op_), seq_, group_name_, *members_);
 }
 
 void WorkState::mark_started() {

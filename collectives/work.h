@@ -36,8 +36,11 @@ class ProcessGroup;
 // runs the operation (or by the watchdog when it times the operation out).
 class WorkState {
  public:
+  // `members`: the group's members as world ranks ("world ranks 0,2"), shared by the group's
+  // operations; empty for work that belongs to no group.
   WorkState(std::string group_name, uint64_t group_id, fr::OpType op, uint64_t seq,
-            uint64_t record_id, Nanoseconds timeout);
+            uint64_t record_id, Nanoseconds timeout,
+            std::shared_ptr<const std::string> members = nullptr);
 
   const std::string& group_name() const { return group_name_; }
   uint64_t group_id() const { return group_id_; }
@@ -47,7 +50,7 @@ class WorkState {
   Nanoseconds timeout() const { return timeout_; }
   // When the op started running (its timeout counts from here); time_point::max() before.
   SteadyClock::time_point started_at() const;
-  // "all_reduce seq 42 on group 'dp' (id 7)".
+  // "all_reduce #42 on group 'dp' (world ranks 0,4)": the call, its group and its members.
   std::string describe() const;
 
   void mark_started();
@@ -89,6 +92,7 @@ class WorkState {
 
  private:
   const std::string group_name_;
+  const std::shared_ptr<const std::string> members_;
   const uint64_t group_id_;
   const fr::OpType op_;
   const uint64_t seq_;

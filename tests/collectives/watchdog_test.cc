@@ -97,8 +97,8 @@ TEST_F(WatchdogTest, FailsHungWorkNamingGroupOpSeqAndMissingRanks) {
     FAIL() << "expected Timeout";
   } catch (const Timeout& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("all_reduce seq 1 on group 'hang' (id 77)"), std::string::npos) << what;
-    EXPECT_NE(what.find("ranks not arrived: [1]"), std::string::npos) << what;
+    EXPECT_NE(what.find("all_reduce #1 on group 'hang' (world ranks 0,1)"), std::string::npos) << what;
+    EXPECT_NE(what.find("not arrived: world rank 1 (group rank 1)"), std::string::npos) << what;
   }
   EXPECT_FALSE(pg->aborted());  // policy raise
   {
