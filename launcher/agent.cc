@@ -34,6 +34,7 @@
 #include "tessel/launcher/hang_dump.h"
 #include "tessel/launcher/rendezvous_client.h"
 #include "tessel/launcher/rendezvous_server.h"
+#include "tessel/launcher/root_cause.h"
 #include "tessel/collectives/store_client.h"
 #include "tessel/launcher/token.h"
 #include "tessel/launcher/worker_group.h"
@@ -365,48 +366,6 @@ std::string find_trace_tool(const std::string& tool) {
   return tool;
 }
 
-// The root cause by the workers' own records. The first failure reported to the server is the
-// first worker reaped, not the first to fail: a rank that lost a peer (PeerLost, exit 1) may be
-// reaped before the rank that crashed or whose collective timed out. A reported root that is
-// only such a consequence (its own first failure was not a timeout) gives way to a rank killed
-// by a signal, else to the rank whose collective timed out first by its own clock.
-std::optional<proto::Failure> first_failure_root_cause(const proto::Failure& root,
-                                                       const HangReport& r) {
-  auto is_timeout = [](const CollectiveFailure& f) { return f.reason.rfind("Timeout", 0) == 0; };
-  const CollectiveFailure* own = nullptr;
-  for (const auto& f : r.failures) {
-    if (f.rank == root.rank()) own = &f;
-  }
-  if (root.rank() < 0 || own == nullptr || is_timeout(*own) || root.signal() != 0) return {};
-  proto::Failure f;
-  f.set_hang(true);
-  for (const auto& e : r.exits) {
-    if (e.exit.signal != 0 && f.reason().empty()) {
-      f.set_rank(e.exit.rank);
-      f.set_reason("killed by a signal while its peers were in collectives");
-    }
-  }
-  if (f.reason().empty()) {
-    const auto first = std::find_if(r.failures.begin(), r.failures.end(), is_timeout);
-    if (first == r.failures.end() || first->rank == root.rank()) return {};
-    f.set_rank(first->rank);
-    f.set_exit_code(kCollectiveTimeoutExitCode);
-    f.set_reason(fmt::format("its collective timed out first (by the workers' own clocks): {}",
-                             first->reason));
-  }
-  for (const auto& e : r.exits) {
-    if (e.exit.rank != f.rank()) continue;
-    f.set_exit_code(std::max(e.exit.exit_code, 0));
-    f.set_signal(e.exit.signal);
-    f.set_pid(e.pid);
-    f.set_local_rank(e.local_rank);
-    f.set_host(e.host);
-  }
-  log_warn(kL, "root cause: rank {} ({}); rank {}, reaped first, only saw the consequence: {}",
-           f.rank(), f.reason(), root.rank(), own->reason);
-  return f;
-}
-
 // The store client an agent records its workers' exits with, and the job's flight-recorder
 // files (their run id shared through that store: job_files.h); null (logged) when the store
 // cannot be reached.
@@ -447,8 +406,16 @@ std::function<std::optional<proto::Failure>(const proto::Failure&, int64_t, int)
     const std::string dir = fmt::format("{}/flight_recorder_round_{}", log_dir, round);
     HangReport r = gather_flight_recorder_dumps(channel, world_size, round, root.reason(), dir,
                                                 o.hang_dump_timeout, find_trace_tool(o.trace_tool));
-    log_warn(kL, "tessel-trace analyze {} (status {}):\n{}", dir, r.trace_status, r.verdict);
-    return first_failure_root_cause(root, r);
+    if (r.gathered.empty()) {
+      log_info(kL, "no rank answered the dump request: no flight-recorder verdict");
+    } else if (r.facts && r.facts->status == "healthy") {
+      log_info(kL, "flight recorder: no rank waits in a collective ({}); the failure is the "
+                   "worker's own. Dumps: {}", r.facts->status_line, dir);
+    } else {
+      log_warn(kL, "tessel-trace analyze {} (exit {}):\n{}", dir,
+               trace_status_text(r.trace_status), r.verdict);
+    }
+    return hang_root_cause(root, r);
   };
 }
 

@@ -27,6 +27,7 @@ int root_cause_exit_status(const proto::Failure& f) {
 namespace {
 
 std::string what_happened(const proto::Failure& f) {
+  if (!f.culprits().empty()) return f.reason();  // the verdict's words for where it was
   if (f.signal() != 0) return fmt::format("killed by {}", signal_name(f.signal()));
   if (f.rank() < 0) return f.reason();
   if (f.reason() == "exited" || f.reason().empty()) {
@@ -60,16 +61,47 @@ std::string one_line_root_cause(const proto::Failure& f) {
   return fmt::format("round {}: {}: {}", f.round(), node_label(f), what_happened(f));
 }
 
+namespace {
+
+// "rank 3 (local rank 1) on node 1 (...), pid 42": local rank, node and pid where known.
+std::string rank_label(const proto::Failure& f) {
+  std::string out = fmt::format("rank {}", f.rank());
+  if (f.local_rank() >= 0) out += fmt::format(" (local rank {})", f.local_rank());
+  if (!f.host().empty() || !f.addr().empty()) out += " on " + node_label(f);
+  if (f.pid() > 0) out += fmt::format(", pid {}", f.pid());
+  return out;
+}
+
+}  // namespace
+
 std::string format_failure_report(const proto::Failure& f, int restart_count, int max_restarts) {
-  std::string out = fmt::format(
-      "tessel-run: job failed after {} of {} restarts; root cause (first failure by the "
-      "server's clock, {}, round {}):\n",
-      restart_count, max_restarts, utc_time(f.server_time_us()), f.round());
+  const bool named = !f.culprits().empty();
+  std::string out =
+      named ? fmt::format(
+                  "tessel-run: job failed after {} of {} restarts; root cause (the flight "
+                  "recorder's verdict, {}; round {}, {}):\n",
+                  restart_count, max_restarts, f.verdict(), f.round(), utc_time(f.server_time_us()))
+            : fmt::format(
+                  "tessel-run: job failed after {} of {} restarts; root cause (first failure by "
+                  "the server's clock, {}, round {}):\n",
+                  restart_count, max_restarts, utc_time(f.server_time_us()), f.round());
   if (f.rank() >= 0) {
-    out += fmt::format("  rank {} (local rank {}) on {}, pid {}: {}\n", f.rank(), f.local_rank(),
-                       node_label(f), f.pid(), what_happened(f));
+    out += fmt::format("  {}: {}\n", rank_label(f), what_happened(f));
   } else {
     out += fmt::format("  {}: {}\n", node_label(f), what_happened(f));
+  }
+  if (!f.evidence().empty()) {
+    out += named ? "  evidence:\n"
+                 : fmt::format("  the flight recorder's verdict is {}, so the root cause above is "
+                               "the workers' first failure:\n",
+                               f.verdict());
+    for (int i = 0; i < f.evidence_size(); ++i) {
+      out += fmt::format("    {}{}\n", i == 0 ? "" : "- ", f.evidence(i));
+    }
+  }
+  if (!f.symptom().empty()) {
+    out += fmt::format("  first failure in time (a consequence, by the verdict): {}\n",
+                       f.symptom());
   }
   if (!f.error_file().empty()) {
     out += "  its error file (TORCHELASTIC_ERROR_FILE):\n";
@@ -82,7 +114,9 @@ std::string format_failure_report(const proto::Failure& f, int restart_count, in
     }
   }
   if (!f.stderr_tail().empty()) {
-    out += "  last lines of its stderr:\n";
+    out += f.symptom().empty()
+               ? "  last lines of its stderr:\n"
+               : fmt::format("  last lines of rank {}'s stderr:\n", f.symptom_rank());
     size_t pos = 0;
     const std::string& t = f.stderr_tail();
     while (pos <= t.size()) {
@@ -115,6 +149,12 @@ std::string failure_report_json(const proto::Failure& f, int restart_count) {
       {"round", f.round()},
       {"restart_count", restart_count},
       {"exit_status", root_cause_exit_status(f)},
+      // The flight recorder's verdict on a hang ("" / empty when the hang path did not run).
+      {"verdict", f.verdict()},
+      {"culprits", std::vector<int>(f.culprits().begin(), f.culprits().end())},
+      {"evidence", std::vector<std::string>(f.evidence().begin(), f.evidence().end())},
+      {"symptom", f.symptom()},
+      {"symptom_rank", f.symptom().empty() ? -1 : f.symptom_rank()},
   };
   return j.dump(2) + "\n";
 }

@@ -1,6 +1,7 @@
 #pragma once
-// The job's failure report: one root cause (the first failure by the rendezvous server's
-// clock) as text for the console and as JSON (failure.json in the log directory).
+// The job's failure report: one root cause (on a hang, the flight recorder's verdict; otherwise
+// the first failure by the rendezvous server's clock) as text for the console and as JSON
+// (failure.json in the log directory).
 
 #include <string>
 
@@ -28,8 +29,10 @@ std::string one_line_root_cause(const proto::Failure& failure);
 std::string format_failure_report(const proto::Failure& root_cause, int restart_count,
                                   int max_restarts);
 
-// The same as a JSON object (keys: host, node_id, addr, group_rank, error_file, rank, local_rank, pid, exit_code, signal,
-// signal_name, reason, stderr_tail, server_time_us, round, restart_count, exit_status).
+// The same as a JSON object (keys: host, node_id, addr, group_rank, error_file, rank,
+// local_rank, pid, exit_code, signal, signal_name, reason, stderr_tail, server_time_us, round,
+// restart_count, exit_status, and from the hang path: verdict, culprits, evidence, symptom,
+// symptom_rank). With a verdict that names culprits, rank is its first culprit.
 std::string failure_report_json(const proto::Failure& root_cause, int restart_count);
 
 // Writes failure_report_json to `path`. Throws IoError.

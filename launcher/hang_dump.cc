@@ -12,11 +12,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
 #include "tessel/collectives/store.h"
+#include "tessel/flight_recorder/analyzer.h"
 #include "tessel/flight_recorder/dump.h"
 #include "tessel/flight_recorder/dumper.h"
 #include "tessel/launcher/worker_group.h"
@@ -27,6 +31,8 @@ namespace tessel::launcher {
 constexpr Nanoseconds kFetchSlice = std::chrono::milliseconds(200);
 // How long the gatherer waits on one rank before looking at every pending rank again.
 constexpr Nanoseconds kPollSlice = std::chrono::milliseconds(50);
+// Ranks that have not answered a dump request after this are named in the log.
+constexpr Nanoseconds kAnnounceAfter = std::chrono::seconds(2);
 
 StoreDumpChannel::StoreDumpChannel(std::shared_ptr<Store> store) : store_(std::move(store)) {}
 
@@ -226,7 +232,20 @@ HangReport gather_flight_recorder_dumps(DumpChannel& channel, int world_size, in
   // ended, whatever it left (never waiting for a dead rank).
   std::vector<int> pending(static_cast<size_t>(world_size));
   for (int r = 0; r < world_size; ++r) pending[static_cast<size_t>(r)] = r;
+  const auto started = SteadyClock::now();
+  bool announced = false;
   while (!pending.empty()) {
+    if (!announced && SteadyClock::now() - started >= kAnnounceAfter) {
+      // A stopped or busy rank: say whom the job waits for, and for how long at most.
+      announced = true;
+      std::vector<std::string> names;
+      for (int r : pending) names.push_back(std::to_string(r));
+      log_warn(LogComponent::kLauncher,
+               "waiting up to {} more for the flight-recorder dump of {} {} (not answered after "
+               "{}: stopped, or busy outside tessel's calls?)",
+               format_duration(deadline.remaining()), pending.size() == 1 ? "rank" : "ranks",
+               fmt::join(names, ","), format_duration(kAnnounceAfter));
+    }
     std::vector<int> still;
     for (int rank : pending) {
       if (auto dump = channel.fetch_dump(rank, Nanoseconds::zero())) {
@@ -269,13 +288,74 @@ HangReport gather_flight_recorder_dumps(DumpChannel& channel, int world_size, in
     report.verdict = "no dumps were gathered; tessel-trace not run";
     return report;
   }
+  const std::string facts_path = dump_dir + "/verdict.json";
+  std::remove(facts_path.c_str());
   try {
-    std::tie(report.trace_status, report.verdict) =
-        run_capture({trace_tool, "analyze", dump_dir}, std::chrono::seconds(60));
+    std::tie(report.trace_status, report.verdict) = run_capture(
+        {trace_tool, "analyze", dump_dir, "--json-out", facts_path}, std::chrono::seconds(60));
   } catch (const Error& e) {
     report.verdict = fmt::format("could not run '{} analyze': {}", trace_tool, e.message());
   }
+  std::ifstream facts(facts_path);
+  if (facts) {
+    const std::string text((std::istreambuf_iterator<char>(facts)),
+                           std::istreambuf_iterator<char>());
+    try {
+      report.facts = parse_verdict_facts(text, facts_path);
+    } catch (const Error& e) {
+      log_warn(LogComponent::kLauncher, "{}", e.message());
+    }
+  }
   return report;
+}
+
+std::string trace_status_text(int status) {
+  switch (status) {
+    case 0:
+      return "0 (healthy)";
+    case 1:
+      return "1 (culprit found)";
+    case 2:
+      return "2 (inconclusive)";
+    case 3:
+      return "3 (bad input)";
+    default:
+      return status < 0 ? "not run" : fmt::format("{} (the analyzer failed)", status);
+  }
+}
+
+VerdictFacts parse_verdict_facts(std::string_view text, const std::string& name) {
+  VerdictFacts f;
+  try {
+    const auto j = nlohmann::json::parse(text);
+    f.status = j.at("status").get<std::string>();
+    f.culprits = j.at("culprits").get<std::vector<int>>();
+    f.suspects = j.value("suspects", std::vector<int>{});
+    const std::string ranks = fr::format_rank_list(f.culprits);
+    const char* noun = f.culprits.size() == 1 ? "rank" : "ranks";
+    f.status_line = f.status == "culprit_found"  ? fmt::format("CULPRIT FOUND: {} {}", noun, ranks)
+                    : f.status == "inconclusive" ? "INCONCLUSIVE"
+                                                 : "HEALTHY";
+    const auto& findings = j.at("findings");
+    if (!findings.empty()) {
+      f.evidence.push_back(findings.front().at("summary").get<std::string>());
+      for (const auto& d : findings.front().at("details")) {
+        f.evidence.push_back(d.get<std::string>());
+      }
+    } else {
+      for (const auto& r : j.value("inconclusive", nlohmann::json::array())) {
+        f.evidence.push_back(r.get<std::string>());
+      }
+    }
+    for (const auto& p : j.at("positions")) {
+      const int rank = p.at("rank").get<int>();
+      f.where[rank] = p.at("where").get<std::string>();
+      f.position[rank] = p.at("summary").get<std::string>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(fmt::format("{}: not a tessel-trace verdict: {}", name, e.what()));
+  }
+  return f;
 }
 
 }  // namespace tessel::launcher

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -103,6 +104,19 @@ class WorkerExitLog {
 std::string store_exit_key(int64_t round, int rank);
 
 
+// What the launcher takes from `tessel-trace analyze --json-out` (the analyzer's verdict).
+struct VerdictFacts {
+  std::string status;                // "culprit_found", "inconclusive", "healthy"
+  std::string status_line;           // "CULPRIT FOUND: rank 1", "INCONCLUSIVE", "HEALTHY"
+  std::vector<int> culprits, suspects;
+  std::vector<std::string> evidence;  // the first finding's summary and details, or the
+                                      // reasons the evidence was not enough
+  std::map<int, std::string> where;     // rank -> "in_compute", "crashed", "late", ...
+  std::map<int, std::string> position;  // rank -> where it is, in words
+};
+// Parses the analyzer's verdict JSON (verdict_to_json). Throws InvalidArgument naming `name`.
+VerdictFacts parse_verdict_facts(std::string_view json, const std::string& name);
+
 struct HangReport {
   std::string dump_dir;
   std::vector<int> gathered;  // ranks whose dump was written to dump_dir/tessel_fr_rank<r>.json
@@ -111,14 +125,18 @@ struct HangReport {
   std::vector<CollectiveFailure> failures;  // every rank's first failed collective, by time
   int trace_status = -1;      // exit status of `tessel-trace analyze`; -1 when not run
   std::string verdict;        // its output, or why it did not run
+  std::optional<VerdictFacts> facts;  // the verdict it wrote (dump_dir/verdict.json)
 };
+// "1 (culprit found)": an exit status of `tessel-trace analyze` in words.
+std::string trace_status_text(int status);
 
 // Requests dumps from ranks [0, world_size) and writes each to dump_dir/tessel_fr_rank<r>.json
 // within `timeout` overall, never waiting for a rank known to have ended in `round` (its
-// agent's final dump is used when there is one; the exits go to dump_dir/exits.json). Then runs
-// `<trace_tool> analyze dump_dir` (bounded by 60 s) and keeps its output as the verdict, and
-// finds the first collective failure by the workers' own clocks. Throws IoError when dump_dir
-// cannot be written.
+// agent's final dump is used when there is one; the exits go to dump_dir/exits.json); ranks
+// that have not answered after a few seconds are named in the log with the time left. Then runs
+// `<trace_tool> analyze dump_dir --json-out dump_dir/verdict.json` (bounded by 60 s), keeps its
+// output as the verdict and the JSON as facts, and finds the first collective failure by the
+// workers' own clocks. Throws IoError when dump_dir cannot be written.
 HangReport gather_flight_recorder_dumps(DumpChannel& channel, int world_size, int64_t round,
                                         const std::string& reason, const std::string& dump_dir,
                                         Nanoseconds timeout, const std::string& trace_tool);

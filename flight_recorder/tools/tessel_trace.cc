@@ -1,6 +1,7 @@
 // tessel-trace: reads flight-recorder dumps and says which ranks hang the job and why.
 //
-//   tessel-trace analyze DIR [--json]        verdict for a directory of dumps (tessel's, or
+//   tessel-trace analyze DIR [--json] [--json-out FILE]
+//                                            verdict for a directory of dumps (tessel's, or
 //                                            PyTorch's flight-recorder JSON/pickle dumps)
 //   tessel-trace show FILE                   one rank's entries as a table
 //   tessel-trace export DIR --perfetto OUT   Chrome trace event JSON for Perfetto
@@ -61,8 +62,8 @@ int print_problems(const DumpSet& set) {
   return kExitBadInput;
 }
 
-int run_analyze(const std::string& dir, bool json, bool skip_bad, int world_size,
-                const AnalyzerOptions& options) {
+int run_analyze(const std::string& dir, bool json, const std::string& json_out, bool skip_bad,
+                int world_size, const AnalyzerOptions& options) {
   // Read and analyzed together, holding a window of each rank's entries (analyzer.h).
   const DirAnalysis analysis = analyze_dump_dir(dir, options, world_size);
   const DumpSet& set = analysis.set;
@@ -86,6 +87,14 @@ int run_analyze(const std::string& dir, bool json, bool skip_bad, int world_size
   }
   const Verdict& v = analysis.verdict;
   std::cout << (json ? verdict_to_json(v) : format_verdict(v));
+  if (!json_out.empty()) {
+    std::ofstream file(json_out, std::ios::trunc);
+    file << verdict_to_json(v);
+    if (!file.good()) {
+      std::cerr << "tessel-trace: cannot write the verdict to '" << json_out << "'\n";
+      return kExitBadInput;
+    }
+  }
   switch (v.status) {
     case VerdictStatus::kHealthy:
       return kExitHealthy;
@@ -135,6 +144,9 @@ int main(int argc, char** argv) {
   auto* analyze_cmd = app.add_subcommand("analyze", "verdict for a directory of dumps");
   analyze_cmd->add_option("DIR", dir, "directory holding tessel_fr_rank<R>.json files")->required();
   analyze_cmd->add_flag("--json", json, "print the verdict as JSON");
+  std::string json_out;
+  analyze_cmd->add_option("--json-out", json_out,
+                          "also write the verdict as JSON to this file (what tessel-run reads)");
   analyze_cmd->add_flag("--skip-bad", skip_bad,
                         "analyze despite unusable dump files (their ranks count as no dump)");
   analyze_cmd
@@ -168,6 +180,8 @@ int main(int argc, char** argv) {
   synth_cmd->add_option("--culprit", synth.culprit, "the misbehaving rank")->capture_default_str();
   synth_cmd->add_option("--partner", synth.partner, "second rank of two-rank faults")
       ->capture_default_str();
+  synth_cmd->add_option("--tp", synth.tp, "mesh_* scenarios: size of the tp dimension")
+      ->capture_default_str();
   synth_cmd->add_option("--capacity", synth.capacity, "ring entries per rank")
       ->capture_default_str();
   synth_cmd->add_option("--seed", synth.seed, "random seed")->capture_default_str();
@@ -194,7 +208,7 @@ int main(int argc, char** argv) {
       AnalyzerOptions options;
       options.min_wait = parse_duration(min_wait);
       options.stale_after = parse_duration(stale_after);
-      return run_analyze(dir, json, skip_bad, world_size, options);
+      return run_analyze(dir, json, json_out, skip_bad, world_size, options);
     }
     if (*show_cmd) {
       std::ifstream in(file, std::ios::binary);
