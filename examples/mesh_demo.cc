@@ -92,6 +92,9 @@ int main(int argc, char** argv) {
       world->barrier();
     }
     return 0;
+  } catch (const Timeout& e) {
+    std::fprintf(stderr, "mesh_demo: %s\n", e.what());
+    return 124;  // a collective timed out (docs/diagnosing-hangs.md)
   } catch (const Error& e) {
     std::fprintf(stderr, "mesh_demo: %s\n", e.what());
     return 1;

@@ -56,6 +56,7 @@
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/init.h"
+#include "tessel/flight_recorder/recorder.h"
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/optim/adamw.h"
 #include "tessel/nn/optim/clip.h"
@@ -412,6 +413,8 @@ int run(const Flags& f) {
   int64_t window_steps = 0;
   reset_peak_memory_stats(device);
   for (int64_t step = first_step; step < f.steps; ++step) {
+    // Every collective of the step carries its number: hang verdicts name the step.
+    tessel::fr::FlightRecorder::global().set_step(step);
     const auto step_start = Clock::now();
     auto [gx, gy] = train.next(f.batch, f.seq);
     const Tensor x = to(narrow(gx, 0, layout.batch_index * rows, rows), device);
@@ -538,6 +541,11 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     return run(f);
+  } catch (const tessel::Timeout& e) {
+    // A collective timed out: its peers hang. 124 is the status tessel-run (and
+    // docs/diagnosing-hangs.md) reads as "a collective timed out"; the dumps are written.
+    fmt::print(stderr, "train_gpt: {}\n", e.what());
+    return 124;
   } catch (const tessel::Error& e) {
     fmt::print(stderr, "train_gpt: {}\n", e.what());
     return 1;
