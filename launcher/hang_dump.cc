@@ -282,7 +282,7 @@ HangReport gather_flight_recorder_dumps(DumpChannel& channel, int world_size, in
     out << fr::exits_to_json(exits);
     TESSEL_CHECK(out.good(), IoError, "cannot write {}", path);
   }
-  log_warn(LogComponent::kLauncher, "gathered {} of {} flight-recorder dumps into {}",
+  log_info(LogComponent::kLauncher, "gathered {} of {} flight-recorder dumps into {}",
            report.gathered.size(), world_size, dump_dir);
   if (report.gathered.empty()) {
     report.verdict = "no dumps were gathered; tessel-trace not run";

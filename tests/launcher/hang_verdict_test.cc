@@ -174,5 +174,21 @@ TEST(HangVerdictTest, PlainProgramsUnderTesselRunTellOneStory) {
   }
 }
 
+// An ordinary configuration error on every rank, before any collective: no rank waits in one, so
+// the job ends with the worker's own message and status, not as a hang.
+TEST(HangVerdictTest, AConfigurationErrorEndsWithItsMessageNotAVerdict) {
+  const std::string dir = testing::make_temp_dir("plain_config");
+  ChildProcess run({TESSEL_RUN_PATH, "--standalone", "--nproc-per-node", "3", "--log-dir", dir,
+                    PLAIN_HANG_PROGRAM_PATH, "exit1", "config", "0"},
+                   {"TESSEL_FR_DUMP_DIR=" + dir + "/fr"}, dir + "/run");
+  EXPECT_EQ(run.wait(120s).value_or(-1), 1) << run.err();
+  const std::string err = run.err();
+  EXPECT_EQ(err.find("verdict:"), std::string::npos) << err;
+  EXPECT_EQ(err.find("CULPRIT"), std::string::npos) << err;
+  EXPECT_NE(err.find("root cause (first failure by the server's clock"), std::string::npos) << err;
+  EXPECT_NE(err.find("mesh shape"), std::string::npos) << err;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace tessel::launcher

@@ -14,6 +14,8 @@
 //                        collective) and waits at the final world barrier
 //               crash    at step 2 CULPRIT dies of SIGSEGV before its collective
 //               exit     at step 2 CULPRIT exits 0 (leaves the job early)
+//               config   every rank asks for a mesh that does not fit the world before any
+//                        collective (an ordinary configuration error; CULPRIT is ignored)
 //     GROUP     world (default), or a dimension of a 2 x (W/2) (dp, tp) mesh: dp or tp
 //
 // Each of 5 steps all_reduces on the tp group, then the dp group (world when GROUP is world).
@@ -53,6 +55,9 @@ int run(const std::string& fault, int culprit, const std::string& group_name) {
   options.timeout = std::chrono::milliseconds(env_int("TEST_TIMEOUT_MS", 2000));
   auto world = tessel::init_process_group(options);
   const int rank = world->rank();
+  if (fault == "config") {
+    (void)tessel::init_device_mesh(world, {world->size() + 1}, {"dp"});
+  }
   std::shared_ptr<tessel::ProcessGroup> inner = world, outer = world;
   std::optional<tessel::DeviceMesh> mesh;
   if (group_name != "world") {
