@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -75,15 +76,22 @@ struct Half16 {
 using Case = testing::KernelCase;
 using testing::kernel_case_name;
 
-template <class T>
+std::vector<Case> empty_block_cases() {
+  return {{DType::kBF16, 1, 2, 1, 300, 40, 64, MaskKind::kCausalBottomRight},
+          {DType::kF16, 1, 1, 1, 300, 40, 128, MaskKind::kWindow},
+          {DType::kBF16, 2, 1, 1, 260, 100, 64, MaskKind::kDocuments},
+          {DType::kBF16, 1, 1, 1, 130, 0, 64, MaskKind::kNone}};
+}
+
+template <class T, bool kEpilogueBarrier = true>
 void emulate_forward(const FlashParams& p, Elem elem) {
   const LaunchShape s = forward_launch_shape<T>(p);
   emulator::run_grid(s.grid, s.threads, s.smem_bytes, [&](int bx, int by, int bz, char* smem) {
     const int m_block = forward_query_block(bx, s.grid[0]);
     if (elem == Elem::kBf16) {
-      flash_forward_cta<T, Elem::kBf16>(p, m_block, by, bz, smem);
+      flash_forward_cta<T, Elem::kBf16, kEpilogueBarrier>(p, m_block, by, bz, smem);
     } else {
-      flash_forward_cta<T, Elem::kF16>(p, m_block, by, bz, smem);
+      flash_forward_cta<T, Elem::kF16, kEpilogueBarrier>(p, m_block, by, bz, smem);
     }
   });
 }
@@ -97,16 +105,18 @@ FlashPlan host_plan(const AttentionProblem& problem) {
   return plan;
 }
 
-// Runs flash_cuda's forward on host memory through the emulator.
+// Runs flash_cuda's forward on host memory through the emulator (kEpilogueBarrier false: the
+// kernel with its epilogue barrier removed, for the test that the emulator notices).
+template <bool kEpilogueBarrier = true>
 void forward(const AttentionProblem& problem, Half16& out, std::vector<float>& lse) {
   FlashPlan plan = host_plan(problem);
   plan.params.out = device_view(out.view());
   plan.params.lse = lse.data();
   if (plan.params.q_len == 0) return;
   if (plan.kernel_head_dim == 64) {
-    emulate_forward<ForwardD64>(plan.params, plan.elem);
+    emulate_forward<ForwardD64, kEpilogueBarrier>(plan.params, plan.elem);
   } else {
-    emulate_forward<ForwardD128>(plan.params, plan.elem);
+    emulate_forward<ForwardD128, kEpilogueBarrier>(plan.params, plan.elem);
   }
 }
 
@@ -281,6 +291,10 @@ std::vector<Case> forward_cases() {
   cases.push_back({DType::kBF16, 1, 3, 1, 7, 13, 32, MaskKind::kCausalTopLeft});
   cases.push_back({DType::kF16, 1, 1, 1, 150, 40, 80, MaskKind::kCausalBottomRight});
   cases.push_back({DType::kBF16, 1, 2, 1, 129, 257, 128, MaskKind::kCausalTopLeft});
+  // Whole 128-row query blocks that see no key, so their CTAs skip the key loop with Q's
+  // copies in flight: bottom-right causal with S_q - S_k >= 128, a window that hides blocks 1
+  // and 2, documents whose first block lies before every key, and S_k = 0.
+  for (const Case& c : empty_block_cases()) cases.push_back(c);
   return cases;
 }
 
@@ -306,6 +320,8 @@ std::vector<std::tuple<Case, bool>> backward_cases() {
     cases.emplace_back(Case{DType::kF16, 1, 1, 1, 150, 40, 80, MaskKind::kCausalBottomRight},
                        deterministic);
   }
+  cases.emplace_back(empty_block_cases()[0], true);
+  cases.emplace_back(empty_block_cases()[1], false);
   return cases;
 }
 
@@ -315,6 +331,87 @@ INSTANTIATE_TEST_SUITE_P(
       return kernel_case_name({std::get<0>(info.param), info.index}) +
              (std::get<1>(info.param) ? "_deterministic" : "_atomic");
     });
+
+// ---- The emulator's model of cp.async -------------------------------------------------------
+
+// Warp 0 copies 16 bytes into shared memory and waits; warp 1 reads them before any barrier
+// (stale: the fill pattern) and after one (the data). The issuing thread sees its copy at once.
+TEST(CudaEmulatorTest, CopyReachesAnotherWarpOnlyAfterABarrier) {
+  const uint32_t src[4] = {1, 2, 3, 4};
+  uint32_t own = 0, before = 0, after = 0;
+  const int grid[3] = {1, 1, 1};
+  emulator::run_grid(grid, 64, 64, [&](int, int, int, char* smem) {
+    const int tid = thread_index();
+    if (tid == 0) {
+      cp_async_16(smem_address(smem), src, true);
+      cp_async_commit();
+      cp_async_wait<0>();
+      own = std::bit_cast<uint32_t>(ld_shared_f32(smem));
+    }
+    if (tid == 32) before = std::bit_cast<uint32_t>(ld_shared_f32(smem));
+    cta_sync();
+    if (tid == 32) after = std::bit_cast<uint32_t>(ld_shared_f32(smem));
+  });
+  EXPECT_EQ(own, 1u) << "the issuing thread sees its copy after its wait";
+  EXPECT_EQ(before, 0xA5A5A5A5u) << "another warp saw a copy no barrier had published";
+  EXPECT_EQ(after, 1u);
+}
+
+// Another warp's store into a retired but unpublished copy's bytes is lost when the copy lands
+// at the barrier; the issuing thread's own store after its wait is not.
+TEST(CudaEmulatorTest, CopyLandsOverARacingStoreButNotTheIssuersOwn) {
+  const uint32_t src[4] = {1, 2, 3, 4};
+  uint32_t got[4] = {};
+  const int grid[3] = {1, 1, 1};
+  emulator::run_grid(grid, 64, 64, [&](int, int, int, char* smem) {
+    const int tid = thread_index();
+    if (tid == 0) {
+      cp_async_16(smem_address(smem), src, true);
+      cp_async_commit();
+      cp_async_wait<0>();
+      st_shared_u32(smem + 4, 20);  // ordered after the copy: stays
+    }
+    cta_sync();  // (the copy lands here; start over with a second one)
+    if (tid == 0) {
+      cp_async_16(smem_address(smem + 16), src, true);
+      cp_async_commit();
+      cp_async_wait<0>();
+    }
+    if (tid == 32) st_shared_u32(smem + 16, 99);  // races the copy: lost
+    cta_sync();
+    if (tid == 32) {
+      got[0] = std::bit_cast<uint32_t>(ld_shared_f32(smem + 4));
+      got[1] = std::bit_cast<uint32_t>(ld_shared_f32(smem + 16));
+    }
+  });
+  EXPECT_EQ(got[0], 20u);
+  EXPECT_EQ(got[1], 1u);
+}
+
+// The forward kernel with its epilogue barrier removed, on a problem whose first two query
+// blocks see no key: the emulator must produce Q's values there instead of zeros (the defect
+// a GPU would show), and the kernel as built must produce zeros.
+TEST(CudaEmulatorTest, CatchesTheForwardsMissingEpilogueBarrier) {
+  const Case c = empty_block_cases()[0];  // bottom-right causal, S_q - S_k = 260
+  Inputs in(c);
+  auto first_blocks_max = [&](const Half16& out) {
+    double m = 0;
+    for (int64_t h = 0; h < c.hq; ++h) {
+      for (int64_t i = 0; i < 256; ++i) {
+        for (int64_t d = 0; d < c.d; ++d) {
+          m = std::max(m, std::fabs(double(out.at((h * c.sq + i) * c.d + d))));
+        }
+      }
+    }
+    return m;
+  };
+  Half16 broken(c.dtype, c.b, c.hq, c.sq, c.d), fixed = broken;
+  std::vector<float> lse(c.b * c.hq * c.sq);
+  forward</*kEpilogueBarrier=*/false>(in.p, broken, lse);
+  forward</*kEpilogueBarrier=*/true>(in.p, fixed, lse);
+  EXPECT_GT(first_blocks_max(broken), 0.1) << "the emulator let a missing barrier pass";
+  EXPECT_EQ(first_blocks_max(fixed), 0.0) << "rows that see no key must be zero";
+}
 
 // ---- The math backend's CUDA bodies, run as loops ----------------------------------------
 

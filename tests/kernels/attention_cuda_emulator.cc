@@ -1,5 +1,6 @@
 #include "attention_cuda_emulator.h"
 
+#include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <cmath>
@@ -35,6 +36,16 @@ struct Copy {
   bool pred;
 };
 
+// A copy its issuing thread's wait has retired: complete for that thread, not yet visible to
+// any other (the PTX memory model orders it before another thread's accesses only through a
+// barrier). `data` is what will land; the issuing thread's own later stores to the same bytes
+// update it, so they stay ordered after the copy.
+struct Landed {
+  char* dst;
+  int bytes;
+  unsigned char data[16];
+};
+
 struct Cta {
   explicit Cta(int threads) : barrier(threads), warps(threads / 32) {
     for (auto& w : warps) w = std::make_unique<Warp>();
@@ -48,6 +59,7 @@ struct ThreadState {
   Cta* cta = nullptr;
   std::vector<Copy> open;                 // issued, not yet committed
   std::vector<std::vector<Copy>> groups;  // committed, oldest first
+  std::vector<Landed> landed;             // retired by a wait, published at the next barrier
 };
 
 thread_local ThreadState* t_state = nullptr;
@@ -68,19 +80,54 @@ float half_to_float(uint16_t bits, bool bf16) {
 
 uint16_t element(uint32_t reg, int half) { return static_cast<uint16_t>(half ? reg >> 16 : reg); }
 
-void perform(const Copy& c) {
-  if (c.pred) {
-    std::memcpy(c.dst, c.src, c.bytes);
-  } else {
-    std::memset(c.dst, 0, c.bytes);
+// The bytes [lo, lo + n) and [b, b + m) intersect in [*from, *to).
+bool overlap(const char* lo, int n, const char* b, int m, const char** from, const char** to) {
+  *from = std::max(lo, b);
+  *to = std::min(lo + n, b + m);
+  return *from < *to;
+}
+
+// Reads shared memory as this thread sees it: memory, then its own landed, unpublished copies.
+void read_shared(void* out, const char* a, int bytes) {
+  std::memcpy(out, a, bytes);
+  for (const Landed& l : t_state->landed) {
+    const char *from, *to;
+    if (overlap(a, bytes, l.dst, l.bytes, &from, &to)) {
+      std::memcpy(static_cast<char*>(out) + (from - a), l.data + (from - l.dst), to - from);
+    }
   }
+}
+
+// Writes shared memory; a store over this thread's own landed copy also replaces those bytes
+// of the copy, so publishing it later cannot undo the store.
+void write_shared(char* a, const void* in, int bytes) {
+  std::memcpy(a, in, bytes);
+  for (Landed& l : t_state->landed) {
+    const char *from, *to;
+    if (overlap(a, bytes, l.dst, l.bytes, &from, &to)) {
+      std::memcpy(l.data + (from - l.dst), static_cast<const char*>(in) + (from - a), to - from);
+    }
+  }
+}
+
+// The latest moment the model allows: the copy lands in shared memory (for every thread) at the
+// issuing thread's next barrier, over whatever other threads stored there in between.
+void publish_landed() {
+  for (const Landed& l : t_state->landed) std::memcpy(l.dst, l.data, l.bytes);
+  t_state->landed.clear();
 }
 
 }  // namespace
 
 int thread_index() { return t_state->tid; }
 
-void cta_sync() { t_state->cta->barrier.arrive_and_wait(); }
+// Everyone arrives (no thread touches shared memory any more), each thread's retired copies
+// land, and only then does anyone go on: a copy retired before the barrier is visible after it.
+void cta_sync() {
+  t_state->cta->barrier.arrive_and_wait();
+  publish_landed();
+  t_state->cta->barrier.arrive_and_wait();
+}
 
 float shfl_xor(float v, int mask) {
   Warp& w = my_warp();
@@ -92,14 +139,18 @@ float shfl_xor(float v, int mask) {
   return r;
 }
 
-void st_shared_u32(SmemAddr a, uint32_t v) { std::memcpy(a, &v, 4); }
-void st_shared_f32(SmemAddr a, float v) { std::memcpy(a, &v, 4); }
+void st_shared_u32(SmemAddr a, uint32_t v) { write_shared(a, &v, 4); }
+void st_shared_f32(SmemAddr a, float v) { write_shared(a, &v, 4); }
 float ld_shared_f32(SmemAddr a) {
   float v;
-  std::memcpy(&v, a, 4);
+  read_shared(&v, a, 4);
   return v;
 }
-void copy16_to_global(void* dst, SmemAddr src) { std::memcpy(dst, src, 16); }
+void copy16_to_global(void* dst, SmemAddr src) {
+  unsigned char v[16];
+  read_shared(v, src, 16);
+  std::memcpy(dst, v, 16);
+}
 
 void ldmatrix_x4(uint32_t (&r)[4], SmemAddr smem_row) {
   Warp& w = my_warp();
@@ -107,8 +158,8 @@ void ldmatrix_x4(uint32_t (&r)[4], SmemAddr smem_row) {
   w.slots[lane].ptr = smem_row;
   w.barrier.arrive_and_wait();
   for (int i = 0; i < 4; ++i) {
-    const auto* row = static_cast<const uint16_t*>(w.slots[i * 8 + lane / 4].ptr);
-    r[i] = row[2 * (lane % 4)] | (uint32_t{row[2 * (lane % 4) + 1]} << 16);
+    const auto* row = static_cast<const char*>(w.slots[i * 8 + lane / 4].ptr);
+    read_shared(&r[i], row + 4 * (lane % 4), 4);
   }
   w.barrier.arrive_and_wait();
 }
@@ -119,9 +170,12 @@ void ldmatrix_x4_trans(uint32_t (&r)[4], SmemAddr smem_row) {
   w.slots[lane].ptr = smem_row;
   w.barrier.arrive_and_wait();
   for (int i = 0; i < 4; ++i) {
-    const auto* r0 = static_cast<const uint16_t*>(w.slots[i * 8 + 2 * (lane % 4)].ptr);
-    const auto* r1 = static_cast<const uint16_t*>(w.slots[i * 8 + 2 * (lane % 4) + 1].ptr);
-    r[i] = r0[lane / 4] | (uint32_t{r1[lane / 4]} << 16);
+    const auto* r0 = static_cast<const char*>(w.slots[i * 8 + 2 * (lane % 4)].ptr);
+    const auto* r1 = static_cast<const char*>(w.slots[i * 8 + 2 * (lane % 4) + 1].ptr);
+    uint16_t lo, hi;
+    read_shared(&lo, r0 + 2 * (lane / 4), 2);
+    read_shared(&hi, r1 + 2 * (lane / 4), 2);
+    r[i] = lo | (uint32_t{hi} << 16);
   }
   w.barrier.arrive_and_wait();
 }
@@ -171,7 +225,11 @@ void cp_async_commit() {
 void emulated_cp_async_wait(int n) {
   auto& groups = t_state->groups;
   while (static_cast<int>(groups.size()) > n) {
-    for (const Copy& c : groups.front()) perform(c);
+    for (const Copy& c : groups.front()) {
+      Landed l{static_cast<char*>(c.dst), c.bytes, {}};
+      if (c.pred) std::memcpy(l.data, c.src, c.bytes);  // zero-filled otherwise
+      t_state->landed.push_back(l);
+    }
     groups.erase(groups.begin());
   }
 }

@@ -36,7 +36,9 @@ struct ForwardTraits {
 using ForwardD64 = ForwardTraits<64, 128, 64, 4>;
 using ForwardD128 = ForwardTraits<128, 128, 64, 4>;
 
-template <class T, Elem E>
+// kEpilogueBarrier is always true in the library; the emulator's test instantiates false to
+// prove that it catches the barrier's absence.
+template <class T, Elem E, bool kEpilogueBarrier = true>
 TESSEL_DEVICE void flash_forward_cta(const FlashParams& p, int m_block, int h, int b,
                                      char* smem) {
   constexpr int kD = T::kHeadDim, kBM = T::kBlockM, kBN = T::kBlockN;
@@ -175,7 +177,12 @@ TESSEL_DEVICE void flash_forward_cta(const FlashParams& p, int m_block, int h, i
     cta_sync();  // every warp is done with sv before the next V lands there
     n = next;
   }
+  // A CTA whose rows see no key (bottom-right causal with S_q - S_k >= kBlockM, a mask hiding
+  // the whole block, S_k = 0) skips the loop with Q's copies still in flight, and a thread's
+  // copies cover other warps' rows of sq. The barrier makes them land before any warp writes
+  // its output rows there; without it a late copy turns zeros into Q.
   cp_async_wait<0>();
+  if constexpr (kEpilogueBarrier) cta_sync();
 
   // Epilogue: O / l through shared memory (each warp writes its own rows of sq), logsumexp.
   float inv[kMT][2];
