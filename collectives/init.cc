@@ -18,6 +18,7 @@
 #include "tessel/collectives/mpi/mpi_backend.h"
 #include "tessel/collectives/nccl/nccl_backend.h"
 #include "tessel/collectives/threads/threads_backend.h"
+#include "tessel/tensor/cuda/cuda.h"
 
 namespace tessel {
 namespace {
@@ -97,6 +98,9 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   log_env_knobs_once();
   const LaunchEnv env = read_launch_env();
   set_log_rank(env.rank);
+  // One GPU per process: its device is current on the main thread before any CUDA call, so no
+  // rank makes a context on GPU 0 by default.
+  if (options.device.is_cuda()) cuda::set_device(options.device.index);
   const Nanoseconds timeout = resolve_group_timeout({.timeout = options.timeout});
   std::string backend = options.backend;
   if (backend.empty()) backend = env_string(EnvKnob::kPgBackend);

@@ -1,6 +1,5 @@
 #include "tessel/collectives/nccl/nccl_backend.h"
 
-#include <cuda.h>  // driver types only, for the entry point below (no link against libcuda)
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -19,6 +18,7 @@
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
 #include "tessel/collectives/comm_backend.h"
+#include "tessel/tensor/cuda/cuda_check.h"
 #include "tessel/tensor/stream.h"
 
 namespace tessel {
@@ -74,68 +74,10 @@ Backoff device_backoff() {
   return Backoff(std::chrono::microseconds(10), std::chrono::milliseconds(1));
 }
 
-// Whether `device` has an active primary context, asked through the driver's entry point (no
-// link against libcuda). True when the driver cannot be asked.
-bool has_primary_context(int device) {
-#if CUDART_VERSION >= 12050
-  using GetDevice = CUresult (*)(CUdevice*, int);
-  using GetState = CUresult (*)(CUdevice, unsigned int*, int*);
-  struct Entry {
-    GetDevice get_device = nullptr;
-    GetState get_state = nullptr;
-  };
-  static const Entry entry = [] {
-    Entry e;
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &fn, 12000, cudaEnableDefault, &found) ==
-            cudaSuccess &&
-        found == cudaDriverEntryPointSuccess) {
-      e.get_device = reinterpret_cast<GetDevice>(fn);
-    }
-    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &fn, 12000,
-                                         cudaEnableDefault, &found) == cudaSuccess &&
-        found == cudaDriverEntryPointSuccess) {
-      e.get_state = reinterpret_cast<GetState>(fn);
-    }
-    return e;
-  }();
-  if (entry.get_device == nullptr || entry.get_state == nullptr) return true;
-  CUdevice handle = 0;
-  if (entry.get_device(&handle, device) != CUDA_SUCCESS) return true;
-  unsigned int flags = 0;
-  int active = 0;
-  if (entry.get_state(handle, &flags, &active) != CUDA_SUCCESS) return true;
-  return active != 0;
-#else
-  (void)device;
-  return true;
-#endif
-}
-
-// Makes `device` current on this thread for a scope. The previous device is restored only where
-// it has a primary context: a thread that never used CUDA reports device 0, and setting it back
-// would create a context there (cudaSetDevice initialises one since CUDA 12), hundreds of MiB on
-// a GPU this rank may not use. The watchdog's thread is such a thread.
-class CudaDeviceGuard {
- public:
-  explicit CudaDeviceGuard(int device) {
-    int current = 0;
-    cuda_check(cudaGetDevice(&current), "cudaGetDevice");
-    if (current == device) return;
-    const bool restore = has_primary_context(current);
-    cuda_check(cudaSetDevice(device), "cudaSetDevice");
-    if (restore) previous_ = current;
-  }
-  ~CudaDeviceGuard() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
-  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
-
- private:
-  int previous_ = -1;
-};
+// The one device guard (tensor/cuda/cuda_check.h): restores the previous device only where it
+// has a primary context, so the watchdog's thread (which never chose a device) does not create
+// a context on GPU 0.
+using CudaDeviceGuard = ::tessel::cuda::DeviceGuard;
 
 cudaStream_t native(const Stream& stream) {
   return static_cast<cudaStream_t>(stream.native_handle());

@@ -21,6 +21,12 @@ std::string unavailable_reason();
 // The device's name ("NVIDIA H100 80GB HBM3"). Throws Unavailable when it does not exist.
 std::string device_name(int index);
 
+// Makes cuda:index the calling thread's current device — call it on the main thread at
+// start-up, before any other CUDA work, as a process that owns one GPU (cuda:LOCAL_RANK under a
+// launcher; init_process_group does it for a CUDA device). Without it the first CUDA call of
+// every rank creates a context on GPU 0. Throws Unavailable when the device does not exist.
+void set_device(int index);
+
 // Whether f32 matmuls may run on TF32 tensor cores (inputs rounded to 10-bit mantissas, f32
 // accumulation): off by default, like torch.backends.cuda.matmul.allow_tf32. bf16 and f16
 // matmuls always use tensor cores with f32 accumulation. Process-wide; thread-safe.

@@ -50,11 +50,12 @@ class CudaDeviceMemory final : public DeviceMemory {
     return ptr;
   }
   void free(void* ptr) noexcept override {
-    int previous = 0;
-    cudaGetDevice(&previous);
-    cudaSetDevice(device_);
-    cudaFree(ptr);
-    cudaSetDevice(previous);
+    try {
+      DeviceGuard guard(device_);
+      cudaFree(ptr);
+    } catch (const Error&) {
+      // A device that cannot be made current (a dead context) has nothing left to free.
+    }
   }
   void* record_event(const Stream& stream) override { return record_cuda_event(stream); }
   bool event_complete(void* event) override { return cuda_event_complete(event); }

@@ -29,6 +29,16 @@ bool is_built() { return true; }
 int device_count() { return cuda_runtime().device_count(); }
 std::string unavailable_reason() { return cuda_runtime().unavailable_reason(); }
 std::string device_name(int index) { return cuda_runtime().device_name(index); }
+void set_device(int index) {
+  const int count = device_count();
+  if (index < 0 || index >= count) {
+    throw Unavailable(fmt::format("device cuda:{} is not available: the process sees {} CUDA "
+                                  "device(s){}{}",
+                                  index, count, count == 0 ? ": " : "",
+                                  count == 0 ? unavailable_reason() : ""));
+  }
+  check_cuda(cudaSetDevice(index), "cudaSetDevice", index);
+}
 void set_matmul_allow_tf32(bool allow) { g_allow_tf32.store(allow, std::memory_order_relaxed); }
 bool matmul_allow_tf32() { return g_allow_tf32.load(std::memory_order_relaxed); }
 

@@ -1,5 +1,7 @@
 #include "tessel/tensor/cuda/cuda_check.h"
 
+#include <cuda.h>  // driver types only, for the entry points below (no link against libcuda)
+
 #include <array>
 #include <atomic>
 
@@ -117,12 +119,50 @@ int current_device() noexcept {
   return cudaGetDevice(&device) == cudaSuccess ? device : -1;
 }
 
+bool has_primary_context(int device) noexcept {
+#if CUDART_VERSION >= 12050
+  using GetDevice = CUresult (*)(CUdevice*, int);
+  using GetState = CUresult (*)(CUdevice, unsigned int*, int*);
+  struct Entry {
+    GetDevice get_device = nullptr;
+    GetState get_state = nullptr;
+  };
+  static const Entry entry = [] {
+    Entry e;
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &fn, 12000, cudaEnableDefault, &found) ==
+            cudaSuccess &&
+        found == cudaDriverEntryPointSuccess) {
+      e.get_device = reinterpret_cast<GetDevice>(fn);
+    }
+    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &fn, 12000,
+                                         cudaEnableDefault, &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess) {
+      e.get_state = reinterpret_cast<GetState>(fn);
+    }
+    return e;
+  }();
+  if (entry.get_device == nullptr || entry.get_state == nullptr) return true;
+  CUdevice handle = 0;
+  if (entry.get_device(&handle, device) != CUDA_SUCCESS) return true;
+  unsigned int flags = 0;
+  int active = 0;
+  if (entry.get_state(handle, &flags, &active) != CUDA_SUCCESS) return true;
+  return active != 0;
+#else
+  (void)device;
+  return true;
+#endif
+}
+
 DeviceGuard::DeviceGuard(int device) {
   int current = -1;
   check_cuda(cudaGetDevice(&current), "cudaGetDevice", device);
   if (current != device) {
+    const bool restore = has_primary_context(current);
     check_cuda(cudaSetDevice(device), "cudaSetDevice", device);
-    previous_ = current;
+    if (restore) previous_ = current;
   }
 }
 

@@ -41,8 +41,17 @@ std::string recent_kernels(int device);
 // calls that name no device.
 int current_device() noexcept;
 
-// Makes `device` current on this thread for a scope and restores the previous device. Cheap
-// when it is current already.
+// Whether `device` has an active primary context (the driver's cuDevicePrimaryCtxGetState,
+// reached through the runtime's entry-point query: no link against libcuda). True when the
+// driver cannot say, so callers err on the side of restoring a device.
+bool has_primary_context(int device) noexcept;
+
+// Makes `device` current on this thread for a scope and restores the previous device — only
+// where that device has a primary context: a thread that never chose a device reports device
+// 0, and setting 0 back would create a context on GPU 0 (cudaSetDevice initialises one since
+// CUDA 12), hundreds of MiB on a GPU this rank may not use. The one guard of the tensor backend,
+// the kernels and the NCCL backend. Cheap when `device` is current already. Throws as
+// check_cuda.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);
