@@ -39,12 +39,25 @@ function(tessel_add_library folder)
   set_property(GLOBAL APPEND PROPERTY TESSEL_LAYERS "${folder}: ${deps_line}")
 endfunction()
 
-# tessel_add_tool(<name> SOURCES ... LIBS ...): an installed executable.
+# tessel_link_into_bin(<target>): after each link, ${CMAKE_BINARY_DIR}/bin/<name> points at the
+# program, so one folder on PATH holds every tool and example (build/<preset>/bin) while the
+# program itself stays beside its sources' build folder (the paths tests and scripts use).
+function(tessel_link_into_bin target)
+  add_custom_command(TARGET ${target} POST_BUILD
+    COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/bin
+    COMMAND ${CMAKE_COMMAND} -E create_symlink $<TARGET_FILE:${target}>
+            ${CMAKE_BINARY_DIR}/bin/$<TARGET_FILE_NAME:${target}>
+    VERBATIM)
+endfunction()
+
+# tessel_add_tool(<name> SOURCES ... LIBS ...): an installed executable, also linked into
+# build/<preset>/bin.
 function(tessel_add_tool name)
   cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS})
   set_property(GLOBAL APPEND PROPERTY TESSEL_TOOLS ${name})
+  tessel_link_into_bin(${name})
 endfunction()
 
 # tessel_add_test(<name> SOURCES ... [LIBS ...] [LABELS ...] [TIMEOUT seconds] [NO_MAIN]

@@ -26,6 +26,14 @@
 //   tessel-run --standalone --nproc-per-node 4 build/release/examples/train_gpt --threads 1
 //       --dp-shard 2 --tp 2 --sequence-parallel                         (one command line)
 //
+// Progress: each --log-every line carries an ETA; with --eval-every N the validation loss is
+// printed every N steps; each committed checkpoint gets a line (step, size, seconds); a job
+// restarted by tessel-run says which attempt it is and where it resumes.
+//
+// Exit status: 0 done; 64 usage (unknown flag, missing value); 65 a value that cannot work
+// (out of range, a parallel flag without a launcher, a mesh the ranks do not fill); 124 a
+// collective timed out (docs/diagnosing-hangs.md); 1 any other failure while training.
+//
 // On GPUs: --device cuda trains on one GPU per process; under tessel-run each rank takes
 // cuda:LOCAL_RANK and the ranks talk over NCCL (the backend follows the device), with the same
 // --dp-shard / --dp-replicate / --tp flags:
@@ -43,6 +51,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <random>
@@ -55,6 +65,7 @@
 #include <fmt/ranges.h>
 
 #include "tessel/base/error.h"
+#include "tessel/base/tools/cli.h"
 #include "tessel/collectives/init.h"
 #include "tessel/flight_recorder/recorder.h"
 #include "tessel/nn/gpt.h"
@@ -95,6 +106,7 @@ struct Flags {
   double clip = 1.0;
   uint64_t seed = 1;
   int64_t log_every = 20;
+  int64_t eval_every = 0;    // steps between validation losses during training (0: at the end)
   int64_t eval_batches = 8;
   int64_t sample = 200;
   double temperature = 0.8;
@@ -162,6 +174,14 @@ double evaluate(nn::GPT& model, Batcher& batcher, const Flags& f) {
   return total / static_cast<double>(f.eval_batches);
 }
 
+// "1m05s", "12s", "1h02m".
+std::string duration_str(double seconds) {
+  const int64_t s = std::llround(std::max(seconds, 0.0));
+  if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, s / 60 % 60);
+  if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+
 std::string progress_bar(int64_t done, int64_t total, int width = 20) {
   const int filled = static_cast<int>(width * done / std::max<int64_t>(total, 1));
   std::string bar;
@@ -213,6 +233,7 @@ Device training_device(const Flags& f, const LaunchEnv& env) {
     if (f.device == "cuda") device.index = env.local_rank;
   }
   check_device_available(device);
+  if (device.is_cuda()) cuda::set_device(device.index);  // before any CUDA work: no context on 0
   return device;
 }
 
@@ -264,6 +285,33 @@ Layout make_layout(const Flags& f, Device device) {
     l.batch_parts = dp;
   }
   return l;
+}
+
+// The validation loss of the model as it trains (every rank: a collective when sharded), on
+// the same --eval-batches batches each time: each rank takes its rows of every global batch as
+// in training, and the loss is averaged over the world.
+double evaluate_during_training(nn::GPT& model, const std::string& val_text, const Flags& f,
+                                const Layout& l, Device device, bool autocast) {
+  NoGradGuard no_grad;
+  model.eval();
+  Batcher val{val_text, std::mt19937_64(f.seed + 2)};
+  const int64_t rows = f.batch / l.batch_parts;
+  double total = 0;
+  for (int64_t i = 0; i < f.eval_batches; ++i) {
+    auto [gx, gy] = val.next(f.batch, f.seq);
+    const Tensor x = to(narrow(gx, 0, l.batch_index * rows, rows), device);
+    const Tensor y = to(narrow(gy, 0, l.batch_index * rows, rows), device);
+    std::optional<AutocastGuard> mixed;
+    if (autocast) mixed.emplace(DType::kBF16);
+    const Tensor logits = model(x);
+    total += item(l.tp > 1 ? loss_parallel_cross_entropy(logits, y, (*l.mesh)["tp"], 256)
+                           : nn::GPT::loss(logits, y));
+  }
+  model.train();
+  // FSDP's root keeps its gathered parameters after forward for the backward that follows one
+  // in training; after this forward none comes, so it is freed here.
+  if (FSDPModule* root = fsdp_module(model)) root->reshard();
+  return world_mean(l.world.get(), total / static_cast<double>(f.eval_batches));
 }
 
 // FSDP (with HSDP when replicated) on each block and then the root; the model is built on the
@@ -399,6 +447,18 @@ int run(const Flags& f) {
         f.layers, f.heads, f.embd, f.seq, nn::GPT(config).num_parameters(), f.batch, f.seq,
         device.is_cpu() ? fmt::format("{} threads", num_threads()) : device.str(),
         autocast ? ", bf16 autocast" : "");
+  // Under tessel-run --max-restarts: which attempt this is, and where it picks up.
+  if (const char* count = std::getenv("TORCHELASTIC_RESTART_COUNT"); count && std::atoi(count) > 0) {
+    const char* max = std::getenv("TORCHELASTIC_MAX_RESTARTS");
+    print("restarting: attempt {} of {}, {}\n", std::atoi(count) + 1,
+          max ? fmt::format("{}", std::atoi(max) + 1) : std::string("?"),
+          !resumed_from.empty()
+              ? fmt::format("resuming from {}",
+                            std::filesystem::path(resumed_from).filename().string())
+          : f.checkpoint_dir.empty() ? std::string("from step 0 (no --checkpoint-dir)")
+          : f.resume                 ? std::string("from step 0 (no committed checkpoint yet)")
+                                     : std::string("from step 0 (no --resume)"));
+  }
   if (!resumed_from.empty()) {
     print("resumed from {} at step {}\n", resumed_from, first_step);
   } else if (f.resume) {
@@ -411,6 +471,35 @@ int run(const Flags& f) {
   const auto run_start = window_start;
   double window_loss = 0;
   int64_t window_steps = 0;
+  // The checkpoint being written in the background: its line is printed once it commits.
+  struct PendingSave {
+    Work work;
+    int64_t step = 0;
+    Clock::time_point start;
+  };
+  std::optional<PendingSave> pending;
+  auto report_save = [&](bool block) {
+    if (!pending || (!block && !pending->work.is_completed())) return;
+    try {
+      pending->work.wait();
+    } catch (const Error&) {
+      // The checkpointer logged the failure; the final wait() rethrows it.
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - pending->start).count();
+    if (lead && pending->work.is_success()) {
+      const std::filesystem::path dir =
+          std::filesystem::path(f.checkpoint_dir) / fmt::format("step_{:08}", pending->step);
+      uint64_t bytes = 0;
+      std::error_code ec;
+      for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+        if (e.is_regular_file(ec)) bytes += e.file_size(ec);
+      }
+      print("saved checkpoint {} (step {}, {:.1f} MiB, {:.1f} s)\n", dir.string(), pending->step,
+            bytes / 1048576.0, seconds);
+      std::fflush(stdout);
+    }
+    pending.reset();
+  };
   reset_peak_memory_stats(device);
   for (int64_t step = first_step; step < f.steps; ++step) {
     // Every collective of the step carries its number: hang verdicts name the step.
@@ -447,9 +536,13 @@ int run(const Flags& f) {
     }
     if ((step + 1) % f.log_every == 0 || step + 1 == f.steps) {
       const double seconds = std::chrono::duration<double>(Clock::now() - window_start).count();
-      print("step {:>5}/{} [{}] loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s\n",
+      const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
+      const double eta = elapsed / static_cast<double>(step + 1 - first_step) *
+                         static_cast<double>(f.steps - step - 1);
+      print("step {:>5}/{} [{}] loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
+            "ETA {}\n",
             step + 1, f.steps, progress_bar(step + 1, f.steps), window_loss / window_steps,
-            opt.lr(), norm, tokens_per_step * window_steps / seconds);
+            opt.lr(), norm, tokens_per_step * window_steps / seconds, duration_str(eta));
       std::fflush(stdout);
       window_loss = 0;
       window_steps = 0;
@@ -460,9 +553,18 @@ int run(const Flags& f) {
       std::ostringstream sampler;
       sampler << train.rng;
       ckpt_state.metadata["data.sampler"] = sampler.str();
-      ckpt->async_save(ckpt_state);  // training goes on while it is written
+      report_save(true);  // async_save waits for the previous save anyway
+      pending = PendingSave{ckpt->async_save(ckpt_state), step + 1, Clock::now()};
     }
+    if (f.eval_every > 0 && (step + 1) % f.eval_every == 0) {
+      const double val_loss = evaluate_during_training(*model, val_text, f, layout, device,
+                                                       autocast);
+      print("step {:>5}/{} val loss {:.4f}\n", step + 1, f.steps, val_loss);
+      std::fflush(stdout);
+    }
+    report_save(false);
   }
+  report_save(true);
   if (ckpt) ckpt->wait();
   const double total_seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
   // The whole model on rank 0 (a collective when sharded) for evaluation, saving and sampling.
@@ -490,55 +592,120 @@ int run(const Flags& f) {
   return 0;
 }
 
+// Combinations of flags that cannot work, and parallel flags in a process no launcher started;
+// each message names the flag, its value and what would work. Throws InvalidArgument.
+void check_flags(const Flags& f) {
+  TESSEL_CHECK(f.embd % f.heads == 0, InvalidArgument,
+               "--embd {} does not split over --heads {}: expected a multiple of {}", f.embd,
+               f.heads, f.heads);
+  TESSEL_CHECK(f.min_lr <= f.lr, InvalidArgument,
+               "--min-lr {} is above --lr {}: expected at most the peak learning rate", f.min_lr,
+               f.lr);
+  TESSEL_CHECK(f.dp_shard == -1 || f.dp_shard >= 1, InvalidArgument,
+               "--dp-shard {}: expected -1 (every rank left) or an integer of at least 1",
+               f.dp_shard);
+  TESSEL_CHECK(!f.resume || !f.checkpoint_dir.empty(), InvalidArgument,
+               "--resume needs --checkpoint-dir DIR: the folder to resume from");
+  TESSEL_CHECK(f.checkpoint_every == 0 || !f.checkpoint_dir.empty(), InvalidArgument,
+               "--checkpoint-every {} needs --checkpoint-dir DIR: the folder to save into",
+               f.checkpoint_every);
+  TESSEL_CHECK(!f.sequence_parallel || f.tp > 1, InvalidArgument,
+               "--sequence-parallel splits over the tp ranks: it needs --tp 2 or more");
+  {
+    std::ifstream data(f.data, std::ios::binary);
+    TESSEL_CHECK(data.good(), InvalidArgument, "--data '{}': cannot open it: expected a text file",
+                 f.data);
+  }
+  try {
+    parse_device(f.device);
+  } catch (const Error& e) {
+    throw InvalidArgument(fmt::format("--device '{}': {}", f.device, e.message()));
+  }
+  // Parallel flags need as many processes as the mesh has ranks: one process cannot hold them.
+  const int64_t ranks = f.tp * std::max<int64_t>(f.dp_shard, 1) * f.dp_replicate;
+  if (ranks > 1 && read_launch_env().world_size == 1) {
+    std::string flags;
+    if (f.dp_replicate > 1) flags += fmt::format(" --dp-replicate {}", f.dp_replicate);
+    if (f.dp_shard > 1) flags += fmt::format(" --dp-shard {}", f.dp_shard);
+    if (f.tp > 1) flags += fmt::format(" --tp {}", f.tp);
+    throw InvalidArgument(fmt::format(
+        "{} needs {} processes, but this is one process that no launcher started: run it as "
+        "tessel-run --standalone --nproc-per-node {} train_gpt{} ... (docs/launching.md)",
+        flags.substr(1), ranks, ranks, flags));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Flags f;
-  CLI::App app{"Train a small byte-level GPT on the bundled corpus"};
+  CLI::App app{"train_gpt: train a small byte-level GPT on the bundled corpus (docs/training.md)"};
+  cli::show_defaults(app);
+  using cli::integer_at_least;
   app.add_option("--data", f.data, "text file to train on");
   app.add_option("--checkpoint", f.checkpoint, "where to save the safetensors checkpoint");
-  app.add_option("--steps", f.steps, "optimizer steps")->check(CLI::PositiveNumber);
+  app.add_option("--steps", f.steps, "optimizer steps")->check(integer_at_least(1));
   app.add_option("--batch", f.batch, "sequences per step (the global batch, split over ranks)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--seq", f.seq, "sequence length (and context size)")->check(CLI::PositiveNumber);
-  app.add_option("--layers", f.layers, "transformer blocks")->check(CLI::PositiveNumber);
-  app.add_option("--heads", f.heads, "attention heads")->check(CLI::PositiveNumber);
-  app.add_option("--embd", f.embd, "embedding width")->check(CLI::PositiveNumber);
-  app.add_option("--lr", f.lr, "peak learning rate");
-  app.add_option("--min-lr", f.min_lr, "final learning rate");
-  app.add_option("--warmup", f.warmup, "warmup steps");
-  app.add_option("--weight-decay", f.weight_decay, "AdamW weight decay");
-  app.add_option("--clip", f.clip, "gradient-norm clipping threshold");
-  app.add_option("--seed", f.seed, "initialisation and batch sampling seed");
-  app.add_option("--log-every", f.log_every, "print every N steps")->check(CLI::PositiveNumber);
-  app.add_option("--sample", f.sample, "bytes of text to sample at the end");
+      ->check(integer_at_least(1));
+  app.add_option("--seq", f.seq, "sequence length (and context size)")->check(integer_at_least(1));
+  app.add_option("--layers", f.layers, "transformer blocks")->check(integer_at_least(1));
+  app.add_option("--heads", f.heads, "attention heads")->check(integer_at_least(1));
+  app.add_option("--embd", f.embd, "embedding width (a multiple of --heads)")
+      ->check(integer_at_least(1));
+  app.add_option("--lr", f.lr, "peak learning rate")->check(cli::number_above(0));
+  app.add_option("--min-lr", f.min_lr, "final learning rate (at most --lr)")
+      ->check(cli::number_at_least(0));
+  app.add_option("--warmup", f.warmup, "warmup steps")->check(integer_at_least(0));
+  app.add_option("--weight-decay", f.weight_decay, "AdamW weight decay")
+      ->check(cli::number_at_least(0));
+  app.add_option("--clip", f.clip, "gradient-norm clipping threshold")
+      ->check(cli::number_above(0));
+  app.add_option("--seed", f.seed, "initialisation and batch sampling seed")
+      ->check(integer_at_least(0));
+  app.add_option("--log-every", f.log_every, "print a progress line every N steps")
+      ->check(integer_at_least(1));
+  app.add_option("--eval-every", f.eval_every,
+                 "print the validation loss every N steps (0: only at the end)")
+      ->check(integer_at_least(0));
+  app.add_option("--sample", f.sample, "bytes of text to sample at the end")
+      ->check(integer_at_least(0));
   app.add_option("--temperature", f.temperature, "sampling temperature")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--threads", f.threads, "CPU threads (0: all cores)");
+      ->check(cli::number_above(0));
+  app.add_option("--threads", f.threads, "CPU threads for tensor ops (0: one per core)")
+      ->check(cli::integer_in(0, 4096));
   app.add_option("--dp-shard", f.dp_shard,
-                 "ranks that shard the model with FSDP (-1: all not used by --dp-replicate, --tp)");
+                 "ranks that shard the model with FSDP (-1: all not used by --dp-replicate, --tp)")
+      ->check(integer_at_least(-1));
   app.add_option("--dp-replicate", f.dp_replicate, "replicas of the sharded model (HSDP)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_at_least(1));
   app.add_flag("--ddp", f.ddp, "replicate the model on every rank (DDP) instead of sharding it");
   app.add_option("--tp", f.tp, "tensor-parallel ranks: every layer split over them")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_at_least(1));
   app.add_flag("--sequence-parallel", f.sequence_parallel,
                "with --tp, also split the norms and the residual stream by sequence");
   app.add_option("--log-json", f.log_json, "write one JSON object per step to this file");
   app.add_option("--checkpoint-dir", f.checkpoint_dir,
                  "save distributed checkpoints under this folder (step_<N>)");
   app.add_option("--checkpoint-every", f.checkpoint_every, "steps between checkpoints (0: none)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_at_least(0));
   app.add_option("--keep-checkpoints", f.keep_checkpoints,
                  "committed checkpoints to keep (0: all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::integer_in(0, 1000000));
   app.add_flag("--resume", f.resume,
                "continue from the latest checkpoint under --checkpoint-dir (if there is one)");
   app.add_option("--device", f.device,
                  "where to train: cpu, cuda (cuda:LOCAL_RANK under a launcher) or cuda:N");
   app.add_option("--autocast", f.autocast,
-                 "bf16 mixed precision for forward and loss: auto (on for CUDA), bf16 or off");
-  CLI11_PARSE(app, argc, argv);
+                 "bf16 mixed precision for forward and loss (auto: on for CUDA devices)")
+      ->check(cli::one_of({"auto", "bf16", "off"}));
+  cli::describe_options(app);
+  if (const auto status = cli::parse(app, argc, argv, "train_gpt")) return *status;
+  try {
+    check_flags(f);
+  } catch (const tessel::Error& e) {
+    fmt::print(stderr, "train_gpt: {}\n", e.message());
+    return cli::kExitBadValue;
+  }
   try {
     return run(f);
   } catch (const tessel::Timeout& e) {
@@ -546,6 +713,9 @@ int main(int argc, char** argv) {
     // docs/diagnosing-hangs.md) reads as "a collective timed out"; the dumps are written.
     fmt::print(stderr, "train_gpt: {}\n", e.what());
     return 124;
+  } catch (const tessel::InvalidArgument& e) {  // a mesh the launched ranks do not fill, ...
+    fmt::print(stderr, "train_gpt: {}\n", e.message());
+    return cli::kExitBadValue;
   } catch (const tessel::Error& e) {
     fmt::print(stderr, "train_gpt: {}\n", e.what());
     return 1;
