@@ -60,6 +60,8 @@ std::string_view where_name(RankPosition::Where where) {
       return "crashed";
     case RankPosition::Where::kExited:
       return "exited";
+    case RankPosition::Where::kLate:
+      return "late";
   }
   return "unknown";
 }
@@ -443,9 +445,9 @@ class Analysis {
         return;
       }
       v_.inconclusive.push_back(fmt::format(
-          "every member of group '{}' issued {} and it did not complete: look below the "
-          "recorder (transport, network, device)",
-          m_.group_name(op.group), where));
+          "every member of group '{}' ({}) issued {} and it did not complete: look below the "
+          "recorder (transport, network, device) on those ranks",
+          m_.group_name(op.group), ranks_phrase(m_.issued(op.group, op.seq)), where));
       return;
     }
     std::vector<int> sinks;
@@ -506,8 +508,13 @@ class Analysis {
     if (crashed.size() == sinks.size()) f.kind = FindingKind::kCrashed;
     f.culprits = sinks;
     f.waiting = waiting;
-    f.summary = fmt::format("{} did not join {}; {} in it", ranks_phrase(sinks), where,
-                            ranks_verb(waiting, "wait"));
+    const bool all_late = std::all_of(sinks.begin(), sinks.end(), [&](int s) {
+      return v_.positions[s].where == RankPosition::Where::kLate;
+    });
+    f.summary = all_late ? fmt::format("{} did not join {} in time: {} gave up waiting in it first",
+                                       ranks_phrase(sinks), where, ranks_phrase(waiting))
+                         : fmt::format("{} did not join {}; {} in it", ranks_phrase(sinks), where,
+                                       ranks_verb(waiting, "wait"));
     for (int s : sinks) {
       const auto dev = m_.deviations().find(s);
       if (dev != m_.deviations().end() && dev->second.count < dev->second.norm &&
@@ -520,10 +527,18 @@ class Analysis {
     add_finding(std::move(f));
   }
 
-  void p2p_finding(int rank, const internal::Wait& w) {
+  // `in_cycle`: the wait is on a cycle whose culprit its missing peer is; otherwise a peer that
+  // waits itself (in an op further down a ring, or one a third rank holds up) is not blamed here:
+  // its own wait has a finding.
+  void p2p_finding(int rank, const internal::Wait& w, bool in_cycle = false,
+                   const std::string& evidence = "") {
     const Op& op = w.op;
     const bool is_send = op.src == rank;
     const std::string what = m_.describe_p2p(op, !is_send);
+    if (!in_cycle && !w.missing.empty() && !w.unknown &&
+        v_.positions[w.missing.front()].where == RankPosition::Where::kInOperation) {
+      return;
+    }
     if (w.missing.empty()) {
       v_.inconclusive.push_back(fmt::format(
           "{} and its matching {} were both posted and did not complete: look below the "
@@ -533,8 +548,9 @@ class Analysis {
     }
     if (w.unknown) {
       v_.inconclusive.push_back(fmt::format(
-          "{} has no match on rank {}, but that rank's ring no longer holds entries that old",
-          what, w.missing.front()));
+          "{} has no match on rank {}, but that rank's ring no longer holds entries that old, "
+          "so whether it skipped its half cannot be told: look at rank {}'s log around then",
+          what, w.missing.front(), w.missing.front()));
       return;
     }
     Finding f;
@@ -547,6 +563,7 @@ class Analysis {
     f.summary = fmt::format("{} has no matching {}: rank {} never posted it", what,
                             is_send ? "recv" : "send", w.missing.front());
     f.details.push_back(culprit_detail(w.missing.front()));
+    if (!evidence.empty()) f.details.push_back("evidence: " + evidence);
     add_finding(std::move(f));
   }
 
@@ -557,21 +574,61 @@ class Analysis {
   void cycle_finding(const std::vector<int>& comp) {
     const auto& waits = m_.waits();
     const std::set<int> members(comp.begin(), comp.end());
-    std::set<int> p2p_blamed;
+    // The peers that did not post their half of a send/recv in the cycle. One that is itself
+    // blocked in a send/recv is a link of a chain (a ring whose next rank waits on it); the one
+    // that went on to another operation skipped its half. Only when every one of them is blocked
+    // in a send/recv (the cycle is made of them alone) are they all named.
+    std::set<int> p2p_missing, p2p_blamed;
     for (int r : comp) {
       const auto& w = waits.at(r);
       if (w.op.p2p) {
         for (int s : w.missing) {
-          if (members.count(s)) p2p_blamed.insert(s);
+          if (members.count(s)) p2p_missing.insert(s);
         }
       }
+    }
+    for (int s : p2p_missing) {
+      if (!waits.at(s).op.p2p) p2p_blamed.insert(s);
+    }
+    // A cycle of sends and recvs alone: the peers that changed the order they kept in the
+    // previous step (there they posted the half now missing before the one they are blocked in).
+    std::map<int, std::string> changed;
+    if (p2p_blamed.empty()) {
+      for (int r : comp) {
+        const auto& w = waits.at(r);
+        if (!w.op.p2p || w.op.seq < 2) continue;
+        for (int s : w.missing) {
+          const auto ws = waits.find(s);
+          if (!p2p_missing.count(s) || ws == waits.end() || ws->second.op.seq < 2) continue;
+          const Op& mine = ws->second.op;
+          const auto* before_missing = m_.p2p_entry(s, w.op, w.op.seq - 1);
+          const auto* before_mine = m_.p2p_entry(s, mine, mine.seq - 1);
+          if (before_missing == nullptr || before_mine == nullptr ||
+              before_missing->record_id > before_mine->record_id) {
+            continue;
+          }
+          const bool s_sends = w.op.src == s;
+          changed[s] = fmt::format(
+              "rank {} is blocked in {} without having posted {}, where it posted #{} of that "
+              "before #{} of this",
+              s, m_.describe_p2p(mine, mine.dst == s), m_.describe_p2p(w.op, !s_sends),
+              w.op.seq - 1, mine.seq - 1);
+        }
+      }
+      for (const auto& [s, why] : changed) p2p_blamed.insert(s);
+      if (p2p_blamed.size() == p2p_missing.size()) {
+        changed.clear();
+        p2p_blamed = p2p_missing;
+      }
+      if (p2p_blamed.empty()) p2p_blamed = p2p_missing;
     }
     if (!p2p_blamed.empty()) {
       for (int r : comp) {
         const auto& w = waits.at(r);
         if (w.op.p2p && std::any_of(w.missing.begin(), w.missing.end(),
                                     [&](int s) { return p2p_blamed.count(s); })) {
-          p2p_finding(r, w);
+          const auto why = changed.find(w.missing.front());
+          p2p_finding(r, w, /*in_cycle=*/true, why == changed.end() ? "" : why->second);
         }
       }
       return;
@@ -599,27 +656,59 @@ class Analysis {
       blamed.insert(r);
       evidence.push_back(m_.describe_deviation(it->second));
     }
-    // Evidence 2: the order in which the ranks (and their siblings) issue each pair of
+    // The pairs (r, s) of the cycle where r waits in `mine` for s, which waits in another
+    // operation `theirs` that r has not issued (nor its sibling counterpart): r put mine first.
+    // One pair per (r, theirs): what r did is the same whichever rank waits in theirs.
+    std::vector<std::pair<int, int>> pairs;
+    std::set<std::pair<int, Op>> paired;
+    for (int r : comp) {
+      const Op& mine = waits.at(r).op;
+      for (int s : waits.at(r).missing) {
+        if (!members.count(s)) continue;
+        const Op& theirs = waits.at(s).op;
+        if (theirs == mine || !paired.insert({r, theirs}).second ||
+            m_.issued_counterpart(r, theirs)) {
+          continue;
+        }
+        pairs.emplace_back(r, s);
+      }
+    }
+    // Evidence 2: the order each rank kept in its earlier steps. A rank that now puts mine first
+    // where in every earlier step it issued their counterparts the other way round deviated.
+    if (blamed.empty() || blamed.size() == comp.size()) {
+      blamed.clear();
+      evidence.clear();
+      for (const auto& [r, s] : pairs) {
+        const auto& wr = waits.at(r);
+        const auto& ws = waits.at(s);
+        const auto [mine_first, theirs_first] =
+            m_.past_order(r, wr.op, *wr.entry, s, ws.op, *ws.entry);
+        if (mine_first > 0 || theirs_first == 0 || blamed.count(r)) continue;
+        blamed.insert(r);
+        add_unique(evidence, fmt::format(
+            "rank {} issued {} before {}, where in each of its {} earlier step{} it issued their "
+            "counterparts the other way round",
+            r, m_.describe_collective(wr.op.group, wr.op.seq, *wr.entry),
+            m_.describe_collective(ws.op.group, ws.op.seq, *ws.entry), theirs_first,
+            theirs_first == 1 ? "" : "s"));
+      }
+    }
+    // Evidence 3: the order in which the ranks (and their siblings) issue each pair of
     // operations on the cycle.
     if (blamed.empty() || blamed.size() == comp.size()) {
       blamed.clear();
       evidence.clear();
-      for (int r : comp) {
+      for (const auto& [r, s] : pairs) {
         const Op& mine = waits.at(r).op;
-        for (int s : waits.at(r).missing) {
-          if (!members.count(s)) continue;
-          const Op& theirs = waits.at(s).op;
-          if (theirs == mine) continue;
-          // r issued `mine` and not yet `theirs`: it put mine first.
-          const auto [mine_first, theirs_first] = m_.order_votes(mine, theirs);
-          if (theirs_first > mine_first) {
-            blamed.insert(r);
-            evidence.push_back(fmt::format(
-                "rank {} issued {} before {}, an order {} rank{} used, against {}", r,
-                m_.describe_collective(mine.group, mine.seq, *waits.at(r).entry),
-                m_.describe_collective(theirs.group, theirs.seq, *waits.at(s).entry), mine_first,
-                mine_first == 1 ? "" : "s", theirs_first));
-          }
+        const Op& theirs = waits.at(s).op;
+        const auto [mine_first, theirs_first] = m_.order_votes(mine, theirs);
+        if (theirs_first > mine_first) {
+          blamed.insert(r);
+          add_unique(evidence, fmt::format(
+              "rank {} issued {} before {}, an order {} rank{} used, against {}", r,
+              m_.describe_collective(mine.group, mine.seq, *waits.at(r).entry),
+              m_.describe_collective(theirs.group, theirs.seq, *waits.at(s).entry), mine_first,
+              mine_first == 1 ? "" : "s", theirs_first));
         }
       }
     }
@@ -627,7 +716,25 @@ class Analysis {
       std::string text = fmt::format("{} each wait for {}", ranks_phrase(comp),
                                      comp.size() == 2 ? "the other" : "another");
       for (const auto& l : lines) text += "; " + l;
-      text += "; nothing tells which of them deviated";
+      // Why the evidence is symmetric: the ranks' order votes, and no step count or earlier
+      // order that sets one side apart.
+      std::string votes;
+      if (!pairs.empty()) {
+        const auto& [r, s] = pairs.front();
+        const auto [mine_first, theirs_first] = m_.order_votes(waits.at(r).op, waits.at(s).op);
+        votes = mine_first == theirs_first
+                    ? fmt::format(", as many ranks issued their operations in one order as in "
+                                  "the other ({} each)",
+                                  mine_first)
+                    : fmt::format(", and the order votes ({} against {}) go against every one "
+                                  "of them alike",
+                                  mine_first, theirs_first);
+      }
+      text += fmt::format(
+          "; nothing tells which of them deviated: neither a step count nor the order each kept "
+          "in earlier steps sets one of them apart{}; look at what ranks {} did differently at "
+          "this point of their programs",
+          votes, format_rank_list(comp));
       v_.inconclusive.push_back(std::move(text));
       suspects_.insert(comp.begin(), comp.end());
       return;
@@ -681,6 +788,12 @@ class Analysis {
     std::string s = fmt::format("rank {}: {}", rank, p.summary);
     if (!p.last_event.empty()) s += fmt::format("; last marked '{}'", p.last_event);
     return s;
+  }
+
+  static void add_unique(std::vector<std::string>& lines, std::string line) {
+    if (std::find(lines.begin(), lines.end(), line) == lines.end()) {
+      lines.push_back(std::move(line));
+    }
   }
 
   // Keeps one finding per (kind, culprits); a repeat adds its summary as a detail.

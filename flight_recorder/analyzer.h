@@ -13,11 +13,13 @@
 //     size; the minority is blamed, counting the members of sibling groups (the other groups of
 //     the same mesh dimension) at the same seq;
 //   - unmatched_send / unmatched_recv: a send (recv) whose peer never posted the matching recv
-//     (send); the peer that did not post it is the culprit;
+//     (send); the peer that did not post it and went on is the culprit (a peer blocked in a
+//     send/recv of its own, further down a ring, waits: it is not);
 //   - deadlock: a cycle in the wait-for graph (rank A waits in an op that rank B never issued
 //     because B waits in one A never issued); blamed are the ranks the evidence singles out:
-//     those whose count of collectives in a training step differs from their siblings', or
-//     those that issued the cycle's operations in the order fewer ranks used.
+//     those whose count of collectives in a training step differs from their siblings', else
+//     those that changed the order they kept in their earlier steps, else those that issued
+//     the cycle's operations in the order fewer ranks used.
 // Evidence that settles a two-sided wait (a skipped collective or an extra one; which side of a
 // cycle deviated): step stamps (per-step counts of collectives on sibling groups), whether the
 // sibling groups reached the collective, a rank that several groups wait on, the fatal-signal
@@ -73,7 +75,8 @@ std::string_view finding_kind_name(FindingKind kind);  // "not_joined", "deadloc
 
 // Where one rank is at the time of its dump.
 struct RankPosition {
-  enum class Where { kInOperation, kInCompute, kNoDump, kStale, kCrashed, kExited };
+  // kLate: it issued the operation the others gave up waiting in only after they had.
+  enum class Where { kInOperation, kInCompute, kNoDump, kStale, kCrashed, kExited, kLate };
   int rank = -1;
   Where where = Where::kNoDump;
   std::string summary;     // "waiting in all_reduce #42 of group 'world' (...) for 31.2s"

@@ -14,7 +14,12 @@
 //
 // Groups: "world" (id 1, all ranks), "half0"/"half1" (ids 2, 3: the lower and upper half, when
 // ranks >= 2) and "pair" (id 4: `culprit` and `partner`). Every step: a user event
-// "step <k> begins", compute, an all_reduce on the rank's half, an all_reduce on world.
+// "step <k> begins", compute, an all_reduce on the rank's half, an all_reduce on world (ring_*
+// scenarios exchange a send/recv with their ring neighbours before those).
+// The mesh_* scenarios lay the ranks out as a (dp, tp) mesh instead, rank = i * tp + j: groups
+// "world", "dp" (one per tp coordinate j) and "tp" (one per dp coordinate i), siblings of the
+// same name and size as DeviceMesh makes them. Every step: an event, compute, an all_reduce on
+// tp, one on dp; a world barrier after the last step.
 //
 // Not thread-safe: one simulation at a time per process (simulated time is process-global).
 
@@ -31,6 +36,7 @@ struct SynthOptions {
   int steps = 12;
   int culprit = 1;         // the rank that misbehaves
   int partner = 2;         // the second rank of two-rank faults (deadlock, send_without_recv)
+  int tp = 2;              // mesh_* scenarios: ranks laid out as (ranks / tp) x tp, (dp, tp)
   size_t capacity = 4096;  // ring entries per rank ("wrapped" uses a small one regardless)
   uint64_t seed = 1;
 };

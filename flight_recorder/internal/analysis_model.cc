@@ -20,6 +20,20 @@ bool left_at_death(DumpTrigger t) {
 
 }  // namespace
 
+namespace {
+
+// The newest failed operation of a ring that no completed operation follows: what the rank was
+// left with when an operation of its own failed (null when none).
+const HeldEntry* last_failure(const std::vector<HeldEntry>& held) {
+  for (auto it = held.rbegin(); it != held.rend(); ++it) {
+    if (it->state == EntryState::kCompleted) return nullptr;
+    if (it->state == EntryState::kFailed) return &*it;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 Model::Model(const Digest& digest, const AnalyzerOptions& options)
     : digest_(digest), options_(options) {
   const DumpSet& set = digest.set();
@@ -45,15 +59,22 @@ Model::Model(const Digest& digest, const AnalyzerOptions& options)
   threshold_ns_ = timed_out ? 0 : options.min_wait.count();
   const int64_t stale_us = options.stale_after.count() / 1000;
   for (const auto& d : set.dumps) {
-    stale_[d.rank] = newest_wall_us_ - d.wall_time_us > stale_us;
+    // A rank that died, or gave up on an operation, told its last state; only a rank that may
+    // have gone on since its dump (it stopped answering) leaves a stale one.
+    const bool final = left_at_death(d.trigger) ||
+                       last_failure(by_rank_[d.rank].digest->held) != nullptr;
+    stale_[d.rank] = !final && newest_wall_us_ - d.wall_time_us > stale_us;
     index_dump(by_rank_[d.rank]);
   }
   for (const auto& [id, g] : groups_) {
     families_[family_of(id)].push_back(id);
   }
   for (const auto& d : set.dumps) {
-    if (!stale_[d.rank] && !left_at_death(d.trigger)) find_wait(by_rank_[d.rank]);
+    if (stale_[d.rank] || (left_at_death(d.trigger) && !aborted_after_failure(d.rank)))
+      continue;
+    find_wait(by_rank_[d.rank]);
   }
+  find_late_arrivals();
   find_deviations();
   for (const auto& [key, ranks] : failed_) {
     const auto& [group, seq, op] = key;
@@ -110,20 +131,36 @@ bool Model::member_of(int rank, uint64_t group) const {
   return std::find(r.begin(), r.end(), rank) != r.end();
 }
 
+
 bool Model::crashed(int rank) const {
   const Dump* d = dump_of(rank);
-  return d != nullptr && left_at_death(d->header->trigger);
+  return d != nullptr && left_at_death(d->header->trigger) && !exited_with_ring(rank) &&
+         last_failure(d->digest->held) == nullptr;
+}
+
+bool Model::exited_with_ring(int rank) const {
+  const Dump* d = dump_of(rank);
+  if (d == nullptr || d->header->trigger != DumpTrigger::kRecovered) return false;
+  const auto it = exits_.find(rank);
+  return it != exits_.end() && it->second->signal == 0;
+}
+
+bool Model::aborted_after_failure(int rank) const {
+  const Dump* d = dump_of(rank);
+  return d != nullptr && left_at_death(d->header->trigger) &&
+         last_failure(d->digest->held) != nullptr;
 }
 
 bool Model::exited_cleanly(int rank) const {
-  if (dump_of(rank) != nullptr) return false;
+  if (dump_of(rank) != nullptr && !exited_with_ring(rank)) return false;
   const auto it = exits_.find(rank);
   return it != exits_.end() && it->second->signal == 0 && it->second->exit_code == 0;
 }
 
 bool Model::dead(int rank) const {
   if (rank < 0 || rank >= world_size_) return false;
-  return (dump_of(rank) == nullptr && !exited_cleanly(rank)) || crashed(rank) || stale_[rank];
+  return ((dump_of(rank) == nullptr || exited_with_ring(rank)) && !exited_cleanly(rank)) ||
+         crashed(rank) || stale_[rank];
 }
 
 namespace {
@@ -136,7 +173,7 @@ std::string signal_text(int sig) {
 }  // namespace
 
 std::string Model::death(int rank) const {
-  if (crashed(rank)) {
+  if ((crashed(rank) || aborted_after_failure(rank)) && !exited_with_ring(rank)) {
     const RankDump* d = dump_of(rank)->header;
     int sig = 0;
     if (d->reason.rfind("signal ", 0) == 0) sig = std::atoi(d->reason.c_str() + 7);
@@ -165,7 +202,7 @@ bool Model::needs_gone_rank(int rank, const HeldEntry& e) const {
   const GroupInfo& g = *git->second;
   auto gone = [&](int s) {
     return s != rank && s >= 0 && s < world_size_ &&
-           (crashed(s) || (dump_of(s) == nullptr && exits_.count(s) > 0));
+           (crashed(s) || exited_with_ring(s) || (dump_of(s) == nullptr && exits_.count(s) > 0));
   };
   if (!e.is_collective()) {
     return e.peer >= 0 && static_cast<size_t>(e.peer) < g.ranks.size() && gone(g.ranks[e.peer]);
@@ -196,6 +233,11 @@ void Model::find_wait(const Dump& dump) {
     // A rank whose last operation failed (its timeout fired, or a peer was lost) was blocked in
     // it until then: that operation is where it waited, however long ago it ended.
     blocking = &held.back();
+  }
+  if (left_at_death(d.trigger)) {
+    // It died of a signal because that failure went unhandled: the failed operation is where it
+    // waited, whatever its ring recorded after (operations queued behind it).
+    blocking = last_failure(held);
   }
   if (blocking == nullptr) return;
   const auto git = groups_.find(blocking->group_id);
@@ -249,6 +291,53 @@ void Model::find_wait(const Dump& dump) {
   }
   std::sort(w.missing.begin(), w.missing.end());
   waits_[d.rank] = std::move(w);
+}
+
+void Model::find_late_arrivals() {
+  // Clocks of different hosts may disagree by this much: an arrival within it of another
+  // member's giving up is not called late.
+  constexpr int64_t kClockSlackNs = 50'000'000;
+  const int64_t min_wait = std::max<int64_t>(options_.min_wait.count(), 100'000'000);
+  std::map<Op, std::vector<int>> by_op;
+  for (const auto& [rank, w] : waits_) {
+    if (!w.op.p2p) by_op[w.op].push_back(rank);
+  }
+  auto wall = [&](int rank, int64_t ns) { return dump_of(rank)->header->to_wall_ns(ns); };
+  for (const auto& [op, ranks] : by_op) {
+    // The first member to give up after a real wait (not one that failed at once because a peer
+    // was lost), then every member that issued the collective after that moment.
+    int64_t first_gave_up = INT64_MAX;
+    std::vector<int> gave_up;
+    for (int r : ranks) {
+      const HeldEntry& e = *waits_.at(r).entry;
+      if (e.state != EntryState::kFailed || e.completed_ns - e.enqueued_ns < min_wait) continue;
+      gave_up.push_back(r);
+      first_gave_up = std::min(first_gave_up, wall(r, e.completed_ns));
+    }
+    if (gave_up.empty()) continue;
+    std::vector<int> late;
+    for (int r : ranks) {
+      if (wall(r, waits_.at(r).entry->enqueued_ns) > first_gave_up + kClockSlackNs) late.push_back(r);
+    }
+    if (late.empty() || late.size() == ranks.size()) continue;
+    for (int r : late) {
+      const HeldEntry* e = waits_.at(r).entry;
+      std::vector<int> before;
+      for (int g : gave_up) {
+        if (std::find(late.begin(), late.end(), g) == late.end()) before.push_back(g);
+      }
+      late_[r] = {op, e, before, wall(r, e->enqueued_ns) - first_gave_up};
+      waits_.erase(r);
+    }
+    for (int r : ranks) {
+      const auto it = waits_.find(r);
+      if (it == waits_.end()) continue;
+      auto& missing = it->second.missing;
+      missing.insert(missing.end(), late.begin(), late.end());
+      std::sort(missing.begin(), missing.end());
+      missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+    }
+  }
 }
 
 // Per training step, how many collectives each rank issued on each family of sibling groups.
@@ -442,6 +531,25 @@ RankPosition Model::position(int rank) const {
   const RankDump* d = dump->header;
   p.step = d->step;
   p.last_event = dump->digest->last_event;
+  if (exited_with_ring(rank) && !aborted_after_failure(rank)) {
+    // It ended by itself (exit) before any of its operations failed; its ring says where.
+    const HeldEntry* last = nullptr;
+    for (const auto& e : dump->digest->held) {
+      if (e.finished()) last = &e;
+    }
+    p.where = RankPosition::Where::kExited;
+    p.place = death(rank);
+    p.summary = last == nullptr
+                    ? p.place
+                    : fmt::format("{} after {} {}", p.place,
+                                  last->is_p2p() ? fmt::format("{} #{} (group '{}')",
+                                                               op_name(last->op), last->p2p_seq,
+                                                               group_name(last->group_id))
+                                                 : describe_collective(last->group_id, last->seq,
+                                                                       *last),
+                                  state_name(last->state));
+    return p;
+  }
   const HeldEntry* last_done = nullptr;
   const HeldEntry* pending = nullptr;
   for (const auto& e : dump->digest->held) {
@@ -463,6 +571,17 @@ RankPosition Model::position(int rank) const {
                 : death(rank);
     where = place;
     p.where = RankPosition::Where::kCrashed;
+  } else if (const auto late = late_.find(rank); late != late_.end()) {
+    const LateArrival& l = late->second;
+    const std::string op = describe_collective(l.op.group, l.op.seq, *l.entry);
+    place = fmt::format("joined {} only after {} had given up waiting in it", op,
+                        l.gave_up.size() == 1 ? fmt::format("rank {}", l.gave_up.front())
+                                              : "ranks " + format_rank_list(l.gave_up));
+    where = fmt::format("joined {} {} after {} had given up waiting in it", op,
+                        format_duration(Nanoseconds(l.late_ns)),
+                        l.gave_up.size() == 1 ? fmt::format("rank {}", l.gave_up.front())
+                                              : "ranks " + format_rank_list(l.gave_up));
+    p.where = RankPosition::Where::kLate;
   } else if (it != waits_.end()) {
     const Wait& w = it->second;
     const std::string op = w.op.p2p ? describe_p2p(w.op, w.op.dst == rank)
@@ -471,6 +590,11 @@ RankPosition Model::position(int rank) const {
       place = fmt::format("stuck in {} until it failed", op);
       where = fmt::format("{} after {}", place,
                           format_duration(Nanoseconds(w.entry->completed_ns - w.entry->enqueued_ns)));
+      if (aborted_after_failure(rank)) {
+        const std::string died = death(rank).replace(0, 7, "then died");  // "crashed (SIGABRT)"
+        place += ", " + died;
+        where += ", " + died;
+      }
     } else {
       place = fmt::format("waiting in {}", op);
       where = fmt::format("{} for {}", place,
@@ -650,11 +774,76 @@ std::pair<size_t, size_t> Model::order_votes(const Op& a, const Op& b) const {
     const auto eb = entry_at(rank, fb, b.seq);
     if (ea && eb) {
       (ea->record_id < eb->record_id ? a_first : b_first)++;
-    } else if (ea && !ea->finished) {
-      ++a_first;
-    } else if (eb && !eb->finished) {
+    } else if (ea && (!ea->finished || !issued_counterpart(rank, b))) {
+      ++a_first;  // blocked in a, or done with it and never at b: a comes first in its program
+    } else if (eb && (!eb->finished || !issued_counterpart(rank, a))) {
       ++b_first;
     }
+  }
+  return {a_first, b_first};
+}
+
+const HeldEntry* Model::p2p_entry(int rank, const Op& op, uint64_t seq) const {
+  const Dump* d = dump_of(rank);
+  const auto git = groups_.find(op.group);
+  if (d == nullptr || git == groups_.end() || !op.p2p || (rank != op.src && rank != op.dst)) {
+    return nullptr;
+  }
+  const auto& members = git->second->ranks;
+  const int other = rank == op.src ? op.dst : op.src;
+  const auto at = std::find(members.begin(), members.end(), other);
+  if (at == members.end()) return nullptr;
+  const int32_t peer = static_cast<int32_t>(at - members.begin());
+  const OpType kind = rank == op.src ? OpType::kSend : OpType::kRecv;
+  for (const auto& h : d->digest->held) {
+    if (h.group_id == op.group && h.op == kind && h.peer == peer && h.p2p_seq == seq) return &h;
+  }
+  return nullptr;
+}
+
+bool Model::issued_counterpart(int rank, const Op& op) const {
+  const auto it = families_.find(family_of(op.group));
+  if (it == families_.end()) return false;
+  return std::any_of(it->second.begin(), it->second.end(), [&](uint64_t g) {
+    return member_of(rank, g) && reached(rank, g) >= op.seq;
+  });
+}
+
+std::pair<size_t, size_t> Model::past_order(int rank, const Op& a, const HeldEntry& ea,
+                                            int b_rank, const Op& b, const HeldEntry& eb) const {
+  const Dump* d = dump_of(rank);
+  const Dump* db = dump_of(b_rank);
+  if (d == nullptr || db == nullptr || a.p2p || b.p2p || ea.step < 0 || eb.step < 0) {
+    return {0, 0};
+  }
+  // Where an entry of `owner` stands within its step: the how-many-th collective of its group.
+  auto place_in_step = [](const Dump& owner, uint64_t group, const HeldEntry& e) {
+    size_t before = 0;
+    for (const auto& h : owner.digest->held) {
+      if (h.group_id == group && h.is_collective() && h.step == e.step && h.seq < e.seq) ++before;
+    }
+    return before;
+  };
+  const size_t ka = place_in_step(*d, a.group, ea), kb = place_in_step(*db, b.group, eb);
+  const std::string fa = family_of(a.group), fb = family_of(b.group);
+  // The rank's own groups of the two families, and its collectives in them by step.
+  std::map<int64_t, std::vector<const HeldEntry*>> in_a, in_b;
+  int64_t oldest = INT64_MAX;
+  for (const auto& h : d->digest->held) {
+    if (!h.is_collective() || h.step < 0) continue;
+    oldest = std::min(oldest, h.step);
+    const std::string f = family_of(h.group_id);
+    if (f == fa) in_a[h.step].push_back(&h);
+    if (f == fb) in_b[h.step].push_back(&h);
+  }
+  size_t a_first = 0, b_first = 0;
+  for (int64_t t = oldest + 1; t < std::min(ea.step, eb.step); ++t) {  // the oldest may be cut
+    const auto ia = in_a.find(t), ib = in_b.find(t);
+    if (ia == in_a.end() || ib == in_b.end() || ia->second.size() <= ka ||
+        ib->second.size() <= kb) {
+      continue;
+    }
+    (ia->second[ka]->record_id < ib->second[kb]->record_id ? a_first : b_first)++;
   }
   return {a_first, b_first};
 }

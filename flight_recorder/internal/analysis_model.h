@@ -104,8 +104,26 @@ class Model {
   bool waited_on(int rank) const { return !waited_on_in(rank).empty(); }
   std::vector<StragglerStats> stragglers() const;
 
+  // A member that issued a collective only after other members had given up waiting in it (their
+  // entry failed after waiting at least the analyzer's min_wait): it did not join in time.
+  struct LateArrival {
+    Op op;
+    const HeldEntry* entry = nullptr;  // the late rank's entry for op
+    std::vector<int> gave_up;          // the members that had given up before it came
+    int64_t late_ns = 0;               // its arrival after the first of them gave up
+  };
+  const std::map<int, LateArrival>& late() const { return late_; }
+
   // Liveness from the dumps and the launcher's exit record.
-  bool crashed(int rank) const;        // its dump was written by a fatal-signal handler
+  // Its dump was written by a fatal-signal handler before any of its operations failed: a crash.
+  // A rank that died of a signal after an operation of its own failed (an uncaught Timeout's
+  // std::terminate, abort() in a handler) is a victim of that failure, not a crash
+  // (aborted_after_failure), and is taken as waiting in the failed operation.
+  bool crashed(int rank) const;
+  bool aborted_after_failure(int rank) const;
+  // Its dump was recovered from its ring after the launcher saw it exit by itself (a status, no
+  // signal): it left, it did not crash.
+  bool exited_with_ring(int rank) const;
   bool exited_cleanly(int rank) const;  // no dump, and the launcher saw it exit with status 0
   bool dead(int rank) const;           // no dump (and not a clean exit), crashed, or stale
   std::string death(int rank) const;  // "crashed (SIGSEGV)", "killed by SIGKILL", ...
@@ -125,6 +143,18 @@ class Model {
   // Which of two operations the ranks that issue both (or their siblings' equivalents) issue
   // first: the votes for `a` first and for `b` first.
   std::pair<size_t, size_t> order_votes(const Op& a, const Op& b) const;
+  // Whether `rank` issued collective `op`, or the one with its seq in the rank's own group of
+  // op's family (a sibling group's counterpart).
+  bool issued_counterpart(int rank, const Op& op) const;
+  // How `rank` ordered, in its earlier training steps, the counterparts of collectives `a` and
+  // `b`: the collectives at the same place within a step (the k-th of their group in it) as
+  // `ea`, the rank's own entry for a, and `eb`, the entry of rank `b_rank` for b. Steps its
+  // ring holds in full only; {0, 0} when the entries carry no step.
+  std::pair<size_t, size_t> past_order(int rank, const Op& a, const HeldEntry& ea, int b_rank,
+                                       const Op& b, const HeldEntry& eb) const;
+  // `rank`'s own half (its send or its recv) of channel `op` with p2p seq `seq`, from its ring;
+  // null when the ring does not hold it.
+  const HeldEntry* p2p_entry(int rank, const Op& op, uint64_t seq) const;
 
   std::string group_name(uint64_t group) const;
   std::string describe_collective(uint64_t group, uint64_t seq, const Call& call,
@@ -157,6 +187,9 @@ class Model {
   // exit and it left no dump. Such an operation waits, however young: it cannot complete.
   bool needs_gone_rank(int rank, const HeldEntry& e) const;
   void find_deviations();
+  // Moves the members that issued a collective after others gave up on it from waiting in it to
+  // being awaited by the others (late_).
+  void find_late_arrivals();
   // The entry `rank` recorded for collective `seq` of `group` (or of a sibling group the rank
   // belongs to), nullopt when none.
   std::optional<Digest::Found> entry_at(int rank, const std::string& family, uint64_t seq) const;
@@ -177,6 +210,7 @@ class Model {
   std::map<std::tuple<uint64_t, int, int, bool>, std::vector<std::pair<uint64_t, uint64_t>>>
       posted_;
   std::map<int, Wait> waits_;
+  std::map<int, LateArrival> late_;
   std::map<int, StepDeviation> deviations_;
   std::map<std::tuple<uint64_t, uint64_t, std::string>, std::vector<int>> failed_;
   std::vector<std::string> notes_;
