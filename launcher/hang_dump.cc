@@ -88,6 +88,16 @@ std::optional<std::string> StoreDumpChannel::final_dump(int rank) {
   return store_->get(key, kFetchSlice);
 }
 
+std::optional<int> StoreDumpChannel::pid_of(int rank) {
+  const std::string key = fr::store_ready_key(rank);
+  if (!store_->check({key})) return std::nullopt;
+  const std::string value = store_->get(key, kFetchSlice);
+  char* end = nullptr;
+  const long pid = std::strtol(value.c_str(), &end, 10);
+  if (end == value.c_str() || pid <= 0) return std::nullopt;
+  return static_cast<int>(pid);
+}
+
 std::optional<CollectiveFailure> StoreDumpChannel::failure_of(int rank) {
   const std::string key = fr::store_failure_key(rank);
   if (!store_->check({key})) return std::nullopt;
@@ -262,6 +272,9 @@ HangReport gather_flight_recorder_dumps(DumpChannel& channel, int world_size, in
     (void)channel.fetch_dump(pending.front(), std::min(deadline.remaining(), kPollSlice));
   }
   report.missing = pending;
+  for (int rank : pending) {
+    if (auto pid = channel.pid_of(rank)) report.missing_pids[rank] = *pid;
+  }
   std::sort(report.gathered.begin(), report.gathered.end());
   std::vector<fr::ExitRecord> exits;
   for (int r = 0; r < world_size; ++r) {
@@ -282,8 +295,15 @@ HangReport gather_flight_recorder_dumps(DumpChannel& channel, int world_size, in
     out << fr::exits_to_json(exits);
     TESSEL_CHECK(out.good(), IoError, "cannot write {}", path);
   }
-  log_info(LogComponent::kLauncher, "gathered {} of {} flight-recorder dumps into {}",
-           report.gathered.size(), world_size, dump_dir);
+  if (report.missing.empty()) {
+    log_info(LogComponent::kLauncher, "gathered {} of {} flight-recorder dumps into {}",
+             report.gathered.size(), world_size, dump_dir);
+  } else {
+    log_warn(LogComponent::kLauncher,
+             "gathered {} of {} flight-recorder dumps into {}; no answer from {} {}",
+             report.gathered.size(), world_size, dump_dir,
+             report.missing.size() == 1 ? "rank" : "ranks", fr::format_rank_list(report.missing));
+  }
   if (report.gathered.empty()) {
     report.verdict = "no dumps were gathered; tessel-trace not run";
     return report;

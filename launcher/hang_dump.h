@@ -59,6 +59,8 @@ class DumpChannel {
   }
   // The dump a dead rank left on its node (its fatal-signal dump), posted by its agent.
   virtual std::optional<std::string> final_dump(int /*rank*/) { return std::nullopt; }
+  // The pid the rank announced when it began answering dump requests (store_ready_key).
+  virtual std::optional<int> pid_of(int /*rank*/) { return std::nullopt; }
   // The rank's first collective failure, by its own clock.
   virtual std::optional<CollectiveFailure> failure_of(int /*rank*/) { return std::nullopt; }
   // Forgets the ranks' failure records and final dumps once a round's have been read, so the
@@ -75,6 +77,7 @@ class StoreDumpChannel final : public DumpChannel {
   std::optional<std::string> fetch_dump(int rank, Nanoseconds timeout) override;
   std::optional<WorkerExitRecord> exit_of(int64_t round, int rank) override;
   std::optional<std::string> final_dump(int rank) override;
+  std::optional<int> pid_of(int rank) override;
   std::optional<CollectiveFailure> failure_of(int rank) override;
   void clear_failures(int world_size) override;
 
@@ -121,6 +124,7 @@ struct HangReport {
   std::string dump_dir;
   std::vector<int> gathered;  // ranks whose dump was written to dump_dir/tessel_fr_rank<r>.json
   std::vector<int> missing;   // ranks that did not answer in time
+  std::map<int, int> missing_pids;  // their pids, where they announced one
   std::vector<WorkerExitRecord> exits;  // ranks known to have ended (written to exits.json)
   std::vector<CollectiveFailure> failures;  // every rank's first failed collective, by time
   int trace_status = -1;      // exit status of `tessel-trace analyze`; -1 when not run

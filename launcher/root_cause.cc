@@ -103,6 +103,8 @@ proto::Failure culprit_root_cause(const proto::Failure& reported, const HangRepo
   } else if (dump) {
     f.set_host(dump->hostname);
     f.set_pid(dump->pid);
+  } else if (const auto pid = r.missing_pids.find(c); pid != r.missing_pids.end()) {
+    f.set_pid(pid->second);  // it never answered: stopped, or busy outside tessel's calls
   }
   const auto where_it = v.where.find(c);
   const std::string where = where_it == v.where.end() ? "" : where_it->second;
