@@ -159,6 +159,35 @@ TEST(ThreadsBackendTest, WaitRethrowsTheStoredError) {
   EXPECT_FALSE(w.is_success());
 }
 
+// After a call timed out, what is still queued on the group fails at once instead of each call
+// waiting out its own timeout against the same lost peer (a background thread's queue of async
+// calls, a destructor joining it): whether the backend knows itself broken (threads, Gloo) or
+// the group is dropped (ProcessGroup fails queued calls unrun after a transport failure).
+TEST(ThreadsBackendTest, DestroyingAFailedGroupFailsItsQueuedCallsUnrun) {
+  auto groups = threads::create_world(2, {.name = "queued", .id = 11});
+  std::vector<Tensor> tensors(6, from_vector<float>({1}));
+  std::vector<Work> works;
+  for (auto& t : tensors) {  // rank 1 never calls
+    works.push_back(groups[0]->all_reduce(t, {.timeout = std::chrono::milliseconds(200),
+                                              .async = true}));
+  }
+  EXPECT_THROW(works[0].wait(std::chrono::seconds(30)), Timeout);
+  groups[0].reset();  // the destructor drains the queue
+  for (size_t i = 1; i < works.size(); ++i) {
+    try {
+      works[i].wait(std::chrono::seconds(30));
+      ADD_FAILURE() << "call " << i << " succeeded without its peer";
+    } catch (const Timeout& e) {
+      ADD_FAILURE() << "call " << i << " waited out its own timeout: " << e.what();
+    } catch (const CommError& e) {
+      const std::string what = e.what();
+      EXPECT_TRUE(what.find("not run: its group was destroyed") != std::string::npos ||
+                  what.find("unusable") != std::string::npos)
+          << "call " << i << ": " << what;
+    }
+  }
+}
+
 TEST(ThreadsBackendTest, RejectsMismatchedSizesWithClearMessages) {
   auto groups = threads::create_world(2);
   Tensor in = zeros({3});
