@@ -19,6 +19,7 @@
 #include "tessel/base/logging.h"
 #include "tessel/tensor/cuda/cuda_check.h"
 #include "tessel/kernels/attention/cuda/flash_cuda.h"
+#include "tessel/kernels/attention/internal/lru_cache.h"
 #include "tessel/tensor/stream.h"
 #include "tessel/tensor/tensor.h"
 
@@ -202,19 +203,21 @@ std::shared_ptr<CachedGraph> build_graph(const GraphKey& key, cudnnHandle_t hand
 }
 
 // The process-wide graph cache (one of the documented singletons; never destroyed, since
-// calls may run during exit). Failed builds are cached too, so a shape cuDNN cannot run is
-// asked about once.
+// calls may run during exit), bounded: variable shapes would otherwise grow it without end. The
+// least recently used graph is forgotten first; a caller still holding it keeps it alive.
+// Failed builds are cached too, so a shape cuDNN cannot run is asked about once while cached.
+constexpr size_t kMaxCachedGraphs = 256;
+
 std::shared_ptr<CachedGraph> graph_for(const GraphKey& key) {
   static std::mutex mu;
-  static auto* cache = new std::map<GraphKey, std::shared_ptr<CachedGraph>>();
+  static auto* cache = new LruCache<GraphKey, std::shared_ptr<CachedGraph>>(kMaxCachedGraphs);
   {
     std::lock_guard<std::mutex> lock(mu);
-    auto it = cache->find(key);
-    if (it != cache->end()) return it->second;
+    if (auto* found = cache->find(key)) return *found;
   }
   std::shared_ptr<CachedGraph> built = build_graph(key, thread_handle(key.device));
   std::lock_guard<std::mutex> lock(mu);
-  return cache->emplace(key, std::move(built)).first->second;  // keeps a racing thread's graph
+  return cache->insert(key, std::move(built));  // keeps a racing thread's graph
 }
 
 GraphKey forward_key(const AttentionProblem& p, const std::vector<int64_t>& out_strides) {
