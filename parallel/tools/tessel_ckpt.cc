@@ -1,12 +1,13 @@
 // tessel-ckpt: looks inside distributed checkpoints and turns one into a single file.
 //
-//   tessel-ckpt inspect DIR [--verify]     what a checkpoint holds, by tensor, shard and file
+//   tessel-ckpt inspect DIR [--verify]     what a checkpoint holds: a summary by name prefix
+//                 [--tensors]              (--tensors: every tensor, shard and file)
 //                                          (DIR: a checkpoint, or a root of step_<N> folders)
 //   tessel-ckpt consolidate DIR OUT.safetensors [--prefix model.]
 //                                          the tensors named PREFIX* as one safetensors file,
 //                                          the prefix removed (Module::load, Python safetensors)
 //
-// Exit status: 0 on success, 3 on bad input or usage.
+// Exit status: 0 on success, 3 on bad input or usage (one line on stderr saying why).
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include <fmt/ranges.h>
 
 #include "tessel/base/error.h"
+#include "tessel/base/tools/cli.h"
 #include "tessel/parallel/checkpoint.h"
 #include "tessel/parallel/checkpoint_metadata.h"
 #include "tessel/parallel/internal/checkpoint_reader.h"
@@ -55,24 +57,47 @@ std::string pick(const std::string& dir) {
   return list.back().second;
 }
 
-int inspect(const std::string& dir, bool verify) {
-  const std::string path = pick(dir);
-  const CheckpointMetadata m = read_checkpoint_metadata(path);
-  uint64_t total = 0;
-  for (const auto& [file, bytes] : m.files) total += bytes;
-  fmt::print("checkpoint {}\n  step {}, saved by {} rank{}, {} tensors in {} files ({})\n", path,
-             m.step, m.world_size, m.world_size == 1 ? "" : "s", m.tensors.size(), m.files.size(),
-             bytes_str(total));
-  for (const auto& [key, value] : m.metadata) {
-    fmt::print("  metadata {} = {}\n", key, value.size() > 60 ? value.substr(0, 57) + "..." : value);
+// The tensors grouped by their first name component ("model", "optim"): count, elements, bytes.
+void print_summary(const CheckpointMetadata& m) {
+  struct Group {
+    int64_t tensors = 0, elements = 0, shards = 0;
+    uint64_t bytes = 0;
+    std::map<std::string, int64_t> dtypes;
+  };
+  std::map<std::string, Group> groups;
+  for (const auto& [name, t] : m.tensors) {
+    Group& g = groups[name.substr(0, name.find('.'))];
+    ++g.tensors;
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    g.elements += n;
+    g.shards += static_cast<int64_t>(t.shards.size());
+    for (const ShardRecord& s : t.shards) g.bytes += s.end - s.begin;
+    ++g.dtypes[std::string(dtype_name(t.dtype))];
   }
-  for (const auto& [name, states] : m.generators) {
-    const bool same = std::all_of(states.begin(), states.end(),
-                                  [&](const auto& s) { return s == states.front(); });
-    fmt::print("  generator {}: seed {} offset {}{}\n", name, states.front().first,
-               states.front().second, same ? " (every rank)" : " (rank 0; ranks differ)");
+  fmt::print("\ntensors by prefix:\n");
+  for (const auto& [prefix, g] : groups) {
+    std::string dtypes;
+    for (const auto& [dtype, n] : g.dtypes) {
+      dtypes += fmt::format("{}{} {}", dtypes.empty() ? "" : ", ", n, dtype);
+    }
+    fmt::print("  {}.*  {} tensors ({}), {} elements, {} shards, {}\n", prefix, g.tensors,
+               dtypes, g.elements, g.shards, bytes_str(g.bytes));
   }
+  uint64_t smallest = UINT64_MAX, largest = 0;
+  for (const auto& [file, bytes] : m.files) {
+    smallest = std::min(smallest, bytes);
+    largest = std::max(largest, bytes);
+  }
+  if (!m.files.empty()) {
+    fmt::print("files: {} ({} to {} each)\n", m.files.size(), bytes_str(smallest),
+               bytes_str(largest));
+  }
+  fmt::print("(--tensors lists every tensor with its shards, and every file)\n");
+}
 
+// Every tensor with its shards, and every file.
+void print_tensors(const CheckpointMetadata& m) {
   fmt::print("\ntensors:\n");
   std::map<std::string, std::pair<int, uint64_t>> per_file;  // shards, bytes
   for (const auto& [name, t] : m.tensors) {
@@ -90,6 +115,31 @@ int inspect(const std::string& dir, bool verify) {
     fmt::print("  {}  {}  {} shards ({} of data)\n", file, bytes_str(bytes), per_file[file].first,
                bytes_str(per_file[file].second));
   }
+}
+
+int inspect(const std::string& dir, bool verify, bool tensors) {
+  const std::string path = pick(dir);
+  const CheckpointMetadata m = read_checkpoint_metadata(path);
+  uint64_t total = 0;
+  for (const auto& [file, bytes] : m.files) total += bytes;
+  fmt::print("checkpoint {}\n  step {}, saved by {} rank{}, {} tensors in {} files ({})\n", path,
+             m.step, m.world_size, m.world_size == 1 ? "" : "s", m.tensors.size(), m.files.size(),
+             bytes_str(total));
+  for (const auto& [key, value] : m.metadata) {
+    fmt::print("  metadata {} = {}\n", key, value.size() > 60 ? value.substr(0, 57) + "..." : value);
+  }
+  for (const auto& [name, states] : m.generators) {
+    const bool same = std::all_of(states.begin(), states.end(),
+                                  [&](const auto& s) { return s == states.front(); });
+    fmt::print("  generator {}: seed {} offset {}{}\n", name, states.front().first,
+               states.front().second, same ? " (every rank)" : " (rank 0; ranks differ)");
+  }
+
+  if (tensors) {
+    print_tensors(m);
+  } else {
+    print_summary(m);
+  }
   if (verify) {
     checkpoint::internal::ShardReader reader(path, m);
     for (const auto& [name, t] : m.tensors) {
@@ -106,12 +156,14 @@ int main(int argc, char** argv) {
   CLI::App app{"tessel-ckpt: inspect and consolidate distributed checkpoints"};
   app.require_subcommand(1);
   std::string dir, out, prefix = "model.";
-  bool verify = false;
+  bool verify = false, tensors = false;
   auto* inspect_cmd = app.add_subcommand("inspect", "what a checkpoint holds");
   inspect_cmd->add_option("DIR", dir, "a checkpoint folder, or a root of step_<N> folders")
       ->required();
   inspect_cmd->add_flag("--verify", verify,
                         "check every shard file's presence, size and header against the metadata");
+  inspect_cmd->add_flag("--tensors", tensors,
+                        "list every tensor with its shards, and every file (default: a summary)");
   auto* consolidate_cmd =
       app.add_subcommand("consolidate", "the tensors named PREFIX* as one safetensors file");
   consolidate_cmd->add_option("DIR", dir, "a checkpoint folder, or a root (its latest)")
@@ -119,13 +171,12 @@ int main(int argc, char** argv) {
   consolidate_cmd->add_option("OUT", out, "the safetensors file to write")->required();
   consolidate_cmd->add_option("--prefix", prefix, "names to keep, removed from them")
       ->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : kExitBadInput;
+  if (const auto status =
+          cli::parse(app, argc, argv, "tessel-ckpt", kExitBadInput, kExitBadInput)) {
+    return *status;
   }
   try {
-    if (*inspect_cmd) return inspect(dir, verify);
+    if (*inspect_cmd) return inspect(dir, verify, tensors);
     const int64_t n = consolidate(dir, out, prefix);
     fmt::print("wrote {} tensors ({}) to {}\n", n, bytes_str(fs::file_size(out)), out);
     return 0;
