@@ -50,7 +50,7 @@ std::vector<std::string> program(const Scenario& s) {
 
 std::string timeout_env(const Scenario& s) {
   // More processes than cores: give the healthy steps room.
-  return fmt::format("TEST_TIMEOUT_MS={}", s.ranks > 4 ? 4000 : 2000);
+  return fmt::format("TEST_TIMEOUT_MS={}", s.ranks > 4 ? 6000 : 3000);
 }
 
 std::string verdict_text(const fr::Verdict& v) { return fr::format_verdict(v); }

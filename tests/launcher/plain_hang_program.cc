@@ -8,7 +8,7 @@
 //               exit124  catch Timeout -> exit 124 (as docs/diagnosing-hangs.md says), else 1
 //               abort    catch anything -> std::abort() in the handler
 //     FAULT     stop     at step 2 CULPRIT stops taking part (stays alive, sleeps)
-//               late     at step 2 CULPRIT sleeps three collective timeouts, then goes on
+//               late     at step 2 CULPRIT sleeps a collective timeout and a second more, then goes on
 //               skip     at step 2 CULPRIT leaves out its collective on GROUP and goes on
 //               leave    CULPRIT leaves the loop one collective early (its last step's GROUP
 //                        collective) and waits at the final world barrier
@@ -73,7 +73,7 @@ int run(const std::string& fault, int culprit, const std::string& group_name) {
     const bool mine = rank == culprit;
     if (mine && step == kFaultStep) {
       if (fault == "stop") sleep_forever();
-      if (fault == "late") std::this_thread::sleep_for(3 * options.timeout);
+      if (fault == "late") std::this_thread::sleep_for(options.timeout + std::chrono::seconds(1));
       if (fault == "crash") raise(SIGSEGV);
       if (fault == "exit") _exit(0);
     }
