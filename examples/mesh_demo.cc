@@ -2,7 +2,7 @@
 //
 //   mesh_demo --threads 8 --shape 2x4           8 ranks as threads of this process
 //   mpirun -np 4 mesh_demo --shape 2x2          4 processes over Open MPI
-//   tessel-run --nproc-per-node 4 mesh_demo     4 processes over Gloo (once tessel-run exists)
+//   tessel-run --standalone --nproc-per-node 4 mesh_demo     4 processes over Gloo
 //
 // Each rank prints its mesh, its groups and the sums, in rank order.
 #include <cstdio>
@@ -12,9 +12,11 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/ranges.h>
 
 #include "tessel/base/error.h"
+#include "tessel/base/tools/cli.h"
 #include "tessel/collectives/init.h"
 #include "tessel/collectives/threads/threads_backend.h"
 #include "tessel/mesh/device_mesh.h"
@@ -59,15 +61,14 @@ std::string run_rank(const std::shared_ptr<ProcessGroup>& world, const std::vect
 int main(int argc, char** argv) {
   int threads = 0;
   std::string shape_text;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
-    else if (arg == "--shape" && i + 1 < argc) shape_text = argv[++i];
-    else {
-      std::fprintf(stderr, "usage: mesh_demo [--threads N] [--shape AxB]\n");
-      return 2;
-    }
-  }
+  CLI::App app{"mesh_demo: a 2-D DeviceMesh and one all_reduce along each dimension"};
+  cli::show_defaults(app);
+  app.add_option("--threads", threads,
+                 "ranks as threads of this process (0: one rank per process, from a launcher)")
+      ->check(cli::integer_in(0, 1024));
+  app.add_option("--shape", shape_text, "mesh shape AxB (default: 2 x half the ranks)");
+  cli::describe_options(app);
+  if (const auto status = cli::parse(app, argc, argv, "mesh_demo")) return *status;
   try {
     if (threads > 0) {
       const auto shape = parse_shape(shape_text.empty() ? "2x" + std::to_string(threads / 2)
@@ -95,6 +96,9 @@ int main(int argc, char** argv) {
   } catch (const Timeout& e) {
     std::fprintf(stderr, "mesh_demo: %s\n", e.what());
     return 124;  // a collective timed out (docs/diagnosing-hangs.md)
+  } catch (const InvalidArgument& e) {  // a --shape the ranks do not fill
+    std::fprintf(stderr, "mesh_demo: %s\n", e.message().c_str());
+    return cli::kExitBadValue;
   } catch (const Error& e) {
     std::fprintf(stderr, "mesh_demo: %s\n", e.what());
     return 1;

@@ -19,6 +19,7 @@
 #include <iostream>
 #include <iterator>
 
+#include "tessel/base/tools/cli.h"
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
 #include "tessel/flight_recorder/analyzer.h"
@@ -196,11 +197,9 @@ int main(int argc, char** argv) {
       ->required();
   recover_cmd->add_option("--out", recover_out, "dump directory")->required();
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : kExitBadInput;
+  if (const auto status =
+          tessel::cli::parse(app, argc, argv, "tessel-trace", kExitBadInput, kExitBadInput)) {
+    return *status;
   }
 
   try {
