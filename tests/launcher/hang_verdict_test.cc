@@ -110,6 +110,8 @@ TEST(HangVerdictTest, PlainProgramsWithoutALauncherNameOnlyTheRankAtFault) {
       {"none", "stop", 1},           {"none", "late", 1},
       {"exit1", "stop", 2},          {"exit124", "late", 0, "world", 4},
       {"abort", "late", 2, "tp", 4}, {"none", "stop", 3, "dp", 4},
+      {"exit124", "skip", 2, "dp", 4}, {"none", "leave", 3, "tp", 4},
+      {"exit1", "skip", 6, "tp", 8},
   };
   for (const Scenario& s : cases) {
     const int repeats = s.handling == "none" && s.ranks == 3 ? kRepeats : 1;
