@@ -41,6 +41,27 @@ std::string str_var(const char* name) {
   return text == nullptr ? std::string() : std::string(text);
 }
 
+// A FileStore directory outlives its job, so a rerun in the same directory would find the
+// previous run's keys (Gloo would dial the addresses of processes now gone: "Connection
+// refused"). Each rank counts its runs in the directory; the ranks of one run share the count
+// and keep their keys under run_<N>/. A rank whose peer is already in a later run joins an
+// earlier run that stopped before all its ranks had started: it refuses at once, saying so.
+std::shared_ptr<Store> file_store_run(const std::shared_ptr<FileStore>& store, int rank,
+                                      int world_size) {
+  const int64_t run = store->add(fmt::format("runs/rank_{}", rank), 1);
+  for (int r = 0; r < world_size; ++r) {
+    const std::string key = fmt::format("runs/rank_{}", r);
+    if (r == rank || !store->check({key})) continue;
+    const int64_t other = std::stoll(store->get(key));
+    TESSEL_CHECK(other <= run, Unavailable,
+                 "TESSEL_STORE_DIR {}: rank {} counts {} runs in this directory but rank {} "
+                 "only {}: an earlier run stopped before all its ranks started; give this run an "
+                 "empty directory (or empty this one)",
+                 store->directory(), r, other, rank, run);
+  }
+  return std::make_shared<PrefixStore>(fmt::format("run_{}", run), store);
+}
+
 }  // namespace
 
 LaunchEnv read_launch_env() {
@@ -132,7 +153,12 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   TESSEL_CHECK(backend == "gloo" || backend == "nccl", InvalidArgument,
                "backend '{}' is not one of auto, gloo, mpi, nccl, threads, fake", backend);
   std::shared_ptr<Store> store = options.store;
-  if (!store) store = connect_job_store(env, options.store_dir, timeout);
+  if (!store) {
+    store = connect_job_store(env, options.store_dir, timeout);
+    if (auto file_store = std::dynamic_pointer_cast<FileStore>(store)) {
+      store = file_store_run(file_store, env.rank, env.world_size);
+    }
+  }
   if (!store && env.world_size == 1) store = std::make_shared<MemoryStore>(timeout);
   TESSEL_CHECK(store != nullptr, Unavailable,
                "rank {} of {}: no store to rendezvous through; set TESSEL_STORE_ADDR (tessel-run "

@@ -10,7 +10,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <functional>
+
+#include <fmt/format.h>
 
 #include "collective_checks.h"
 #include "fork_harness.h"
@@ -319,6 +322,50 @@ TEST(GlooBackendInitTest, InitProcessGroupFromTorchrunEnvironment) {
         testing::check_all_reduce(*pg, DType::kF32, 5, ReduceOp::kSum);
       },
       seconds(40)));
+}
+
+// TESSEL_STORE_DIR made once (mkdir -p) and used by run after run: each run rendezvouses
+// under its own prefix instead of dialling the previous run's processes.
+TEST(GlooBackendInitTest, FileStoreDirectoryServesReruns) {
+  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  char pattern[] = "/tmp/tessel-rerun-XXXXXX";
+  const std::string dir = ::mkdtemp(pattern);
+  for (int run = 0; run < 3; ++run) {
+    SCOPED_TRACE(fmt::format("run {}", run + 1));
+    expect_all_succeeded(testing::run_processes(
+        2,
+        [&](int rank, const std::string&) {
+          ::setenv("RANK", std::to_string(rank).c_str(), 1);
+          ::setenv("WORLD_SIZE", "2", 1);
+          ::setenv("TESSEL_STORE_DIR", dir.c_str(), 1);
+          auto pg = init_process_group({.timeout = seconds(20), .gloo = {.hostname = "127.0.0.1"}});
+          testing::check_all_reduce(*pg, DType::kF32, 5, ReduceOp::kSum);
+        },
+        seconds(40)));
+  }
+  // Two earlier runs whose rank 0 never started: rank 1 counts more runs than rank 0 will, and
+  // rank 0 refuses at once with the reason instead of dialling a stale address.
+  FileStore(dir).add("runs/rank_1", 2);
+  const auto outcomes = testing::run_processes(
+      2,
+      [&](int rank, const std::string&) {
+        ::setenv("RANK", std::to_string(rank).c_str(), 1);
+        ::setenv("WORLD_SIZE", "2", 1);
+        ::setenv("TESSEL_STORE_DIR", dir.c_str(), 1);
+        try {
+          init_process_group({.timeout = seconds(3), .gloo = {.hostname = "127.0.0.1"}});
+        } catch (const Unavailable& e) {
+          if (rank == 0 && std::string(e.what()).find("an earlier run stopped") != std::string::npos) {
+            return;
+          }
+          throw;
+        }
+        if (rank == 0) throw testing::CheckFailure("rank 0 joined a run its peer is not in");
+      },
+      seconds(40));
+  ASSERT_EQ(outcomes.size(), 2u);
+  EXPECT_TRUE(outcomes[0].exited && outcomes[0].exit_code == 0) << testing::describe(outcomes[0]);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
