@@ -616,6 +616,20 @@ void check_flags(const Flags& f) {
     TESSEL_CHECK(data.good(), InvalidArgument, "--data '{}': cannot open it: expected a text file",
                  f.data);
   }
+  // Files written later (at the end, or every step) must have a folder to go into.
+  for (const auto& [flag, path] : {std::pair{"--checkpoint", &f.checkpoint},
+                                   std::pair{"--log-json", &f.log_json}}) {
+    if (path->empty()) continue;
+    const std::filesystem::path parent =
+        std::filesystem::absolute(std::filesystem::path(*path)).parent_path();
+    TESSEL_CHECK(std::filesystem::is_directory(parent), InvalidArgument,
+                 "{} '{}': folder '{}' does not exist: expected a file in an existing folder", flag,
+                 *path, parent.string());
+  }
+  TESSEL_CHECK(f.checkpoint_dir.empty() || !std::filesystem::exists(f.checkpoint_dir) ||
+                   std::filesystem::is_directory(f.checkpoint_dir),
+               InvalidArgument, "--checkpoint-dir '{}' is not a folder: expected a folder (made "
+               "when missing)", f.checkpoint_dir);
   try {
     parse_device(f.device);
   } catch (const Error& e) {

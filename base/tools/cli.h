@@ -143,7 +143,16 @@ inline std::optional<int> parse(CLI::App& app, int argc, char** argv, std::strin
                  message.c_str());
     return bad_value_status;
   } catch (const CLI::ConversionError& e) {
-    std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(tool.size()), tool.data(), e.what());
+    // "Could not convert: --ddp = maybe" -> "--ddp 'maybe': not a value this flag takes".
+    std::string message = e.what();
+    const std::string lead = "Could not convert: ";
+    if (const size_t eq = message.find(" = "); message.starts_with(lead) && eq != std::string::npos) {
+      message = fmt::format("{} '{}': not a value this flag takes (see {} --help)",
+                            message.substr(lead.size(), eq - lead.size()), message.substr(eq + 3),
+                            tool);
+    }
+    std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(tool.size()), tool.data(),
+                 message.c_str());
     return bad_value_status;
   } catch (const CLI::ExtrasError& e) {
     const std::string message = e.what();

@@ -202,6 +202,14 @@ TEST(CheckpointTrainTest, KilledWorkerResumesFromTheLastCheckpointUnderMaxRestar
   const auto status = job.wait(kJobTimeout);
   ASSERT_EQ(status, 0) << job.out() << job.err();
   EXPECT_NE(job.out().find("resumed from"), std::string::npos) << job.out();
+  // The restarted attempt says so, and where it picks up; committed saves are reported.
+  EXPECT_NE(job.out().find("restarting: attempt 2 of 2, resuming from step_000000"),
+            std::string::npos)
+      << job.out();
+  EXPECT_NE(job.out().find("saved checkpoint " + (dir / "job_ck/step_00000010") +
+                           " (step 10, "),
+            std::string::npos)
+      << job.out();
   expect_losses(losses(dir / "job.jsonl"), ref, 0, 0, kLongSteps);
 }
 
@@ -262,8 +270,14 @@ TEST(CheckpointTrainTest, ToolInspectsAndConsolidatesForModuleLoadAndPython) {
   args.insert(args.end(), {"--checkpoint-dir", dir / "ck"});
   run(under_tessel_run(2, args), dir, "ref");
 
+  // By default a summary by name prefix; --tensors lists every tensor and shard.
+  const std::string summary = run({TESSEL_CKPT_PATH, "inspect", dir / "ck"}, dir, "summary");
+  for (const char* part : {"step 10, saved by 2 ranks", "model.*  ", "optim.*  ", "files: 2"}) {
+    EXPECT_NE(summary.find(part), std::string::npos) << part << " not in:\n" << summary;
+  }
+  EXPECT_EQ(summary.find("model.transformer.wte.weight"), std::string::npos) << summary;
   const std::string inspect =
-      run({TESSEL_CKPT_PATH, "inspect", dir / "ck", "--verify"}, dir, "inspect");
+      run({TESSEL_CKPT_PATH, "inspect", dir / "ck", "--verify", "--tensors"}, dir, "inspect");
   for (const char* part : {"step 10, saved by 2 ranks", "model.transformer.wte.weight f32[256, 32]",
                            "rank_00001.safetensors", "optim.transformer.wte.weight.exp_avg",
                            "verified"}) {
