@@ -25,5 +25,6 @@ examples/train_gpt --threads 2 --log-every 50 --sample 0 --checkpoint train_gpt_
   "$@" | grep -E "^(step|trained)"
 echo
 echo "== GPT training on a 2x2 (dp_shard, tp) mesh: tessel-run --standalone --nproc-per-node 4 =="
+echo "(the tools are in $PWD/bin: export PATH=\"$PWD/bin:\$PATH\" to run them by name)"
 exec launcher/tessel-run --standalone --nproc-per-node 4 examples/train_gpt --threads 1 \
   --dp-shard 2 --tp 2 --log-every 50 "$@"
