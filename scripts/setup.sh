@@ -13,6 +13,8 @@ packages=(
   libopenblas-dev libdnnl-dev
   # JSON, command lines, formatting
   nlohmann-json3-dev libcli11-dev libfmt-dev
+  # the BPE tokenizers' pre-tokenization patterns (data/)
+  libpcre2-dev
   # tests; network namespaces for multi-node tests (benchmarks use their own timers)
   libgtest-dev iproute2 procps
 )

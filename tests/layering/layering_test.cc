@@ -3,6 +3,7 @@
 //
 //   base <- tensor <- kernels <- nn
 //   base <- flight_recorder
+//   base, tensor <- data
 //   base, tensor, flight_recorder <- collectives <- mesh <- parallel (also nn, kernels)
 //   collectives, flight_recorder <- launcher
 
@@ -31,6 +32,7 @@ const Graph& design_graph() {
       {"kernels", {"tensor"}},
       {"nn", {"kernels"}},
       {"flight_recorder", {"base"}},
+      {"data", {"base", "tensor"}},
       {"collectives", {"base", "tensor", "flight_recorder"}},
       {"mesh", {"collectives"}},
       {"parallel", {"mesh", "nn", "kernels"}},
