@@ -1,0 +1,24 @@
+"""Loads a Hugging Face model folder with transformers and writes the logits for input ids.
+
+  python hf_logits.py MODEL_DIR IO_FILE     # IO_FILE: safetensors with "input_ids" (B, T) i64;
+                                            # "logits" (B, T, V) f32 is added to it
+tests/nn/hf_format_test.cc runs this on tessel's export, when a Python with transformers exists.
+"""
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+
+def main(model_dir, io_file):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    io = load_file(io_file)
+    with torch.no_grad():
+        logits = model(input_ids=io["input_ids"]).logits.float().contiguous()
+    save_file({"input_ids": io["input_ids"], "logits": logits}, io_file)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
