@@ -1,11 +1,11 @@
 // Actions, schedules and their text form (grammar in schedule.h).
 #include "tessel/parallel/pp/schedule.h"
 
+#include <fmt/format.h>
+
 #include <cctype>
 #include <charconv>
 #include <optional>
-
-#include <fmt/format.h>
 
 #include "tessel/base/error.h"
 
@@ -192,10 +192,10 @@ PipelineSchedule parse_schedule(std::string_view text) {
           !take_field(tokens[1], "ranks", s.num_ranks) ||
           !take_field(tokens[2], "stages", s.num_stages) ||
           !take_field(tokens[3], "microbatches", s.num_microbatches)) {
-        throw InvalidArgument(fmt::format(
-            "pipeline schedule: line {} '{}' is not a header; expected "
-            "'pipeline ranks=<p> stages=<S> microbatches=<m>' first",
-            line_no, line));
+        throw InvalidArgument(
+            fmt::format("pipeline schedule: line {} '{}' is not a header; expected "
+                        "'pipeline ranks=<p> stages=<S> microbatches=<m>' first",
+                        line_no, line));
       }
       have_header = true;
       continue;
@@ -204,15 +204,15 @@ PipelineSchedule parse_schedule(std::string_view text) {
     int rank = -1;
     if (label.size() < 2 || label.back() != ':') {
       throw InvalidArgument(fmt::format(
-          "pipeline schedule: line {} starts with '{}'; expected '<rank>:' (rank {} next)",
-          line_no, label, s.ranks.size()));
+          "pipeline schedule: line {} starts with '{}'; expected '<rank>:' (rank {} next)", line_no,
+          label, s.ranks.size()));
     }
     std::string_view digits = label.substr(0, label.size() - 1);
     auto n = take_number(digits);
     if (!n || !digits.empty()) {
       throw InvalidArgument(fmt::format(
-          "pipeline schedule: line {} starts with '{}'; expected '<rank>:' (rank {} next)",
-          line_no, label, s.ranks.size()));
+          "pipeline schedule: line {} starts with '{}'; expected '<rank>:' (rank {} next)", line_no,
+          label, s.ranks.size()));
     }
     rank = *n;
     if (rank != static_cast<int>(s.ranks.size())) {
@@ -221,16 +221,17 @@ PipelineSchedule parse_schedule(std::string_view text) {
           line_no, rank, s.ranks.size()));
     }
     const size_t body = line.find(':') + 1;
-    s.ranks.push_back(parse_tokens(line.substr(body), fmt::format("line {} (rank {}), ", line_no,
-                                                                    rank)));
+    s.ranks.push_back(
+        parse_tokens(line.substr(body), fmt::format("line {} (rank {}), ", line_no, rank)));
   }
   if (!have_header) {
     throw InvalidArgument("pipeline schedule: empty text; expected a 'pipeline ranks=...' header");
   }
   if (static_cast<int>(s.ranks.size()) != s.num_ranks) {
-    throw InvalidArgument(fmt::format("pipeline schedule: header says ranks={} but {} rank "
-                                      "lines follow",
-                                      s.num_ranks, s.ranks.size()));
+    throw InvalidArgument(
+        fmt::format("pipeline schedule: header says ranks={} but {} rank "
+                    "lines follow",
+                    s.num_ranks, s.ranks.size()));
   }
   return s;
 }

@@ -1,10 +1,10 @@
 // The built-in schedules: compute order per rank, then add_communication.
 #include "tessel/parallel/pp/schedule_generate.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <deque>
-
-#include <fmt/format.h>
 
 #include "tessel/base/error.h"
 
@@ -54,8 +54,8 @@ void add_communication(PipelineSchedule& s) {
       if (a.kind == ActionKind::kForward && st > 0 && s.stage_rank(st - 1) != r) {
         out.push_back({ActionKind::kRecvActivation, mb, st, s.stage_rank(st - 1)});
       }
-      if ((a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput) &&
-          st < last && s.stage_rank(st + 1) != r) {
+      if ((a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput) && st < last &&
+          s.stage_rank(st + 1) != r) {
         out.push_back({ActionKind::kRecvGradient, mb, st, s.stage_rank(st + 1)});
       }
       out.push_back(a);

@@ -25,8 +25,7 @@ PipelineSchedule make_1f1b(int num_ranks, int num_microbatches);
 // Interleaved 1F1B (Megatron-LM): v virtual stages per rank (stage s on rank s % p), micro-
 // batches taken in groups of p per virtual stage. Needs v ≥ 1, m ≥ p and m a multiple of p.
 // Bubble ≈ (p−1)/(v·m + p−1) when every stage costs 1/v of a whole rank's layers.
-PipelineSchedule make_interleaved_1f1b(int num_ranks, int num_microbatches,
-                                       int virtual_stages = 2);
+PipelineSchedule make_interleaved_1f1b(int num_ranks, int num_microbatches, int virtual_stages = 2);
 
 // Zero-bubble ZB-H1 (Qi et al., arXiv 2401.10241): 1F1B's forwards and backward-input passes
 // (B), with each backward-weight pass (W) deferred: rank r lets up to r W's wait, so the B's,

@@ -1,12 +1,12 @@
 // The timing model: each rank's clock runs through its list; receives wait for arrivals.
 #include "tessel/parallel/pp/schedule_simulate.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <deque>
-
-#include <fmt/format.h>
 
 #include "tessel/base/error.h"
 #include "tessel/parallel/pp/schedule_validate.h"
@@ -16,23 +16,36 @@ namespace {
 
 Nanoseconds cost_of(const Action& a, const ScheduleCosts& c) {
   switch (a.kind) {
-    case ActionKind::kForward: return c.forward;
-    case ActionKind::kBackwardInput: return c.backward_input;
-    case ActionKind::kBackwardWeight: return c.backward_weight;
-    case ActionKind::kBackward: return c.backward_input + c.backward_weight;
-    case ActionKind::kStep: return c.step;
-    default: return Nanoseconds{0};
+    case ActionKind::kForward:
+      return c.forward;
+    case ActionKind::kBackwardInput:
+      return c.backward_input;
+    case ActionKind::kBackwardWeight:
+      return c.backward_weight;
+    case ActionKind::kBackward:
+      return c.backward_input + c.backward_weight;
+    case ActionKind::kStep:
+      return c.step;
+    default:
+      return Nanoseconds{0};
   }
 }
 
 std::string label_of(const Action& a, int num_ranks) {
   char letter = 'S';
   switch (a.kind) {
-    case ActionKind::kForward: letter = 'F'; break;
+    case ActionKind::kForward:
+      letter = 'F';
+      break;
     case ActionKind::kBackwardInput:
-    case ActionKind::kBackward: letter = 'B'; break;
-    case ActionKind::kBackwardWeight: letter = 'W'; break;
-    default: return "S";
+    case ActionKind::kBackward:
+      letter = 'B';
+      break;
+    case ActionKind::kBackwardWeight:
+      letter = 'W';
+      break;
+    default:
+      return "S";
   }
   if ((a.stage / num_ranks) % 2 == 1) {
     letter = static_cast<char>(std::tolower(static_cast<unsigned char>(letter)));
@@ -94,26 +107,26 @@ ScheduleTimeline simulate_schedule(const PipelineSchedule& s, const ScheduleCost
   }
   for (int r = 0; r < p; ++r) {
     if (pc[r] != s.ranks[r].size()) {
-      throw Internal(fmt::format("pipeline timing model: rank {} stopped at action {} of a "
-                                 "validated schedule",
-                                 r, pc[r] + 1));
+      throw Internal(
+          fmt::format("pipeline timing model: rank {} stopped at action {} of a "
+                      "validated schedule",
+                      r, pc[r] + 1));
     }
   }
   t.finish = clock;
   t.makespan = *std::max_element(clock.begin(), clock.end());
   t.idle_fraction.resize(p);
   for (int r = 0; r < p; ++r) {
-    t.idle_fraction[r] = t.makespan.count() > 0
-                             ? 1.0 - static_cast<double>(t.busy[r].count()) /
-                                         static_cast<double>(t.makespan.count())
-                             : 0.0;
+    t.idle_fraction[r] = t.makespan.count() > 0 ? 1.0 - static_cast<double>(t.busy[r].count()) /
+                                                            static_cast<double>(t.makespan.count())
+                                                : 0.0;
     t.bubble += t.idle_fraction[r] / p;
   }
   return t;
 }
 
-std::string format_timeline(const PipelineSchedule& s, const ScheduleTimeline& t,
-                            Nanoseconds unit, int width) {
+std::string format_timeline(const PipelineSchedule& s, const ScheduleTimeline& t, Nanoseconds unit,
+                            int width) {
   if (unit.count() <= 0) {
     throw InvalidArgument(fmt::format("format_timeline: unit {} ns; expected > 0", unit.count()));
   }

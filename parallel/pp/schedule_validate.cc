@@ -1,9 +1,10 @@
 // validate_schedule: sizes, completeness, local data flow, per-peer order, a deadlock run.
 #include "tessel/parallel/pp/schedule_validate.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
 
 #include "tessel/base/error.h"
 
@@ -31,8 +32,14 @@ class Validator {
         p_(s.num_ranks),
         S_(s.num_stages),
         m_(s.num_microbatches),
-        f_(m_, S_), b_(m_, S_), w_(m_, S_), bw_(m_, S_),
-        send_f_(m_, S_), recv_f_(m_, S_), send_b_(m_, S_), recv_b_(m_, S_) {}
+        f_(0, 0),
+        b_(0, 0),
+        w_(0, 0),
+        bw_(0, 0),
+        send_f_(0, 0),
+        recv_f_(0, 0),
+        send_b_(0, 0),
+        recv_b_(0, 0) {}
 
   ScheduleCheck run() {
     check_sizes_and_fill();
@@ -46,8 +53,8 @@ class Validator {
  private:
   [[noreturn]] void fail(int rank, int index, const std::string& why) const {
     throw InvalidArgument(fmt::format("pipeline schedule '{}': rank {}, action {} '{}': {}",
-                                      s_.name, rank, index + 1,
-                                      to_string(s_.ranks[rank][index]), why));
+                                      s_.name, rank, index + 1, to_string(s_.ranks[rank][index]),
+                                      why));
   }
   [[noreturn]] void fail_rank(int rank, const std::string& why) const {
     throw InvalidArgument(fmt::format("pipeline schedule '{}': rank {}: {}", s_.name, rank, why));
@@ -55,15 +62,24 @@ class Validator {
 
   PositionTable& table(ActionKind kind) {
     switch (kind) {
-      case ActionKind::kForward: return f_;
-      case ActionKind::kBackwardInput: return b_;
-      case ActionKind::kBackwardWeight: return w_;
-      case ActionKind::kBackward: return bw_;
-      case ActionKind::kSendActivation: return send_f_;
-      case ActionKind::kRecvActivation: return recv_f_;
-      case ActionKind::kSendGradient: return send_b_;
-      case ActionKind::kRecvGradient: return recv_b_;
-      case ActionKind::kStep: break;
+      case ActionKind::kForward:
+        return f_;
+      case ActionKind::kBackwardInput:
+        return b_;
+      case ActionKind::kBackwardWeight:
+        return w_;
+      case ActionKind::kBackward:
+        return bw_;
+      case ActionKind::kSendActivation:
+        return send_f_;
+      case ActionKind::kRecvActivation:
+        return recv_f_;
+      case ActionKind::kSendGradient:
+        return send_b_;
+      case ActionKind::kRecvGradient:
+        return recv_b_;
+      case ActionKind::kStep:
+        break;
     }
     throw Internal("pipeline schedule: STEP has no position table");
   }
@@ -79,10 +95,9 @@ class Validator {
     return other >= 0 && other < S_ ? s_.stage_rank(other) : kNone;
   }
 
-  // 1. Sizes, ranges, placement and peers; records every action's position.
+  // 1. Sizes, ranges, placement and peers; then records every action's position.
   void check_sizes_and_fill() {
-    if (p_ < 1 || m_ < 1 || S_ < 1 || S_ % p_ != 0 ||
-        static_cast<int>(s_.ranks.size()) != p_) {
+    if (p_ < 1 || m_ < 1 || S_ < 1 || S_ % p_ != 0 || static_cast<int>(s_.ranks.size()) != p_) {
       throw InvalidArgument(fmt::format(
           "pipeline schedule '{}': ranks={} stages={} microbatches={} with {} rank lists; "
           "expected p >= 1, m >= 1, stages a positive multiple of p and one list per rank",
@@ -93,42 +108,67 @@ class Validator {
       for (int i = 0; i < static_cast<int>(s_.ranks[r].size()); ++i) {
         const Action& a = s_.ranks[r][i];
         if (a.kind == ActionKind::kStep) {
-          if (step_at != kNone) fail(r, i, fmt::format("a second STEP (the first is action {})",
-                                                       step_at + 1));
+          if (step_at != kNone)
+            fail(r, i, fmt::format("a second STEP (the first is action {})", step_at + 1));
           step_at = i;
           continue;
         }
         if (step_at != kNone) {
-          fail(r, i, fmt::format("comes after STEP (action {}); the optimizer step must follow "
-                                 "all of the rank's work", step_at + 1));
+          fail(r, i,
+               fmt::format("comes after STEP (action {}); the optimizer step must follow "
+                           "all of the rank's work",
+                           step_at + 1));
         }
         if (a.microbatch < 0 || a.microbatch >= m_) {
-          fail(r, i, fmt::format("micro-batch {} is out of range; expected 0..{}", a.microbatch,
-                                 m_ - 1));
+          fail(r, i,
+               fmt::format("micro-batch {} is out of range; expected 0..{}", a.microbatch, m_ - 1));
         }
         if (a.stage < 0 || a.stage >= S_) {
           fail(r, i, fmt::format("stage {} is out of range; expected 0..{}", a.stage, S_ - 1));
         }
         if (s_.stage_rank(a.stage) != r) {
-          fail(r, i, fmt::format("stage {} runs on rank {} (stage % {}), not on rank {}",
-                                 a.stage, s_.stage_rank(a.stage), p_, r));
+          fail(r, i,
+               fmt::format("stage {} runs on rank {} (stage % {}), not on rank {}", a.stage,
+                           s_.stage_rank(a.stage), p_, r));
         }
         if (is_send(a.kind) || is_recv(a.kind)) {
           const int peer = expected_peer(a);
           if (peer == kNone) {
-            fail(r, i, fmt::format("stage {} has no {} stage to {}", a.stage,
-                                   expected_peer_is_next(a) ? "next" : "previous",
-                                   is_send(a.kind) ? "send to" : "receive from"));
+            fail(r, i,
+                 fmt::format("stage {} has no {} stage to {}", a.stage,
+                             expected_peer_is_next(a) ? "next" : "previous",
+                             is_send(a.kind) ? "send to" : "receive from"));
           }
           if (peer == r) {
-            fail(r, i, fmt::format("the neighbouring stage is on this rank; the tensor stays "
-                                   "local and needs no {}", is_send(a.kind) ? "send" : "receive"));
+            fail(r, i,
+                 fmt::format("the neighbouring stage is on this rank; the tensor stays "
+                             "local and needs no {}",
+                             is_send(a.kind) ? "send" : "receive"));
           }
           if (a.peer != peer) {
-            fail(r, i, fmt::format("peer rank {}; the neighbouring stage runs on rank {}", a.peer,
-                                   peer));
+            fail(r, i,
+                 fmt::format("peer rank {}; the neighbouring stage runs on rank {}", a.peer, peer));
           }
         }
+      }
+    }
+    // Each (micro-batch, stage) needs an F and a backward: refuse sizes the lists cannot fill
+    // before sizing the tables by them.
+    int64_t actions = 0;
+    for (const auto& list : s_.ranks) actions += static_cast<int64_t>(list.size());
+    if (2 * static_cast<int64_t>(m_) * S_ > actions) {
+      throw InvalidArgument(fmt::format(
+          "pipeline schedule '{}': {} micro-batches on {} stages need at least {} actions (an F "
+          "and a backward each); the ranks' lists have {}",
+          s_.name, m_, S_, 2 * static_cast<int64_t>(m_) * S_, actions));
+    }
+    for (PositionTable* t : {&f_, &b_, &w_, &bw_, &send_f_, &recv_f_, &send_b_, &recv_b_}) {
+      *t = PositionTable(m_, S_);
+    }
+    for (int r = 0; r < p_; ++r) {
+      for (int i = 0; i < static_cast<int>(s_.ranks[r].size()); ++i) {
+        const Action& a = s_.ranks[r][i];
+        if (a.kind == ActionKind::kStep) continue;
         int& pos = table(a.kind).at(a.microbatch, a.stage);
         if (pos != kNone) fail(r, i, fmt::format("appears twice (also action {})", pos + 1));
         pos = i;
@@ -148,13 +188,15 @@ class Validator {
         if (f_.at(mb, st) == kNone) fail_rank(r, fmt::format("F{}s{} is missing", mb, st));
         const bool split = b_.at(mb, st) != kNone || w_.at(mb, st) != kNone;
         if (bw_.at(mb, st) != kNone && split) {
-          fail(r, bw_.at(mb, st), fmt::format("micro-batch {} of stage {} also has a split "
-                                              "backward (B/W); expected BW or B and W", mb, st));
+          fail(r, bw_.at(mb, st),
+               fmt::format("micro-batch {} of stage {} also has a split "
+                           "backward (B/W); expected BW or B and W",
+                           mb, st));
         }
         if (!split && bw_.at(mb, st) == kNone) {
           fail_rank(r, fmt::format("the backward of micro-batch {} on stage {} is missing "
-                                   "(BW{}s{}, or B{}s{} and W{}s{})", mb, st, mb, st, mb, st, mb,
-                                   st));
+                                   "(BW{}s{}, or B{}s{} and W{}s{})",
+                                   mb, st, mb, st, mb, st, mb, st));
         }
         if (split && b_.at(mb, st) == kNone) {
           fail(r, w_.at(mb, st), fmt::format("B{}s{} is missing", mb, st));
@@ -180,8 +222,8 @@ class Validator {
                                     recv_token, receiver));
     }
     if (recv_pos == kNone) {
-      fail(sender, send_pos, fmt::format("rank {} never receives it (no {})", receiver,
-                                         recv_token));
+      fail(sender, send_pos,
+           fmt::format("rank {} never receives it (no {})", receiver, recv_token));
     }
     if (send_pos == kNone) {
       fail(receiver, recv_pos, fmt::format("rank {} never sends it (no {})", sender, send_token));
@@ -205,8 +247,7 @@ class Validator {
         switch (a.kind) {
           case ActionKind::kForward:
             if (st > 0 && s_.stage_rank(st - 1) == r) {
-              need(f_.at(mb, st - 1), fmt::format("F{}s{}, whose output it consumes", mb,
-                                                  st - 1));
+              need(f_.at(mb, st - 1), fmt::format("F{}s{}, whose output it consumes", mb, st - 1));
             } else if (st > 0) {
               need(recv_f_.at(mb, st), "the receive of its input activation");
             }
@@ -260,10 +301,11 @@ class Validator {
           const Action& x = s_.ranks[b][i];
           if (!is_recv(x.kind) || x.peer != a) continue;
           if (k < sends.size() && !(matching_recv(sends[k], a) == x)) {
-            fail(b, i, fmt::format("is receive #{} from rank {}, but rank {}'s send #{} to rank "
-                                   "{} is {}; receives from a peer must come in the order it "
-                                   "sends",
-                                   k + 1, a, a, k + 1, b, to_string(sends[k])));
+            fail(b, i,
+                 fmt::format("is receive #{} from rank {}, but rank {}'s send #{} to rank "
+                             "{} is {}; receives from a peer must come in the order it "
+                             "sends",
+                             k + 1, a, a, k + 1, b, to_string(sends[k])));
           }
           ++k;
         }
@@ -304,9 +346,9 @@ class Validator {
           pc[q] == s_.ranks[q].size()
               ? "has finished"
               : fmt::format("waits at action {} '{}'", pc[q] + 1, to_string(s_.ranks[q][pc[q]]));
-      blocked += fmt::format("{}rank {} waits at action {} '{}' for rank {}, which {}",
-                             blocked.empty() ? "" : "; ", r, pc[r] + 1, to_string(x), q,
-                             peer_state);
+      blocked +=
+          fmt::format("{}rank {} waits at action {} '{}' for rank {}, which {}",
+                      blocked.empty() ? "" : "; ", r, pc[r] + 1, to_string(x), q, peer_state);
     }
     if (!blocked.empty()) {
       throw InvalidArgument(fmt::format(

@@ -20,7 +20,8 @@ struct ScheduleCheck {
 // names the rank, the action (its position and token) and why:
 //  1. sizes: p ≥ 1, S a positive multiple of p, m ≥ 1; every action's micro-batch and stage in
 //     range, its stage on this rank (s % p), its peer the rank of the neighbouring stage and not
-//     this rank; at most one STEP per rank, after all of the rank's compute;
+//     this rank; at most one STEP per rank, after all of the rank's compute; at least 2·m·S
+//     actions in all (before tables are sized by m and S);
 //  2. completeness: each (micro-batch, stage) has one F and either one BW or one B and one W, on
 //     its rank; each boundary between stages on different ranks has one send and one receive of
 //     the activation and of the gradient;

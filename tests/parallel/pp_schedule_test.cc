@@ -1,6 +1,8 @@
 // Pipeline schedules as data: the text form, the built-in generators, the validator and the
 // timing model. Expected figures come from the schedules' theory: 1F1B idles (p−1)/(m+p−1),
 // interleaved 1F1B (p−1)/(v·m+p−1), ZB-H1 (p−1)(F+B−W) per rank, GPipe holds m activations.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <chrono>
 #include <fstream>
@@ -8,8 +10,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tessel/base/error.h"
 #include "tessel/parallel/pp/schedule.h"
@@ -42,8 +42,7 @@ std::string parse_error(const std::string& text) {
 }
 
 // Equal F, B and W (1 ms each), free links.
-constexpr ScheduleCosts kUnitCosts{.forward = 1ms, .backward_input = 1ms,
-                                   .backward_weight = 1ms};
+constexpr ScheduleCosts kUnitCosts{.forward = 1ms, .backward_input = 1ms, .backward_weight = 1ms};
 
 // ---- text form ----
 
@@ -63,15 +62,15 @@ TEST(PipelineScheduleTextTest, ParsesEveryKindOfToken) {
 }
 
 TEST(PipelineScheduleTextTest, MalformedTokenNamesTokenAndPosition) {
-  for (const auto& [text, token, position] :
-       std::vector<std::tuple<std::string, std::string, int>>{{"F0s0 F1x0", "F1x0", 2},
-                                                              {"F0s0 F1s0 SEND_F1s0<1", "SEND_F1s0<1", 3},
-                                                              {"F3s", "F3s", 1},
-                                                              {"F0s0 BW1s0 Q", "Q", 3},
-                                                              {"F-1s0", "F-1s0", 1},
-                                                              {"RECV_B0s0", "RECV_B0s0", 1},
-                                                              {"F0s0 step", "step", 2},
-                                                              {"F0s0 F1s0 F2s0s", "F2s0s", 3}}) {
+  for (const auto& [text, token, position] : std::vector<std::tuple<std::string, std::string, int>>{
+           {"F0s0 F1x0", "F1x0", 2},
+           {"F0s0 F1s0 SEND_F1s0<1", "SEND_F1s0<1", 3},
+           {"F3s", "F3s", 1},
+           {"F0s0 BW1s0 Q", "Q", 3},
+           {"F-1s0", "F-1s0", 1},
+           {"RECV_B0s0", "RECV_B0s0", 1},
+           {"F0s0 step", "step", 2},
+           {"F0s0 F1s0 F2s0s", "F2s0s", 3}}) {
     try {
       parse_actions(text);
       ADD_FAILURE() << "parsed '" << text << "'";
@@ -181,8 +180,8 @@ TEST(PipelineScheduleGenerateTest, BuiltInSchedulesValidate) {
   for (int p : {1, 2, 3, 4, 5, 8}) {
     for (int m : {p, p + 1, 2 * p, 3 * p + 1}) {
       for (const char* name : {"gpipe", "1f1b", "zero-bubble"}) {
-        EXPECT_EQ(validation_error(make_schedule(name, p, m)), "") << name << " p=" << p
-                                                                   << " m=" << m;
+        EXPECT_EQ(validation_error(make_schedule(name, p, m)), "")
+            << name << " p=" << p << " m=" << m;
       }
       for (int v : {1, 2, 3}) {
         if (m % p != 0) continue;
@@ -271,6 +270,11 @@ TEST(PipelineScheduleValidateTest, StructuralErrors) {
   s = one_f_one_b_2x2();
   s.ranks[1].erase(s.ranks[1].begin() + 1);  // F0s1
   EXPECT_EQ(validation_error(s), "pipeline schedule '1f1b': rank 1: F0s1 is missing");
+  // A header promising more work than the lists hold fails before anything is sized by it.
+  EXPECT_EQ(validation_error(parse_schedule(
+                "pipeline ranks=1 stages=1000000 microbatches=999999999\n0: F0s0 BW0s0\n")),
+            "pipeline schedule '': 999999999 micro-batches on 1000000 stages need at least "
+            "1999999998000000 actions (an F and a backward each); the ranks' lists have 2");
   s = one_f_one_b_2x2();
   s.ranks[0][0].microbatch = 7;
   EXPECT_NE(validation_error(s).find("micro-batch 7 is out of range; expected 0..1"),
@@ -301,8 +305,7 @@ TEST(PipelineScheduleValidateTest, PeakActivationsFollowTheSchedule) {
     for (int r = 0; r < p; ++r) EXPECT_EQ(one[r], p - r) << "p=" << p << " rank " << r;
     EXPECT_LE(one[0], p);
     // ZB-H1: the deferred W's keep activations alive, up to p on every rank.
-    EXPECT_EQ(validate_schedule(make_zero_bubble_h1(p, m)).peak_in_flight,
-              std::vector<int>(p, p));
+    EXPECT_EQ(validate_schedule(make_zero_bubble_h1(p, m)).peak_in_flight, std::vector<int>(p, p));
     // Interleaved (Megatron-LM): rank r warms up with 2(p−1−r) + (v−1)p forwards, then one more.
     for (int v : {2, 3}) {
       const auto inter = validate_schedule(make_interleaved_1f1b(p, 4 * p, v)).peak_in_flight;
@@ -405,11 +408,12 @@ TEST(PipelineScheduleSimulateTest, DocumentedDiagramsMatchTheTimingModel) {
   for (const char* name : {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"}) {
     const auto s = make_schedule(name, 3, 6);
     const Nanoseconds unit = Nanoseconds(1ms) / s.virtual_stages();
-    const auto t = simulate_schedule(
-        s, {.forward = unit, .backward_input = unit, .backward_weight = unit});
+    const auto t =
+        simulate_schedule(s, {.forward = unit, .backward_input = unit, .backward_weight = unit});
     const std::string diagram = "```\n" + format_timeline(s, t, unit) + "```\n";
     EXPECT_NE(doc.str().find(diagram), std::string::npos)
-        << name << " is drawn differently in docs/parallel.md; now:\n" << diagram;
+        << name << " is drawn differently in docs/parallel.md; now:\n"
+        << diagram;
   }
 }
 
