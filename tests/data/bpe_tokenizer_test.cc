@@ -109,6 +109,21 @@ TEST(BpeTokenizerTest, HfMergesAsStringsLoadTheSame) {
   }
 }
 
+// ByteLevel's add_prefix_space puts a space before every piece of text between added tokens that
+// does not start with one.
+TEST(BpeTokenizerTest, HfAddPrefixSpace) {
+  std::ifstream in(kFixtures + "/bpe_gpt2.tokenizer.json");
+  json doc = json::parse(in);
+  doc["pre_tokenizer"]["add_prefix_space"] = true;
+  const auto tok = BpeTokenizer::from_hf_json_text(doc.dump(), "prefix.json");
+  const json& ref = reference()["hf"]["gpt2_prefix_space"];
+  ASSERT_EQ(ref.size(), samples().size());
+  for (size_t i = 0; i < samples().size(); ++i) {
+    EXPECT_EQ(tok.encode(samples()[i]), ref[i].get<std::vector<uint32_t>>())
+        << "sample " << i << ": " << printable(samples()[i]);
+  }
+}
+
 TEST(BpeTokenizerTest, SpecialTokens) {
   const auto tok = tiktoken_fixture("cl100k");
   const uint32_t eot = *tok.special_id("<|endoftext|>");

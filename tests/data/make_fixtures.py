@@ -131,7 +131,10 @@ def main():
         }
         for ids, s in zip(reference["tiktoken"][name]["encode"], SAMPLES):
             assert enc.decode_bytes(ids) == s.encode("utf-8")
-    for name, tok in [("gpt2", gpt2), ("llama3", llama3)]:
+    # The GPT-2-style file with ByteLevel's add_prefix_space (the C++ test sets the same flag).
+    gpt2_prefix = Tokenizer.from_file(os.path.join(out, "bpe_gpt2.tokenizer.json"))
+    gpt2_prefix.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    for name, tok in [("gpt2", gpt2), ("llama3", llama3), ("gpt2_prefix_space", gpt2_prefix)]:
         reference["hf"][name] = [tok.encode(s, add_special_tokens=False).ids for s in SAMPLES]
 
     with open(os.path.join(out, "samples.json"), "w", encoding="utf-8") as f:
