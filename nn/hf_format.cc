@@ -292,18 +292,51 @@ std::map<std::string, Located> index_folder(const std::string& dir) {
   return found;
 }
 
-// Reads one tensor's bytes with one seek (the header was validated against the file's size).
-Tensor read_entry(const Located& at) {
+// Reads `box` (per-dimension offset and sizes) of a tensor: the box's rows are contiguous runs
+// of the file from the innermost dimension the box cuts on, each read with one seek, so a
+// shard reads its own bytes and nothing else. Adds the bytes read to *bytes_read.
+Tensor read_box(const Located& at, const Shape& offset, const Shape& sizes, uint64_t* bytes_read) {
   const SafetensorsEntry& e = at.entry;
-  Tensor t = empty(e.shape, e.dtype, Device::cpu());
-  const uint64_t bytes = e.end - e.begin;
-  if (bytes == 0) return t;
+  Tensor t = empty(sizes, e.dtype, Device::cpu());
+  if (t.numel() == 0) return t;
+  const int64_t n = static_cast<int64_t>(sizes.size());
+  // cut: the innermost dimension the box does not cover whole; dims after it are whole.
+  int64_t cut = 0;
+  for (int64_t d = n - 1; d >= 0; --d) {
+    if (sizes[d] != e.shape[d]) {
+      cut = d;
+      break;
+    }
+  }
+  const uint64_t elem = dtype_size(e.dtype);
+  int64_t inner = 1;  // elements of one step of dimension `cut` in the file
+  for (int64_t d = cut + 1; d < n; ++d) inner *= e.shape[d];
+  const uint64_t run_bytes = n == 0 ? elem : static_cast<uint64_t>(sizes[cut] * inner) * elem;
   std::ifstream in(at.path, std::ios::binary);
-  in.seekg(static_cast<std::streamoff>(e.begin));
-  in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes));
-  TESSEL_CHECK(in.good(), IoError, "{}: cannot read tensor \"{}\" (bytes {}..{})", at.path,
-               e.name, e.begin, e.end);
+  char* out = static_cast<char*>(t.data_ptr());
+  std::vector<int64_t> index(static_cast<size_t>(cut), 0);  // over the box's dims before `cut`
+  while (true) {
+    int64_t first = 0;  // the run's first element in the file, row-major
+    for (int64_t d = 0; d < n; ++d) {
+      const int64_t i = d < cut ? index[d] + offset[d] : d == cut ? offset[d] : 0;
+      first = first * e.shape[d] + i;
+    }
+    in.seekg(static_cast<std::streamoff>(e.begin + static_cast<uint64_t>(first) * elem));
+    in.read(out, static_cast<std::streamsize>(run_bytes));
+    TESSEL_CHECK(in.good(), IoError, "{}: cannot read tensor \"{}\" (bytes {}..{})", at.path,
+                 e.name, e.begin, e.end);
+    out += run_bytes;
+    *bytes_read += run_bytes;
+    int64_t d = cut - 1;  // next index, last dimension fastest
+    while (d >= 0 && ++index[d] == sizes[d]) index[d--] = 0;
+    if (d < 0) break;
+  }
   return t;
+}
+
+Tensor read_entry(const Located& at) {
+  uint64_t ignored = 0;
+  return read_box(at, Shape(at.entry.shape.size(), 0), at.entry.shape, &ignored);
 }
 
 bool is_float_weight(DType d) {
@@ -448,7 +481,7 @@ HfModel load_hf_model(const std::string& dir, DType dtype, Device device) {
   return hf;
 }
 
-void load_hf_weights(Module& model, const std::string& dir) {
+HfLoadStats load_hf_weights(Module& model, const std::string& dir) {
   const HfArchitecture arch = architecture_of(model);
   const HfConfig config = read_hf_config(dir);
   TESSEL_CHECK(config.architecture == arch, InvalidArgument,
@@ -470,6 +503,7 @@ void load_hf_weights(Module& model, const std::string& dir) {
   StateDict loaded;
   std::vector<std::string> missing, mismatched;
   std::set<std::string> used;
+  HfLoadStats stats;
   const StateDict targets = model.state_dict();
   for (const auto& [name, dst] : targets) {
     const std::string key = hf_name(name);
@@ -480,9 +514,17 @@ void load_hf_weights(Module& model, const std::string& dir) {
     }
     used.insert(key);
     const SafetensorsEntry& e = it->second.entry;
+    // A shard (FSDP, tensor parallelism) reads only its box of the whole tensor.
+    const ShardInfo* shard = dst.shard_info();
+    Shape expected = shard != nullptr ? shard->global_shape : dst.shape();
+    Shape offset = shard != nullptr ? shard->offset : Shape(dst.shape().size(), 0);
+    Shape sizes = dst.shape();
     const bool transposed = arch == HfArchitecture::kGpt2 && is_conv1d_weight(name);
-    Shape expected = dst.shape();
-    if (transposed) std::swap(expected[0], expected[1]);
+    if (transposed) {
+      std::swap(expected[0], expected[1]);
+      std::swap(offset[0], offset[1]);
+      std::swap(sizes[0], sizes[1]);
+    }
     if (!is_float_weight(e.dtype) || e.shape != expected) {
       mismatched.push_back(fmt::format("{} (expected {} float{}, got {} {})", key,
                                        shape_str(expected),
@@ -490,7 +532,8 @@ void load_hf_weights(Module& model, const std::string& dir) {
                                        shape_str(e.shape), safetensors_dtype_name(e.dtype)));
       continue;
     }
-    Tensor t = to(read_entry(it->second), dst.dtype());
+    Tensor t = to(read_box(it->second, offset, sizes, &stats.bytes_read), dst.dtype());
+    stats.bytes_in_files += e.end - e.begin;
     if (transposed) t = contiguous(transpose(t, 0, 1));
     loaded.emplace(name, std::move(t));
   }
@@ -518,6 +561,7 @@ void load_hf_weights(Module& model, const std::string& dir) {
   TESSEL_CHECK(problems.empty(), InvalidArgument, "{}: {} weights do not fit the model: {}", dir,
                hf_architecture_name(arch), problems.substr(2));
   model.load_state_dict(loaded);  // commit: every temporary is checked and in hand
+  return stats;
 }
 
 void save_hf(const Module& model, const std::string& dir, const HfSaveOptions& options) {

@@ -1,8 +1,9 @@
 #pragma once
 // Hugging Face model folders, both ways, for LlamaForCausalLM (nn::Llama) and GPT2LMHeadModel
 // (nn::GPT): config.json plus model.safetensors, or shards listed by
-// model.safetensors.index.json. Single process; each tensor is read with one seek into its
-// shard (nothing else of the file is read).
+// model.safetensors.index.json. A model sharded by FSDP or tensor parallelism loads too: each
+// parameter reads only the bytes of its own box (Tensor::shard_info), so each rank reads its
+// shards and not the whole model.
 //
 //   nn::HfModel hf = nn::load_hf_model("Llama-3.2-1B/");         // config sets the shapes
 //   Tensor logits = (*hf.model)(tokens);
@@ -59,16 +60,25 @@ struct HfModel {
 HfModel load_hf_model(const std::string& dir, DType dtype = DType::kF32,
                       Device device = Device::cpu());
 
+// What load_hf_weights read.
+struct HfLoadStats {
+  uint64_t bytes_read = 0;      // tensor bytes read from the files (headers excluded)
+  uint64_t bytes_in_files = 0;  // the whole tensors' bytes in the files, for comparison
+};
+
 // Loads the weights of `dir` into `model` (an nn::Llama or nn::GPT), converting bf16, f16 and
-// f32 to each parameter's dtype. Every tensor is read into a temporary first; the model is
-// changed only when all of them were found and fit, so a failed load leaves it as it was.
-// Throws InvalidArgument listing every problem by tensor name: an architecture other than the
-// model's, missing tensors, unexpected tensors, shapes other than the model's, non-float
+// f32 to each parameter's dtype. A parameter that is a shard (Tensor::shard_info: FSDP, tensor
+// parallelism) receives its box of the whole tensor, and only the box's bytes are read, in
+// contiguous runs. Every tensor is read into a temporary first; the model is changed only when
+// all of them were found and fit, so a failed load leaves it as it was. Parameters must have
+// memory (to_empty() a model built on the meta device first). Throws InvalidArgument listing
+// every problem by tensor name: an architecture other than the model's, missing tensors,
+// unexpected tensors, shapes other than the model's (whole shapes, for shards), non-float
 // dtypes, an index that names a file outside `dir` or a tensor its file lacks; IoError when a
 // file cannot be read. Ignored: buffers old transformers versions saved (GPT-2's attn.bias and
 // attn.masked_bias, Llama's rotary_emb.inv_freq), and lm_head.weight of a tied model when it
-// equals the embedding.
-void load_hf_weights(Module& model, const std::string& dir);
+// equals the embedding (both read whole to compare).
+HfLoadStats load_hf_weights(Module& model, const std::string& dir);
 
 struct HfSaveOptions {
   // Above this many bytes of tensors, the weights go to model-0000i-of-0000n.safetensors files

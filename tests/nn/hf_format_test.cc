@@ -224,6 +224,55 @@ TEST(HfFormatTest, Bf16AndF16LoadIntoTheModelsDtypeAndExportInTheAskedOne) {
   EXPECT_EQ(written.tensors.at("model.norm.weight").dtype(), DType::kF16);
 }
 
+// --- Shards ----------------------------------------------------------------------------------
+
+// Rank `rank` of `world`'s part of `full`: rows (dim 0) or, for every other 2-D tensor, columns
+// (dim 1, as a row-parallel weight), chunked as FSDP chunks, with the box in shard_info.
+Tensor shard_of(const Tensor& full, int64_t dim, int64_t rank, int64_t world) {
+  const int64_t n = full.size(dim), step = (n + world - 1) / world;
+  const int64_t begin = std::min(n, rank * step), size = std::min(step, n - begin);
+  Shape offset(full.dim(), 0);
+  offset[dim] = begin;
+  Tensor part = contiguous(narrow(full, dim, begin, size));
+  part.set_shard_info(std::make_shared<ShardInfo>(ShardInfo{full.shape(), offset, nullptr}));
+  return part;
+}
+
+TEST(HfFormatTest, ShardsReadOnlyTheirBoxes) {
+  for (const char* name : {"llama_gqa_untied", "llama_mha_tied", "gpt2"}) {
+    const std::string dir = (kFixtures / name).string();
+    HfModel whole = load_hf_model(dir);
+    for (int64_t world : {1, 2, 3}) {
+      uint64_t read = 0, in_files = 0;
+      for (int64_t rank = 0; rank < world; ++rank) {
+        HfModel part = load_hf_model(dir);
+        int64_t i = 0;
+        std::map<std::string, std::pair<int64_t, Tensor>> boxes;
+        for (const auto& [pname, p] : part.model->named_parameters()) {
+          const int64_t dim = p.dim() == 2 && (i++ % 2 == 1) ? 1 : 0;
+          // The expected values come from the whole model; the shard starts as zeros.
+          const Tensor expected = shard_of(whole.model->parameter(pname), dim, rank, world);
+          Tensor shard = zeros_like(expected);
+          shard.set_shard_info(std::make_shared<ShardInfo>(*expected.shard_info()));
+          part.model->set_parameter(pname, shard);
+          boxes.emplace(pname, std::make_pair(dim, expected));
+        }
+        const HfLoadStats stats = load_hf_weights(*part.model, dir);
+        for (const auto& [pname, box] : boxes) {
+          EXPECT_EQ(relative_error(part.model->parameter(pname), box.second), 0.0)
+              << name << " " << pname << " dim " << box.first << " rank " << rank << "/" << world;
+        }
+        read += stats.bytes_read;
+        in_files = stats.bytes_in_files;
+        EXPECT_LE(stats.bytes_read, (stats.bytes_in_files + world - 1) / world + 4096)
+            << name << " rank " << rank << "/" << world;
+      }
+      // The ranks together read every byte of every tensor exactly once.
+      EXPECT_EQ(read, in_files) << name << " world " << world;
+    }
+  }
+}
+
 // --- Errors ----------------------------------------------------------------------------------
 
 // A copy of a fixture whose weights `edit` changes, written back as one model.safetensors.
