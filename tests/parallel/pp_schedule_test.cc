@@ -12,10 +12,12 @@
 #include <vector>
 
 #include "tessel/base/error.h"
+#include "tessel/collectives/fake/fake_backend.h"
 #include "tessel/parallel/pp/schedule.h"
 #include "tessel/parallel/pp/schedule_generate.h"
 #include "tessel/parallel/pp/schedule_simulate.h"
 #include "tessel/parallel/pp/schedule_validate.h"
+#include "tessel/tensor/tensor.h"
 
 namespace tessel::pp {
 namespace {
@@ -396,6 +398,32 @@ TEST(PipelineScheduleSimulateTest, TimelineDrawsTheSchedule) {
             "rank 0 | F0 F1 .  .  B0--- .  B1---\n"
             "rank 1 | .  F0 B0--- F1 B1--- .  .\n");
   EXPECT_NEAR(t.bubble, 1.0 / 3.0, 1e-9);
+}
+
+// The link time is the fake backend's: a send of an activation costs there what link_time says.
+// Over links of that cost (2.4% of a forward) 1F1B stays near (p−1)/(m+p−1): each link on the
+// path of the first forward and the last backward delays the end, and round trips in the steady
+// state add a little more.
+TEST(PipelineScheduleSimulateTest, LinkTimeIsTheFakeBackendsModel) {
+  auto log = std::make_shared<fake::FakeLog>();
+  auto pg =
+      fake::create_process_group(0, 2, {.log = log, .latency = 20us, .bytes_per_second = 1e9});
+  const Tensor activation = zeros({1000});  // 4,000 bytes
+  pg->send(activation, 1).wait();
+  const auto calls = log->calls();
+  ASSERT_EQ(calls.size(), 1u);
+  const Nanoseconds link = link_time(20us, activation.nbytes(), 1e9);
+  EXPECT_EQ(link, 24us);  // 20 us + 4,000 B / 1 GB/s
+  EXPECT_EQ(calls[0].modeled, link);
+
+  const int p = 4;
+  const int m = 16;
+  auto costs = kUnitCosts;
+  costs.link = link;
+  const auto t = simulate_schedule(make_1f1b(p, m), costs);
+  // The last rank starts after p−1 forwards and links, and the last backward needs p−1 more.
+  EXPECT_GE(t.makespan, (m + p - 1) * 3ms + 2 * (p - 1) * link);
+  EXPECT_NEAR(t.bubble, (p - 1.0) / (m + p - 1), 0.02);
 }
 
 // docs/parallel.md shows each built-in schedule as format_timeline draws it (p = 3, m = 6,
