@@ -150,6 +150,15 @@ TEST_F(TokenizeCliTest, BadInputsExitOneNamingThem) {
 
   r = run(tk + "--threads 0 --out x" + files_);
   EXPECT_EQ(r.status, 65) << r.output;
+  r = run(tk + "--token-bytes 3 --out x" + files_);
+  EXPECT_EQ(r.status, 65) << r.output;
+  EXPECT_NE(r.output.find("expected 0, 2 or 4"), std::string::npos) << r.output;
+
+  // A vocabulary that needs 4-byte tokens cannot be written with 2.
+  r = run(tk + "--token-bytes 2 --special '<|big|>=70000' --doc-separator '<|big|>' --out " +
+          (dir_ / "big").string() + files_);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("does not fit 2-byte tokens"), std::string::npos) << r.output;
 }
 
 }  // namespace
