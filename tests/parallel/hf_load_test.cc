@@ -1,0 +1,106 @@
+// Hugging Face folders loaded straight into models sharded by FSDP on rank threads: each rank
+// reads only the byte ranges of its own shards (measured), and the sharded model's logits equal
+// the single-process model's. Fixtures: tests/nn/hf (made by transformers, see
+// tests/nn/hf/make_fixtures.py).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/collectives/threads/threads_backend.h"
+#include "tessel/nn/hf_format.h"
+#include "tessel/parallel/fsdp.h"
+#include "tessel/tensor/autograd.h"
+#include "tessel/tensor/ops.h"
+#include "tessel/tensor/safetensors.h"
+
+namespace tessel {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kFixtures = TESSEL_HF_FIXTURE_DIR;
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  const std::vector<float> x = to_vector<float>(a), y = to_vector<float>(b);
+  double d = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+    d = std::max(d, std::abs(static_cast<double>(x[i]) - y[i]));
+  }
+  return d;
+}
+
+// The model `dir` describes, built on the meta device, sharded per block and at the root over
+// `mesh`, given memory; its weights not yet loaded.
+std::shared_ptr<nn::Module> sharded_model(const std::string& dir, const DeviceMesh& mesh) {
+  const nn::HfConfig config = nn::read_hf_config(dir);
+  std::shared_ptr<nn::Module> model;
+  std::string blocks;
+  {
+    DefaultDeviceGuard meta(Device::meta());
+    if (config.architecture == nn::HfArchitecture::kLlama) {
+      model = std::make_shared<nn::Llama>(config.llama);
+      blocks = "model.layers";
+    } else {
+      model = std::make_shared<nn::GPT>(config.gpt);
+      blocks = "transformer.h";
+    }
+  }
+  nn::Module& list = model->submodule(blocks);
+  for (const auto& [name, block] : list.children()) fully_shard(*block, mesh);
+  fully_shard(*model, mesh);
+  model->to_empty(Device::cpu());
+  return model;
+}
+
+class HfFsdpLoadTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HfFsdpLoadTest, EachRankReadsItsShardsAndLogitsMatchOneProcess) {
+  const std::string dir = (kFixtures / GetParam()).string();
+  const Tensor ids =
+      load_safetensors((kFixtures / GetParam() / "io.safetensors").string()).tensors.at("input_ids");
+  nn::HfModel whole = nn::load_hf_model(dir);
+  Tensor expected;
+  {
+    NoGradGuard no_grad;
+    whole.model->eval();
+    expected = (*whole.model)(ids);
+  }
+  for (int world : {2, 3}) {
+    std::vector<nn::HfLoadStats> stats(world);
+    std::vector<double> diffs(world, -1);
+    threads::run_ranks(world, [&](ProcessGroup& pg) {
+      const DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {world}, {"dp"});
+      std::shared_ptr<nn::Module> model = sharded_model(dir, mesh);
+      stats[pg.rank()] = nn::load_hf_weights(*model, dir);
+      NoGradGuard no_grad;
+      model->eval();
+      diffs[pg.rank()] = max_abs_diff((*model)(ids), expected);
+    });
+    uint64_t total = 0;
+    for (int r = 0; r < world; ++r) {
+      // Slack: FSDP's chunks round up, so a rank holds at most one row more of each tensor.
+      const uint64_t share = stats[r].bytes_in_files / world;
+      EXPECT_LE(stats[r].bytes_read, share + share / 20 + 4096)
+          << GetParam() << " rank " << r << "/" << world;
+      EXPECT_EQ(diffs[r], 0.0) << GetParam() << " rank " << r << "/" << world;
+      total += stats[r].bytes_read;
+      std::printf("%s FSDP %d rank %d: read %llu of %llu tensor bytes\n", GetParam().c_str(),
+                  world, r, static_cast<unsigned long long>(stats[r].bytes_read),
+                  static_cast<unsigned long long>(stats[r].bytes_in_files));
+    }
+    EXPECT_EQ(total, stats[0].bytes_in_files) << "every byte read once across the ranks";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, HfFsdpLoadTest,
+                         ::testing::Values("llama_gqa_untied", "llama_gqa_tied_llama3", "gpt2"));
+
+}  // namespace
+}  // namespace tessel
