@@ -47,7 +47,7 @@ struct TimedAction {
 };
 
 struct ScheduleTimeline {
-  std::vector<std::vector<TimedAction>> ranks;  // per rank, its compute actions in order
+  std::vector<std::vector<TimedAction>> ranks;  // per rank, its compute actions and STEP
   std::vector<Nanoseconds> busy;                // per rank, time spent computing
   std::vector<Nanoseconds> finish;              // per rank, when its last action ended
   Nanoseconds makespan{0};                      // when the last rank finished (all start at 0)
