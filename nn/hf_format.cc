@@ -1,5 +1,6 @@
 #include "tessel/nn/hf_format.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -514,27 +515,52 @@ HfLoadStats load_hf_weights(Module& model, const std::string& dir) {
     }
     used.insert(key);
     const SafetensorsEntry& e = it->second.entry;
-    // A shard (FSDP, tensor parallelism) reads only its box of the whole tensor.
-    const ShardInfo* shard = dst.shard_info();
-    Shape expected = shard != nullptr ? shard->global_shape : dst.shape();
-    Shape offset = shard != nullptr ? shard->offset : Shape(dst.shape().size(), 0);
-    Shape sizes = dst.shape();
     const bool transposed = arch == HfArchitecture::kGpt2 && is_conv1d_weight(name);
-    if (transposed) {
-      std::swap(expected[0], expected[1]);
-      std::swap(offset[0], offset[1]);
-      std::swap(sizes[0], sizes[1]);
-    }
-    if (!is_float_weight(e.dtype) || e.shape != expected) {
+    // Our layout of the file's tensor: GPT-2's Conv1D (in, out) is (out, in) here.
+    Shape ours = e.shape;
+    if (transposed && ours.size() == 2) std::swap(ours[0], ours[1]);
+    // A shard (FSDP, tensor parallelism) reads only its box of the whole tensor. Tensor
+    // parallelism may view a fused weight by sections (c_attn's (3C, C) as (3, C, C)): global
+    // (k, n / k, ...) of ours (n, ...).
+    const ShardInfo* shard = dst.shard_info();
+    const Shape global = shard != nullptr ? shard->global_shape : dst.shape();
+    const bool sections = global.size() == ours.size() + 1 && !ours.empty() && global[0] > 0 &&
+                          global[0] * global[1] == ours[0] &&
+                          std::equal(global.begin() + 2, global.end(), ours.begin() + 1);
+    if (!is_float_weight(e.dtype) || (global != ours && !sections)) {
+      Shape expected = global;
+      if (transposed && expected.size() == 2) std::swap(expected[0], expected[1]);
       mismatched.push_back(fmt::format("{} (expected {} float{}, got {} {})", key,
                                        shape_str(expected),
                                        transposed ? ", GPT-2 Conv1D (in, out)" : "",
                                        shape_str(e.shape), safetensors_dtype_name(e.dtype)));
       continue;
     }
-    Tensor t = to(read_box(it->second, offset, sizes, &stats.bytes_read), dst.dtype());
+    // Reads the box (offset, sizes) of our layout, in dst's dtype.
+    auto read_ours = [&](Shape offset, Shape sizes) {
+      if (transposed) {
+        std::swap(offset[0], offset[1]);
+        std::swap(sizes[0], sizes[1]);
+      }
+      Tensor t = to(read_box(it->second, offset, sizes, &stats.bytes_read), dst.dtype());
+      return transposed ? contiguous(transpose(t, 0, 1)) : t;
+    };
+    const Shape offset = shard != nullptr ? shard->offset : Shape(global.size(), 0);
+    const Shape& sizes = dst.shape();
+    Tensor t;
+    if (!sections) {
+      t = read_ours(offset, sizes);
+    } else {
+      // One box of ours per section in the shard, stacked back into the sections' view.
+      std::vector<Tensor> parts;
+      for (int64_t a = offset[0]; a < offset[0] + sizes[0]; ++a) {
+        Shape o(offset.begin() + 1, offset.end()), z(sizes.begin() + 1, sizes.end());
+        o[0] += a * global[1];
+        parts.push_back(read_ours(o, z));
+      }
+      t = parts.empty() ? empty(sizes, dst.dtype(), Device::cpu()) : stack(parts, 0);
+    }
     stats.bytes_in_files += e.end - e.begin;
-    if (transposed) t = contiguous(transpose(t, 0, 1));
     loaded.emplace(name, std::move(t));
   }
 

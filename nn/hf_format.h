@@ -69,7 +69,8 @@ struct HfLoadStats {
 // Loads the weights of `dir` into `model` (an nn::Llama or nn::GPT), converting bf16, f16 and
 // f32 to each parameter's dtype. A parameter that is a shard (Tensor::shard_info: FSDP, tensor
 // parallelism) receives its box of the whole tensor, and only the box's bytes are read, in
-// contiguous runs. Every tensor is read into a temporary first; the model is changed only when
+// contiguous runs; a whole shape that views a fused weight by sections (tensor parallelism's
+// c_attn, (3C, C) as (3, C, C)) reads one box per section. Every tensor is read into a temporary first; the model is changed only when
 // all of them were found and fit, so a failed load leaves it as it was. Parameters must have
 // memory (to_empty() a model built on the meta device first). Throws InvalidArgument listing
 // every problem by tensor name: an architecture other than the model's, missing tensors,

@@ -1,6 +1,6 @@
-// Hugging Face folders loaded straight into models sharded by FSDP on rank threads: each rank
-// reads only the byte ranges of its own shards (measured), and the sharded model's logits equal
-// the single-process model's. Fixtures: tests/nn/hf (made by transformers, see
+// Hugging Face folders loaded straight into models sharded by FSDP (Llama, GPT; 2 and 3 ranks)
+// and FSDP x TP 2 x 2 (GPT) on rank threads: each rank reads exactly the bytes of its own shards
+// (measured), and the sharded model's logits equal the single-process model's. Fixtures: tests/nn/hf (made by transformers, see
 // tests/nn/hf/make_fixtures.py).
 #include <gtest/gtest.h>
 
@@ -15,6 +15,7 @@
 #include "tessel/collectives/threads/threads_backend.h"
 #include "tessel/nn/hf_format.h"
 #include "tessel/parallel/fsdp.h"
+#include "tessel/parallel/tp/gpt_plan.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/safetensors.h"
@@ -25,6 +26,12 @@ namespace {
 namespace fs = std::filesystem;
 
 const fs::path kFixtures = TESSEL_HF_FIXTURE_DIR;
+
+int64_t numel_of(const nn::Module& model) {
+  int64_t n = 0;
+  for (const Tensor& p : model.parameters()) n += p.numel();
+  return n;
+}
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   EXPECT_EQ(a.shape(), b.shape());
@@ -37,8 +44,10 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
 }
 
 // The model `dir` describes, built on the meta device, sharded per block and at the root over
-// `mesh`, given memory; its weights not yet loaded.
-std::shared_ptr<nn::Module> sharded_model(const std::string& dir, const DeviceMesh& mesh) {
+// `mesh` (after tensor parallelism over `tp`, when given: GPT only), given memory; its weights
+// not yet loaded.
+std::shared_ptr<nn::Module> sharded_model(const std::string& dir, const DeviceMesh& mesh,
+                                          const DeviceMesh* tp = nullptr) {
   const nn::HfConfig config = nn::read_hf_config(dir);
   std::shared_ptr<nn::Module> model;
   std::string blocks;
@@ -52,6 +61,7 @@ std::shared_ptr<nn::Module> sharded_model(const std::string& dir, const DeviceMe
       blocks = "transformer.h";
     }
   }
+  if (tp != nullptr) parallelize_module(*model, *tp, gpt_tp_plan());
   nn::Module& list = model->submodule(blocks);
   for (const auto& [name, block] : list.children()) fully_shard(*block, mesh);
   fully_shard(*model, mesh);
@@ -75,16 +85,20 @@ TEST_P(HfFsdpLoadTest, EachRankReadsItsShardsAndLogitsMatchOneProcess) {
   for (int world : {2, 3}) {
     std::vector<nn::HfLoadStats> stats(world);
     std::vector<double> diffs(world, -1);
+    std::vector<int64_t> local(world, 0);
     threads::run_ranks(world, [&](ProcessGroup& pg) {
       const DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {world}, {"dp"});
       std::shared_ptr<nn::Module> model = sharded_model(dir, mesh);
       stats[pg.rank()] = nn::load_hf_weights(*model, dir);
+      local[pg.rank()] = numel_of(*model);
       NoGradGuard no_grad;
       model->eval();
       diffs[pg.rank()] = max_abs_diff((*model)(ids), expected);
     });
     uint64_t total = 0;
+    const uint64_t element = stats[0].bytes_in_files / numel_of(*whole.model);
     for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(stats[r].bytes_read, local[r] * element) << "exactly the rank's own shards";
       // Slack: FSDP's chunks round up, so a rank holds at most one row more of each tensor.
       const uint64_t share = stats[r].bytes_in_files / world;
       EXPECT_LE(stats[r].bytes_read, share + share / 20 + 4096)
@@ -101,6 +115,53 @@ TEST_P(HfFsdpLoadTest, EachRankReadsItsShardsAndLogitsMatchOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfFsdpLoadTest,
                          ::testing::Values("llama_gqa_untied", "llama_gqa_tied_llama3", "gpt2"));
+
+// FSDP x TP 2 x 2 on the GPT: c_attn is split by sections ((3C, C) viewed as (3, C, C)), the
+// tied embedding by vocabulary rows; each rank's logits are its vocabulary columns.
+TEST(HfFsdpTpLoadTest, Gpt2OnFsdpTimesTpMatchesOneProcessReadingOnlyOwnShards) {
+  const std::string dir = (kFixtures / "gpt2").string();
+  const Tensor ids =
+      load_safetensors((kFixtures / "gpt2" / "io.safetensors").string()).tensors.at("input_ids");
+  nn::HfModel whole = nn::load_hf_model(dir);
+  Tensor expected;
+  {
+    NoGradGuard no_grad;
+    whole.model->eval();
+    expected = (*whole.model)(ids);
+  }
+  const int64_t V = expected.size(2);
+  const double scale = max_abs_diff(expected, zeros_like(expected));  // max |logit|
+  std::vector<nn::HfLoadStats> stats(4);
+  std::vector<int64_t> local(4, 0);
+  std::vector<double> diffs(4, -1);
+  threads::run_ranks(4, [&](ProcessGroup& pg) {
+    const DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {2, 2}, {"dp_shard", "tp"});
+    const DeviceMesh tp = mesh["tp"];
+    std::shared_ptr<nn::Module> model = sharded_model(dir, mesh["dp_shard"], &tp);
+    stats[pg.rank()] = nn::load_hf_weights(*model, dir);
+    local[pg.rank()] = numel_of(*model);
+    NoGradGuard no_grad;
+    model->eval();
+    const Tensor logits = (*model)(ids);  // (B, T, V / tp): this rank's vocabulary columns
+    const int64_t cols = V / 2;
+    diffs[pg.rank()] =
+        max_abs_diff(logits, contiguous(narrow(expected, 2, mesh.local_rank("tp") * cols, cols)));
+  });
+  uint64_t total = 0;
+  const uint64_t element = stats[0].bytes_in_files / numel_of(*whole.model);
+  for (int r = 0; r < 4; ++r) {
+    // Within f32 relative 1e-5 of the largest logit: the TP all_reduce reorders sums.
+    EXPECT_LE(diffs[r], 1e-5 * scale) << "rank " << r;
+    EXPECT_EQ(stats[r].bytes_read, local[r] * element) << "rank " << r;
+    EXPECT_LE(stats[r].bytes_read, stats[r].bytes_in_files / 2) << "rank " << r;
+    total += stats[r].bytes_read;
+    std::printf("gpt2 FSDP x TP 2 x 2 rank %d: read %llu of %llu tensor bytes, logits within %.3g\n",
+                r, static_cast<unsigned long long>(stats[r].bytes_read),
+                static_cast<unsigned long long>(stats[r].bytes_in_files), diffs[r]);
+  }
+  // Norms, biases of row-parallel layers and wpe are whole on both tp ranks: read twice.
+  EXPECT_GE(total, stats[0].bytes_in_files);
+}
 
 }  // namespace
 }  // namespace tessel
