@@ -605,6 +605,10 @@ void save_hf(const Module& model, const std::string& dir, const HfSaveOptions& o
   TensorMap tensors;
   uint64_t total = 0;
   for (const auto& [name, t] : state) {
+    TESSEL_CHECK(t.shard_info() == nullptr, InvalidArgument,
+                 "save_hf: parameter '{}' is a shard ({} of {}); gather the whole state dict "
+                 "(full_state_dict) into an unsharded model first",
+                 name, shape_str(t.shape()), shape_str(t.shard_info()->global_shape));
     Tensor out = to(to(t, Device::cpu()), dtype);
     if (arch == HfArchitecture::kGpt2 && is_conv1d_weight(name)) {
       out = contiguous(transpose(out, 0, 1));

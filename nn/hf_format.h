@@ -94,8 +94,9 @@ struct HfSaveOptions {
 // fields transformers needs, torch_dtype the saved dtype) and safetensors with
 // {"format": "pt"} metadata, so transformers' from_pretrained loads it unchanged. A tied LM
 // head is not written (transformers ties it again). Replaces files of the same names; leaves
-// other files. Throws InvalidArgument for another kind of module, a GPT without biases (GPT-2
-// has them), a non-float dtype; IoError when a file cannot be written.
+// other files. Throws InvalidArgument for another kind of module, a sharded parameter (save a
+// whole model: full_state_dict gathers one), a GPT without biases (GPT-2 has them), a
+// non-float dtype; IoError when a file cannot be written.
 void save_hf(const Module& model, const std::string& dir, const HfSaveOptions& options = {});
 
 }  // namespace tessel::nn

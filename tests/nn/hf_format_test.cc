@@ -430,6 +430,14 @@ TEST(HfFormatTest, OtherModulesAreRefused) {
   TempDir dir("plain");
   const std::string msg = invalid_argument_of([&] { save_hf(plain, dir.str()); });
   EXPECT_NE(msg.find("Plain"), std::string::npos) << msg;
+
+  // A sharded model would write its shards as if they were whole tensors.
+  HfModel hf = load_hf_model((kFixtures / "gpt2").string());
+  hf.model->set_parameter("transformer.ln_f.weight",
+                          shard_of(hf.model->parameter("transformer.ln_f.weight"), 0, 1, 2));
+  const std::string sharded = invalid_argument_of([&] { save_hf(*hf.model, dir.str()); });
+  EXPECT_NE(sharded.find("transformer.ln_f.weight' is a shard"), std::string::npos) << sharded;
+  EXPECT_FALSE(fs::exists(dir.path() / "config.json"));
 }
 
 // --- transformers loads tessel's export ------------------------------------------------------
