@@ -6,12 +6,20 @@
 //   tessel-ckpt consolidate DIR OUT.safetensors [--prefix model.]
 //                                          the tensors named PREFIX* as one safetensors file,
 //                                          the prefix removed (Module::load, Python safetensors)
+//   tessel-ckpt export-hf DIR OUT_DIR (--config CONFIG.json | --gpt-heads N)
+//                 [--prefix model.] [--dtype f32|bf16|f16] [--max-shard-bytes N]
+//                                          a Hugging Face folder (config.json, safetensors) that
+//                                          transformers loads: the shapes from CONFIG.json (an
+//                                          HF config: LlamaForCausalLM, GPT2LMHeadModel) or, for
+//                                          a GPT, read off the tensors with N heads
 //
 // Exit status: 0 on success, 3 on bad input or usage (one line on stderr saying why).
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <map>
 #include <string>
 
@@ -21,6 +29,7 @@
 #include "tessel/base/error.h"
 #include "tessel/base/tools/cli.h"
 #include "tessel/parallel/checkpoint.h"
+#include "tessel/parallel/checkpoint_hf.h"
 #include "tessel/parallel/checkpoint_metadata.h"
 #include "tessel/parallel/internal/checkpoint_reader.h"
 
@@ -153,7 +162,7 @@ int inspect(const std::string& dir, bool verify, bool tensors) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"tessel-ckpt: inspect and consolidate distributed checkpoints"};
+  CLI::App app{"tessel-ckpt: inspect, consolidate and export distributed checkpoints"};
   app.require_subcommand(1);
   std::string dir, out, prefix = "model.";
   bool verify = false, tensors = false;
@@ -171,12 +180,49 @@ int main(int argc, char** argv) {
   consolidate_cmd->add_option("OUT", out, "the safetensors file to write")->required();
   consolidate_cmd->add_option("--prefix", prefix, "names to keep, removed from them")
       ->capture_default_str();
+  auto* export_cmd = app.add_subcommand(
+      "export-hf", "the model as a Hugging Face folder (config.json, safetensors)");
+  std::string config_path, dtype_name_str;
+  int64_t gpt_heads = 0;
+  uint64_t max_shard_bytes = nn::HfSaveOptions{}.max_shard_bytes;
+  export_cmd->add_option("DIR", dir, "a checkpoint folder, or a root (its latest)")->required();
+  export_cmd->add_option("OUT_DIR", out, "the folder to write")->required();
+  export_cmd->add_option("--config", config_path,
+                         "a Hugging Face config.json (or its folder) giving the shapes");
+  export_cmd->add_option("--gpt-heads", gpt_heads,
+                         "without --config: a GPT read off the tensors, with this many heads");
+  export_cmd->add_option("--prefix", prefix, "the model's names in the checkpoint")
+      ->capture_default_str();
+  export_cmd->add_option("--dtype", dtype_name_str,
+                         "f32, bf16 or f16 (default: the checkpoint's)");
+  export_cmd->add_option("--max-shard-bytes", max_shard_bytes,
+                         "above this, sharded files with model.safetensors.index.json")
+      ->capture_default_str();
   if (const auto status =
           cli::parse(app, argc, argv, "tessel-ckpt", kExitBadInput, kExitBadInput)) {
     return *status;
   }
   try {
     if (*inspect_cmd) return inspect(dir, verify, tensors);
+    if (*export_cmd) {
+      HfExportOptions options{.prefix = prefix, .gpt_heads = gpt_heads};
+      if (!config_path.empty()) {
+        if (fs::is_directory(config_path)) {
+          options.config = nn::read_hf_config(config_path);
+        } else {
+          std::ifstream in(config_path);
+          TESSEL_CHECK(in.good(), IoError, "{}: cannot open for reading", config_path);
+          std::ostringstream text;
+          text << in.rdbuf();
+          options.config = nn::parse_hf_config(text.str(), config_path);
+        }
+      }
+      if (!dtype_name_str.empty()) options.save.dtype = dtype_from_name(dtype_name_str);
+      options.save.max_shard_bytes = max_shard_bytes;
+      const int64_t n = export_hf(dir, out, options);
+      fmt::print("wrote {} tensors to {} (Hugging Face format)\n", n, out);
+      return 0;
+    }
     const int64_t n = consolidate(dir, out, prefix);
     fmt::print("wrote {} tensors ({}) to {}\n", n, bytes_str(fs::file_size(out)), out);
     return 0;

@@ -1,19 +1,28 @@
 // Hugging Face folders loaded straight into models sharded by FSDP (Llama, GPT; 2 and 3 ranks)
 // and FSDP x TP 2 x 2 (GPT) on rank threads: each rank reads exactly the bytes of its own shards
-// (measured), and the sharded model's logits equal the single-process model's. Fixtures: tests/nn/hf (made by transformers, see
+// (measured), and the sharded model's logits equal the single-process model's. A checkpoint
+// those sharded models save exports (export_hf, tessel-ckpt export-hf) to a folder that loads
+// to transformers' logits again. Fixtures: tests/nn/hf (made by transformers, see
 // tests/nn/hf/make_fixtures.py).
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "tessel/base/error.h"
 #include "tessel/collectives/threads/threads_backend.h"
 #include "tessel/nn/hf_format.h"
+#include "tessel/parallel/checkpoint.h"
+#include "tessel/parallel/checkpoint_hf.h"
 #include "tessel/parallel/fsdp.h"
 #include "tessel/parallel/tp/gpt_plan.h"
 #include "tessel/tensor/autograd.h"
@@ -161,6 +170,96 @@ TEST(HfFsdpTpLoadTest, Gpt2OnFsdpTimesTpMatchesOneProcessReadingOnlyOwnShards) {
   }
   // Norms, biases of row-parallel layers and wpe are whole on both tp ranks: read twice.
   EXPECT_GE(total, stats[0].bytes_in_files);
+}
+
+// --- tessel-ckpt export-hf ------------------------------------------------------------------
+
+// A fresh folder under the temp directory, removed with the object.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag)
+      : path_(fs::temp_directory_path() / ("tessel_hf_ckpt_" + tag + "_" +
+                                           std::to_string(::getpid()))) {
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+// Loads fixture `name` into a model sharded by FSDP over 2 rank threads and saves a
+// distributed checkpoint of it at `ckpt`.
+void save_sharded_checkpoint(const std::string& name, const std::string& ckpt) {
+  const std::string dir = (kFixtures / name).string();
+  threads::run_ranks(2, [&](ProcessGroup& pg) {
+    const DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {2}, {"dp"});
+    std::shared_ptr<nn::Module> model = sharded_model(dir, mesh);
+    nn::load_hf_weights(*model, dir);
+    checkpoint::CheckpointState state(pg.shared_from_this());
+    state.add_model("model", *model);
+    checkpoint::save(state, ckpt);
+  });
+}
+
+double logits_error(const std::string& folder, const std::string& fixture) {
+  const SafetensorsFile io = load_safetensors((kFixtures / fixture / "io.safetensors").string());
+  nn::HfModel hf = nn::load_hf_model(folder);
+  NoGradGuard no_grad;
+  hf.model->eval();
+  const Tensor& want = io.tensors.at("logits");
+  return max_abs_diff((*hf.model)(io.tensors.at("input_ids")), want) /
+         max_abs_diff(want, zeros_like(want));
+}
+
+TEST(HfExportFromCheckpointTest, LlamaWithItsConfigExportsToTransformersLogits) {
+  TempDir tmp("llama");
+  save_sharded_checkpoint("llama_gqa_untied", tmp / "ck");
+  checkpoint::HfExportOptions options;
+  options.config = nn::read_hf_config((kFixtures / "llama_gqa_untied").string());
+  options.save.max_shard_bytes = 20'000;  // sharded output
+  EXPECT_EQ(checkpoint::export_hf(tmp / "ck", tmp / "hf", options), 21);
+  EXPECT_TRUE(fs::exists(tmp / "hf/model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(tmp / "hf/.tessel-export-hf.safetensors"));
+  EXPECT_LE(logits_error(tmp / "hf", "llama_gqa_untied"), 1e-5);
+
+  // Without a config or heads, and with a config of other shapes: errors naming the problem.
+  try {
+    checkpoint::export_hf(tmp / "ck", tmp / "none", {});
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("number of heads"), std::string::npos) << e.what();
+  }
+  options.config->llama.ffn_hidden_size = 40;
+  try {
+    checkpoint::export_hf(tmp / "ck", tmp / "other", options);
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.0.mlp.up_proj.weight"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(HfExportFromCheckpointTest, ToolExportsAGptReadOffTheTensors) {
+  TempDir tmp("gpt2");
+  save_sharded_checkpoint("gpt2", tmp / "ck");
+  const std::string cmd = std::string(TESSEL_CKPT_PATH) + " export-hf " + (tmp / "ck") + " " +
+                          (tmp / "hf") + " --gpt-heads 2 --dtype f32 > " + (tmp / "out.txt");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const nn::HfConfig config = nn::read_hf_config(tmp / "hf");
+  EXPECT_EQ(config.gpt.n_layer, 2);
+  EXPECT_EQ(config.gpt.block_size, 32);
+  EXPECT_LE(logits_error(tmp / "hf", "gpt2"), 1e-5);
+  // Bad input: exit status 3 and one line saying why.
+  const std::string bad = std::string(TESSEL_CKPT_PATH) + " export-hf " + (tmp / "ck") + " " +
+                          (tmp / "bad") + " 2> " + (tmp / "err.txt");
+  EXPECT_EQ(WEXITSTATUS(std::system(bad.c_str())), 3);
+  std::ifstream err(tmp / "err.txt");
+  std::string line;
+  std::getline(err, line);
+  EXPECT_NE(line.find("number of heads"), std::string::npos) << line;
 }
 
 }  // namespace
