@@ -6,10 +6,9 @@
 #include <charconv>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
-
-#include <nlohmann/json.hpp>
 
 #include "tessel/base/error.h"
 #include "tessel/data/internal/pretokenizer.h"
@@ -110,8 +109,8 @@ struct BpeTokenizer::Impl {
 
   void set_specials(std::vector<SpecialToken> list, std::string_view source) {
     for (auto& s : list) {
-      TESSEL_CHECK(!s.text.empty(), InvalidArgument, "{}: special token {} has empty text",
-                   source, s.id);
+      TESSEL_CHECK(!s.text.empty(), InvalidArgument, "{}: special token {} has empty text", source,
+                   s.id);
       set_token(s.id, s.text);
     }
     std::stable_sort(list.begin(), list.end(), [](const SpecialToken& a, const SpecialToken& b) {
@@ -253,8 +252,9 @@ struct BpeTokenizer::Impl {
     out.reserve(text.size() / 3 + 1);
     size_t pos = 0;
     while (pos <= text.size()) {
-      auto [at, k] = with_specials && !specials.empty() ? find_special(text, pos)
-                                                        : std::pair{std::string_view::npos, size_t{0}};
+      auto [at, k] = with_specials && !specials.empty()
+                         ? find_special(text, pos)
+                         : std::pair{std::string_view::npos, size_t{0}};
       const size_t end = at == std::string_view::npos ? text.size() : at;
       encode_segment(text.substr(pos, end - pos), out);
       if (at == std::string_view::npos) break;
@@ -270,7 +270,8 @@ struct BpeTokenizer::Impl {
       auto it = bytes_to_id.find(one);
       TESSEL_CHECK(it != bytes_to_id.end(), InvalidArgument,
                    "{}: the vocabulary has no token for the single byte 0x{:02x}; byte-level BPE "
-                   "needs all 256", source, b);
+                   "needs all 256",
+                   source, b);
       byte_id[b] = it->second;
     }
   }
@@ -306,14 +307,14 @@ BpeTokenizer BpeTokenizer::from_tiktoken_text(std::string_view contents, std::st
     uint32_t rank = 0;
     const std::string_view rank_text =
         space == std::string_view::npos ? std::string_view{} : line.substr(space + 1);
-    const auto [end, ec] = std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
+    const auto [end, ec] =
+        std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
     std::optional<std::string> bytes =
         space == std::string_view::npos ? std::nullopt : base64_decode(line.substr(0, space));
     TESSEL_CHECK(bytes && ec == std::errc() && end == rank_text.data() + rank_text.size() &&
                      !rank_text.empty(),
-                 InvalidArgument,
-                 "{}:{}: expected \"<base64 token> <rank>\", got \"{}\"", source, line_number,
-                 line.substr(0, 80));
+                 InvalidArgument, "{}:{}: expected \"<base64 token> <rank>\", got \"{}\"", source,
+                 line_number, line.substr(0, 80));
     TESSEL_CHECK(rank < (1u << 31), InvalidArgument, "{}:{}: rank {} is too large", source,
                  line_number, rank);
     TESSEL_CHECK(rank >= impl->id_known.size() || !impl->id_known[rank], InvalidArgument,
@@ -326,8 +327,8 @@ BpeTokenizer BpeTokenizer::from_tiktoken_text(std::string_view contents, std::st
   impl->check_bytes_complete(source);
   for (const auto& s : specials) {
     TESSEL_CHECK(s.id >= impl->id_known.size() || !impl->id_known[s.id], InvalidArgument,
-                 "{}: special token \"{}\" has id {}, which an ordinary token already has",
-                 source, s.text, s.id);
+                 "{}: special token \"{}\" has id {}, which an ordinary token already has", source,
+                 s.text, s.id);
   }
   impl->set_specials(std::move(specials), source);
   return BpeTokenizer(std::move(impl));
@@ -349,7 +350,8 @@ BpeTokenizer BpeTokenizer::from_hf_json_text(std::string_view contents, std::str
     return InvalidArgument(fmt::format("{}: {}: {}", source, field, what));
   };
   auto null_or_empty = [](const json& j, const char* key) {
-    return !j.contains(key) || j[key].is_null() || (j[key].is_string() && j[key].get<std::string>().empty());
+    return !j.contains(key) || j[key].is_null() ||
+           (j[key].is_string() && j[key].get<std::string>().empty());
   };
   try {
     auto impl = std::make_unique<Impl>();
@@ -395,12 +397,11 @@ BpeTokenizer BpeTokenizer::from_hf_json_text(std::string_view contents, std::str
       pattern = split["pattern"]["Regex"].get<std::string>();
       byte_level(pre["pretokenizers"][1], false);
     } else {
-      throw fail("pre_tokenizer",
-                 "expected ByteLevel or Sequence[Split(Regex), ByteLevel], got " +
-                     pre.dump().substr(0, 120));
+      throw fail("pre_tokenizer", "expected ByteLevel or Sequence[Split(Regex), ByteLevel], got " +
+                                      pre.dump().substr(0, 120));
     }
-    impl->pretokenizer = std::make_unique<internal::Pretokenizer>(
-        pattern, fmt::format("{}: pre_tokenizer", source));
+    impl->pretokenizer =
+        std::make_unique<internal::Pretokenizer>(pattern, fmt::format("{}: pre_tokenizer", source));
 
     // Vocabulary: byte-level strings -> ids.
     std::unordered_map<std::string, uint32_t> vocab;  // byte-level string -> id
@@ -433,7 +434,8 @@ BpeTokenizer BpeTokenizer::from_hf_json_text(std::string_view contents, std::str
       auto ia = vocab.find(a), ib = vocab.find(b), iab = vocab.find(a + b);
       if (ia == vocab.end() || ib == vocab.end() || iab == vocab.end()) {
         throw fail("model.merges", fmt::format("merge {} (\"{}\" + \"{}\") names a token not in "
-                                               "the vocabulary", rank, a, b));
+                                               "the vocabulary",
+                                               rank, a, b));
       }
       impl->merges.try_emplace(static_cast<uint64_t>(ia->second) << 32 | ib->second, rank,
                                iab->second);
@@ -449,7 +451,8 @@ BpeTokenizer BpeTokenizer::from_hf_json_text(std::string_view contents, std::str
     impl->set_specials(std::move(specials), source);
     return BpeTokenizer(std::move(impl));
   } catch (const json::exception& e) {
-    throw InvalidArgument(fmt::format("{}: not a Hugging Face BPE tokenizer.json: {}", source, e.what()));
+    throw InvalidArgument(
+        fmt::format("{}: not a Hugging Face BPE tokenizer.json: {}", source, e.what()));
   }
 }
 
@@ -479,9 +482,7 @@ std::string BpeTokenizer::decode(std::span<const uint32_t> ids) const {
   return out;
 }
 
-uint32_t BpeTokenizer::vocab_size() const {
-  return static_cast<uint32_t>(impl_->id_bytes.size());
-}
+uint32_t BpeTokenizer::vocab_size() const { return static_cast<uint32_t>(impl_->id_bytes.size()); }
 
 std::optional<uint32_t> BpeTokenizer::special_id(std::string_view text) const {
   for (const auto& s : impl_->specials) {

@@ -39,7 +39,8 @@ void write_token_shard(const std::filesystem::path& path, std::span<const uint32
   const uint32_t width = options.token_bytes;
   TESSEL_CHECK(width == 2 || width == 4, InvalidArgument,
                "{}: token width {} bytes; expected 2 or 4", path.string(), width);
-  const uint64_t limit = options.vocab_size ? options.vocab_size : (width == 2 ? 65536ull : 1ull << 32);
+  const uint64_t limit =
+      options.vocab_size ? options.vocab_size : (width == 2 ? 65536ull : 1ull << 32);
   TESSEL_CHECK(width == 4 || limit <= 65536, InvalidArgument,
                "{}: vocabulary size {} does not fit 2-byte tokens; use 4", path.string(),
                options.vocab_size);
@@ -70,7 +71,8 @@ void write_token_shard(const std::filesystem::path& path, std::span<const uint32
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw_system_error(fmt::format("cannot create shard {}", tmp.string()), errno);
-    out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size()));
+    out.write(reinterpret_cast<const char*>(header.data()),
+              static_cast<std::streamsize>(header.size()));
     if (width == 4) {
       out.write(reinterpret_cast<const char*>(tokens.data()),
                 static_cast<std::streamsize>(tokens.size_bytes()));
@@ -79,7 +81,8 @@ void write_token_shard(const std::filesystem::path& path, std::span<const uint32
       for (size_t i = 0; i < tokens.size(); i += narrow.size()) {
         const size_t n = std::min(narrow.size(), tokens.size() - i);
         for (size_t k = 0; k < n; ++k) narrow[k] = static_cast<uint16_t>(tokens[i + k]);
-        out.write(reinterpret_cast<const char*>(narrow.data()), static_cast<std::streamsize>(n * 2));
+        out.write(reinterpret_cast<const char*>(narrow.data()),
+                  static_cast<std::streamsize>(n * 2));
       }
     }
     out.flush();
@@ -93,7 +96,8 @@ void write_token_shard(const std::filesystem::path& path, std::span<const uint32
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
     std::filesystem::remove(tmp);
-    throw IoError(fmt::format("cannot rename {} to {}: {}", tmp.string(), path.string(), ec.message()));
+    throw IoError(
+        fmt::format("cannot rename {} to {}: {}", tmp.string(), path.string(), ec.message()));
   }
 }
 
@@ -137,8 +141,8 @@ TokenShard::TokenShard(const std::filesystem::path& path) : path_(path) {
       const auto version = get<int32_t>(p, 4);
       TESSEL_CHECK(magic == kLlmcMagicGpt2 || magic == kLlmcMagicLlama3, InvalidArgument,
                    "token shard {}: unknown magic at offset 0 (bytes {:02x} {:02x} {:02x} {:02x}); "
-                   "expected \"TSLTOKEN\" (tessel) or llm.c's {} / {}", name, p[0], p[1], p[2],
-                   p[3], kLlmcMagicGpt2, kLlmcMagicLlama3);
+                   "expected \"TSLTOKEN\" (tessel) or llm.c's {} / {}",
+                   name, p[0], p[1], p[2], p[3], kLlmcMagicGpt2, kLlmcMagicLlama3);
       format_ = ShardFormat::kLlmc;
       header_bytes = kLlmcHeaderBytes;
       TESSEL_CHECK(file_bytes >= header_bytes, InvalidArgument,
@@ -150,23 +154,25 @@ TokenShard::TokenShard(const std::filesystem::path& path) : path_(path) {
                    name, version, magic, expected_version);
       token_bytes_ = magic == kLlmcMagicGpt2 ? 2 : 4;
       const auto count = get<int32_t>(p, 8);
-      TESSEL_CHECK(count >= 0, InvalidArgument, "token shard {}: negative token count {} at offset 8",
-                   name, count);
+      TESSEL_CHECK(count >= 0, InvalidArgument,
+                   "token shard {}: negative token count {} at offset 8", name, count);
       count_ = static_cast<size_t>(count);
     }
     const bool overflow = count_ > (SIZE_MAX - header_bytes) / token_bytes_;
     const size_t expected_end = overflow ? SIZE_MAX : header_bytes + count_ * token_bytes_;
     TESSEL_CHECK(expected_end == file_bytes, InvalidArgument,
                  "token shard {}: the header says {} tokens of {} bytes (ending at offset {}), but "
-                 "the file ends at offset {} ({})", name, count_, token_bytes_, expected_end,
-                 file_bytes, expected_end > file_bytes ? "truncated" : "trailing bytes");
+                 "the file ends at offset {} ({})",
+                 name, count_, token_bytes_, expected_end, file_bytes,
+                 expected_end > file_bytes ? "truncated" : "trailing bytes");
     tokens_ = p + header_bytes;
     if (vocab_size_ != 0) {
       for (size_t i = 0; i < count_; ++i) {
         const uint32_t t = (*this)[i];
         TESSEL_CHECK(t < vocab_size_, InvalidArgument,
                      "token shard {}: token {} at offset {} is not below the header's vocabulary "
-                     "size {}", name, t, header_bytes + i * token_bytes_, vocab_size_);
+                     "size {}",
+                     name, t, header_bytes + i * token_bytes_, vocab_size_);
       }
     }
   } catch (...) {

@@ -36,8 +36,8 @@ inline constexpr size_t kLlmcHeaderBytes = 1024;
 enum class ShardFormat { kTessel, kLlmc };
 
 struct ShardWriteOptions {
-  uint32_t token_bytes = 2;  // 2 (ids below 65,536) or 4
-  uint32_t vocab_size = 0;   // recorded in the header; 0 = unknown
+  uint32_t token_bytes = 2;                   // 2 (ids below 65,536) or 4
+  uint32_t vocab_size = 0;                    // recorded in the header; 0 = unknown
   ShardFormat format = ShardFormat::kTessel;  // kLlmc writes llm.c's GPT-2 (2) / Llama 3 (4) header
 };
 

@@ -20,23 +20,22 @@ struct MatchDataDeleter {
 
 }  // namespace
 
-Pretokenizer::Pretokenizer(std::string_view pattern, std::string_view source)
-    : pattern_(pattern) {
+Pretokenizer::Pretokenizer(std::string_view pattern, std::string_view source) : pattern_(pattern) {
   // UTF + UCP: \p{L}, \s and (?i) follow Unicode as Rust's regex does; DOLLAR_ENDONLY: `$` is
   // the end of the text only (PCRE's default also matches before a final newline);
   // MATCH_INVALID_UTF: invalid UTF-8 is never matched instead of failing the whole search.
   int error = 0;
   PCRE2_SIZE error_offset = 0;
-  pcre2_code* code = pcre2_compile(
-      reinterpret_cast<PCRE2_SPTR>(pattern_.data()), pattern_.size(),
-      PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY | PCRE2_MATCH_INVALID_UTF, &error,
-      &error_offset, nullptr);
+  pcre2_code* code =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern_.data()), pattern_.size(),
+                    PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY | PCRE2_MATCH_INVALID_UTF, &error,
+                    &error_offset, nullptr);
   if (code == nullptr) {
     std::array<PCRE2_UCHAR, 256> message{};
     pcre2_get_error_message(error, message.data(), message.size());
-    throw InvalidArgument(fmt::format("{}: pre-tokenization pattern does not compile at offset {}: {}",
-                                      source, error_offset,
-                                      reinterpret_cast<const char*>(message.data())));
+    throw InvalidArgument(
+        fmt::format("{}: pre-tokenization pattern does not compile at offset {}: {}", source,
+                    error_offset, reinterpret_cast<const char*>(message.data())));
   }
   // The JIT is an optimisation: where it is unavailable, pcre2_match interprets.
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
@@ -53,8 +52,8 @@ void Pretokenizer::split(std::string_view text,
   size_t covered = 0;  // words cover [0, covered)
   size_t offset = 0;   // where the next search starts
   while (offset < text.size()) {
-    const int rc = pcre2_match(as_code(code_), subject, text.size(), offset, 0, match_data.get(),
-                               nullptr);
+    const int rc =
+        pcre2_match(as_code(code_), subject, text.size(), offset, 0, match_data.get(), nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     TESSEL_CHECK(rc >= 0, Internal, "pre-tokenization match failed with PCRE2 error {} at byte {}",
                  rc, offset);
@@ -84,8 +83,8 @@ struct ByteLevelTables {
     code_to_byte.fill(-1);
     int next = 256;
     for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) ||
-                             (b >= 0xAE && b <= 0xFF);
+      const bool printable =
+          (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
       const int code = printable ? b : next++;
       code_to_byte[code] = b;
       std::string& s = chars[b];

@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -85,7 +85,9 @@ std::shared_ptr<const std::string> read_text(const fs::path& path) {
 class ShardSink {
  public:
   ShardSink(fs::path dir, std::string prefix, size_t shard_tokens, ShardWriteOptions options)
-      : dir_(std::move(dir)), prefix_(std::move(prefix)), shard_tokens_(shard_tokens),
+      : dir_(std::move(dir)),
+        prefix_(std::move(prefix)),
+        shard_tokens_(shard_tokens),
         options_(options) {}
 
   void append(const std::vector<uint32_t>& tokens) {
@@ -142,8 +144,8 @@ class Progress {
     last_print_ = now;
     const double secs = std::chrono::duration<double>(now - start_).count();
     std::fprintf(stderr, "%stessel-tokenize: %zu/%zu files, %.1f MB, %zu tokens, %.1f MB/s%s%s",
-                 tty_ ? "\r" : "", files_done_.load(), files_, bytes_.load() / 1e6,
-                 tokens_.load(), secs > 0 ? bytes_.load() / 1e6 / secs : 0.0,
+                 tty_ ? "\r" : "", files_done_.load(), files_, bytes_.load() / 1e6, tokens_.load(),
+                 secs > 0 ? bytes_.load() / 1e6 / secs : 0.0,
                  last ? fmt::format(", {} shards", shards_).c_str() : "", last ? "\n" : "");
     std::fflush(stderr);
   }
@@ -204,7 +206,8 @@ int main(int argc, char** argv) {
                  "a special token put before every document (file), e.g. <|endoftext|>");
   app.add_option("--out", out_dir, "the folder for the shards (made if missing)")->required();
   app.add_option("--prefix", prefix, "shard file names: PREFIX_000000.bin, ...");
-  app.add_option("--shard-tokens", shard_tokens, "tokens per shard")->check(cli::integer_at_least(1));
+  app.add_option("--shard-tokens", shard_tokens, "tokens per shard")
+      ->check(cli::integer_at_least(1));
   app.add_option("--token-bytes", token_bytes, "2 or 4; 0 picks 2 when the vocabulary fits")
       ->check(cli::one_of({"0", "2", "4"}));
   app.add_option("--format", format, "tessel or llmc (llm.c's .bin header)")
@@ -228,9 +231,10 @@ int main(int argc, char** argv) {
       for (const auto& s : specials_text) {
         const size_t eq = s.rfind('=');
         uint32_t id = 0;
-        TESSEL_CHECK(eq != std::string::npos && eq > 0 &&
-                         std::from_chars(s.data() + eq + 1, s.data() + s.size(), id).ec == std::errc(),
-                     InvalidArgument, "--special {}: expected TEXT=ID", s);
+        TESSEL_CHECK(
+            eq != std::string::npos && eq > 0 &&
+                std::from_chars(s.data() + eq + 1, s.data() + s.size(), id).ec == std::errc(),
+            InvalidArgument, "--special {}: expected TEXT=ID", s);
         specials.push_back({s.substr(0, eq), id});
       }
       const std::string regex = pattern == "gpt2"     ? std::string(kGpt2Pattern)
@@ -247,8 +251,8 @@ int main(int argc, char** argv) {
     }
     ShardWriteOptions options;
     options.vocab_size = tok->vocab_size();
-    options.token_bytes = token_bytes ? static_cast<uint32_t>(token_bytes)
-                                      : (tok->vocab_size() <= 65536 ? 2 : 4);
+    options.token_bytes =
+        token_bytes ? static_cast<uint32_t>(token_bytes) : (tok->vocab_size() <= 65536 ? 2 : 4);
     options.format = format == "llmc" ? ShardFormat::kLlmc : ShardFormat::kTessel;
     fs::create_directories(out_dir);
 
@@ -256,8 +260,8 @@ int main(int argc, char** argv) {
     Progress progress(inputs.size());
     // Files are read and encoded in batches of a few chunks per thread, so memory stays
     // bounded by the batch, and appended to the shards in input order.
-    const size_t batch_bytes =
-        static_cast<size_t>(std::max<int64_t>(chunk_bytes, 1 << 20)) * static_cast<size_t>(threads) * 4;
+    const size_t batch_bytes = static_cast<size_t>(std::max<int64_t>(chunk_bytes, 1 << 20)) *
+                               static_cast<size_t>(threads) * 4;
     std::vector<Chunk> batch;
     size_t batched = 0;
     auto flush = [&] {

@@ -4,13 +4,13 @@
 
 #include "tessel/data/bpe_tokenizer.h"
 
+#include <gtest/gtest.h>
+
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <thread>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "tessel/base/error.h"
 
@@ -32,7 +32,8 @@ const json& reference() {
 }
 
 const std::vector<std::string>& samples() {
-  static const std::vector<std::string> s = load_json("samples.json").get<std::vector<std::string>>();
+  static const std::vector<std::string> s =
+      load_json("samples.json").get<std::vector<std::string>>();
   return s;
 }
 
@@ -144,7 +145,8 @@ TEST(BpeTokenizerTest, DecodeNamesAnUnknownId) {
     tok.decode(ids);
     FAIL() << "decode accepted an unknown id";
   } catch (const OutOfRange& e) {
-    EXPECT_NE(std::string(e.what()).find("id 9999999 at position 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("id 9999999 at position 1"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -157,24 +159,35 @@ TEST(BpeTokenizerTest, BadFilesNameTheFileAndLine) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_error([] { BpeTokenizer::from_tiktoken_text("AA== 0\nnot base64!! 1\n", kGpt2Pattern, {}, "bad.tiktoken"); },
-               "bad.tiktoken:2: expected \"<base64 token> <rank>\"");
-  expect_error([] { BpeTokenizer::from_tiktoken_text("AA== 0\nAQ== 0\n", kGpt2Pattern, {}, "dup.tiktoken"); },
-               "dup.tiktoken:2: rank 0 appears twice");
-  expect_error([] { BpeTokenizer::from_tiktoken_text("AA== 0\n", kGpt2Pattern, {}, "short.tiktoken"); },
-               "short.tiktoken: the vocabulary has no token for the single byte 0x01");
+  expect_error(
+      [] {
+        BpeTokenizer::from_tiktoken_text("AA== 0\nnot base64!! 1\n", kGpt2Pattern, {},
+                                         "bad.tiktoken");
+      },
+      "bad.tiktoken:2: expected \"<base64 token> <rank>\"");
+  expect_error(
+      [] {
+        BpeTokenizer::from_tiktoken_text("AA== 0\nAQ== 0\n", kGpt2Pattern, {}, "dup.tiktoken");
+      },
+      "dup.tiktoken:2: rank 0 appears twice");
+  expect_error(
+      [] { BpeTokenizer::from_tiktoken_text("AA== 0\n", kGpt2Pattern, {}, "short.tiktoken"); },
+      "short.tiktoken: the vocabulary has no token for the single byte 0x01");
   expect_error([] { BpeTokenizer::from_tiktoken(kFixtures + "/bpe.tiktoken", "(unclosed", {}); },
                "does not compile");
   expect_error([] { BpeTokenizer::from_tiktoken("/nonexistent/x.tiktoken", kGpt2Pattern, {}); },
                "/nonexistent/x.tiktoken");
-  expect_error([] { BpeTokenizer::from_hf_json_text("{", "broken.json"); }, "broken.json: not valid JSON");
+  expect_error([] { BpeTokenizer::from_hf_json_text("{", "broken.json"); },
+               "broken.json: not valid JSON");
   std::ifstream in(kFixtures + "/bpe_gpt2.tokenizer.json");
   json doc = json::parse(in);
   doc["normalizer"] = {{"type", "NFC"}};
-  expect_error([&] { BpeTokenizer::from_hf_json_text(doc.dump(), "nfc.json"); }, "nfc.json: normalizer");
+  expect_error([&] { BpeTokenizer::from_hf_json_text(doc.dump(), "nfc.json"); },
+               "nfc.json: normalizer");
   doc["normalizer"] = nullptr;
   doc["model"]["type"] = "WordPiece";
-  expect_error([&] { BpeTokenizer::from_hf_json_text(doc.dump(), "wp.json"); }, "wp.json: model.type");
+  expect_error([&] { BpeTokenizer::from_hf_json_text(doc.dump(), "wp.json"); },
+               "wp.json: model.type");
 }
 
 // Random bytes (mostly invalid UTF-8), cuts of valid text mid-character, special tokens'
@@ -187,8 +200,9 @@ TEST(BpeTokenizerTest, FuzzRoundTripsAnyBytes) {
   std::string all_samples;
   for (const auto& s : samples()) all_samples += s;
   std::mt19937_64 rng(20261128);
-  const std::vector<std::string> fragments = {"<|endoftext|>", "<|end", "oftext|>", "<|pad|>", "'s",
-                                              "\r\n", "  ", "\xF0\x9F", "\xC3", "\xFF", "\x80"};
+  const std::vector<std::string> fragments = {
+      "<|endoftext|>", "<|end", "oftext|>", "<|pad|>", "'s", "\r\n", "  ",
+      "\xF0\x9F",      "\xC3",  "\xFF",     "\x80"};
   for (int iter = 0; iter < 3000; ++iter) {
     std::string text;
     const int kind = iter % 3;
@@ -200,13 +214,16 @@ TEST(BpeTokenizerTest, FuzzRoundTripsAnyBytes) {
       text = all_samples.substr(start, len);
     } else {  // fragments and bytes mixed
       while (text.size() < len) {
-        if (rng() % 2) text += fragments[rng() % fragments.size()];
-        else text.push_back(static_cast<char>(rng() & 0xFF));
+        if (rng() % 2)
+          text += fragments[rng() % fragments.size()];
+        else
+          text.push_back(static_cast<char>(rng() & 0xFF));
       }
     }
     if (iter == 0) text.clear();
     for (const auto& tok : toks) {
-      ASSERT_EQ(tok.decode(tok.encode(text)), text) << "iteration " << iter << ": " << printable(text);
+      ASSERT_EQ(tok.decode(tok.encode(text)), text)
+          << "iteration " << iter << ": " << printable(text);
       ASSERT_EQ(tok.decode(tok.encode_ordinary(text)), text) << "iteration " << iter;
     }
   }

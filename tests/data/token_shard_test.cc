@@ -4,13 +4,12 @@
 
 #include "tessel/data/token_shard.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "tessel/base/error.h"
@@ -37,7 +36,8 @@ class TokenShardTest : public ::testing::Test {
     return {std::istreambuf_iterator<char>(in), {}};
   }
   void write_bytes(const fs::path& p, const std::string& bytes) {
-    std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(p, std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   }
   // Opening `p` fails with an error whose text contains every needle.
   void expect_open_error(const fs::path& p, std::vector<std::string> needles) {
@@ -47,7 +47,8 @@ class TokenShardTest : public ::testing::Test {
     } catch (const Error& e) {
       needles.push_back(p.string());
       for (const auto& n : needles) {
-        EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "'" << n << "' not in: " << e.what();
+        EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
+            << "'" << n << "' not in: " << e.what();
       }
     }
   }
@@ -100,7 +101,11 @@ TEST_F(TokenShardTest, HeaderBytesAreTheDocumentedOnes) {
   const std::string b = read_bytes(p);
   ASSERT_EQ(b.size(), 32u + 6u);
   EXPECT_EQ(b.substr(0, 8), "TSLTOKEN");
-  auto u32 = [&](size_t o) { uint32_t v; std::memcpy(&v, b.data() + o, 4); return v; };
+  auto u32 = [&](size_t o) {
+    uint32_t v;
+    std::memcpy(&v, b.data() + o, 4);
+    return v;
+  };
   uint64_t count;
   std::memcpy(&count, b.data() + 16, 8);
   EXPECT_EQ(u32(8), 1u);

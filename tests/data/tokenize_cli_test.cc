@@ -2,6 +2,8 @@
 // gives for each file (separator first), whatever the threads, chunk size and shard size; bad
 // input ends with status 1 and a line naming it.
 
+#include <fmt/format.h>
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,9 +11,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-
-#include <gtest/gtest.h>
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "tessel/data/bpe_tokenizer.h"
@@ -106,8 +105,9 @@ TEST_F(TokenizeCliTest, ShardsHoldTheLibrarysIdsWhateverThreadsAndChunks) {
     EXPECT_NE(r.output.find("tessel-tokenize: 3/3 files"), std::string::npos) << r.output;
     size_t shards = 0;
     EXPECT_EQ(read_shards(out, &shards), expected) << flags;
-    EXPECT_EQ(shards, name == "one" ? 1 : (expected.size() + (name == "many" ? 999 : 776)) /
-                                              (name == "many" ? 1000 : 777))
+    EXPECT_EQ(shards, name == "one" ? 1
+                                    : (expected.size() + (name == "many" ? 999 : 776)) /
+                                          (name == "many" ? 1000 : 777))
         << flags;
     if (name == "llmc") {
       EXPECT_EQ(TokenShard(out / "shard_000000.bin").format(), ShardFormat::kLlmc);
@@ -123,8 +123,9 @@ TEST_F(TokenizeCliTest, HuggingFaceTokenizer) {
     expected.insert(expected.end(), ids.begin(), ids.end());
   }
   const fs::path out = dir_ / "hf";
-  const ToolRun r = run("--hf-json " + kFixtures + "/bpe_llama3.tokenizer.json --chunk-bytes 100 --out " +
-                    out.string() + files_);
+  const ToolRun r =
+      run("--hf-json " + kFixtures + "/bpe_llama3.tokenizer.json --chunk-bytes 100 --out " +
+          out.string() + files_);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(read_shards(out), expected);
 }
@@ -138,7 +139,8 @@ TEST_F(TokenizeCliTest, BadInputsExitOneNamingThem) {
   r = run(tk + "--doc-separator '<|bos|>' --out " + (dir_ / "o").string() + files_);
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("--doc-separator <|bos|>: the tokenizer has no such special token"),
-            std::string::npos) << r.output;
+            std::string::npos)
+      << r.output;
 
   r = run("--tiktoken " + (dir_ / "missing.tiktoken").string() + " --out x" + files_);
   EXPECT_EQ(r.status, 1) << r.output;
