@@ -445,7 +445,15 @@ BpeTokenizer BpeTokenizer::from_hf_json_text(std::string_view contents, std::str
     std::vector<SpecialToken> specials;
     if (doc.contains("added_tokens")) {
       for (const auto& t : doc["added_tokens"]) {
-        specials.push_back({t.at("content").get<std::string>(), t.at("id").get<uint32_t>()});
+        const auto content = t.at("content").get<std::string>();
+        // Matching with stripped neighbours or on word boundaries would change the ids.
+        for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
+          if (t.value(flag, false)) {
+            throw fail("added_tokens",
+                       fmt::format("\"{}\" has {} set, which is not supported", content, flag));
+          }
+        }
+        specials.push_back({content, t.at("id").get<uint32_t>()});
       }
     }
     impl->set_specials(std::move(specials), source);

@@ -52,11 +52,11 @@ class BpeTokenizer {
                                          std::string_view source = "<memory>");
 
   // A Hugging Face tokenizer.json whose model is BPE over a ByteLevel alphabet (GPT-2, RoBERTa,
-  // Llama 3, Qwen-style files): vocab, merges (either JSON form), added tokens (matched as
+  // Llama 3 files): vocab, merges (either JSON form), added tokens (matched as
   // special tokens), pre-tokenizer ByteLevel or Sequence[Split(Regex), ByteLevel]. Throws
   // InvalidArgument naming the file and the field for anything else (a normalizer, WordPiece,
-  // a non-byte-level model, dropout). encode() does not add the post-processor's BOS/EOS
-  // (tokenizers' add_special_tokens=False).
+  // a non-byte-level model, dropout, added tokens with lstrip/rstrip/single_word). encode() does
+  // not add the post-processor's BOS/EOS (tokenizers' add_special_tokens=False).
   static BpeTokenizer from_hf_json(const std::filesystem::path& path);
   static BpeTokenizer from_hf_json_text(std::string_view contents,
                                         std::string_view source = "<memory>");

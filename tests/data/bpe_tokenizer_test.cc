@@ -185,6 +185,10 @@ TEST(BpeTokenizerTest, BadFilesNameTheFileAndLine) {
   expect_error([&] { BpeTokenizer::from_hf_json_text(doc.dump(), "nfc.json"); },
                "nfc.json: normalizer");
   doc["normalizer"] = nullptr;
+  doc["added_tokens"][0]["lstrip"] = true;
+  expect_error([&] { BpeTokenizer::from_hf_json_text(doc.dump(), "lstrip.json"); },
+               "lstrip.json: added_tokens: \"<|endoftext|>\" has lstrip set");
+  doc["added_tokens"][0]["lstrip"] = false;
   doc["model"]["type"] = "WordPiece";
   expect_error([&] { BpeTokenizer::from_hf_json_text(doc.dump(), "wp.json"); },
                "wp.json: model.type");
