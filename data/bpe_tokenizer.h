@@ -51,7 +51,7 @@ class BpeTokenizer {
                                          std::vector<SpecialToken> specials,
                                          std::string_view source = "<memory>");
 
-  // A Hugging Face tokenizer.json whose model is BPE over a ByteLevel alphabet (GPT-2, RoBERTa,
+  // A Hugging Face tokenizer.json whose model is BPE over a ByteLevel alphabet (GPT-2,
   // Llama 3 files): vocab, merges (either JSON form), added tokens (matched as
   // special tokens), pre-tokenizer ByteLevel or Sequence[Split(Regex), ByteLevel]. Throws
   // InvalidArgument naming the file and the field for anything else (a normalizer, WordPiece,
