@@ -160,6 +160,35 @@ TEST(HfFormatTest, ConfigsMapToTesselConfigs) {
   EXPECT_EQ(v4.dtype, DType::kF16);
 }
 
+TEST(HfFormatTest, PublishedLlama32ConfigGivesThePresetsShapes) {
+  // meta-llama/Llama-3.2-1B's config.json, as published.
+  const HfConfig c = parse_hf_config(R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256})",
+                                     "Llama-3.2-1B");
+  const LlamaConfig preset = LlamaConfig::llama3_2_1b();
+  EXPECT_EQ(c.llama.num_parameters(), preset.num_parameters());
+  EXPECT_EQ(c.llama.kv_heads(), preset.kv_heads());
+  EXPECT_EQ(c.llama.head_size(), preset.head_size());
+  EXPECT_EQ(c.llama.ffn_hidden(), preset.ffn_hidden());
+  EXPECT_EQ(c.llama.max_seq_len, preset.max_seq_len);
+  EXPECT_EQ(c.llama.rope_theta, preset.rope_theta);
+  ASSERT_TRUE(c.llama.rope_scaling.has_value());
+  EXPECT_EQ(c.llama.rope_scaling->factor, preset.rope_scaling->factor);
+  EXPECT_EQ(c.llama.rope_scaling->original_max_position_embeddings,
+            preset.rope_scaling->original_max_position_embeddings);
+  EXPECT_TRUE(c.llama.tie_word_embeddings);
+  EXPECT_EQ(c.dtype, DType::kBF16);
+}
+
 TEST(HfFormatTest, Gpt2Conv1DWeightsAreTransposedInTheFile) {
   const fs::path dir = kFixtures / "gpt2";
   HfModel hf = load_hf_model(dir.string());
