@@ -7,13 +7,17 @@ tests/nn/hf_format_test.cc runs this on tessel's export, when a Python with tran
 import sys
 
 import torch
+import transformers
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 
 def main(model_dir, io_file):
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32,
-                                                 attn_implementation="eager").eval()
+    # transformers 5 renamed torch_dtype to dtype.
+    major = int(transformers.__version__.split(".")[0])
+    dtype = {"dtype" if major >= 5 else "torch_dtype": torch.float32}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager",
+                                                 **dtype).eval()
     io = load_file(io_file)
     with torch.no_grad():
         logits = model(input_ids=io["input_ids"]).logits.float().contiguous()
