@@ -1,18 +1,18 @@
 #include "tessel/nn/hf_format.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <utility>
 #include <vector>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "tessel/base/error.h"
 #include "tessel/tensor/autograd.h"
@@ -95,8 +95,8 @@ class ConfigReader {
   // A key whose value, when present, must be `expected` (a setting tessel does not implement).
   void expect_false(const std::string& key) const {
     TESSEL_CHECK(!boolean(key, false), InvalidArgument,
-                 "{}: \"{}\": true is not supported (tessel's model has no such option)",
-                 source_, key);
+                 "{}: \"{}\": true is not supported (tessel's model has no such option)", source_,
+                 key);
   }
 
  private:
@@ -120,16 +120,20 @@ std::optional<DType> parse_torch_dtype(const ConfigReader& r, std::string_view s
   if (name == "float32") return DType::kF32;
   if (name == "bfloat16") return DType::kBF16;
   if (name == "float16") return DType::kF16;
-  throw InvalidArgument(fmt::format(
-      "{}: \"{}\" is \"{}\"; expected float32, bfloat16 or float16", source, key, name));
+  throw InvalidArgument(fmt::format("{}: \"{}\" is \"{}\"; expected float32, bfloat16 or float16",
+                                    source, key, name));
 }
 
 std::string torch_dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "float32";
-    case DType::kBF16: return "bfloat16";
-    case DType::kF16: return "float16";
-    default: break;
+    case DType::kF32:
+      return "float32";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+    default:
+      break;
   }
   throw InvalidArgument(fmt::format("Hugging Face weights are float32, bfloat16 or float16, not {}",
                                     dtype_name(dtype)));
@@ -161,19 +165,19 @@ LlamaConfig parse_llama(const Json& json, std::string_view source) {
   c.rope_theta = r.number("rope_theta", 10000.0);
   c.rope_scaling.reset();
   if (r.has(rope_key)) {
-    TESSEL_CHECK(json[rope_key].is_object(), InvalidArgument, "{}: \"{}\" must be an object, got {}",
-                 source, rope_key, json[rope_key].dump());
+    TESSEL_CHECK(json[rope_key].is_object(), InvalidArgument,
+                 "{}: \"{}\" must be an object, got {}", source, rope_key, json[rope_key].dump());
     const std::string where = fmt::format("{} \"{}\"", source, rope_key);
     const ConfigReader rope(json[rope_key], where);
     c.rope_theta = rope.number("rope_theta", c.rope_theta);
     const std::string type = rope.string("rope_type", rope.string("type", "default"));
     if (type == "llama3") {
-      c.rope_scaling = kernels::RopeScaling{
-          .factor = rope.number("factor", 8.0),
-          .low_freq_factor = rope.number("low_freq_factor", 1.0),
-          .high_freq_factor = rope.number("high_freq_factor", 4.0),
-          .original_max_position_embeddings =
-              rope.integer("original_max_position_embeddings", 8192)};
+      c.rope_scaling =
+          kernels::RopeScaling{.factor = rope.number("factor", 8.0),
+                               .low_freq_factor = rope.number("low_freq_factor", 1.0),
+                               .high_freq_factor = rope.number("high_freq_factor", 4.0),
+                               .original_max_position_embeddings =
+                                   rope.integer("original_max_position_embeddings", 8192)};
     } else {
       TESSEL_CHECK(type == "default", InvalidArgument,
                    "{}: rope type \"{}\" is not supported (tessel has \"default\" and \"llama3\")",
@@ -340,9 +344,7 @@ Tensor read_entry(const Located& at) {
   return read_box(at, Shape(at.entry.shape.size(), 0), at.entry.shape, &ignored);
 }
 
-bool is_float_weight(DType d) {
-  return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16;
-}
+bool is_float_weight(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
 
 bool same_values(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape()) return false;
@@ -566,15 +568,15 @@ HfLoadStats load_hf_weights(Module& model, const std::string& dir) {
 
   // A tied LM head may be stored anyway; it must then be the embedding.
   const bool tied = arch == HfArchitecture::kGpt2 || config.llama.tie_word_embeddings;
-  const std::string embedding =
-      arch == HfArchitecture::kGpt2 ? hf_name("transformer.wte.weight") : "model.embed_tokens.weight";
+  const std::string embedding = arch == HfArchitecture::kGpt2 ? hf_name("transformer.wte.weight")
+                                                              : "model.embed_tokens.weight";
   std::vector<std::string> unexpected;
   for (const auto& [key, at] : available) {
     if (used.count(key) || is_ignored_buffer(arch, key)) continue;
     if (tied && key == "lm_head.weight" && available.count(embedding)) {
       if (same_values(read_entry(at), read_entry(available.at(embedding)))) continue;
-      mismatched.push_back(
-          "lm_head.weight (the model ties it to " + embedding + ", but the values differ)");
+      mismatched.push_back("lm_head.weight (the model ties it to " + embedding +
+                           ", but the values differ)");
       continue;
     }
     unexpected.push_back(key);

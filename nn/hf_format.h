@@ -70,15 +70,15 @@ struct HfLoadStats {
 // f32 to each parameter's dtype. A parameter that is a shard (Tensor::shard_info: FSDP, tensor
 // parallelism) receives its box of the whole tensor, and only the box's bytes are read, in
 // contiguous runs; a whole shape that views a fused weight by sections (tensor parallelism's
-// c_attn, (3C, C) as (3, C, C)) reads one box per section. Every tensor is read into a temporary first; the model is changed only when
-// all of them were found and fit, so a failed load leaves it as it was. Parameters must have
-// memory (to_empty() a model built on the meta device first). Throws InvalidArgument listing
-// every problem by tensor name: an architecture other than the model's, missing tensors,
-// unexpected tensors, shapes other than the model's (whole shapes, for shards), non-float
-// dtypes, an index that names a file outside `dir` or a tensor its file lacks; IoError when a
-// file cannot be read. Ignored: buffers old transformers versions saved (GPT-2's attn.bias and
-// attn.masked_bias, Llama's rotary_emb.inv_freq), and lm_head.weight of a tied model when it
-// equals the embedding (both read whole to compare).
+// c_attn, (3C, C) as (3, C, C)) reads one box per section. Every tensor is read into a temporary
+// first; the model is changed only when all of them were found and fit, so a failed load leaves it
+// as it was. Parameters must have memory (to_empty() a model built on the meta device first).
+// Throws InvalidArgument listing every problem by tensor name: an architecture other than the
+// model's, missing tensors, unexpected tensors, shapes other than the model's (whole shapes, for
+// shards), non-float dtypes, an index that names a file outside `dir` or a tensor its file lacks;
+// IoError when a file cannot be read. Ignored: buffers old transformers versions saved (GPT-2's
+// attn.bias and attn.masked_bias, Llama's rotary_emb.inv_freq), and lm_head.weight of a tied model
+// when it equals the embedding (both read whole to compare).
 HfLoadStats load_hf_weights(Module& model, const std::string& dir);
 
 struct HfSaveOptions {

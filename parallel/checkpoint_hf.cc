@@ -1,10 +1,10 @@
 #include "tessel/parallel/checkpoint_hf.h"
 
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <memory>
 #include <string_view>
-
-#include <fmt/format.h>
 
 #include "tessel/base/error.h"
 #include "tessel/nn/gpt.h"
@@ -58,8 +58,7 @@ nn::GptConfig infer_gpt(const TensorMap& tensors, int64_t heads, const std::stri
 
 }  // namespace
 
-int64_t export_hf(const std::string& dir, const std::string& out,
-                  const HfExportOptions& options) {
+int64_t export_hf(const std::string& dir, const std::string& out, const HfExportOptions& options) {
   TESSEL_CHECK(options.config.has_value() || options.gpt_heads > 0, InvalidArgument,
                "export_hf: give the model's Hugging Face config or, for a GPT, its number of "
                "heads (the checkpoint's shapes do not tell it)");
@@ -77,8 +76,8 @@ int64_t export_hf(const std::string& dir, const std::string& out,
     if (options.config && options.config->architecture == nn::HfArchitecture::kLlama) {
       model = std::make_shared<nn::Llama>(options.config->llama);
     } else {
-      model = std::make_shared<nn::GPT>(options.config ? options.config->gpt
-                                                       : infer_gpt(tensors, options.gpt_heads, dir));
+      model = std::make_shared<nn::GPT>(
+          options.config ? options.config->gpt : infer_gpt(tensors, options.gpt_heads, dir));
     }
   }
   model->to_empty(Device::cpu());

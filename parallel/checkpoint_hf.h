@@ -15,10 +15,10 @@
 namespace tessel::checkpoint {
 
 struct HfExportOptions {
-  std::string prefix = "model.";        // the model's tensors in the checkpoint, as consolidate
-  std::optional<nn::HfConfig> config;   // the shapes; none: a GPT inferred from the tensors
-  int64_t gpt_heads = 0;                // for the inferred GPT (shapes do not tell the heads)
-  nn::HfSaveOptions save;               // shard size and saved dtype
+  std::string prefix = "model.";       // the model's tensors in the checkpoint, as consolidate
+  std::optional<nn::HfConfig> config;  // the shapes; none: a GPT inferred from the tensors
+  int64_t gpt_heads = 0;               // for the inferred GPT (shapes do not tell the heads)
+  nn::HfSaveOptions save;              // shard size and saved dtype
 };
 
 // Reads the tensors of the checkpoint at `dir` (a checkpoint folder, or a root: its latest)
@@ -29,7 +29,6 @@ struct HfExportOptions {
 // InvalidArgument naming the problem: neither a config nor gpt_heads, tensors that do not fit
 // the model (missing, unexpected, mismatched, as Module::load_state_dict), or as consolidate
 // and save_hf do.
-int64_t export_hf(const std::string& dir, const std::string& out,
-                  const HfExportOptions& options);
+int64_t export_hf(const std::string& dir, const std::string& out, const HfExportOptions& options);
 
 }  // namespace tessel::checkpoint

@@ -52,8 +52,7 @@ Tensor logits_of(Module& model, const Tensor& ids) {
 class TempDir {
  public:
   explicit TempDir(const std::string& tag)
-      : path_(fs::temp_directory_path() /
-              ("tessel_hf_" + tag + "_" + std::to_string(::getpid()))) {
+      : path_(fs::temp_directory_path() / ("tessel_hf_" + tag + "_" + std::to_string(::getpid()))) {
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
@@ -227,9 +226,9 @@ TEST(HfFormatTest, Gpt2SavedFromTheBaseModelWithOldBuffersLoads) {
   base.emplace("h.1.attn.masked_bias", full({}, -1e4));
   save_safetensors((dir.path() / "model.safetensors").string(), base, file.metadata);
   HfModel hf = load_hf_model(dir.str());
-  EXPECT_LE(relative_error(logits_of(*hf.model, io.tensors.at("input_ids")),
-                           io.tensors.at("logits")),
-            1e-5);
+  EXPECT_LE(
+      relative_error(logits_of(*hf.model, io.tensors.at("input_ids")), io.tensors.at("logits")),
+      1e-5);
 }
 
 TEST(HfFormatTest, Bf16AndF16LoadIntoTheModelsDtypeAndExportInTheAskedOne) {
@@ -509,8 +508,9 @@ TEST(HfTransformersTest, TransformersLoadsTesselsExport) {
   const std::vector<Case> cases{
       {"llama_untied", std::make_shared<Llama>(untied), 100'000},  // sharded
       {"llama_tied", std::make_shared<Llama>(tied), 5'000'000'000},
-      {"gpt2", std::make_shared<GPT>(GptConfig{.vocab_size = 96, .block_size = 32, .n_layer = 2,
-                                               .n_head = 2, .n_embd = 32, .seed = 3}),
+      {"gpt2",
+       std::make_shared<GPT>(GptConfig{
+           .vocab_size = 96, .block_size = 32, .n_layer = 2, .n_head = 2, .n_embd = 32, .seed = 3}),
        5'000'000'000},
   };
   std::mt19937 rng(11);

@@ -82,8 +82,8 @@ class HfFsdpLoadTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfFsdpLoadTest, EachRankReadsItsShardsAndLogitsMatchOneProcess) {
   const std::string dir = (kFixtures / GetParam()).string();
-  const Tensor ids =
-      load_safetensors((kFixtures / GetParam() / "io.safetensors").string()).tensors.at("input_ids");
+  const Tensor ids = load_safetensors((kFixtures / GetParam() / "io.safetensors").string())
+                         .tensors.at("input_ids");
   nn::HfModel whole = nn::load_hf_model(dir);
   Tensor expected;
   {
@@ -114,8 +114,8 @@ TEST_P(HfFsdpLoadTest, EachRankReadsItsShardsAndLogitsMatchOneProcess) {
           << GetParam() << " rank " << r << "/" << world;
       EXPECT_EQ(diffs[r], 0.0) << GetParam() << " rank " << r << "/" << world;
       total += stats[r].bytes_read;
-      std::printf("%s FSDP %d rank %d: read %llu of %llu tensor bytes\n", GetParam().c_str(),
-                  world, r, static_cast<unsigned long long>(stats[r].bytes_read),
+      std::printf("%s FSDP %d rank %d: read %llu of %llu tensor bytes\n", GetParam().c_str(), world,
+                  r, static_cast<unsigned long long>(stats[r].bytes_read),
                   static_cast<unsigned long long>(stats[r].bytes_in_files));
     }
     EXPECT_EQ(total, stats[0].bytes_in_files) << "every byte read once across the ranks";
@@ -164,9 +164,10 @@ TEST(HfFsdpTpLoadTest, Gpt2OnFsdpTimesTpMatchesOneProcessReadingOnlyOwnShards) {
     EXPECT_EQ(stats[r].bytes_read, local[r] * element) << "rank " << r;
     EXPECT_LE(stats[r].bytes_read, stats[r].bytes_in_files / 2) << "rank " << r;
     total += stats[r].bytes_read;
-    std::printf("gpt2 FSDP x TP 2 x 2 rank %d: read %llu of %llu tensor bytes, logits within %.3g\n",
-                r, static_cast<unsigned long long>(stats[r].bytes_read),
-                static_cast<unsigned long long>(stats[r].bytes_in_files), diffs[r]);
+    std::printf(
+        "gpt2 FSDP x TP 2 x 2 rank %d: read %llu of %llu tensor bytes, logits within %.3g\n", r,
+        static_cast<unsigned long long>(stats[r].bytes_read),
+        static_cast<unsigned long long>(stats[r].bytes_in_files), diffs[r]);
   }
   // Norms, biases of row-parallel layers and wpe are whole on both tp ranks: read twice.
   EXPECT_GE(total, stats[0].bytes_in_files);
@@ -178,8 +179,8 @@ TEST(HfFsdpTpLoadTest, Gpt2OnFsdpTimesTpMatchesOneProcessReadingOnlyOwnShards) {
 class TempDir {
  public:
   explicit TempDir(const std::string& tag)
-      : path_(fs::temp_directory_path() / ("tessel_hf_ckpt_" + tag + "_" +
-                                           std::to_string(::getpid()))) {
+      : path_(fs::temp_directory_path() /
+              ("tessel_hf_ckpt_" + tag + "_" + std::to_string(::getpid()))) {
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
