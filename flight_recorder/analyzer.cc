@@ -511,10 +511,17 @@ class Analysis {
     const bool all_late = std::all_of(sinks.begin(), sinks.end(), [&](int s) {
       return v_.positions[s].where == RankPosition::Where::kLate;
     });
-    f.summary = all_late ? fmt::format("{} did not join {} in time: {} gave up waiting in it first",
-                                       ranks_phrase(sinks), where, ranks_phrase(waiting))
-                         : fmt::format("{} did not join {}; {} in it", ranks_phrase(sinks), where,
-                                       ranks_verb(waiting, "wait"));
+    const bool stalled = all_late && std::any_of(sinks.begin(), sinks.end(), [&](int s) {
+      const auto it = m_.late().find(s);
+      return it != m_.late().end() && it->second.stalled_inside;
+    });
+    f.summary = stalled
+                    ? fmt::format("{} stopped taking part in {}: {} gave up waiting for it",
+                                  ranks_phrase(sinks), where, ranks_phrase(waiting))
+                : all_late ? fmt::format("{} did not join {} in time: {} gave up waiting in it first",
+                                         ranks_phrase(sinks), where, ranks_phrase(waiting))
+                           : fmt::format("{} did not join {}; {} in it", ranks_phrase(sinks), where,
+                                         ranks_verb(waiting, "wait"));
     for (int s : sinks) {
       const auto dev = m_.deviations().find(s);
       if (dev != m_.deviations().end() && dev->second.count < dev->second.norm &&

@@ -32,6 +32,17 @@ const HeldEntry* last_failure(const std::vector<HeldEntry>& held) {
   return nullptr;
 }
 
+// The oldest failed operation after the rank's last completed one: where its progress stopped.
+// Operations issued behind it (an FSDP prefetch, the next async call) fail only as consequences.
+const HeldEntry* first_failure(const std::vector<HeldEntry>& held) {
+  const HeldEntry* first = nullptr;
+  for (auto it = held.rbegin(); it != held.rend(); ++it) {
+    if (it->state == EntryState::kCompleted) break;
+    if (it->state == EntryState::kFailed) first = &*it;
+  }
+  return first;
+}
+
 }  // namespace
 
 Model::Model(const Digest& digest, const AnalyzerOptions& options)
@@ -229,15 +240,16 @@ void Model::find_wait(const Dump& dump) {
       break;
     }
   }
-  if (blocking == nullptr && !held.empty() && held.back().state == EntryState::kFailed) {
-    // A rank whose last operation failed (its timeout fired, or a peer was lost) was blocked in
-    // it until then: that operation is where it waited, however long ago it ended.
-    blocking = &held.back();
+  if (blocking == nullptr) {
+    // A rank whose operations failed (its timeout fired, or a peer was lost) was blocked in the
+    // first of them until then: that operation is where it waited, however long ago it ended,
+    // and whatever it queued behind it.
+    blocking = first_failure(held);
   }
   if (left_at_death(d.trigger)) {
     // It died of a signal because that failure went unhandled: the failed operation is where it
     // waited, whatever its ring recorded after (operations queued behind it).
-    blocking = last_failure(held);
+    blocking = first_failure(held);
   }
   if (blocking == nullptr) return;
   const auto git = groups_.find(blocking->group_id);
@@ -319,16 +331,45 @@ void Model::find_late_arrivals() {
     for (int r : ranks) {
       if (wall(r, waits_.at(r).entry->enqueued_ns) > first_gave_up + kClockSlackNs) late.push_back(r);
     }
-    if (late.empty() || late.size() == ranks.size()) continue;
-    for (int r : late) {
+    // A member that came in time but failed long after the others gave up, having waited far
+    // longer than they did, stopped inside the collective (a stopped or descheduled process: its
+    // own timeout could not fire while it was not running).
+    std::vector<int64_t> waited;
+    for (int r : gave_up) {
+      const HeldEntry& e = *waits_.at(r).entry;
+      waited.push_back(e.completed_ns - e.enqueued_ns);
+    }
+    std::sort(waited.begin(), waited.end());
+    const int64_t usual = waited[waited.size() / 2];
+    std::vector<int> stalled;
+    for (int r : ranks) {
+      const HeldEntry& e = *waits_.at(r).entry;
+      if (std::find(late.begin(), late.end(), r) != late.end() || e.state != EntryState::kFailed) {
+        continue;
+      }
+      const int64_t wait = e.completed_ns - e.enqueued_ns;
+      if (wall(r, e.completed_ns) > first_gave_up + std::max(min_wait, kClockSlackNs) &&
+          2 * wait > 3 * usual) {
+        stalled.push_back(r);
+      }
+    }
+    if (late.size() + stalled.size() == 0 || late.size() + stalled.size() == ranks.size()) continue;
+    auto record = [&](int r, bool in_it) {
       const HeldEntry* e = waits_.at(r).entry;
       std::vector<int> before;
       for (int g : gave_up) {
-        if (std::find(late.begin(), late.end(), g) == late.end()) before.push_back(g);
+        if (std::find(late.begin(), late.end(), g) == late.end() &&
+            std::find(stalled.begin(), stalled.end(), g) == stalled.end()) {
+          before.push_back(g);
+        }
       }
-      late_[r] = {op, e, before, wall(r, e->enqueued_ns) - first_gave_up};
+      const int64_t at = wall(r, in_it ? e->completed_ns : e->enqueued_ns);
+      late_[r] = {op, e, before, at - first_gave_up, in_it};
       waits_.erase(r);
-    }
+    };
+    for (int r : late) record(r, false);
+    for (int r : stalled) record(r, true);
+    late.insert(late.end(), stalled.begin(), stalled.end());
     for (int r : ranks) {
       const auto it = waits_.find(r);
       if (it == waits_.end()) continue;
@@ -574,13 +615,20 @@ RankPosition Model::position(int rank) const {
   } else if (const auto late = late_.find(rank); late != late_.end()) {
     const LateArrival& l = late->second;
     const std::string op = describe_collective(l.op.group, l.op.seq, *l.entry);
-    place = fmt::format("joined {} only after {} had given up waiting in it", op,
-                        l.gave_up.size() == 1 ? fmt::format("rank {}", l.gave_up.front())
-                                              : "ranks " + format_rank_list(l.gave_up));
-    where = fmt::format("joined {} {} after {} had given up waiting in it", op,
-                        format_duration(Nanoseconds(l.late_ns)),
-                        l.gave_up.size() == 1 ? fmt::format("rank {}", l.gave_up.front())
-                                              : "ranks " + format_rank_list(l.gave_up));
+    const std::string others = l.gave_up.size() == 1 ? fmt::format("rank {}", l.gave_up.front())
+                                                      : "ranks " + format_rank_list(l.gave_up);
+    if (l.stalled_inside) {
+      place = fmt::format("stopped inside {}: it failed there only after {} had given up in it",
+                          op, others);
+      where = fmt::format(
+          "stopped inside {}: it failed there {} after {} had given up in it (a stopped or "
+          "descheduled process)",
+          op, format_duration(Nanoseconds(l.late_ns)), others);
+    } else {
+      place = fmt::format("joined {} only after {} had given up waiting in it", op, others);
+      where = fmt::format("joined {} {} after {} had given up waiting in it", op,
+                          format_duration(Nanoseconds(l.late_ns)), others);
+    }
     p.where = RankPosition::Where::kLate;
   } else if (it != waits_.end()) {
     const Wait& w = it->second;

@@ -106,11 +106,14 @@ class Model {
 
   // A member that issued a collective only after other members had given up waiting in it (their
   // entry failed after waiting at least the analyzer's min_wait): it did not join in time.
+  // Or one that issued it in time but failed in it long after the others gave up, having waited
+  // far longer than they did (stalled_inside: it was stopped or descheduled inside it).
   struct LateArrival {
     Op op;
     const HeldEntry* entry = nullptr;  // the late rank's entry for op
     std::vector<int> gave_up;          // the members that had given up before it came
-    int64_t late_ns = 0;               // its arrival after the first of them gave up
+    int64_t late_ns = 0;  // its arrival (stalled_inside: its failure) after the first give-up
+    bool stalled_inside = false;
   };
   const std::map<int, LateArrival>& late() const { return late_; }
 

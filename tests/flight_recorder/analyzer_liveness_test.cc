@@ -105,5 +105,69 @@ TEST(AnalyzerLivenessTest, ACrashBeforeAnyFailureIsACrashAndItsVictimsAreNot) {
   for (int r : {0, 2}) EXPECT_EQ(v.positions[r].where, RankPosition::Where::kInOperation);
 }
 
+// A rank stopped (SIGSTOP, a debugger, swapping) before a collective and resumed after the
+// others timed out in it: it issues the call late, fails at once, and its prefetches queue up
+// behind it (FSDP). Its queued calls are consequences; the late call is where it was.
+TEST(AnalyzerLivenessTest, ARankResumedAfterTheOthersGaveUpIsLateEvenWithCallsQueuedBehind) {
+  DumpSet set;
+  set.world_size = kWorld;
+  for (int r : {0, 2}) {
+    auto entries = history();
+    entries.push_back(all_reduce(3, EntryState::kFailed, 3 * kS, 7 * kS));  // timed out at 4 s
+    entries.push_back(all_reduce(4, EntryState::kFailed, 3 * kS + 1000, 7 * kS + 1000));
+    set.dumps.push_back(dump(r, DumpTrigger::kStoreRequest, "launcher", entries, 7 * kS + kS / 2));
+  }
+  auto late = history();
+  late.push_back(all_reduce(3, EntryState::kFailed, 10 * kS, 10 * kS + 1'000'000));
+  late.push_back(all_reduce(4, EntryState::kScheduled, 10 * kS + 2'000'000, 0));
+  set.dumps.insert(set.dumps.begin() + 1,
+                   dump(1, DumpTrigger::kStoreRequest, "launcher", late, 10 * kS + 3'000'000));
+  const Verdict v = analyze(set);
+  SCOPED_TRACE(format_verdict(v));
+  EXPECT_EQ(v.culprits, std::vector<int>{1});
+  EXPECT_EQ(v.positions[1].where, RankPosition::Where::kLate);
+  for (int r : {0, 2}) {
+    EXPECT_NE(v.positions[r].summary.find("all_reduce #3"), std::string::npos)
+        << "rank " << r << " waited in the first call that failed, not in what queued behind";
+  }
+}
+
+// A rank stopped inside a collective (it issued it in time): the others time out after the
+// group's timeout; it fails there only when it runs again, having "waited" far longer.
+TEST(AnalyzerLivenessTest, ARankStoppedInsideACollectiveIsNamedAndTheOthersAreNot) {
+  DumpSet set;
+  set.world_size = kWorld;
+  for (int r : {0, 2}) {
+    auto entries = history();
+    entries.push_back(all_reduce(3, EntryState::kFailed, 3 * kS, 7 * kS));
+    set.dumps.push_back(dump(r, DumpTrigger::kStoreRequest, "launcher", entries, 7 * kS + kS / 2));
+  }
+  auto stalled = history();
+  stalled.push_back(all_reduce(3, EntryState::kFailed, 3 * kS + kS / 10, 15 * kS));
+  set.dumps.insert(set.dumps.begin() + 1,
+                   dump(1, DumpTrigger::kStoreRequest, "launcher", stalled, 15 * kS + kS / 10));
+  const Verdict v = analyze(set);
+  SCOPED_TRACE(format_verdict(v));
+  EXPECT_EQ(v.status, VerdictStatus::kCulpritFound);
+  EXPECT_EQ(v.culprits, std::vector<int>{1});
+  EXPECT_NE(v.positions[1].summary.find("stopped inside all_reduce #3"), std::string::npos);
+}
+
+// Every member waited as long as the others and gave up together: nothing singles one out (a
+// transport problem), and nobody is blamed.
+TEST(AnalyzerLivenessTest, MembersThatGaveUpTogetherAreNotCalledStalled) {
+  DumpSet set;
+  set.world_size = kWorld;
+  for (int r = 0; r < kWorld; ++r) {
+    auto entries = history();
+    entries.push_back(all_reduce(3, EntryState::kFailed, 3 * kS + r * 1000, 7 * kS + r * 2000));
+    set.dumps.push_back(dump(r, DumpTrigger::kStoreRequest, "launcher", entries, 7 * kS + kS / 2));
+  }
+  const Verdict v = analyze(set);
+  SCOPED_TRACE(format_verdict(v));
+  EXPECT_TRUE(v.culprits.empty());
+  EXPECT_EQ(v.status, VerdictStatus::kInconclusive);
+}
+
 }  // namespace
 }  // namespace tessel::fr
