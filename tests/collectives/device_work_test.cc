@@ -219,7 +219,11 @@ TEST_F(DeviceWorkTest, HungCallTimesOutAbortsTheGroup_WatchdogSleepsBetweenPolls
   EXPECT_GE(hang.hung, milliseconds(900));
   EXPECT_TRUE(testing::watchdog_stayed_idle(hang));  // polled every 2 ms, sleeping between
   // Aborted although the policy is raise: only an abort stops a device kernel waiting for peers.
+  // The watchdog fails the call first and aborts the backend right after (watchdog.cc: the
+  // abort may release a blocked backend call, which must find the call already failed), so the
+  // backend's abort can land just after the caller woke.
   EXPECT_TRUE(pg->aborted());
+  EXPECT_TRUE(testing::eventually([&] { return fake(pg).aborts.load() >= 1; }));
   EXPECT_EQ(fake(pg).aborts, 1);
   {
     std::lock_guard lock(mutex);
