@@ -33,6 +33,7 @@ void DumpCoordinator::start() {
   {
     std::lock_guard lock(mutex_);
     stop_ = false;
+    watching_ = true;  // before the thread exists: a request made now waits for its post
   }
   thread_ = std::thread([this, seen] { run(seen); });
 }
@@ -41,6 +42,7 @@ void DumpCoordinator::stop() {
   {
     std::lock_guard lock(mutex_);
     stop_ = true;
+    watching_ = false;
   }
   stopping_.notify_all();
   posted_cv_.notify_all();
@@ -57,7 +59,7 @@ void DumpCoordinator::on_timeout(const std::string& reason) {
   // it dies at once (std::terminate skips every destructor): wait, boundedly, until the watcher
   // has asked the other ranks to dump, or nobody else ever will.
   const uint64_t want = posted_ + 1;
-  if (thread_.joinable() && !stop_) {
+  if (watching_ && !stop_) {
     posted_cv_.wait_for(lock, options_.post_bound, [&] { return posted_ >= want || stop_; });
   }
 }
