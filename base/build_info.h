@@ -8,9 +8,9 @@
 namespace tessel {
 
 struct BuildInfo {
-  std::string_view version;        // "0.1.0"
-  std::string_view build_type;     // "Release"
-  std::string_view compiler;       // "GNU 12.2.0"
+  std::string_view version;     // "0.1.0"
+  std::string_view build_type;  // "Release"
+  std::string_view compiler;    // "GNU 12.2.0"
   bool with_cuda;
   bool with_nccl;
   bool with_cudnn;

@@ -53,12 +53,18 @@ Nanoseconds parse_duration(std::string_view text) {
                original);
   const std::string_view unit(end, text.data() + text.size() - end);
   double scale = 0;
-  if (unit.empty() || unit == "s") scale = 1e9;
-  else if (unit == "ms") scale = 1e6;
-  else if (unit == "us") scale = 1e3;
-  else if (unit == "ns") scale = 1;
-  else if (unit == "m" || unit == "min") scale = 60e9;
-  else if (unit == "h") scale = 3600e9;
+  if (unit.empty() || unit == "s")
+    scale = 1e9;
+  else if (unit == "ms")
+    scale = 1e6;
+  else if (unit == "us")
+    scale = 1e3;
+  else if (unit == "ns")
+    scale = 1;
+  else if (unit == "m" || unit == "min")
+    scale = 60e9;
+  else if (unit == "h")
+    scale = 3600e9;
   TESSEL_CHECK(scale != 0, InvalidArgument,
                "duration '{}' has unknown unit '{}'; expected ns, us, ms, s, m or h", original,
                unit);

@@ -160,7 +160,7 @@ std::string env_knobs_text() {
   std::string out;
   for (const auto& k : kKnobs) {
     const auto value = env_value(k.knob);
-    const std::string shown = !value       ? ""
+    const std::string shown = !value     ? ""
                               : k.secret ? std::string(", set (value hidden)")
                                          : fmt::format(", set to '{}'", *value);
     out += fmt::format("  {:<{}}  default '{}'{}\n      {}\n", k.name, width, k.default_value,

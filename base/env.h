@@ -65,7 +65,7 @@ std::string env_string(EnvKnob knob);
 // Typed reads of env_string(). Each throws InvalidArgument naming the variable and its value
 // when the text does not parse.
 int64_t env_int(EnvKnob knob);
-bool env_bool(EnvKnob knob);  // 1/0, true/false, yes/no, on/off (any case)
+bool env_bool(EnvKnob knob);                          // 1/0, true/false, yes/no, on/off (any case)
 std::chrono::nanoseconds env_duration(EnvKnob knob);  // as parse_duration()
 
 // The registry as a Markdown table (name | default | description), for docs and --help.

@@ -2,11 +2,11 @@
 // tessel's one error policy: exceptions derived from tessel::Error, each naming the offending
 // value and what was expected. Asynchronous failures are stored (std::exception_ptr) and rethrown.
 
+#include <fmt/format.h>
+
 #include <stdexcept>
 #include <string>
 #include <string_view>
-
-#include <fmt/format.h>
 
 namespace tessel {
 
@@ -42,11 +42,11 @@ class Error : public std::runtime_error {
   std::string message_;
 };
 
-#define TESSEL_DEFINE_ERROR(Name)                                                         \
-  class Name : public Error {                                                              \
-   public:                                                                                 \
-    explicit Name(const std::string& message) : Error(ErrorKind::k##Name, message) {}      \
-    ~Name() override;                                                                      \
+#define TESSEL_DEFINE_ERROR(Name)                                                     \
+  class Name : public Error {                                                         \
+   public:                                                                            \
+    explicit Name(const std::string& message) : Error(ErrorKind::k##Name, message) {} \
+    ~Name() override;                                                                 \
   };
 TESSEL_DEFINE_ERROR(InvalidArgument)
 TESSEL_DEFINE_ERROR(OutOfRange)
@@ -71,9 +71,9 @@ TESSEL_DEFINE_ERROR(OutOfMemory)
 
 // TESSEL_CHECK(cond, ErrorType, "format {}", args...) throws ErrorType with the formatted
 // message when cond is false. The message is built only on failure.
-#define TESSEL_CHECK(cond, ErrorType, ...)                 \
-  do {                                                     \
-    if (!(cond)) [[unlikely]] {                            \
+#define TESSEL_CHECK(cond, ErrorType, ...)                   \
+  do {                                                       \
+    if (!(cond)) [[unlikely]] {                              \
       throw ::tessel::ErrorType(::fmt::format(__VA_ARGS__)); \
-    }                                                      \
+    }                                                        \
   } while (0)

@@ -21,8 +21,8 @@ std::atomic<bool> g_log_initialized{false};
 namespace {
 
 constexpr std::array<std::string_view, kLogComponentCount> kComponentNames = {
-    "base", "tensor", "kernels", "nn", "flight_recorder", "collectives", "mesh", "parallel",
-    "launcher"};
+    "base",        "tensor", "kernels",  "nn",      "flight_recorder",
+    "collectives", "mesh",   "parallel", "launcher"};
 constexpr std::array<std::string_view, 6> kLevelNames = {"trace", "debug", "info",
                                                          "warn",  "error", "off"};
 constexpr LogLevel kDefaultLevel = LogLevel::kWarn;
@@ -120,8 +120,8 @@ LogLevels parse_log_spec(std::string_view spec) {
       }
     }
     TESSEL_CHECK(found, InvalidArgument,
-                 "TESSEL_LOGS item '{}': unknown component '{}'; valid components: {}", item,
-                 name, valid_components());
+                 "TESSEL_LOGS item '{}': unknown component '{}'; valid components: {}", item, name,
+                 valid_components());
   }
   return levels;
 }

@@ -14,14 +14,14 @@
 // Thread-safe. Example:
 //   log_info(LogComponent::kMesh, "created {} groups", n);
 
+#include <fmt/format.h>
+
 #include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
-
-#include <fmt/format.h>
 
 namespace tessel {
 
@@ -44,7 +44,7 @@ inline constexpr size_t kLogComponentCount = static_cast<size_t>(LogComponent::k
 using LogLevels = std::array<LogLevel, kLogComponentCount>;
 
 std::string_view log_component_name(LogComponent component);  // "flight_recorder"
-std::string_view log_level_name(LogLevel level);               // "warn"
+std::string_view log_level_name(LogLevel level);              // "warn"
 
 // Parses a TESSEL_LOGS spec into levels (starting from warn everywhere). Pure. Throws
 // InvalidArgument naming the bad item and listing the valid components or levels.

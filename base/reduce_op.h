@@ -11,16 +11,21 @@ namespace tessel {
 enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kMin, kProduct };
 
 inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax,
-                                            ReduceOp::kMin, ReduceOp::kProduct};
+                                             ReduceOp::kMin, ReduceOp::kProduct};
 
 // "sum", "avg", "max", "min", "product".
 constexpr std::string_view reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kProduct: return "product";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kProduct:
+      return "product";
   }
   return "unknown";
 }

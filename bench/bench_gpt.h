@@ -4,6 +4,9 @@
 // (token batches and initial weights written where they read them) and result line
 // "torch <mode> <median seconds per step> <peak bytes> <loss>...".
 
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -14,9 +17,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
 
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
@@ -35,14 +35,20 @@ struct GptShape {
   int steps = 20, warmup = 5;
 
   nn::GptConfig config() const {
-    return {.vocab_size = vocab, .block_size = seq, .n_layer = layers, .n_head = heads,
-            .n_embd = embd, .dropout = 0.0, .seed = 1};
+    return {.vocab_size = vocab,
+            .block_size = seq,
+            .n_layer = layers,
+            .n_head = heads,
+            .n_embd = embd,
+            .dropout = 0.0,
+            .seed = 1};
   }
   // The same shape as the peer scripts' flags.
   std::string peer_flags() const {
-    return fmt::format("--batch {} --seq {} --layers {} --heads {} --embd {} --vocab {} "
-                       "--steps {} --warmup {}",
-                       batch, seq, layers, heads, embd, vocab, steps, warmup);
+    return fmt::format(
+        "--batch {} --seq {} --layers {} --heads {} --embd {} --vocab {} "
+        "--steps {} --warmup {}",
+        batch, seq, layers, heads, embd, vocab, steps, warmup);
   }
   void add_options(CLI::App& app) {
     app.add_option("--batch", batch, "sequences per step");
@@ -62,7 +68,7 @@ struct GptRun {
   double step_s = 0;  // median seconds per step after the warm-up
   int64_t peak_bytes = 0;
   std::vector<double> losses;
-  std::string note;   // why there is no result
+  std::string note;  // why there is no result
 };
 
 inline double median_of(std::vector<double> v) {
@@ -89,9 +95,9 @@ inline GptRun train_steps(nn::GPT& model, const GptShape& s, const std::vector<i
   const int64_t per_step = s.batch * (s.seq + 1);
   std::vector<double> times;
   for (int step = 0; step < s.steps + s.warmup; ++step) {
-    const Tensor batch = to(from_data(tokens.data() + step * per_step, per_step,
-                                      {s.batch, s.seq + 1}, DType::kI32),
-                            device);
+    const Tensor batch =
+        to(from_data(tokens.data() + step * per_step, per_step, {s.batch, s.seq + 1}, DType::kI32),
+           device);
     const Stopwatch watch;
     if (mark) mark(step, "forward");
     const Tensor x = narrow(batch, 1, 0, s.seq), y = narrow(batch, 1, 1, s.seq);

@@ -138,8 +138,8 @@ inline Timing summarize(const Calls& calls) {
 // One round of fn: once the process (and `other`, a peer process, if given) is quiet (see
 // wait_until_quiet), a warm-up call the first time, then at least `iters` calls lasting at
 // least `min_seconds` in all, each timed alone.
-inline void time_round(int iters, double min_seconds, const std::function<void()>& fn,
-                       Calls& calls, pid_t other = 0) {
+inline void time_round(int iters, double min_seconds, const std::function<void()>& fn, Calls& calls,
+                       pid_t other = 0) {
   if (!wait_until_quiet(other)) std::fprintf(stderr, "warning: background threads still busy\n");
   if (!calls.warm) fn();
   calls.warm = true;

@@ -26,7 +26,7 @@ struct PairTiming {
   double ours_cpu = 0, peer_cpu = 0;
 };
 inline PairTiming time_pair(const std::function<void()>& ours, const std::function<void()>& peer,
-                     const std::function<void()>& barrier, int iters, int rounds) {
+                            const std::function<void()>& barrier, int iters, int rounds) {
   for (int i = 0; i < 2; ++i) {  // warm up connections and caches
     peer();
     ours();
@@ -65,14 +65,13 @@ inline PairTiming time_pair(const std::function<void()>& ours, const std::functi
 // hiccup weighs little in it. Every rank must use the same count: the slowest rank's estimate
 // is agreed through the group (outside any timing).
 inline int calls_per_round(ProcessGroup& pg, const std::function<void()>& peer,
-                    const std::function<void()>& barrier) {
+                           const std::function<void()>& barrier) {
   peer();  // first call: connections, page faults
   barrier();
   const Stopwatch watch;
   for (int i = 0; i < 3; ++i) peer();
   // Nanoseconds as an integer: the backends reduce i64 exactly.
-  Tensor per_call = from_vector<int64_t>(
-      {static_cast<int64_t>(watch.elapsed_seconds() / 3 * 1e9)});
+  Tensor per_call = from_vector<int64_t>({static_cast<int64_t>(watch.elapsed_seconds() / 3 * 1e9)});
   pg.all_reduce(per_call, {.op = ReduceOp::kMax});
   const double seconds = std::max<double>(per_call.data<int64_t>()[0], 1) * 1e-9;
   return static_cast<int>(std::clamp(0.02 / seconds, 3.0, 1000.0));

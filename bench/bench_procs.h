@@ -3,6 +3,8 @@
 // same run: forked processes over a FileStore (bench_processes.h), the medians they report
 // (bench_host.h's median), and the peer's "torch <setup> <tokens/s> <seconds>" lines.
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -12,8 +14,6 @@
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "bench_host.h"  // median
 #include "bench_processes.h"
@@ -27,8 +27,8 @@ namespace tessel::bench {
 // printed).
 inline double run_forked(int np, const std::string& tag,
                          const std::function<double(int, std::shared_ptr<ProcessGroup>)>& fn) {
-  const std::string dir = std::filesystem::temp_directory_path() /
-                          fmt::format("tessel-bench-{}-{}", ::getpid(), tag);
+  const std::string dir =
+      std::filesystem::temp_directory_path() / fmt::format("tessel-bench-{}-{}", ::getpid(), tag);
   std::filesystem::create_directories(dir);
   const std::string out = dir + "/result";
   const bool ok = fork_ranks(np, [&](int rank) {

@@ -9,8 +9,9 @@
 
 namespace tessel::bench {
 
-inline double median_seconds(const std::function<void()>& fn, int reps = 7,
-                             std::chrono::duration<double> min_rep = std::chrono::milliseconds(40)) {
+inline double median_seconds(
+    const std::function<void()>& fn, int reps = 7,
+    std::chrono::duration<double> min_rep = std::chrono::milliseconds(40)) {
   using Clock = std::chrono::steady_clock;
   fn();  // warm-up
   int calls = 1;

@@ -14,8 +14,10 @@
 // medians are printed.
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -24,9 +26,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
 
 #include "bench_host.h"
 #include "bench_processes.h"
@@ -56,9 +55,7 @@ struct Flags {
   bool stall = true;
 };
 
-int64_t rows_of(const Flags& f, int64_t cols) {
-  return f.mib * 1048576 / 4 / f.tensors / cols;
-}
+int64_t rows_of(const Flags& f, int64_t cols) { return f.mib * 1048576 / 4 / f.tensors / cols; }
 constexpr int64_t kCols = 4096;
 
 // Drops every file under `dir` from the page cache (they are clean: written and fsync'ed).
@@ -99,8 +96,8 @@ std::pair<double, double> run_dd(const Flags& f, int64_t bytes) {
                ? 0.0
                : std::stod(out.substr(from + 2, at - from - 2));
   };
-  const double write = seconds(capture(fmt::format(
-      "dd if=/dev/zero of='{}' bs=1M count={} conv=fdatasync", file, bytes / 1048576)));
+  const double write = seconds(capture(
+      fmt::format("dd if=/dev/zero of='{}' bs=1M count={} conv=fdatasync", file, bytes / 1048576)));
   const int fd = ::open(file.c_str(), O_RDONLY);
   if (fd >= 0) {
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -174,8 +171,8 @@ std::pair<double, double> run_torch(const Flags& f, const std::string& python,
 // checkpoints in the background.
 void measure_stall(const Flags& f) {
   set_num_threads(f.np);
-  const nn::GptConfig config{.vocab_size = 256, .block_size = 128, .n_layer = 4, .n_head = 4,
-                             .n_embd = 256, .seed = 1};
+  const nn::GptConfig config{
+      .vocab_size = 256, .block_size = 128, .n_layer = 4, .n_head = 4, .n_embd = 256, .seed = 1};
   nn::GPT model(config);
   nn::optim::AdamW opt(model.parameters(), {.lr = 3e-4});
   checkpoint::CheckpointState state;
@@ -250,11 +247,12 @@ int main(int argc, char** argv) {
     return 0;
   }
   const int64_t bytes = rows_of(f, kCols) * kCols * 4 * f.tensors;
-  std::printf("bench_checkpoint: %lld tensors f32[%lld, %lld], %.1f MiB in all, sharded over %d "
-              "processes; folder %s; load %s\ncpu: %s\n",
-              static_cast<long long>(f.tensors), static_cast<long long>(rows_of(f, kCols)),
-              static_cast<long long>(kCols), bytes / 1048576.0, f.np, f.dir.c_str(),
-              bench::load_average().c_str(), bench::cpu_features({}).c_str());
+  std::printf(
+      "bench_checkpoint: %lld tensors f32[%lld, %lld], %.1f MiB in all, sharded over %d "
+      "processes; folder %s; load %s\ncpu: %s\n",
+      static_cast<long long>(f.tensors), static_cast<long long>(rows_of(f, kCols)),
+      static_cast<long long>(kCols), bytes / 1048576.0, f.np, f.dir.c_str(),
+      bench::load_average().c_str(), bench::cpu_features({}).c_str());
   const std::string python = bench::torch_python(f.torch, TESSEL_SOURCE_DIR);
 
   std::map<std::string, std::vector<double>> save_s, load_s;
@@ -275,7 +273,7 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("torch: %s\n\n", !version.empty() ? ("PyTorch " + version).c_str()
-                                                 : "skipped (give --torch PYTHON or --torch auto)");
+                                                : "skipped (give --torch PYTHON or --torch auto)");
   std::printf("%-28s %10s %10s %10s %10s\n", "", "save s", "save GB/s", "load s", "load GB/s");
   const std::vector<std::pair<std::string, std::string>> rows = {
       {"dd", "dd (one sequential stream)"}, {"tessel", "tessel"}, {"torch dcp", "torch dcp"}};

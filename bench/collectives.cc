@@ -12,12 +12,22 @@
 // noise floor of this machine, against which the ours/raw ratios are read.
 //
 // Sizes are those of the full buffer: the all_reduce tensor, the all_gather output, the
-// reduce_scatter input, the all_to_all input (--ops picks the ops to time). Gloo has no reduce_scatter in its options API; the peer there is its
-// legacy ReduceScatterHalvingDoubling algorithm, built once per buffer and run in place. Our
-// Gloo all_to_all is our own algorithm over Gloo's unbound buffers; its peer is gloo::alltoallv.
+// reduce_scatter input, the all_to_all input (--ops picks the ops to time). Gloo has no
+// reduce_scatter in its options API; the peer there is its legacy ReduceScatterHalvingDoubling
+// algorithm, built once per buffer and run in place. Our Gloo all_to_all is our own algorithm over
+// Gloo's unbound buffers; its peer is gloo::alltoallv.
 
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
+#include <gloo/math.h>
+#include <gloo/reduce_scatter.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
 #include <mpi.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,18 +42,8 @@
 #include <utility>
 #include <vector>
 
-#include <gloo/allgather.h>
-#include <gloo/allreduce.h>
-#include <gloo/alltoallv.h>
-#include <gloo/barrier.h>
-#include <gloo/math.h>
-#include <gloo/reduce_scatter.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/prefix_store.h>
-#include <gloo/transport/tcp/device.h>
-
-#include "tessel/base/clock.h"
 #include "bench_pair.h"
+#include "tessel/base/clock.h"
 #include "tessel/collectives/fake/fake_backend.h"
 #include "tessel/collectives/file_store.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
@@ -52,17 +52,17 @@
 
 namespace {
 
+using tessel::ProcessGroup;
+using tessel::Tensor;
 using tessel::bench::calls_per_round;
 using tessel::bench::PairTiming;
 using tessel::bench::time_pair;
-using tessel::ProcessGroup;
-using tessel::Tensor;
 
 struct Flags {
   std::string backend = "gloo";
   int np = 2;
   bool full = false;
-  int rounds = 7;  // alternating rounds per size (best and median reported)
+  int rounds = 7;             // alternating rounds per size (best and median reported)
   bool peer_vs_peer = false;  // time the raw call against itself (the ratios' noise floor)
   std::string ops = "all_reduce,all_gather,reduce_scatter,all_to_all";  // which ops to time
 };
@@ -188,10 +188,11 @@ void run_rank(ProcessGroup& pg, const Raw& raw, const Flags& flags) {
     }
   }
   if (pg.rank() == 0) {
-    std::printf("\nfrom 1 MiB up: lowest ratio %.3f (%s), lowest median %.3f (%s); target >= 0.97\n"
-                "at 1 KiB: most added %.1f us; target <= 5 us\n",
-                lowest_best, lowest_best_at.c_str(), lowest_median, lowest_median_at.c_str(),
-                most_added_1k);
+    std::printf(
+        "\nfrom 1 MiB up: lowest ratio %.3f (%s), lowest median %.3f (%s); target >= 0.97\n"
+        "at 1 KiB: most added %.1f us; target <= 5 us\n",
+        lowest_best, lowest_best_at.c_str(), lowest_median, lowest_median_at.c_str(),
+        most_added_1k);
   }
   recorder_on_vs_off(pg, raw);
 }
@@ -219,8 +220,7 @@ class GlooStore final : public ::gloo::rendezvous::Store {
 
 void gloo_rank(int rank, const std::string& dir, const Flags& flags) {
   auto store = std::make_shared<tessel::FileStore>(dir, std::chrono::seconds(60));
-  auto pg = tessel::gloo_create_process_group(store, rank, flags.np,
-                                              {.hostname = "127.0.0.1"});
+  auto pg = tessel::gloo_create_process_group(store, rank, flags.np, {.hostname = "127.0.0.1"});
   GlooStore raw_store(std::make_shared<tessel::PrefixStore>("raw", store));
   auto device = ::gloo::transport::tcp::CreateDevice("127.0.0.1");
   auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, flags.np);
@@ -259,7 +259,8 @@ void gloo_rank(int rank, const std::string& dir, const Flags& flags) {
   };
   raw.all_to_all = [&](float* in, float* out, size_t per_rank) {
     ::gloo::AlltoallvOptions o(ctx);
-    const std::vector<int64_t> counts(static_cast<size_t>(flags.np), static_cast<int64_t>(per_rank));
+    const std::vector<int64_t> counts(static_cast<size_t>(flags.np),
+                                      static_cast<int64_t>(per_rank));
     o.setInput(in, counts);
     o.setOutput(out, counts);
     o.setTag(++tag);
@@ -352,11 +353,12 @@ int main(int argc, char** argv) {
     } else if (arg == "--rounds" && i + 1 < argc) {
       flags.rounds = std::max(1, std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr,
-                   "usage: %s [--backend gloo|mpi] [--np N (gloo)] [--full] [--rounds R] [--peer-vs-peer]\n"
-                   "       [--ops all_reduce,all_gather,reduce_scatter,all_to_all]\n"
-                   "  mpi: mpirun --allow-run-as-root --oversubscribe -np N %s --backend mpi\n",
-                   argv[0], argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--backend gloo|mpi] [--np N (gloo)] [--full] [--rounds R] [--peer-vs-peer]\n"
+          "       [--ops all_reduce,all_gather,reduce_scatter,all_to_all]\n"
+          "  mpi: mpirun --allow-run-as-root --oversubscribe -np N %s --backend mpi\n",
+          argv[0], argv[0]);
       return 2;
     }
   }

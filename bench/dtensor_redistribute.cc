@@ -3,9 +3,9 @@
 // DTensor.redistribute against its raw torch.distributed call, measured in the same run.
 //
 //   bench_dtensor --np 2                                  # ours only
-//   bench_dtensor --np 2 --torch auto                     # + PyTorch (venv from scripts/torch-venv.sh)
-//   bench_dtensor --np 2 --torch /tmp/torch-venv/bin/python --sizes 64,262144,1048576,4194304
-//   bench_dtensor --np 3 --transitions S0-\>S1,S1-\>S0 --rounds 15
+//   bench_dtensor --np 2 --torch auto                     # + PyTorch (venv from
+//   scripts/torch-venv.sh) bench_dtensor --np 2 --torch /tmp/torch-venv/bin/python --sizes
+//   64,262144,1048576,4194304 bench_dtensor --np 3 --transitions S0-\>S1,S1-\>S0 --rounds 15
 //   bench_dtensor --np 2 --noise-floor                    # the raw call against itself
 //
 // Table 1 (per transition and size): time per call of redistribute and of the raw collective,
@@ -22,9 +22,11 @@
 // ours and PyTorch's, side by side (target: ours at least 10x less); and ours with no transport
 // at all (the fake backend), the framework's own cost.
 
+#include <fmt/format.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -33,9 +35,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
 
 #include "bench_host.h"
 #include "bench_pair.h"
@@ -55,8 +54,8 @@ struct Flags {
   int np = 2;
   std::string sizes = "64,262144,1048576,4194304,16777216";  // f32 elements of the global tensor
   int rounds = 7;
-  std::string torch;  // a python with torch, "auto", or empty
-  std::string transitions;  // names to run, comma-separated; empty: all
+  std::string torch;         // a python with torch, "auto", or empty
+  std::string transitions;   // names to run, comma-separated; empty: all
   bool noise_floor = false;  // time the raw call against itself
 };
 
@@ -79,12 +78,12 @@ struct Transition {
 };
 
 const std::vector<Transition> kTransitions = {
-    {"S0->R", {Shard{0}}, {Replicate{}}},     // all_gather
-    {"P->R", {Partial{}}, {Replicate{}}},     // all_reduce
-    {"P->S0", {Partial{}}, {Shard{0}}},       // reduce_scatter
-    {"S0->S1", {Shard{0}}, {Shard{1}}},       // all_to_all, strided on the way out
-    {"S1->S0", {Shard{1}}, {Shard{0}}},       // all_to_all, strided on the way in
-    {"R->S0", {Replicate{}}, {Shard{0}}},     // a local slice
+    {"S0->R", {Shard{0}}, {Replicate{}}},  // all_gather
+    {"P->R", {Partial{}}, {Replicate{}}},  // all_reduce
+    {"P->S0", {Partial{}}, {Shard{0}}},    // reduce_scatter
+    {"S0->S1", {Shard{0}}, {Shard{1}}},    // all_to_all, strided on the way out
+    {"S1->S0", {Shard{1}}, {Shard{0}}},    // all_to_all, strided on the way in
+    {"R->S0", {Replicate{}}, {Shard{0}}},  // a local slice
 };
 
 // The global shape of about `numel` f32 elements for a world of `np`: rows a multiple of np^2.
@@ -125,7 +124,9 @@ std::function<void()> raw_call(ProcessGroup& pg, const Transition& t, const DTen
     };
   }
   const int r = pg.rank(), n = pg.size();  // R->S0: the slice, made contiguous
-  return [local, r, n] { (void)contiguous(narrow(local, 0, r * local.size(0) / n, local.size(0) / n)); };
+  return [local, r, n] {
+    (void)contiguous(narrow(local, 0, r * local.size(0) / n, local.size(0) / n));
+  };
 }
 
 // Shard->Shard's own collective: the all_to_all of the column blocks of the local tensor into
@@ -170,8 +171,8 @@ std::vector<Row> run_rank(ProcessGroup& pg, const Flags& flags) {
       auto barrier = [&] { pg.barrier(); };
       const int iters = bench::calls_per_round(pg, raw, barrier);
       const bench::PairTiming p = bench::time_pair(ours, raw, barrier, iters, flags.rounds);
-      rows.push_back({t.name, shape_numel(shape) * 4, p.ours, p.peer, p.median_ratio, p.ours_cpu,
-                      p.peer_cpu});
+      rows.push_back(
+          {t.name, shape_numel(shape) * 4, p.ours, p.peer, p.median_ratio, p.ours_cpu, p.peer_cpu});
       if (t.name == "S0->S1" || t.name == "S1->S0") {
         const auto views = views_call(pg, t, x);
         if (flags.noise_floor) ours = views_call(pg, t, x);
@@ -202,8 +203,8 @@ double fake_overhead_seconds(const Transition& t) {
 
 // Runs the ranks as forked processes; rank 0 writes its rows to `out`.
 bool run_ours(const Flags& flags, const std::string& out) {
-  const std::string dir = std::filesystem::temp_directory_path() /
-                          fmt::format("tessel-bench-dtensor-{}", ::getpid());
+  const std::string dir =
+      std::filesystem::temp_directory_path() / fmt::format("tessel-bench-dtensor-{}", ::getpid());
   std::filesystem::create_directories(dir);
   const bool ok = bench::fork_ranks(flags.np, [&](int rank) {
     auto store = std::make_shared<FileStore>(dir, std::chrono::seconds(60));
@@ -230,10 +231,12 @@ struct TorchRows {
 };
 
 bool run_torch(const Flags& flags, const std::string& python, TorchRows* rows, std::string* why) {
-  const std::string script = std::string(TESSEL_SOURCE_DIR) + "/bench/dtensor/torch_redistribute.py";
-  const std::string cmd = fmt::format("PYTHONWARNINGS=ignore TORCH_CPP_LOG_LEVEL=ERROR '{}' '{}' --np {} "
-                                      "--sizes {} --rounds {} 2>/dev/null",
-                                      python, script, flags.np, flags.sizes, flags.rounds);
+  const std::string script =
+      std::string(TESSEL_SOURCE_DIR) + "/bench/dtensor/torch_redistribute.py";
+  const std::string cmd = fmt::format(
+      "PYTHONWARNINGS=ignore TORCH_CPP_LOG_LEVEL=ERROR '{}' '{}' --np {} "
+      "--sizes {} --rounds {} 2>/dev/null",
+      python, script, flags.np, flags.sizes, flags.rounds);
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) {
     *why = "could not start " + python;
@@ -325,8 +328,8 @@ int main(int argc, char** argv) {
   const std::string python = bench::torch_python(flags.torch, TESSEL_SOURCE_DIR);
   if (python.empty() && flags.torch == "auto") why = "scripts/torch-venv.sh failed";
   if (!python.empty()) with_torch = run_torch(flags, python, &torch, &why);
-  std::printf("torch: %s\n\n", with_torch ? ("PyTorch " + torch.version).c_str()
-                                          : ("skipped: " + why).c_str());
+  std::printf("torch: %s\n\n",
+              with_torch ? ("PyTorch " + torch.version).c_str() : ("skipped: " + why).c_str());
 
   std::printf("%-8s %9s | %10s %10s %7s %7s %9s | %9s %9s %7s", "transition", "size", "ours us",
               "raw us", "raw/ours", "median", "added us", "ours cpu", "raw cpu", "cpu r/o");
@@ -368,8 +371,8 @@ int main(int argc, char** argv) {
     if (r.views <= 0) continue;
     if (!any_views) {
       std::printf("\nShard->Shard against the all_to_all of the same (strided) views:\n");
-      std::printf("%-8s %9s | %10s %10s %8s %7s %9s\n", "transition", "size", "ours us",
-                  "views us", "views/ours", "median", "added us");
+      std::printf("%-8s %9s | %10s %10s %8s %7s %9s\n", "transition", "size", "ours us", "views us",
+                  "views/ours", "median", "added us");
       any_views = true;
     }
     std::printf("%-10s %9s | %10.1f %10.1f %10.3f %7.3f %9.1f\n", r.transition.c_str(),

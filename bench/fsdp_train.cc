@@ -11,6 +11,9 @@
 // global batch over the median step time; "FSDP host cost" is fsdp1 - single1 per step, what the
 // wrapper adds with no communication to hide. Rounds alternate ours and PyTorch's.
 
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -18,9 +21,6 @@
 #include <map>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
 
 #include "bench_host.h"
 #include "bench_procs.h"
@@ -49,8 +49,12 @@ struct Flags {
 };
 
 nn::GptConfig config_of(const Flags& f) {
-  return {.vocab_size = f.vocab, .block_size = f.seq, .n_layer = f.layers, .n_head = f.heads,
-          .n_embd = f.embd, .seed = 1};
+  return {.vocab_size = f.vocab,
+          .block_size = f.seq,
+          .n_layer = f.layers,
+          .n_head = f.heads,
+          .n_embd = f.embd,
+          .seed = 1};
 }
 
 // Seconds of each timed step (after the warm-up) of training `model` on this rank's rows;
@@ -62,8 +66,8 @@ std::vector<double> train(nn::GPT& model, const Flags& f, int rank, int world,
   const int64_t rows = f.batch / world;
   std::vector<double> times;
   for (int step = 0; step < f.steps + f.warmup; ++step) {
-    const Tensor tokens = to(mul(rand({f.batch, f.seq + 1}, gen), static_cast<double>(f.vocab - 1)),
-                             DType::kI64);
+    const Tensor tokens =
+        to(mul(rand({f.batch, f.seq + 1}, gen), static_cast<double>(f.vocab - 1)), DType::kI64);
     const Tensor x = narrow(narrow(tokens, 1, 0, f.seq), 0, rank * rows, rows);
     const Tensor y = narrow(narrow(tokens, 1, 1, f.seq), 0, rank * rows, rows);
     if (group) group->barrier();
@@ -122,8 +126,8 @@ std::map<std::string, double> run_torch(const Flags& f, const std::string& pytho
   const std::string cmd = fmt::format(
       "PYTHONWARNINGS=ignore '{}' '{}/bench/fsdp/torch_fsdp.py' --np {} --vocab {} --seq {} "
       "--layers {} --heads {} --embd {} --batch {} --steps {} --warmup {} 2>/dev/null",
-      python, TESSEL_SOURCE_DIR, f.np, f.vocab, f.seq, f.layers, f.heads, f.embd, f.batch,
-      f.steps, f.warmup);
+      python, TESSEL_SOURCE_DIR, f.np, f.vocab, f.seq, f.layers, f.heads, f.embd, f.batch, f.steps,
+      f.warmup);
   return bench::run_peer(cmd, version);
 }
 
@@ -152,13 +156,14 @@ int main(int argc, char** argv) {
     std::printf("skipped: this build has no Gloo backend\n");
     return 0;
   }
-  std::printf("bench_fsdp: GPT %lld layers, %lld wide, %lld heads, context %lld, vocab %lld; "
-              "global batch %lld; %d processes for fsdp/ddp; load %s\ncpu: %s\n",
-              static_cast<long long>(f.layers), static_cast<long long>(f.embd),
-              static_cast<long long>(f.heads), static_cast<long long>(f.seq),
-              static_cast<long long>(f.vocab), static_cast<long long>(f.batch), f.np,
-              bench::load_average().c_str(),
-              bench::cpu_features({"avx512f", "avx512_bf16", "amx_tile"}).c_str());
+  std::printf(
+      "bench_fsdp: GPT %lld layers, %lld wide, %lld heads, context %lld, vocab %lld; "
+      "global batch %lld; %d processes for fsdp/ddp; load %s\ncpu: %s\n",
+      static_cast<long long>(f.layers), static_cast<long long>(f.embd),
+      static_cast<long long>(f.heads), static_cast<long long>(f.seq),
+      static_cast<long long>(f.vocab), static_cast<long long>(f.batch), f.np,
+      bench::load_average().c_str(),
+      bench::cpu_features({"avx512f", "avx512_bf16", "amx_tile"}).c_str());
   const std::string python = bench::torch_python(f.torch, TESSEL_SOURCE_DIR);
   const std::vector<std::string>& setups = f.setups;
   std::map<std::string, std::vector<double>> ours, theirs;
@@ -191,7 +196,8 @@ int main(int argc, char** argv) {
   const double host = bench::median(ours["fsdp1"]) - bench::median(ours["single1"]);
   std::printf("\nFSDP host cost per step (fsdp1 - single1): ours %.1f ms", host * 1e3);
   if (with_torch && !theirs["fsdp1"].empty() && !theirs["single1"].empty()) {
-    std::printf(", torch %.1f ms", (bench::median(theirs["fsdp1"]) - bench::median(theirs["single1"])) * 1e3);
+    std::printf(", torch %.1f ms",
+                (bench::median(theirs["fsdp1"]) - bench::median(theirs["single1"])) * 1e3);
   }
   std::printf("\n");
   return 0;

@@ -105,23 +105,26 @@ int main(int argc, char** argv) {
   for (int64_t world : worlds) {
     std::vector<std::pair<std::vector<int64_t>, std::vector<std::string>>> meshes = {
         {{world / 8, 8}, {"dp", "tp"}}};
-    if (world >= 64) meshes.push_back({{world / 64, 8, 8}, {"dp", "pp", "tp"}});
-    else meshes.push_back({{2, 2, 2}, {"dp", "pp", "tp"}});
+    if (world >= 64)
+      meshes.push_back({{world / 64, 8, 8}, {"dp", "pp", "tp"}});
+    else
+      meshes.push_back({{2, 2, 2}, {"dp", "pp", "tp"}});
     for (const auto& [shape, names] : meshes) {
       const int rank = static_cast<int>(world / 2 + 1) % static_cast<int>(world);
       const Result a = ours(rank, shape, names, world);
       const Result b = baseline(rank, shape, names, world);
-      std::printf("%-7lld %-12s | %8lld %9s %7ld | %8lld %11s %9ld | %7.0fx %7.0fx\n",
-                  static_cast<long long>(world), shape_text(shape).c_str(),
-                  static_cast<long long>(a.creations),
-                  format_duration(std::chrono::nanoseconds(static_cast<int64_t>(a.seconds * 1e9))).c_str(),
-                  a.rss_delta_kib, static_cast<long long>(b.creations),
-                  format_duration(std::chrono::nanoseconds(static_cast<int64_t>(b.seconds * 1e9))).c_str(),
-                  b.rss_delta_kib, static_cast<double>(b.creations) / a.creations,
-                  b.seconds / a.seconds);
+      std::printf(
+          "%-7lld %-12s | %8lld %9s %7ld | %8lld %11s %9ld | %7.0fx %7.0fx\n",
+          static_cast<long long>(world), shape_text(shape).c_str(),
+          static_cast<long long>(a.creations),
+          format_duration(std::chrono::nanoseconds(static_cast<int64_t>(a.seconds * 1e9))).c_str(),
+          a.rss_delta_kib, static_cast<long long>(b.creations),
+          format_duration(std::chrono::nanoseconds(static_cast<int64_t>(b.seconds * 1e9))).c_str(),
+          b.rss_delta_kib, static_cast<double>(b.creations) / a.creations, b.seconds / a.seconds);
     }
   }
-  std::printf("\nOne rank's cost on the fake backend (no data moves): creations are communicator\n"
-              "creations this rank takes part in; on NCCL each is a communicator init.\n");
+  std::printf(
+      "\nOne rank's cost on the fake backend (no data moves): creations are communicator\n"
+      "creations this rank takes part in; on NCCL each is a communicator init.\n");
   return 0;
 }

@@ -9,6 +9,9 @@
 // (tessel's) against the unfused per-parameter loop (PyTorch's single-tensor for-loop
 // algorithm: one pass over memory per elementary op), measured in the same run.
 
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -18,15 +21,12 @@
 #include <thread>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
-
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/optim/adamw.h"
 #include "tessel/nn/optim/clip.h"
 #include "tessel/tensor/autograd.h"
-#include "tessel/tensor/thread_pool.h"
 #include "tessel/tensor/tensor.h"
+#include "tessel/tensor/thread_pool.h"
 
 namespace {
 
@@ -56,8 +56,18 @@ std::vector<Shape> gpt_shapes(const Config& c) {
   const int64_t C = c.embd;
   std::vector<Shape> shapes = {{c.vocab, C}, {c.block, C}};
   for (int64_t l = 0; l < c.layers; ++l) {
-    for (const Shape& s : std::vector<Shape>{{C}, {C}, {3 * C, C}, {3 * C}, {C, C}, {C},
-                                             {C}, {C}, {4 * C, C}, {4 * C}, {C, 4 * C}, {C}}) {
+    for (const Shape& s : std::vector<Shape>{{C},
+                                             {C},
+                                             {3 * C, C},
+                                             {3 * C},
+                                             {C, C},
+                                             {C},
+                                             {C},
+                                             {C},
+                                             {4 * C, C},
+                                             {4 * C},
+                                             {C, 4 * C},
+                                             {C}}) {
       shapes.push_back(s);
     }
   }
@@ -136,7 +146,8 @@ void bench_adamw(Config c) {
   c.block = 1024;
   const std::vector<Shape> shapes = gpt_shapes(c);
   const tessel::nn::optim::AdamWOptions o{.lr = 3e-4, .weight_decay = 0.1};
-  const int threads = c.threads > 0 ? c.threads : static_cast<int>(std::thread::hardware_concurrency());
+  const int threads =
+      c.threads > 0 ? c.threads : static_cast<int>(std::thread::hardware_concurrency());
   ParamSet reference = make_params(shapes, 1);
   int64_t step = 0;
   const double unfused = median_ms(c.reps, [&] { unfused_adamw_step(reference, o, ++step); });
@@ -151,8 +162,7 @@ void bench_adamw(Config c) {
   // Bytes the fused step must move: read p, g, m, v; write p, m, v.
   const double bytes = 7.0 * 4.0 * static_cast<double>(fused_set.numel);
   auto row = [&](const char* name, double ms) {
-    fmt::print("{:<44} {:>10.3f} {:>8.2f} {:>8.2f}x\n", name, ms, bytes / (ms * 1e6),
-               unfused / ms);
+    fmt::print("{:<44} {:>10.3f} {:>8.2f} {:>8.2f}x\n", name, ms, bytes / (ms * 1e6), unfused / ms);
   };
   fmt::print("\nAdamW step: {} tensors, {} parameters (GPT layers={} embd={} context={})\n",
              shapes.size(), fused_set.numel, c.layers, c.embd, c.block);
@@ -170,8 +180,12 @@ struct StepTimes {
 
 StepTimes time_training(const Config& c, int threads) {
   tessel::set_num_threads(threads);
-  tessel::nn::GPT model({.vocab_size = c.vocab, .block_size = c.block, .n_layer = c.layers,
-                         .n_head = c.heads, .n_embd = c.embd, .seed = 1});
+  tessel::nn::GPT model({.vocab_size = c.vocab,
+                         .block_size = c.block,
+                         .n_layer = c.layers,
+                         .n_head = c.heads,
+                         .n_embd = c.embd,
+                         .seed = 1});
   tessel::nn::optim::AdamW opt(model.parameters(), {.lr = 1e-3, .weight_decay = 0.1});
   std::mt19937 rng(2);
   std::vector<int64_t> x(c.batch * c.block), y(c.batch * c.block);
@@ -214,13 +228,14 @@ void bench_training(const Config& c) {
   const StepTimes one = time_training(c, 1);
   const StepTimes many = time_training(c, threads);
   const double tokens = static_cast<double>(c.batch * c.block);
-  fmt::print("Training step: GPT layers={} heads={} embd={} context={}, batch {} ({} tokens/step)\n",
-             c.layers, c.heads, c.embd, c.block, c.batch, c.batch * c.block);
-  fmt::print("{:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}\n", "threads", "fwd ms",
-             "bwd ms", "update ms", "step ms", "tok/s", "speed-up");
+  fmt::print(
+      "Training step: GPT layers={} heads={} embd={} context={}, batch {} ({} tokens/step)\n",
+      c.layers, c.heads, c.embd, c.block, c.batch, c.batch * c.block);
+  fmt::print("{:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}\n", "threads", "fwd ms", "bwd ms",
+             "update ms", "step ms", "tok/s", "speed-up");
   auto row = [&](int n, const StepTimes& t) {
-    fmt::print("{:<12} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.0f} {:>8.2f}x\n", n,
-               t.forward, t.backward, t.update, t.total(), tokens / (t.total() / 1e3),
+    fmt::print("{:<12} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.0f} {:>8.2f}x\n", n, t.forward,
+               t.backward, t.update, t.total(), tokens / (t.total() / 1e3),
                one.total() / t.total());
   };
   row(1, one);

@@ -12,9 +12,12 @@
 // p99 latency; overall: throughput, and the server process's RSS and thread count.
 #include <dirent.h>
 #include <fcntl.h>
+#include <fmt/format.h>
+#include <grpcpp/grpcpp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <array>
 #include <condition_variable>
@@ -25,10 +28,6 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
-
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
-#include <grpcpp/grpcpp.h>
 
 #include "tessel/base/clock.h"
 #include "tessel/base/env.h"
@@ -193,17 +192,16 @@ void LoadClient::start() {
   get_request_.add_keys("start");
   get_request_.set_want_values(true);
   get_request_.set_timeout_ns(timeout.count());
-  stub_->async()->Get(fresh_context(timeout), &get_request_, &get_response_,
-                      [this](grpc::Status status) {
-                        if (!status.ok()) {
-                          record(kWake, status);
-                          return;
-                        }
-                        // The value is the releasing set's monotonic time (one clock per host).
-                        samples_[kWake].push_back(monotonic_ns() -
-                                                  std::stoll(get_response_.values(0)));
-                        issue_set();
-                      });
+  stub_->async()->Get(
+      fresh_context(timeout), &get_request_, &get_response_, [this](grpc::Status status) {
+        if (!status.ok()) {
+          record(kWake, status);
+          return;
+        }
+        // The value is the releasing set's monotonic time (one clock per host).
+        samples_[kWake].push_back(monotonic_ns() - std::stoll(get_response_.values(0)));
+        issue_set();
+      });
 }
 
 void LoadClient::issue_set() {
@@ -262,7 +260,8 @@ double proc_status_mib(const char* field) {
   char line[256];
   double kib = -1;
   while (std::fgets(line, sizeof(line), f)) {
-    if (std::strncmp(line, field, std::strlen(field)) == 0) kib = std::atof(line + std::strlen(field) + 1);
+    if (std::strncmp(line, field, std::strlen(field)) == 0)
+      kib = std::atof(line + std::strlen(field) + 1);
   }
   std::fclose(f);
   return kib / 1024.0;
@@ -311,11 +310,17 @@ WorkerProcess spawn_worker(const Config& config, int index, const std::string& a
     ::close(out[1]);
     ::setenv("TESSEL_STORE_ADDR", address.c_str(), 1);
     ::setenv("TESSEL_STORE_TOKEN", token.c_str(), 1);  // never on the command line
-    const std::vector<std::string> args = {
-        "store_load", "--worker", std::to_string(index), "--clients",
-        std::to_string(config.clients), "--rounds", std::to_string(config.rounds),
-        "--value-bytes", std::to_string(config.value_bytes), "--timeout",
-        std::to_string(config.timeout_s)};
+    const std::vector<std::string> args = {"store_load",
+                                           "--worker",
+                                           std::to_string(index),
+                                           "--clients",
+                                           std::to_string(config.clients),
+                                           "--rounds",
+                                           std::to_string(config.rounds),
+                                           "--value-bytes",
+                                           std::to_string(config.value_bytes),
+                                           "--timeout",
+                                           std::to_string(config.timeout_s)};
     std::vector<char*> argv;
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -506,29 +511,30 @@ int run_hostile() {
     _exit(127);
   }
   int status = 0;
-  std::vector<int64_t> attack = probe_latency(client, [&] {
-    return waitpid(attacker, &status, WNOHANG) == attacker;
-  });
+  std::vector<int64_t> attack =
+      probe_latency(client, [&] { return waitpid(attacker, &status, WNOHANG) == attacker; });
   const double rss_after = proc_status_mib("VmHWM:");
   std::printf("\nstore_load --hostile: one client's set+get round trip, same server, same run\n");
   std::printf("%-34s %8s %10s %10s %10s\n", "phase", "samples", "p50 us", "p99 us", "max us");
-  for (auto [name, v] : {std::pair{"alone (3 s)", &quiet},
-                         {"under hostile load (until it ends)", &attack}}) {
+  for (auto [name, v] :
+       {std::pair{"alone (3 s)", &quiet}, {"under hostile load (until it ends)", &attack}}) {
     const int64_t max = v->empty() ? 0 : *std::max_element(v->begin(), v->end());
     std::printf("%-34s %8zu %10s %10s %10s\n", name, v->size(), us(percentile(*v, 0.5)).c_str(),
                 us(percentile(*v, 0.99)).c_str(), us(max).c_str());
   }
-  std::printf("peak RSS of this process (server + the one client): %.1f MiB before the attack, "
-              "%.1f MiB after; attacker exit status %d\n",
-              rss_before, rss_after, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  std::printf(
+      "peak RSS of this process (server + the one client): %.1f MiB before the attack, "
+      "%.1f MiB after; attacker exit status %d\n",
+      rss_before, rss_after, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
   return 0;
 }
 
 int run_parent(const Config& config, int peer_threads) {
   const int total = config.processes * config.clients;
-  std::printf("store_load: %d processes x %d clients = %d clients (one channel each), %d rounds "
-              "of set/get/wait, %d-byte values\n",
-              config.processes, config.clients, total, config.rounds, config.value_bytes);
+  std::printf(
+      "store_load: %d processes x %d clients = %d clients (one channel each), %d rounds "
+      "of set/get/wait, %d-byte values\n",
+      config.processes, config.clients, total, config.rounds, config.value_bytes);
   double rss_idle = 0, rss_parked = 0, rss_peak = 0;
   int threads_parked = 0, sockets_parked = 0;
   Samples solo;
@@ -549,8 +555,10 @@ int run_parent(const Config& config, int peer_threads) {
                 us(percentile(m, 0.99)).c_str(),
                 m50 > 0 ? static_cast<double>(g50) / static_cast<double>(m50) : 0.0);
   }
-  std::printf("\nall %d clients at once (closed loop: latency includes queueing behind the "
-              "other clients):\n", total);
+  std::printf(
+      "\nall %d clients at once (closed loop: latency includes queueing behind the "
+      "other clients):\n",
+      total);
   std::printf("%-6s %8s | %12s %12s | %12s %12s | %9s\n", "op", "samples", "grpc p50 us",
               "grpc p99 us", "memory p50", "memory p99", "p50 ratio");
   for (int op = 0; op < kOpCount; ++op) {
@@ -564,12 +572,14 @@ int run_parent(const Config& config, int peer_threads) {
   }
   const double ops = 3.0 * total * config.rounds;
   const double grpc_rate = ops / grpc.seconds, memory_rate = ops / memory.seconds;
-  std::printf("\nthroughput (set+get+wait): grpc %.0f ops/s (incl. the wake), memory %.0f ops/s "
-              "on %d threads; memory/grpc %.0fx\n",
-              grpc_rate, memory_rate, peer_threads, memory_rate / grpc_rate);
-  std::printf("server process: RSS %.1f MiB idle, %.1f MiB with %d waits parked, peak %.1f MiB; "
-              "%d threads and %d open sockets with the waits parked\n",
-              rss_idle, rss_parked, total, rss_peak, threads_parked, sockets_parked);
+  std::printf(
+      "\nthroughput (set+get+wait): grpc %.0f ops/s (incl. the wake), memory %.0f ops/s "
+      "on %d threads; memory/grpc %.0fx\n",
+      grpc_rate, memory_rate, peer_threads, memory_rate / grpc_rate);
+  std::printf(
+      "server process: RSS %.1f MiB idle, %.1f MiB with %d waits parked, peak %.1f MiB; "
+      "%d threads and %d open sockets with the waits parked\n",
+      rss_idle, rss_parked, total, rss_peak, threads_parked, sockets_parked);
   std::printf("(memory peak includes the peer's %d wake threads, run after the grpc figures)\n",
               total);
   if (grpc.failures > 0) {

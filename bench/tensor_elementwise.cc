@@ -26,11 +26,18 @@ namespace {
 // rows (1024 x 1024), f32 and bf16, each into a preallocated output.
 void print_kernel_times() {
   constexpr int64_t kRows = 1024, kCols = 1024, kN = kRows * kCols;
-  const std::pair<const char*, UnaryOp> unary_ops[] = {
-      {"neg", UnaryOp::kNeg},   {"exp", UnaryOp::kExp},           {"log", UnaryOp::kLog},
-      {"sqrt", UnaryOp::kSqrt}, {"rsqrt", UnaryOp::kRsqrt},       {"tanh", UnaryOp::kTanh},
-      {"relu", UnaryOp::kRelu}, {"silu", UnaryOp::kSilu},         {"gelu", UnaryOp::kGelu},
-      {"abs", UnaryOp::kAbs},   {"gelu_tanh", UnaryOp::kGeluTanh}, {"sigmoid", UnaryOp::kSigmoid}};
+  const std::pair<const char*, UnaryOp> unary_ops[] = {{"neg", UnaryOp::kNeg},
+                                                       {"exp", UnaryOp::kExp},
+                                                       {"log", UnaryOp::kLog},
+                                                       {"sqrt", UnaryOp::kSqrt},
+                                                       {"rsqrt", UnaryOp::kRsqrt},
+                                                       {"tanh", UnaryOp::kTanh},
+                                                       {"relu", UnaryOp::kRelu},
+                                                       {"silu", UnaryOp::kSilu},
+                                                       {"gelu", UnaryOp::kGelu},
+                                                       {"abs", UnaryOp::kAbs},
+                                                       {"gelu_tanh", UnaryOp::kGeluTanh},
+                                                       {"sigmoid", UnaryOp::kSigmoid}};
   Backend& cpu = backend_for(Device::cpu());
   Generator gen(2);
   const Tensor x[2] = {randn({kRows, kCols}, gen), randn({kRows, kCols}, gen, DType::kBF16)};
@@ -58,7 +65,8 @@ int main(int argc, char** argv) {
   int64_t mb = 64;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--mb") == 0 && i + 1 < argc) mb = std::atoll(argv[++i]);
-    if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) set_num_threads(std::atoi(argv[++i]));
+    if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+      set_num_threads(std::atoi(argv[++i]));
   }
   std::printf("elementwise bandwidth, %lld MiB per f32 operand, %d threads (GB/s; median of 7)\n",
               static_cast<long long>(mb), num_threads());

@@ -93,8 +93,7 @@ std::vector<double> alternate(const std::vector<std::function<void()>>& fns, int
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       const auto start = Clock::now();
       for (int i = 0; i < calls[f]; ++i) fns[f]();
-      samples[f].push_back(std::chrono::duration<double>(Clock::now() - start).count() /
-                           calls[f]);
+      samples[f].push_back(std::chrono::duration<double>(Clock::now() - start).count() / calls[f]);
     }
   }
   std::vector<double> medians;
@@ -116,14 +115,18 @@ int main(int argc, char** argv) {
   int rounds = 9;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--full") == 0) full = true;
-    if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) set_num_threads(std::atoi(argv[++i]));
-    if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = std::max(1, std::atoi(argv[++i]));
+    if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+      set_num_threads(std::atoi(argv[++i]));
+    if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc)
+      rounds = std::max(1, std::atoi(argv[++i]));
   }
   const int threads = num_threads();
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
-  std::vector<GemmShape> shapes = {{512, 512, 512, false},   {1024, 1024, 1024, false},
-                                   {2048, 256, 768, true},   {2048, 768, 256, true},
+  std::vector<GemmShape> shapes = {{512, 512, 512, false},
+                                   {1024, 1024, 1024, false},
+                                   {2048, 256, 768, true},
+                                   {2048, 768, 256, true},
                                    {2048, 768, 3072, true}};
   if (full) shapes.push_back({4096, 4096, 4096, false});
 
@@ -134,8 +137,8 @@ int main(int argc, char** argv) {
   std::printf("CPU: %s; oneDNN %d.%d.%d, ISA %s; load average %s\n", cpu.c_str(),
               dnnl_version()->major, dnnl_version()->minor, dnnl_version()->patch,
               bench::dnnl_isa_name(), bench::load_average().c_str());
-  std::printf("%-22s %-5s %10s %12s %8s %14s %16s\n", "M x K x N", "dtype", "tessel",
-              "raw oneDNN", "ratio", "OpenBLAS sgemm", "bf16->f32+sgemm");
+  std::printf("%-22s %-5s %10s %12s %8s %14s %16s\n", "M x K x N", "dtype", "tessel", "raw oneDNN",
+              "ratio", "OpenBLAS sgemm", "bf16->f32+sgemm");
   for (const GemmShape& s : shapes) {
     Generator gen(1);
     const Tensor a32 = randn({s.m, s.k}, gen);
@@ -145,8 +148,9 @@ int main(int argc, char** argv) {
       const Tensor b = s.transpose_b ? transpose(bstore, 0, 1) : bstore;
       Tensor c;  // tessel's result (reassigned each call)
       const Tensor raw_c = empty({s.m, s.n}, dtype);
-      RawDnnl raw(s, dtype == DType::kF32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16,
-                  a.data_ptr(), bstore.data_ptr(), raw_c.data_ptr());
+      RawDnnl raw(
+          s, dtype == DType::kF32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16,
+          a.data_ptr(), bstore.data_ptr(), raw_c.data_ptr());
       std::vector<float> c32(static_cast<size_t>(s.m * s.n));
       const auto trans_b = s.transpose_b ? CblasTrans : CblasNoTrans;
       const int ldb = static_cast<int>(s.transpose_b ? s.k : s.n);
@@ -169,7 +173,7 @@ int main(int argc, char** argv) {
       const std::vector<double> t =
           alternate({[&] { c = matmul(a, b); }, [&] { raw.run(); }, blas}, rounds);
       const std::string name = std::to_string(s.m) + " x " + std::to_string(s.k) + " x " +
-                                std::to_string(s.n) + (s.transpose_b ? " (B^T)" : "");
+                               std::to_string(s.n) + (s.transpose_b ? " (B^T)" : "");
       std::printf("%-22s %-5s %10.1f %12.1f %7.2fx %14s %16s\n", name.c_str(),
                   std::string(dtype_name(dtype)).c_str(), gflops(s, t[0]), gflops(s, t[1]),
                   t[1] / t[0],

@@ -14,13 +14,13 @@
 // Tokens/s is the global batch over the median step time of rank 0; rounds alternate ours and
 // PyTorch's.
 
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
 
 #include "bench_host.h"
 #include "bench_procs.h"
@@ -49,8 +49,12 @@ struct Flags {
 // Seconds of each timed step (after the warm-up) of one setup on this rank.
 std::vector<double> train(const Flags& f, const std::string& setup,
                           std::shared_ptr<ProcessGroup> world) {
-  const nn::GptConfig config{.vocab_size = f.vocab, .block_size = f.seq, .n_layer = f.layers,
-                             .n_head = f.heads, .n_embd = f.embd, .seed = 1};
+  const nn::GptConfig config{.vocab_size = f.vocab,
+                             .block_size = f.seq,
+                             .n_layer = f.layers,
+                             .n_head = f.heads,
+                             .n_embd = f.embd,
+                             .seed = 1};
   nn::GPT model(config);
   const bool fsdp_only = setup == "fsdp";
   const bool dp_tp = setup == "dp_tp";
@@ -78,8 +82,8 @@ std::vector<double> train(const Flags& f, const std::string& setup,
   const int64_t rows = f.batch / dp_size;
   std::vector<double> times;
   for (int step = 0; step < f.steps + f.warmup; ++step) {
-    const Tensor tokens = to(mul(rand({f.batch, f.seq + 1}, gen), static_cast<double>(f.vocab - 1)),
-                             DType::kI64);
+    const Tensor tokens =
+        to(mul(rand({f.batch, f.seq + 1}, gen), static_cast<double>(f.vocab - 1)), DType::kI64);
     const Tensor x = narrow(narrow(tokens, 1, 0, f.seq), 0, dp_rank * rows, rows);
     const Tensor y = narrow(narrow(tokens, 1, 1, f.seq), 0, dp_rank * rows, rows);
     world->barrier();
@@ -122,18 +126,20 @@ int main(int argc, char** argv) {
     std::printf("skipped: this build has no Gloo backend\n");
     return 0;
   }
-  std::printf("bench_tp: GPT %lld layers, %lld wide, %lld heads, context %lld, vocab %lld; "
-              "global batch %lld; tp %d, dp %d; load %s\ncpu: %s\n",
-              static_cast<long long>(f.layers), static_cast<long long>(f.embd),
-              static_cast<long long>(f.heads), static_cast<long long>(f.seq),
-              static_cast<long long>(f.vocab), static_cast<long long>(f.batch), f.tp, f.dp,
-              bench::load_average().c_str(),
-              bench::cpu_features({"avx512f", "avx512_bf16", "amx_tile"}).c_str());
+  std::printf(
+      "bench_tp: GPT %lld layers, %lld wide, %lld heads, context %lld, vocab %lld; "
+      "global batch %lld; tp %d, dp %d; load %s\ncpu: %s\n",
+      static_cast<long long>(f.layers), static_cast<long long>(f.embd),
+      static_cast<long long>(f.heads), static_cast<long long>(f.seq),
+      static_cast<long long>(f.vocab), static_cast<long long>(f.batch), f.tp, f.dp,
+      bench::load_average().c_str(),
+      bench::cpu_features({"avx512f", "avx512_bf16", "amx_tile"}).c_str());
   const std::string python = bench::torch_python(f.torch, TESSEL_SOURCE_DIR);
   const std::vector<std::string>& setups = f.setups;
   std::string torch_setups;  // those PyTorch has
   for (const std::string& s : setups) {
-    if (s == "tp" || s == "dp_tp" || s == "fsdp") torch_setups += (torch_setups.empty() ? "" : ",") + s;
+    if (s == "tp" || s == "dp_tp" || s == "fsdp")
+      torch_setups += (torch_setups.empty() ? "" : ",") + s;
   }
   std::map<std::string, std::vector<double>> ours, theirs;
   std::string version;
@@ -150,8 +156,8 @@ int main(int argc, char** argv) {
           "PYTHONWARNINGS=ignore '{}' '{}/bench/tp/torch_tp.py' --tp {} --dp {} --vocab {} "
           "--seq {} --layers {} --heads {} --embd {} --batch {} --steps {} --warmup {} "
           "--setups {} 2>/dev/null",
-          python, TESSEL_SOURCE_DIR, f.tp, f.dp, f.vocab, f.seq, f.layers, f.heads, f.embd,
-          f.batch, f.steps, f.warmup, torch_setups);
+          python, TESSEL_SOURCE_DIR, f.tp, f.dp, f.vocab, f.seq, f.layers, f.heads, f.embd, f.batch,
+          f.steps, f.warmup, torch_setups);
       for (auto& [s, seconds] : bench::run_peer(cmd, &version)) theirs[s].push_back(seconds);
     }
   }
@@ -183,9 +189,10 @@ int main(int argc, char** argv) {
   }
   const double sp = bench::median(ours["tp_sp"]), overlap = bench::median(ours["tp_sp_overlap"]);
   if (sp > 0 && overlap > 0) {
-    std::printf("sequence-parallel all_gather overlap (%lld chunks): %.1f ms/step, %+.1f%% vs "
-                "unsplit\n",
-                static_cast<long long>(f.chunks), overlap * 1e3, (sp / overlap - 1) * 100);
+    std::printf(
+        "sequence-parallel all_gather overlap (%lld chunks): %.1f ms/step, %+.1f%% vs "
+        "unsplit\n",
+        static_cast<long long>(f.chunks), overlap * 1e3, (sp / overlap - 1) * 100);
   }
   const double dp_tp = bench::median(ours["dp_tp"]), fsdp = bench::median(ours["fsdp"]);
   if (dp_tp > 0 && fsdp > 0) {

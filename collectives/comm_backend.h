@@ -27,8 +27,8 @@ namespace tessel {
 
 // Per-call facts a backend may need.
 struct OpContext {
-  uint64_t seq = 0;         // the group's collective sequence number (a tag for the transport)
-  Nanoseconds timeout{0};   // the call's timeout
+  uint64_t seq = 0;        // the group's collective sequence number (a tag for the transport)
+  Nanoseconds timeout{0};  // the call's timeout
   // The caller's current stream on the tensors' device, taken on the caller's thread when the
   // call was issued, where that device type has a registered runtime (tensor/stream.h); empty
   // for CPU tensors and where none is (a CUDA backend then orders after the legacy default
@@ -51,9 +51,9 @@ struct SplitRequest {
   uint64_t split_index = 0;  // how many splits the parent made before this one (same on all)
   int color = kNoColor;
   int key = 0;
-  std::vector<int> members;  // parent ranks of this rank's new group in new-rank order
-  int new_rank = -1;         // this rank's place in members (-1 for kNoColor)
-  bool members_given = false;  // members came from SplitOptions::members, not an exchange
+  std::vector<int> members;     // parent ranks of this rank's new group in new-rank order
+  int new_rank = -1;            // this rank's place in members (-1 for kNoColor)
+  bool members_given = false;   // members came from SplitOptions::members, not an exchange
   ProcessGroupOptions options;  // name, id and timeout of the new group
 };
 
@@ -76,11 +76,9 @@ class CommBackend {
   virtual void broadcast(Tensor& tensor, int root, const OpContext& ctx) = 0;
   virtual void all_gather(const Tensor& input, Tensor& output, std::span<const int64_t> counts,
                           const OpContext& ctx) = 0;
-  virtual void reduce_scatter(const Tensor& input, Tensor& output,
-                              std::span<const int64_t> counts, ReduceOp op,
-                              const OpContext& ctx) = 0;
-  virtual void all_to_all(const Tensor& input, Tensor& output,
-                          std::span<const int64_t> send_counts,
+  virtual void reduce_scatter(const Tensor& input, Tensor& output, std::span<const int64_t> counts,
+                              ReduceOp op, const OpContext& ctx) = 0;
+  virtual void all_to_all(const Tensor& input, Tensor& output, std::span<const int64_t> send_counts,
                           std::span<const int64_t> recv_counts, const OpContext& ctx) = 0;
   // The list form (ProcessGroup::all_to_all over views): inputs[j] to rank j, outputs[j] from
   // rank j, size() views each, of one dtype and any strides, elements in row-major order.

@@ -68,11 +68,11 @@ class DumpCoordinator {
   const DumpCoordinatorOptions options_;
   std::mutex mutex_;
   std::condition_variable stopping_;     // wakes the watcher's back-off on stop()
-  std::optional<std::string> pending_;  // guarded by mutex_: a request to post
-  uint64_t posted_ = 0;                 // guarded by mutex_: requests the watcher posted
-  bool watching_ = false;               // guarded by mutex_: start() ran and stop() did not
-  std::condition_variable posted_cv_;   // signalled when posted_ grows or on stop()
-  bool stop_ = false;                   // guarded by mutex_
+  std::optional<std::string> pending_;   // guarded by mutex_: a request to post
+  uint64_t posted_ = 0;                  // guarded by mutex_: requests the watcher posted
+  bool watching_ = false;                // guarded by mutex_: start() ran and stop() did not
+  std::condition_variable posted_cv_;    // signalled when posted_ grows or on stop()
+  bool stop_ = false;                    // guarded by mutex_
   std::optional<int64_t> failed_at_us_;  // guarded by mutex_: wall time of the first failure
   bool failure_posted_ = false;          // watcher thread only
   std::atomic<int64_t> answered_{0};

@@ -1,7 +1,8 @@
 #include "tessel/collectives/file_store.h"
-#include "tessel/collectives/memory_store.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,10 +15,8 @@
 #include <sstream>
 #include <thread>
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
 #include "tessel/base/error.h"
+#include "tessel/collectives/memory_store.h"
 
 namespace tessel {
 namespace {
@@ -146,8 +145,8 @@ void FileStore::wait(const std::vector<std::string>& keys, Nanoseconds timeout) 
     }
     if (missing.empty()) return;
     if (deadline.expired()) {
-      throw Timeout(fmt::format("FileStore {}: key(s) {} not set within {}", directory_,
-                                missing, format_duration(timeout)));
+      throw Timeout(fmt::format("FileStore {}: key(s) {} not set within {}", directory_, missing,
+                                format_duration(timeout)));
     }
     backoff.pause(deadline);
   }
@@ -160,9 +159,7 @@ bool FileStore::check(const std::vector<std::string>& keys) {
   return true;
 }
 
-bool FileStore::delete_key(const std::string& key) {
-  return ::unlink(path_of(key).c_str()) == 0;
-}
+bool FileStore::delete_key(const std::string& key) { return ::unlink(path_of(key).c_str()) == 0; }
 
 std::vector<std::string> FileStore::multi_get(const std::vector<std::string>& keys,
                                               Nanoseconds timeout) {
@@ -172,8 +169,8 @@ std::vector<std::string> FileStore::multi_get(const std::vector<std::string>& ke
     auto value = read_file(path_of(key));
     // A key deleted between wait and read is reported like one that never appeared.
     if (!value) {
-      throw Timeout(fmt::format("FileStore {}: key '{}' vanished while being read", directory_,
-                                key));
+      throw Timeout(
+          fmt::format("FileStore {}: key '{}' vanished while being read", directory_, key));
     }
     values.push_back(std::move(*value));
   }

@@ -1,12 +1,9 @@
 #include "tessel/collectives/init.h"
 
-#include "tessel/collectives/store_client.h"
-#include "tessel/collectives/store.h"
+#include <fmt/format.h>
 
 #include <charconv>
 #include <cstdlib>
-
-#include <fmt/format.h>
 
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
@@ -17,6 +14,8 @@
 #include "tessel/collectives/memory_store.h"
 #include "tessel/collectives/mpi/mpi_backend.h"
 #include "tessel/collectives/nccl/nccl_backend.h"
+#include "tessel/collectives/store.h"
+#include "tessel/collectives/store_client.h"
 #include "tessel/collectives/threads/threads_backend.h"
 #include "tessel/tensor/cuda/cuda.h"
 
@@ -144,7 +143,8 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
                  env.world_size);
     return threads::create_world(1, group).front();
   }
-  if (backend == "fake") return fake::create_process_group(env.rank, env.world_size, nullptr, group);
+  if (backend == "fake")
+    return fake::create_process_group(env.rank, env.world_size, nullptr, group);
   if (backend == "mpi") {
     auto world = mpi_create_world(group);
     if (env.world_size > 1) enable_flight_recorder_dumps(nullptr, world->rank(), world->size());
@@ -181,8 +181,7 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   if (env.world_size > 1) enable_flight_recorder_dumps(store, env.rank, env.world_size);
   return nccl_create_process_group(
       rendezvous, env.rank, env.world_size,
-      NcclOptions{.device = options.device.is_cuda() ? options.device.index : -1,
-                  .group = group});
+      NcclOptions{.device = options.device.is_cuda() ? options.device.index : -1, .group = group});
 }
 
 }  // namespace tessel

@@ -42,12 +42,12 @@ struct LaunchEnv {
 LaunchEnv read_launch_env();
 
 struct InitOptions {
-  std::string backend = {};            // "", "gloo", "mpi", "nccl", "threads", "fake"
-  Device device = Device::cpu();        // picks the backend when none is named
-  std::shared_ptr<Store> store = {};   // the job's store; found from the environment when null
-  std::string store_dir = {};          // a FileStore directory (else TESSEL_STORE_DIR)
-  Nanoseconds timeout{0};              // default collective timeout (0: TESSEL_PG_TIMEOUT)
-  GlooOptions gloo = {};               // gloo: address/interface (group fields are overwritten)
+  std::string backend = {};           // "", "gloo", "mpi", "nccl", "threads", "fake"
+  Device device = Device::cpu();      // picks the backend when none is named
+  std::shared_ptr<Store> store = {};  // the job's store; found from the environment when null
+  std::string store_dir = {};         // a FileStore directory (else TESSEL_STORE_DIR)
+  Nanoseconds timeout{0};             // default collective timeout (0: TESSEL_PG_TIMEOUT)
+  GlooOptions gloo = {};              // gloo: address/interface (group fields are overwritten)
 };
 
 // The job's store from the environment: a FileStore when `store_dir` (or TESSEL_STORE_DIR) is

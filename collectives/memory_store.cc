@@ -48,8 +48,8 @@ void MemoryStore::wait_locked(std::unique_lock<std::mutex>& lock,
       for (const auto& k : keys) {
         if (!data_.count(k)) missing += (missing.empty() ? "'" : ", '") + k + "'";
       }
-      throw Timeout(fmt::format("store: key(s) {} not set within {}", missing,
-                                format_duration(timeout)));
+      throw Timeout(
+          fmt::format("store: key(s) {} not set within {}", missing, format_duration(timeout)));
     }
   }
 }
@@ -124,8 +124,8 @@ std::vector<std::string> MemoryStore::multi_get(const std::vector<std::string>& 
 
 void MemoryStore::multi_set(const std::vector<std::string>& keys,
                             const std::vector<std::string>& values) {
-  TESSEL_CHECK(keys.size() == values.size(), InvalidArgument,
-               "multi_set: {} keys but {} values", keys.size(), values.size());
+  TESSEL_CHECK(keys.size() == values.size(), InvalidArgument, "multi_set: {} keys but {} values",
+               keys.size(), values.size());
   {
     std::lock_guard lock(mutex_);
     for (size_t i = 0; i < keys.size(); ++i) data_[keys[i]] = values[i];

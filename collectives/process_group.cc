@@ -78,8 +78,8 @@ void CommBackend::check_device(const Tensor& tensor) const {
                "the {} backend takes CPU tensors, got {}", name(), tensor.str());
 }
 Device CommBackend::default_device() const { return Device::cpu(); }
-void CommBackend::all_to_all_views(std::span<const Tensor> inputs,
-                                   std::span<const Tensor> outputs, const OpContext& ctx) {
+void CommBackend::all_to_all_views(std::span<const Tensor> inputs, std::span<const Tensor> outputs,
+                                   const OpContext& ctx) {
   std::optional<StreamGuard> on_stream;
   if (ctx.stream) on_stream.emplace(*ctx.stream);
   std::vector<int64_t> send_counts, recv_counts;
@@ -113,9 +113,9 @@ struct ProcessGroup::Call {
   fr::RecordArgs record;
   bool async = false;
   Nanoseconds timeout{0};
-  std::optional<Stream> stream;  // the caller's, for device tensors (OpContext::stream)
+  std::optional<Stream> stream;           // the caller's, for device tensors (OpContext::stream)
   std::optional<Event> issued_on_stream;  // recorded on `stream` by issue()
-  SteadyClock::time_point issued;  // set by issue()
+  SteadyClock::time_point issued;         // set by issue()
   std::function<void(const OpContext&)> run;
 };
 
@@ -359,9 +359,8 @@ void ProcessGroup::fail_device_work(WorkState& work, std::exception_ptr error) {
   } catch (const std::exception& e) {
     message = e.what();
   }
-  const std::string what =
-      fmt::format("{} ({}): {}", work.describe(), who_,
-                  in_callers_terms(*this, work.op(), message));
+  const std::string what = fmt::format("{} ({}): {}", work.describe(), who_,
+                                       in_callers_terms(*this, work.op(), message));
   fr::FlightRecorder::global().failed(work.record_id());
   Watchdog::global().dump(work, kind, what);
   if (!work.fail(wrap_error(kind, what))) return;
@@ -482,9 +481,8 @@ void ProcessGroup::execute(const std::shared_ptr<WorkState>& state, Call& call,
   } catch (const std::exception& e) {
     message = e.what();
   }
-  const std::string what =
-      fmt::format("{} ({}): {}", state->describe(), who_,
-                  in_callers_terms(*this, state->op(), message));
+  const std::string what = fmt::format("{} ({}): {}", state->describe(), who_,
+                                       in_callers_terms(*this, state->op(), message));
   // Bad arguments are the caller's to see; transport failures are also dumped (before the
   // caller wakes) and put through the watchdog's policy.
   const bool transport = kind != ErrorKind::kInvalidArgument;
@@ -562,8 +560,8 @@ Work ProcessGroup::reduce_scatter(const Tensor& input, Tensor& output,
                "reduce_scatter on group '{}': input has {} elements, expected {} (sum of counts)",
                name(), input.numel(), sum_of(counts));
   TESSEL_CHECK(output.numel() == counts[static_cast<size_t>(rank_)], InvalidArgument,
-               "reduce_scatter on group '{}': rank {} output has {} elements, expected {}",
-               name(), rank_, output.numel(), counts[static_cast<size_t>(rank_)]);
+               "reduce_scatter on group '{}': rank {} output has {} elements, expected {}", name(),
+               rank_, output.numel(), counts[static_cast<size_t>(rank_)]);
   Call call;
   call.record.op = fr::OpType::kReduceScatter;
   call.stream = caller_stream(input);
@@ -579,8 +577,7 @@ Work ProcessGroup::reduce_scatter(const Tensor& input, Tensor& output,
   return issue(std::move(call));
 }
 
-Work ProcessGroup::all_to_all(const Tensor& input, Tensor& output,
-                              const AllToAllOptions& options) {
+Work ProcessGroup::all_to_all(const Tensor& input, Tensor& output, const AllToAllOptions& options) {
   check_pair(input, output, "all_to_all");
   auto send = counts_or_even(options.send_counts, input.numel(), size_, "all_to_all send");
   auto recv = counts_or_even(options.recv_counts, output.numel(), size_, "all_to_all recv");
@@ -608,10 +605,11 @@ Work ProcessGroup::all_to_all(std::vector<Tensor> inputs, std::vector<Tensor> ou
                "all_to_all on group '{}': the list form takes its counts from the views; "
                "send_counts and recv_counts must be empty",
                name());
-  TESSEL_CHECK(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_,
-               InvalidArgument,
-               "all_to_all on group '{}': {} inputs and {} outputs given, expected one per rank ({})",
-               name(), inputs.size(), outputs.size(), size_);
+  TESSEL_CHECK(
+      static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_,
+      InvalidArgument,
+      "all_to_all on group '{}': {} inputs and {} outputs given, expected one per rank ({})",
+      name(), inputs.size(), outputs.size(), size_);
   auto check_view = [&](const Tensor& t, std::string_view role, int j) {
     TESSEL_CHECK(t.defined(), InvalidArgument, "all_to_all on group '{}': {} {} is undefined",
                  name(), role, j);
@@ -630,8 +628,8 @@ Work ProcessGroup::all_to_all(std::vector<Tensor> inputs, std::vector<Tensor> ou
   const Tensor& own_in = inputs[static_cast<size_t>(rank_)];
   const Tensor& own_out = outputs[static_cast<size_t>(rank_)];
   TESSEL_CHECK(own_in.numel() == own_out.numel(), InvalidArgument,
-               "all_to_all on group '{}': rank {} sends itself {} elements but receives {}",
-               name(), rank_, own_in.numel(), own_out.numel());
+               "all_to_all on group '{}': rank {} sends itself {} elements but receives {}", name(),
+               rank_, own_in.numel(), own_out.numel());
   Call call;
   call.record.op = fr::OpType::kAllToAll;
   call.stream = caller_stream(inputs[0]);
@@ -639,10 +637,8 @@ Work ProcessGroup::all_to_all(std::vector<Tensor> inputs, std::vector<Tensor> ou
   call.record.output = fr::TensorMeta::make(dtype_name(inputs[0].dtype()), {received});
   call.async = options.async;
   call.timeout = timeout_of(options.timeout);
-  call.run = [this, inputs = std::move(inputs),
-              outputs = std::move(outputs)](const OpContext& ctx) {
-    backend_->all_to_all_views(inputs, outputs, ctx);
-  };
+  call.run = [this, inputs = std::move(inputs), outputs = std::move(outputs)](
+                 const OpContext& ctx) { backend_->all_to_all_views(inputs, outputs, ctx); };
   return issue(std::move(call));
 }
 
@@ -691,8 +687,7 @@ Work ProcessGroup::barrier(const BarrierOptions& options) {
   return issue(std::move(call));
 }
 
-std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key,
-                                                  const SplitOptions& options) {
+std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, const SplitOptions& options) {
   TESSEL_CHECK(color >= 0 || color == kNoColor, InvalidArgument,
                "split of group '{}': color {} must be >= 0 or kNoColor ({})", name(), color,
                kNoColor);
@@ -734,17 +729,16 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key,
       }
       std::sort(order.begin(), order.end());
       for (const auto& [k, r] : order) request.members.push_back(r);
-      request.new_rank = static_cast<int>(
-          std::find(request.members.begin(), request.members.end(), rank_) -
-          request.members.begin());
+      request.new_rank =
+          static_cast<int>(std::find(request.members.begin(), request.members.end(), rank_) -
+                           request.members.begin());
     }
   }
   {
     std::lock_guard lock(mutex_);
     request.split_index = split_count_++;
   }
-  request.options.name =
-      options.name.empty() ? fmt::format("{}/{}", name(), color) : options.name;
+  request.options.name = options.name.empty() ? fmt::format("{}/{}", name(), color) : options.name;
   // The requested name is part of the id, so ranks that create different groups at the same
   // point (mesh dimensions made in different orders) never join one communicator by accident.
   request.options.id = mix_id(options_.id, request.split_index, color, options.name);

@@ -1,7 +1,8 @@
 #pragma once
 // ProcessGroup: a set of ranks that run collectives together (all_reduce, broadcast, all_gather,
 // reduce_scatter, all_to_all, send/recv, barrier) and split into sub-groups. One class for every
-// backend (threads, gloo, mpi, nccl, fake); the backend moves the bytes (collectives/comm_backend.h).
+// backend (threads, gloo, mpi, nccl, fake); the backend moves the bytes
+// (collectives/comm_backend.h).
 //
 //   std::shared_ptr<ProcessGroup> world = init_process_group();      // collectives/init.h
 //   Tensor grad = ...;                                                // contiguous CPU f32
@@ -56,7 +57,6 @@ class CommBackend;
 namespace internal {
 class GroupWorker;
 }
-
 
 // split(): the color of a rank that joins no new group.
 inline constexpr int kNoColor = -1;
@@ -122,7 +122,7 @@ struct SplitOptions {
 // What a group is made with; rank and size come from the backend.
 struct ProcessGroupOptions {
   std::string name = "world";
-  uint64_t id = 0;  // flight-recorder group id; the same on every member rank
+  uint64_t id = 0;         // flight-recorder group id; the same on every member rank
   Nanoseconds timeout{0};  // default per-call timeout; 0: TESSEL_PG_TIMEOUT (default 5m)
 };
 
@@ -240,18 +240,18 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   const std::shared_ptr<const std::string> members_text_;
   const std::string who_;
   mutable std::mutex mutex_;
-  uint64_t seq_ = 0;                       // guarded by mutex_
+  uint64_t seq_ = 0;                           // guarded by mutex_
   std::vector<uint64_t> send_seq_, recv_seq_;  // per peer, guarded by mutex_
-  uint64_t split_count_ = 0;               // guarded by mutex_
-  std::atomic<bool> aborted_{false};       // written under mutex_, read without
+  uint64_t split_count_ = 0;                   // guarded by mutex_
+  std::atomic<bool> aborted_{false};           // written under mutex_, read without
   std::atomic<bool> transport_failed_{false};  // an operation failed in the transport
   std::atomic<bool> destroying_{false};        // the destructor runs the queue's last tasks
-  bool watched_ = false;                   // registered with the watchdog; guarded by mutex_
+  bool watched_ = false;                       // registered with the watchdog; guarded by mutex_
   mutable std::mutex running_mutex_;
-  std::shared_ptr<WorkState> running_;     // guarded by running_mutex_
+  std::shared_ptr<WorkState> running_;  // guarded by running_mutex_
   // Operations whose device part may still run, in issue order; guarded by running_mutex_.
   std::deque<std::shared_ptr<WorkState>> in_flight_;
-  std::string abort_reason_;               // guarded by mutex_
+  std::string abort_reason_;  // guarded by mutex_
   std::unique_ptr<internal::GroupWorker> worker_;
 };
 

@@ -27,10 +27,10 @@ namespace tessel {
 // with an error naming the limit and its value.
 struct StoreLimits {
   size_t max_key_bytes = 4096;
-  size_t max_value_bytes = size_t{16} << 20;  // 16 MiB
-  size_t max_keys = size_t{1} << 20;          // keys held at once
-  size_t max_keys_per_call = 65536;           // keys in one multi_get / multi_set / wait / check
-  size_t max_waiters = 65536;                 // blocking calls parked at once
+  size_t max_value_bytes = size_t{16} << 20;     // 16 MiB
+  size_t max_keys = size_t{1} << 20;             // keys held at once
+  size_t max_keys_per_call = 65536;              // keys in one multi_get / multi_set / wait / check
+  size_t max_waiters = 65536;                    // blocking calls parked at once
   size_t max_request_bytes = size_t{256} << 20;  // one request on the wire (e.g. a multi_set)
   // Connections that have not yet made a call with the token (whose calls are refused on their
   // headers, bodies unread): at most this many from one address, and in all. Past a limit the
@@ -56,8 +56,8 @@ struct StoreServerOptions {
 
 // Counters for monitoring and tests; a consistent snapshot.
 struct StoreServerStats {
-  size_t keys = 0;     // keys held
-  size_t waiters = 0;  // blocking calls parked
+  size_t keys = 0;                         // keys held
+  size_t waiters = 0;                      // blocking calls parked
   size_t connections = 0;                  // open now
   size_t unauthenticated_connections = 0;  // open now, no call with the token yet
   size_t refused_connections = 0;          // closed at once or later to stay within limits

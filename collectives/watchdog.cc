@@ -1,10 +1,10 @@
 #include "tessel/collectives/watchdog.h"
 
-#include <algorithm>
-#include <cstdlib>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstdlib>
 
 #include "tessel/base/env.h"
 #include "tessel/base/logging.h"
@@ -15,9 +15,12 @@ namespace tessel {
 
 std::string_view watchdog_policy_name(WatchdogPolicy policy) {
   switch (policy) {
-    case WatchdogPolicy::kRaise: return "raise";
-    case WatchdogPolicy::kAbortCommunicator: return "abort_communicator";
-    case WatchdogPolicy::kAbortProcess: return "abort_process";
+    case WatchdogPolicy::kRaise:
+      return "raise";
+    case WatchdogPolicy::kAbortCommunicator:
+      return "abort_communicator";
+    case WatchdogPolicy::kAbortProcess:
+      return "abort_process";
   }
   return "unknown";
 }
@@ -184,9 +187,8 @@ void Watchdog::expire(const std::shared_ptr<WorkState>& state, ProcessGroup& gro
   std::string missing;
   const auto ranks = group.missing_ranks(work.seq());
   if (!ranks.empty()) missing = "; not arrived: " + group.describe_members(ranks);
-  const std::string what = fmt::format(
-      "{} did not complete within its timeout of {} (watchdog){}", work.describe(),
-      format_duration(work.timeout()), missing);
+  const std::string what = fmt::format("{} did not complete within its timeout of {} (watchdog){}",
+                                       work.describe(), format_duration(work.timeout()), missing);
   // Record, dump, then wake the caller, then apply the policy (an abort may make the blocked
   // backend call return, which must find the Work already failed with this Timeout).
   fr::FlightRecorder::global().failed(work.record_id());

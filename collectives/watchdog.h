@@ -133,8 +133,8 @@ class Watchdog {
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;
-  WatchdogOptions options_;       // guarded by mutex_
-  WatchdogDumpHook dump_hook_;    // guarded by mutex_
+  WatchdogOptions options_;                          // guarded by mutex_
+  WatchdogDumpHook dump_hook_;                       // guarded by mutex_
   std::vector<std::weak_ptr<ProcessGroup>> groups_;  // guarded by mutex_
   bool stopping_ = false;
   bool wake_ = false;  // guarded by mutex_: device work was added while it slept

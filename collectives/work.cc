@@ -1,8 +1,8 @@
 #include "tessel/collectives/work.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "tessel/base/error.h"
 
@@ -118,9 +118,12 @@ bool WorkState::enqueued() const { return finished() || on_device(); }
 
 WorkState::DeviceStatus WorkState::poll_device(std::exception_ptr* error) {
   switch (device_state_.load(std::memory_order_acquire)) {
-    case kNoDevice: return DeviceStatus::kNone;
-    case kDeviceDone: return DeviceStatus::kDone;
-    default: break;
+    case kNoDevice:
+      return DeviceStatus::kNone;
+    case kDeviceDone:
+      return DeviceStatus::kDone;
+    default:
+      break;
   }
   Nanoseconds device_time{0};
   {
@@ -166,9 +169,7 @@ bool Work::is_success() const {
   return state_ == nullptr || (state_->finished() && !state_->failed());
 }
 
-std::exception_ptr Work::exception() const {
-  return state_ == nullptr ? nullptr : state_->error();
-}
+std::exception_ptr Work::exception() const { return state_ == nullptr ? nullptr : state_->error(); }
 
 bool Work::wait(Nanoseconds timeout) {
   if (state_ == nullptr) return true;
@@ -186,9 +187,9 @@ bool Work::synchronize(Nanoseconds timeout) {
   const Deadline deadline = Deadline::after(timeout);
   // The host part, then the device's end event (no stream needs to wait for a finished event).
   if (!state_->wait_enqueued_for(timeout)) {
-    throw Timeout(fmt::format(
-        "Work::synchronize gave up after {} on {}; the operation is still running",
-        format_duration(timeout), state_->describe()));
+    throw Timeout(
+        fmt::format("Work::synchronize gave up after {} on {}; the operation is still running",
+                    format_duration(timeout), state_->describe()));
   }
   // Poll the end event, sleeping between polls (10 us doubling up to 1 ms): a collective's
   // latency is kept, and no core spins. A device error is failed into the Work by the watchdog.

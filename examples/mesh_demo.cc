@@ -5,15 +5,15 @@
 //   tessel-run --standalone --nproc-per-node 4 mesh_demo     4 processes over Gloo
 //
 // Each rank prints its mesh, its groups and the sums, in rank order.
+#include <fmt/ranges.h>
+
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <fmt/ranges.h>
 
 #include "tessel/base/error.h"
 #include "tessel/base/tools/cli.h"
@@ -41,16 +41,17 @@ std::vector<int64_t> parse_shape(const std::string& text) {
 std::string join(const std::vector<int>& v) { return fmt::format("{}", fmt::join(v, " ")); }
 
 // What one rank does; returns its report.
-std::string run_rank(const std::shared_ptr<ProcessGroup>& world, const std::vector<int64_t>& shape) {
+std::string run_rank(const std::shared_ptr<ProcessGroup>& world,
+                     const std::vector<int64_t>& shape) {
   DeviceMesh mesh = init_device_mesh(world, shape, {"dp", "tp"});
   std::string report = mesh.str() + "\n";
   for (const std::string dim : {"dp", "tp"}) {
     auto group = mesh.group(dim);
     Tensor value = from_vector<float>({static_cast<float>(world->rank())});
     group->all_reduce(value);
-    report += fmt::format("  {}: ranks [{}], local rank {}, all_reduce(rank) = {}\n", dim,
-                          join(group->global_ranks()), mesh.local_rank(dim),
-                          value.data<float>()[0]);
+    report +=
+        fmt::format("  {}: ranks [{}], local rank {}, all_reduce(rank) = {}\n", dim,
+                    join(group->global_ranks()), mesh.local_rank(dim), value.data<float>()[0]);
   }
   mesh.destroy();
   return report;
@@ -71,8 +72,8 @@ int main(int argc, char** argv) {
   if (const auto status = cli::parse(app, argc, argv, "mesh_demo")) return *status;
   try {
     if (threads > 0) {
-      const auto shape = parse_shape(shape_text.empty() ? "2x" + std::to_string(threads / 2)
-                                                        : shape_text);
+      const auto shape =
+          parse_shape(shape_text.empty() ? "2x" + std::to_string(threads / 2) : shape_text);
       std::vector<std::string> reports(static_cast<size_t>(threads));
       threads::run_ranks(threads, [&](ProcessGroup& pg) {
         reports[static_cast<size_t>(pg.rank())] = run_rank(pg.shared_from_this(), shape);
@@ -81,8 +82,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     auto world = init_process_group();
-    const auto shape = parse_shape(shape_text.empty() ? "2x" + std::to_string(world->size() / 2)
-                                                      : shape_text);
+    const auto shape =
+        parse_shape(shape_text.empty() ? "2x" + std::to_string(world->size() / 2) : shape_text);
     const std::string report = run_rank(world, shape);
     // Print in rank order: each rank waits for its turn on the world group.
     for (int r = 0; r < world->size(); ++r) {
@@ -95,7 +96,7 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const Timeout& e) {
     std::fprintf(stderr, "mesh_demo: %s\n", e.what());
-    return 124;  // a collective timed out (docs/diagnosing-hangs.md)
+    return 124;                         // a collective timed out (docs/diagnosing-hangs.md)
   } catch (const InvalidArgument& e) {  // a --shape the ranks do not fill
     std::fprintf(stderr, "mesh_demo: %s\n", e.message().c_str());
     return cli::kExitBadValue;

@@ -47,6 +47,10 @@
 // on another world size (docs/parallel.md, "Checkpoints"). Under tessel-run --max-restarts, a
 // restarted job with --resume picks up where the last checkpoint left it.
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -60,19 +64,15 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
 #include "tessel/base/error.h"
 #include "tessel/base/tools/cli.h"
 #include "tessel/collectives/init.h"
 #include "tessel/flight_recorder/recorder.h"
+#include "tessel/mesh/device_mesh.h"
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/optim/adamw.h"
 #include "tessel/nn/optim/clip.h"
 #include "tessel/nn/optim/schedule.h"
-#include "tessel/mesh/device_mesh.h"
 #include "tessel/parallel/checkpoint.h"
 #include "tessel/parallel/ddp.h"
 #include "tessel/parallel/fsdp.h"
@@ -106,7 +106,7 @@ struct Flags {
   double clip = 1.0;
   uint64_t seed = 1;
   int64_t log_every = 20;
-  int64_t eval_every = 0;    // steps between validation losses during training (0: at the end)
+  int64_t eval_every = 0;  // steps between validation losses during training (0: at the end)
   int64_t eval_batches = 8;
   int64_t sample = 200;
   double temperature = 0.8;
@@ -116,12 +116,12 @@ struct Flags {
   bool ddp = false;          // replicate the model instead of sharding it
   int64_t tp = 1;            // tensor-parallel ranks (each layer split over them)
   bool sequence_parallel = false;
-  std::string log_json;      // one JSON object per step
-  std::string checkpoint_dir;    // distributed checkpoints (step_<N> folders)
-  int64_t checkpoint_every = 0;  // steps between checkpoints (0: none)
-  int keep_checkpoints = 3;      // committed checkpoints kept (0: all)
-  bool resume = false;           // continue from the latest checkpoint under checkpoint_dir
-  std::string device = "cpu";    // where the model trains (one process for devices but the CPU)
+  std::string log_json;           // one JSON object per step
+  std::string checkpoint_dir;     // distributed checkpoints (step_<N> folders)
+  int64_t checkpoint_every = 0;   // steps between checkpoints (0: none)
+  int keep_checkpoints = 3;       // committed checkpoints kept (0: all)
+  bool resume = false;            // continue from the latest checkpoint under checkpoint_dir
+  std::string device = "cpu";     // where the model trains (one process for devices but the CPU)
   std::string autocast = "auto";  // bf16 mixed precision: auto (on for CUDA devices), bf16, off
 };
 
@@ -317,9 +317,8 @@ double evaluate_during_training(nn::GPT& model, const std::string& val_text, con
 // FSDP (with HSDP when replicated) on each block and then the root; the model is built on the
 // meta device so that only this rank's shards are ever allocated. With --ddp the whole model is
 // replicated (`ddp` is then set).
-std::unique_ptr<nn::GPT> build_model(const Flags& f, const nn::GptConfig& config,
-                                     const Layout& l, std::unique_ptr<DDPModule>* ddp,
-                                     Device device) {
+std::unique_ptr<nn::GPT> build_model(const Flags& f, const nn::GptConfig& config, const Layout& l,
+                                     std::unique_ptr<DDPModule>* ddp, Device device) {
   if (!l.world || f.ddp) {
     auto model = std::make_unique<nn::GPT>(config);
     model->to(device);  // initialised on the CPU: the same values on every device
@@ -367,8 +366,7 @@ int run(const Flags& f) {
   if (f.threads > 0) set_num_threads(f.threads);
   const std::string text = read_file(f.data);
   TESSEL_CHECK(text.size() > static_cast<size_t>(10 * (f.seq + 1)), InvalidArgument,
-               "corpus '{}' has {} bytes, too few for sequences of {}", f.data, text.size(),
-               f.seq);
+               "corpus '{}' has {} bytes, too few for sequences of {}", f.data, text.size(), f.seq);
   const size_t split = text.size() * 9 / 10;
   const std::string train_text = text.substr(0, split);
   const std::string val_text = text.substr(split);
@@ -377,16 +375,21 @@ int run(const Flags& f) {
   // matmuls run on bf16 tensor cores and attention on the fused kernels (cuDNN on Hopper,
   // flash_cuda otherwise), which take bf16 and f16 only; f32 attention on a GPU runs the slow
   // reference kernel.
-  TESSEL_CHECK(f.autocast == "auto" || f.autocast == "bf16" || f.autocast == "off",
-               InvalidArgument, "--autocast {}: expected auto, bf16 or off", f.autocast);
+  TESSEL_CHECK(f.autocast == "auto" || f.autocast == "bf16" || f.autocast == "off", InvalidArgument,
+               "--autocast {}: expected auto, bf16 or off", f.autocast);
   const bool autocast = f.autocast == "bf16" || (f.autocast == "auto" && device.is_cuda());
-  const nn::GptConfig config{.vocab_size = 256, .block_size = f.seq, .n_layer = f.layers,
-                             .n_head = f.heads, .n_embd = f.embd, .seed = f.seed};
+  const nn::GptConfig config{.vocab_size = 256,
+                             .block_size = f.seq,
+                             .n_layer = f.layers,
+                             .n_head = f.heads,
+                             .n_embd = f.embd,
+                             .seed = f.seed};
   std::unique_ptr<DDPModule> ddp;
   std::unique_ptr<nn::GPT> model = build_model(f, config, layout, &ddp, device);
-  nn::optim::AdamW opt(model->parameters(), {.lr = f.lr, .beta1 = 0.9, .beta2 = 0.95,
-                                             .weight_decay = f.weight_decay});
-  nn::optim::WarmupCosine schedule({.max_lr = f.lr, .min_lr = f.min_lr,
+  nn::optim::AdamW opt(model->parameters(),
+                       {.lr = f.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = f.weight_decay});
+  nn::optim::WarmupCosine schedule({.max_lr = f.lr,
+                                    .min_lr = f.min_lr,
                                     .warmup_steps = std::min(f.warmup, f.steps),
                                     .total_steps = f.steps});
   Batcher train{train_text, std::mt19937_64(f.seed)};
@@ -442,13 +445,15 @@ int run(const Flags& f) {
   }
   print("corpus {}: {} bytes ({} train / {} val), unigram entropy {:.3f} nats/byte\n", f.data,
         text.size(), train_text.size(), val_text.size(), unigram_entropy(text));
-  print("model: {} layers, {} heads, embd {}, context {}: {} parameters; global batch {} x {}, "
-        "{}{}\n",
-        f.layers, f.heads, f.embd, f.seq, nn::GPT(config).num_parameters(), f.batch, f.seq,
-        device.is_cpu() ? fmt::format("{} threads", num_threads()) : device.str(),
-        autocast ? ", bf16 autocast" : "");
+  print(
+      "model: {} layers, {} heads, embd {}, context {}: {} parameters; global batch {} x {}, "
+      "{}{}\n",
+      f.layers, f.heads, f.embd, f.seq, nn::GPT(config).num_parameters(), f.batch, f.seq,
+      device.is_cpu() ? fmt::format("{} threads", num_threads()) : device.str(),
+      autocast ? ", bf16 autocast" : "");
   // Under tessel-run --max-restarts: which attempt this is, and where it picks up.
-  if (const char* count = std::getenv("TORCHELASTIC_RESTART_COUNT"); count && std::atoi(count) > 0) {
+  if (const char* count = std::getenv("TORCHELASTIC_RESTART_COUNT");
+      count && std::atoi(count) > 0) {
     const char* max = std::getenv("TORCHELASTIC_MAX_RESTARTS");
     print("restarting: attempt {} of {}, {}\n", std::atoi(count) + 1,
           max ? fmt::format("{}", std::atoi(max) + 1) : std::string("?"),
@@ -513,9 +518,9 @@ int run(const Flags& f) {
       std::optional<AutocastGuard> mixed;
       if (autocast) mixed.emplace(DType::kBF16);
       const Tensor logits = (*model)(x);  // with --tp: this rank's share of the vocabulary
-      loss = layout.tp > 1 ? loss_parallel_cross_entropy(logits, y, (*layout.mesh)["tp"],
-                                                         config.vocab_size)
-                           : nn::GPT::loss(logits, y);
+      loss = layout.tp > 1
+                 ? loss_parallel_cross_entropy(logits, y, (*layout.mesh)["tp"], config.vocab_size)
+                 : nn::GPT::loss(logits, y);
     }
     backward(loss);
     const double norm = clip_grad_norm(model->parameters(), f.clip);
@@ -539,10 +544,11 @@ int run(const Flags& f) {
       const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
       const double eta = elapsed / static_cast<double>(step + 1 - first_step) *
                          static_cast<double>(f.steps - step - 1);
-      print("step {:>5}/{} [{}] loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
-            "ETA {}\n",
-            step + 1, f.steps, progress_bar(step + 1, f.steps), window_loss / window_steps,
-            opt.lr(), norm, tokens_per_step * window_steps / seconds, duration_str(eta));
+      print(
+          "step {:>5}/{} [{}] loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
+          "ETA {}\n",
+          step + 1, f.steps, progress_bar(step + 1, f.steps), window_loss / window_steps, opt.lr(),
+          norm, tokens_per_step * window_steps / seconds, duration_str(eta));
       std::fflush(stdout);
       window_loss = 0;
       window_steps = 0;
@@ -557,8 +563,8 @@ int run(const Flags& f) {
       pending = PendingSave{ckpt->async_save(ckpt_state), step + 1, Clock::now()};
     }
     if (f.eval_every > 0 && (step + 1) % f.eval_every == 0) {
-      const double val_loss = evaluate_during_training(*model, val_text, f, layout, device,
-                                                       autocast);
+      const double val_loss =
+          evaluate_during_training(*model, val_text, f, layout, device, autocast);
       print("step {:>5}/{} val loss {:.4f}\n", step + 1, f.steps, val_loss);
       std::fflush(stdout);
     }
@@ -574,12 +580,11 @@ int run(const Flags& f) {
     if (!lead) return 0;
     whole.load_state_dict(state);
   }
-  fmt::print("trained {} steps in {:.1f} s ({:.0f} tok/s); peak memory {:.1f} MiB; val loss "
-             "{:.4f} nats/byte\n",
-             f.steps - first_step, total_seconds,
-             tokens_per_step * (f.steps - first_step) / total_seconds,
-             memory_stats(device).peak_allocated_bytes / 1048576.0,
-             evaluate(whole, val, f));
+  fmt::print(
+      "trained {} steps in {:.1f} s ({:.0f} tok/s); peak memory {:.1f} MiB; val loss "
+      "{:.4f} nats/byte\n",
+      f.steps - first_step, total_seconds, tokens_per_step * (f.steps - first_step) / total_seconds,
+      memory_stats(device).peak_allocated_bytes / 1048576.0, evaluate(whole, val, f));
   whole.save(f.checkpoint, {{"steps", std::to_string(f.steps)},
                             {"config", fmt::format("layers={} heads={} embd={} context={}",
                                                    f.layers, f.heads, f.embd, f.seq)}});
@@ -617,8 +622,8 @@ void check_flags(const Flags& f) {
                  f.data);
   }
   // Files written later (at the end, or every step) must have a folder to go into.
-  for (const auto& [flag, path] : {std::pair{"--checkpoint", &f.checkpoint},
-                                   std::pair{"--log-json", &f.log_json}}) {
+  for (const auto& [flag, path] :
+       {std::pair{"--checkpoint", &f.checkpoint}, std::pair{"--log-json", &f.log_json}}) {
     if (path->empty()) continue;
     const std::filesystem::path parent =
         std::filesystem::absolute(std::filesystem::path(*path)).parent_path();
@@ -628,8 +633,10 @@ void check_flags(const Flags& f) {
   }
   TESSEL_CHECK(f.checkpoint_dir.empty() || !std::filesystem::exists(f.checkpoint_dir) ||
                    std::filesystem::is_directory(f.checkpoint_dir),
-               InvalidArgument, "--checkpoint-dir '{}' is not a folder: expected a folder (made "
-               "when missing)", f.checkpoint_dir);
+               InvalidArgument,
+               "--checkpoint-dir '{}' is not a folder: expected a folder (made "
+               "when missing)",
+               f.checkpoint_dir);
   try {
     parse_device(f.device);
   } catch (const Error& e) {
@@ -672,8 +679,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", f.warmup, "warmup steps")->check(integer_at_least(0));
   app.add_option("--weight-decay", f.weight_decay, "AdamW weight decay")
       ->check(cli::number_at_least(0));
-  app.add_option("--clip", f.clip, "gradient-norm clipping threshold")
-      ->check(cli::number_above(0));
+  app.add_option("--clip", f.clip, "gradient-norm clipping threshold")->check(cli::number_above(0));
   app.add_option("--seed", f.seed, "initialisation and batch sampling seed")
       ->check(integer_at_least(0));
   app.add_option("--log-every", f.log_every, "print a progress line every N steps")
@@ -702,8 +708,7 @@ int main(int argc, char** argv) {
                  "save distributed checkpoints under this folder (step_<N>)");
   app.add_option("--checkpoint-every", f.checkpoint_every, "steps between checkpoints (0: none)")
       ->check(integer_at_least(0));
-  app.add_option("--keep-checkpoints", f.keep_checkpoints,
-                 "committed checkpoints to keep (0: all)")
+  app.add_option("--keep-checkpoints", f.keep_checkpoints, "committed checkpoints to keep (0: all)")
       ->check(cli::integer_in(0, 1000000));
   app.add_flag("--resume", f.resume,
                "continue from the latest checkpoint under --checkpoint-dir (if there is one)");

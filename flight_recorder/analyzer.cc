@@ -172,8 +172,8 @@ std::string describe_difference(const Signature& mine, const Signature& theirs,
     return fmt::format("passed {} input elements where {} passed {}", mine.in_numel, others,
                        theirs.in_numel);
   }
-  return fmt::format("passed {} input / {} output elements where {} passed {} / {}",
-                     mine.in_numel, mine.out_numel, others, theirs.in_numel, theirs.out_numel);
+  return fmt::format("passed {} input / {} output elements where {} passed {} / {}", mine.in_numel,
+                     mine.out_numel, others, theirs.in_numel, theirs.out_numel);
 }
 
 class Analysis {
@@ -391,8 +391,8 @@ class Analysis {
     }
     const auto sib = m_.sibling_progress(group, seq);
     if (sib.members > 0 && 2 * sib.reached > sib.members) {
-      return fmt::format("{} of the {} members of the other '{}' groups issued #{} too", sib.reached,
-                         sib.members, m_.group_name(group), seq);
+      return fmt::format("{} of the {} members of the other '{}' groups issued #{} too",
+                         sib.reached, sib.members, m_.group_name(group), seq);
     }
     return "";
   }
@@ -512,16 +512,16 @@ class Analysis {
       return v_.positions[s].where == RankPosition::Where::kLate;
     });
     const bool stalled = all_late && std::any_of(sinks.begin(), sinks.end(), [&](int s) {
-      const auto it = m_.late().find(s);
-      return it != m_.late().end() && it->second.stalled_inside;
-    });
-    f.summary = stalled
-                    ? fmt::format("{} stopped taking part in {}: {} gave up waiting for it",
+                           const auto it = m_.late().find(s);
+                           return it != m_.late().end() && it->second.stalled_inside;
+                         });
+    f.summary = stalled ? fmt::format("{} stopped taking part in {}: {} gave up waiting for it",
+                                      ranks_phrase(sinks), where, ranks_phrase(waiting))
+                : all_late
+                    ? fmt::format("{} did not join {} in time: {} gave up waiting in it first",
                                   ranks_phrase(sinks), where, ranks_phrase(waiting))
-                : all_late ? fmt::format("{} did not join {} in time: {} gave up waiting in it first",
-                                         ranks_phrase(sinks), where, ranks_phrase(waiting))
-                           : fmt::format("{} did not join {}; {} in it", ranks_phrase(sinks), where,
-                                         ranks_verb(waiting, "wait"));
+                    : fmt::format("{} did not join {}; {} in it", ranks_phrase(sinks), where,
+                                  ranks_verb(waiting, "wait"));
     for (int s : sinks) {
       const auto dev = m_.deviations().find(s);
       if (dev != m_.deviations().end() && dev->second.count < dev->second.norm &&
@@ -649,10 +649,9 @@ class Analysis {
       for (int s : w.missing) {
         if (members.count(s)) missing.push_back(s);
       }
-      lines.push_back(fmt::format("{} in {}, which {} never issued",
-                                  ranks_verb(m_.waiting_in(w.op), "wait"),
-                                  m_.describe_collective(w.op.group, w.op.seq, *w.entry),
-                                  ranks_phrase(missing)));
+      lines.push_back(fmt::format(
+          "{} in {}, which {} never issued", ranks_verb(m_.waiting_in(w.op), "wait"),
+          m_.describe_collective(w.op.group, w.op.seq, *w.entry), ranks_phrase(missing)));
     }
     // Evidence 1: per-step counts.
     std::set<int> blamed;
@@ -692,12 +691,13 @@ class Analysis {
             m_.past_order(r, wr.op, *wr.entry, s, ws.op, *ws.entry);
         if (mine_first > 0 || theirs_first == 0 || blamed.count(r)) continue;
         blamed.insert(r);
-        add_unique(evidence, fmt::format(
-            "rank {} issued {} before {}, where in each of its {} earlier step{} it issued their "
-            "counterparts the other way round",
-            r, m_.describe_collective(wr.op.group, wr.op.seq, *wr.entry),
-            m_.describe_collective(ws.op.group, ws.op.seq, *ws.entry), theirs_first,
-            theirs_first == 1 ? "" : "s"));
+        add_unique(evidence,
+                   fmt::format("rank {} issued {} before {}, where in each of its {} earlier "
+                               "step{} it issued their "
+                               "counterparts the other way round",
+                               r, m_.describe_collective(wr.op.group, wr.op.seq, *wr.entry),
+                               m_.describe_collective(ws.op.group, ws.op.seq, *ws.entry),
+                               theirs_first, theirs_first == 1 ? "" : "s"));
       }
     }
     // Evidence 3: the order in which the ranks (and their siblings) issue each pair of
@@ -711,11 +711,12 @@ class Analysis {
         const auto [mine_first, theirs_first] = m_.order_votes(mine, theirs);
         if (theirs_first > mine_first) {
           blamed.insert(r);
-          add_unique(evidence, fmt::format(
-              "rank {} issued {} before {}, an order {} rank{} used, against {}", r,
-              m_.describe_collective(mine.group, mine.seq, *waits.at(r).entry),
-              m_.describe_collective(theirs.group, theirs.seq, *waits.at(s).entry), mine_first,
-              mine_first == 1 ? "" : "s", theirs_first));
+          add_unique(
+              evidence,
+              fmt::format("rank {} issued {} before {}, an order {} rank{} used, against {}", r,
+                          m_.describe_collective(mine.group, mine.seq, *waits.at(r).entry),
+                          m_.describe_collective(theirs.group, theirs.seq, *waits.at(s).entry),
+                          mine_first, mine_first == 1 ? "" : "s", theirs_first));
         }
       }
     }
@@ -730,12 +731,14 @@ class Analysis {
         const auto& [r, s] = pairs.front();
         const auto [mine_first, theirs_first] = m_.order_votes(waits.at(r).op, waits.at(s).op);
         votes = mine_first == theirs_first
-                    ? fmt::format(", as many ranks issued their operations in one order as in "
-                                  "the other ({} each)",
-                                  mine_first)
-                    : fmt::format(", and the order votes ({} against {}) go against every one "
-                                  "of them alike",
-                                  mine_first, theirs_first);
+                    ? fmt::format(
+                          ", as many ranks issued their operations in one order as in "
+                          "the other ({} each)",
+                          mine_first)
+                    : fmt::format(
+                          ", and the order votes ({} against {}) go against every one "
+                          "of them alike",
+                          mine_first, theirs_first);
       }
       text += fmt::format(
           "; nothing tells which of them deviated: neither a step count nor the order each kept "

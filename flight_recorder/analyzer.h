@@ -113,9 +113,9 @@ struct Verdict {
   // Inconclusive: ranks among which the evidence says the fault lies, without telling which
   // (both sides of a symmetric wait). Never blamed.
   std::vector<int> suspects;
-  std::vector<Straggler> stragglers;      // information, never a culprit
-  std::vector<std::string> notes;         // context that blames nobody (failed ops, problems)
-  std::vector<RankPosition> positions;    // one per rank of the world, by rank
+  std::vector<Straggler> stragglers;    // information, never a culprit
+  std::vector<std::string> notes;       // context that blames nobody (failed ops, problems)
+  std::vector<RankPosition> positions;  // one per rank of the world, by rank
   int world_size = 0;
   int dumps = 0;
 };

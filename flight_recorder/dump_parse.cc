@@ -50,9 +50,9 @@ class Parser {
       top(d);
       c_.finish();
     } catch (const JsonCursor::SyntaxError& e) {
-      throw InvalidArgument(fmt::format(
-          "{}: not valid JSON (truncated or corrupt dump?) at byte {} of {}: {}", name_, e.offset,
-          size_, e.what));
+      throw InvalidArgument(
+          fmt::format("{}: not valid JSON (truncated or corrupt dump?) at byte {} of {}: {}", name_,
+                      e.offset, size_, e.what));
     }
     return d;
   }
@@ -80,8 +80,12 @@ class Parser {
       fail(at, e.expected, e.found);
     }
   }
-  int64_t i64(const Path& at) { return value(at, [&] { return c_.integer(); }); }
-  uint64_t u64(const Path& at) { return value(at, [&] { return c_.unsigned_integer(); }); }
+  int64_t i64(const Path& at) {
+    return value(at, [&] { return c_.integer(); });
+  }
+  uint64_t u64(const Path& at) {
+    return value(at, [&] { return c_.unsigned_integer(); });
+  }
   int32_t i32(const Path& at) {
     const int64_t v = i64(at);
     if (v < INT32_MIN || v > INT32_MAX) fail(at, "a 32-bit integer", "number");
@@ -92,7 +96,9 @@ class Parser {
     if (v > UINT32_MAX) fail(at, "a 32-bit unsigned integer", "number");
     return static_cast<uint32_t>(v);
   }
-  std::string str(const Path& at) { return value(at, [&] { return c_.string(); }); }
+  std::string str(const Path& at) {
+    return value(at, [&] { return c_.string(); });
+  }
   int64_t time(const Path& at, int64_t max) {
     const int64_t v = i64(at);
     if (v < 0 || v > max) {
@@ -119,8 +125,7 @@ class Parser {
     uint64_t bit = 1;
     for (const char* k : keys) {
       if ((seen & bit) == 0) {
-        throw InvalidArgument(
-            fmt::format("{}: {}: missing field '{}'", name_, label(at), k));
+        throw InvalidArgument(fmt::format("{}: {}: missing field '{}'", name_, label(at), k));
       }
       bit <<= 1;
     }
@@ -188,11 +193,26 @@ class Parser {
     object(at, [&](std::string_view key) {
       const Path p{&at, key};
       switch (key_hash(key)) {
-        case key_hash("record_id"): e.record_id = u64(p); seen |= 1 << 0; return;
-        case key_hash("group_id"): e.group_id = u64(p); seen |= 1 << 1; return;
-        case key_hash("seq"): e.seq = u64(p); seen |= 1 << 2; return;
-        case key_hash("peer"): e.peer = i32(p); seen |= 1 << 3; return;
-        case key_hash("p2p_seq"): e.p2p_seq = u64(p); seen |= 1 << 4; return;
+        case key_hash("record_id"):
+          e.record_id = u64(p);
+          seen |= 1 << 0;
+          return;
+        case key_hash("group_id"):
+          e.group_id = u64(p);
+          seen |= 1 << 1;
+          return;
+        case key_hash("seq"):
+          e.seq = u64(p);
+          seen |= 1 << 2;
+          return;
+        case key_hash("peer"):
+          e.peer = i32(p);
+          seen |= 1 << 3;
+          return;
+        case key_hash("p2p_seq"):
+          e.p2p_seq = u64(p);
+          seen |= 1 << 4;
+          return;
         case key_hash("op"):
           e.op = enumerated(p, op_name, kOps, "an op name such as 'all_reduce'");
           seen |= 1 << 5;
@@ -212,23 +232,61 @@ class Parser {
           seen |= 1 << 6;
           return;
         }
-        case key_hash("root"): e.root = i32(p); seen |= 1 << 7; return;
+        case key_hash("root"):
+          e.root = i32(p);
+          seen |= 1 << 7;
+          return;
         case key_hash("state"):
           e.state = enumerated(p, state_name, kStates, "scheduled/started/completed/failed");
           seen |= 1 << 8;
           return;
-        case key_hash("coalesced_id"): e.coalesced_id = u32(p); seen |= 1 << 9; return;
-        case key_hash("coalesced_index"): e.coalesced_index = u32(p); seen |= 1 << 10; return;
-        case key_hash("callsite_id"): e.callsite_id = u32(p); seen |= 1 << 11; return;
-        case key_hash("step"): e.step = i64(p); seen |= 1 << 12; return;
-        case key_hash("input"): e.input = tensor(p); seen |= 1 << 13; return;
-        case key_hash("output"): e.output = tensor(p); seen |= 1 << 14; return;
-        case key_hash("enqueued_ns"): e.enqueued_ns = time(p, kMaxNanoseconds); seen |= 1 << 15; return;
-        case key_hash("started_ns"): e.started_ns = time(p, kMaxNanoseconds); seen |= 1 << 16; return;
-        case key_hash("completed_ns"): e.completed_ns = time(p, kMaxNanoseconds); seen |= 1 << 17; return;
-        case key_hash("thread_id"): e.thread_id = u32(p); seen |= 1 << 18; return;
-        case key_hash("text"): e.text = str(p); seen |= 1 << 19; return;
-        case key_hash("purpose"): e.purpose = str(p); return;  // optional: newer dumps
+        case key_hash("coalesced_id"):
+          e.coalesced_id = u32(p);
+          seen |= 1 << 9;
+          return;
+        case key_hash("coalesced_index"):
+          e.coalesced_index = u32(p);
+          seen |= 1 << 10;
+          return;
+        case key_hash("callsite_id"):
+          e.callsite_id = u32(p);
+          seen |= 1 << 11;
+          return;
+        case key_hash("step"):
+          e.step = i64(p);
+          seen |= 1 << 12;
+          return;
+        case key_hash("input"):
+          e.input = tensor(p);
+          seen |= 1 << 13;
+          return;
+        case key_hash("output"):
+          e.output = tensor(p);
+          seen |= 1 << 14;
+          return;
+        case key_hash("enqueued_ns"):
+          e.enqueued_ns = time(p, kMaxNanoseconds);
+          seen |= 1 << 15;
+          return;
+        case key_hash("started_ns"):
+          e.started_ns = time(p, kMaxNanoseconds);
+          seen |= 1 << 16;
+          return;
+        case key_hash("completed_ns"):
+          e.completed_ns = time(p, kMaxNanoseconds);
+          seen |= 1 << 17;
+          return;
+        case key_hash("thread_id"):
+          e.thread_id = u32(p);
+          seen |= 1 << 18;
+          return;
+        case key_hash("text"):
+          e.text = str(p);
+          seen |= 1 << 19;
+          return;
+        case key_hash("purpose"):
+          e.purpose = str(p);
+          return;  // optional: newer dumps
         case key_hash("stack"):
           array(p, [&](size_t i) {
             const Path item{&at, "stack", i};
@@ -245,9 +303,10 @@ class Parser {
       }
     });
     require(at, seen,
-            {"record_id", "group_id", "seq", "peer", "p2p_seq", "op", "reduce_op", "root", "state",
-             "coalesced_id", "coalesced_index", "callsite_id", "step", "input", "output",
-             "enqueued_ns", "started_ns", "completed_ns", "thread_id", "text", "stack"});
+            {"record_id", "group_id", "seq",    "peer",         "p2p_seq",         "op",
+             "reduce_op", "root",     "state",  "coalesced_id", "coalesced_index", "callsite_id",
+             "step",      "input",    "output", "enqueued_ns",  "started_ns",      "completed_ns",
+             "thread_id", "text",     "stack"});
     return e;
   }
 
@@ -258,16 +317,33 @@ class Parser {
     object(root, [&](std::string_view key) {
       const Path p{&root, key};
       switch (key_hash(key)) {
-        case key_hash("format"): format = str(p); seen |= 1 << 0; return;
+        case key_hash("format"):
+          format = str(p);
+          seen |= 1 << 0;
+          return;
         case key_hash("version"):
           d.version = static_cast<int>(i64(p));
           seen |= 1 << 1;
           return;
-        case key_hash("rank"): d.rank = i32(p); seen |= 1 << 2; return;
-        case key_hash("world_size"): d.world_size = i32(p); seen |= 1 << 3; return;
-        case key_hash("hostname"): d.hostname = str(p); seen |= 1 << 4; return;
-        case key_hash("pid"): d.pid = i32(p); seen |= 1 << 5; return;
-        case key_hash("run_id"): d.run_id = str(p); return;  // optional: version 4 on
+        case key_hash("rank"):
+          d.rank = i32(p);
+          seen |= 1 << 2;
+          return;
+        case key_hash("world_size"):
+          d.world_size = i32(p);
+          seen |= 1 << 3;
+          return;
+        case key_hash("hostname"):
+          d.hostname = str(p);
+          seen |= 1 << 4;
+          return;
+        case key_hash("pid"):
+          d.pid = i32(p);
+          seen |= 1 << 5;
+          return;
+        case key_hash("run_id"):
+          d.run_id = str(p);
+          return;  // optional: version 4 on
         case key_hash("trigger"): {
           const std::string trigger = str(p);
           const auto t = parse_trigger(trigger);
@@ -276,16 +352,34 @@ class Parser {
           seen |= 1 << 6;
           return;
         }
-        case key_hash("initiator"): d.initiator = i32(p); seen |= 1 << 7; return;
-        case key_hash("reason"): d.reason = str(p); seen |= 1 << 8; return;
+        case key_hash("initiator"):
+          d.initiator = i32(p);
+          seen |= 1 << 7;
+          return;
+        case key_hash("reason"):
+          d.reason = str(p);
+          seen |= 1 << 8;
+          return;
         case key_hash("wall_time_us"):
           d.wall_time_us = time(p, kMaxNanoseconds / 1000);
           seen |= 1 << 9;
           return;
-        case key_hash("monotonic_ns"): d.monotonic_ns = time(p, kMaxNanoseconds); seen |= 1 << 10; return;
-        case key_hash("capacity"): d.capacity = u64(p); seen |= 1 << 11; return;
-        case key_hash("recorded"): d.recorded = u64(p); seen |= 1 << 12; return;
-        case key_hash("step"): d.step = i64(p); seen |= 1 << 13; return;
+        case key_hash("monotonic_ns"):
+          d.monotonic_ns = time(p, kMaxNanoseconds);
+          seen |= 1 << 10;
+          return;
+        case key_hash("capacity"):
+          d.capacity = u64(p);
+          seen |= 1 << 11;
+          return;
+        case key_hash("recorded"):
+          d.recorded = u64(p);
+          seen |= 1 << 12;
+          return;
+        case key_hash("step"):
+          d.step = i64(p);
+          seen |= 1 << 13;
+          return;
         case key_hash("stack_captured"):
           d.stack_captured = value(p, [&] { return c_.boolean(); });
           seen |= 1 << 14;
@@ -371,8 +465,7 @@ class Parser {
         const int r = d.groups[i].ranks[k];
         if (r < 0 || r >= d.world_size) {
           bad_value(Path{nullptr, fmt::format("groups[{}].ranks", i), k},
-                    fmt::format("a rank below the world size {}", d.world_size),
-                    std::to_string(r));
+                    fmt::format("a rank below the world size {}", d.world_size), std::to_string(r));
         }
       }
     }

@@ -118,7 +118,9 @@ DumperOptions DumperOptions::from_env(std::string_view run_id) {
   return o;
 }
 
-std::string store_dump_request_key(int64_t n) { return fmt::format("tessel/fr/dump_request/{}", n); }
+std::string store_dump_request_key(int64_t n) {
+  return fmt::format("tessel/fr/dump_request/{}", n);
+}
 
 std::string store_ready_key(int rank) { return fmt::format("tessel/fr/ready/{}", rank); }
 std::string store_failure_key(int rank) { return fmt::format("tessel/fr/failure/{}", rank); }
@@ -131,7 +133,8 @@ std::string encode_store_failure(int64_t wall_time_us, std::string_view reason) 
 std::pair<int64_t, std::string> decode_store_failure(std::string_view value) {
   const size_t space = value.find(' ');
   int64_t us = 0;
-  const auto [end, ec] = std::from_chars(value.data(), value.data() + std::min(space, value.size()), us);
+  const auto [end, ec] =
+      std::from_chars(value.data(), value.data() + std::min(space, value.size()), us);
   TESSEL_CHECK(ec == std::errc() && space != std::string_view::npos, InvalidArgument,
                "collective failure record '{}' is not '<wall_time_us> <reason>'", value);
   return {us, std::string(value.substr(space + 1))};

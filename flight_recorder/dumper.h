@@ -29,8 +29,8 @@
 #include <string_view>
 #include <thread>
 
-#include "tessel/flight_recorder/dump.h"
 #include "tessel/base/unique_fd.h"
+#include "tessel/flight_recorder/dump.h"
 #include "tessel/flight_recorder/recorder.h"
 
 namespace tessel::fr {
@@ -59,7 +59,7 @@ int parse_signal(std::string_view text);
 // The collectives layer (collectives/dump_coordinator.h) and the launcher do this; the flight
 // recorder itself never touches a store.
 inline constexpr std::string_view kStoreDumpCounterKey = "tessel/fr/dump_requests";
-std::string store_dump_request_key(int64_t n);   // "tessel/fr/dump_request/<n>"
+std::string store_dump_request_key(int64_t n);    // "tessel/fr/dump_request/<n>"
 std::string store_dump_key(int64_t n, int rank);  // "tessel/fr/dump/<n>/<rank>"
 // What a launcher reads besides the dumps:
 //   store_ready_key(rank)   a rank's coordinator answers dump requests (value: its pid)

@@ -3,9 +3,8 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
-#include <set>
-
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "tessel/base/error.h"
 #include "tessel/flight_recorder/internal/pickle.h"
@@ -22,9 +21,8 @@ using Json = nlohmann::json;
 // PyTorch's scalar type names as tessel's dtype names.
 std::string dtype_of(const std::string& torch_name) {
   static const std::map<std::string, std::string> names = {
-      {"Float", "f32"}, {"BFloat16", "bf16"}, {"Half", "f16"}, {"Double", "f64"},
-      {"Long", "i64"},  {"Int", "i32"},       {"Short", "i16"}, {"Char", "i8"},
-      {"Byte", "u8"},   {"Bool", "bool"}};
+      {"Float", "f32"}, {"BFloat16", "bf16"}, {"Half", "f16"}, {"Double", "f64"}, {"Long", "i64"},
+      {"Int", "i32"},   {"Short", "i16"},     {"Char", "i8"},  {"Byte", "u8"},    {"Bool", "bool"}};
   const auto it = names.find(torch_name);
   return it != names.end() ? it->second : torch_name.substr(0, 7);
 }
@@ -58,7 +56,9 @@ OpType op_of(const std::string& profiling_name, const std::string& name, const s
       {"scatter", OpType::kScatter},
   };
   const auto it = ops.find(op);
-  if (it == ops.end()) bad(name, where, fmt::format("profiling_name '{}' is not an operation tessel-trace knows", profiling_name));
+  if (it == ops.end())
+    bad(name, where,
+        fmt::format("profiling_name '{}' is not an operation tessel-trace knows", profiling_name));
   return it->second;
 }
 
@@ -74,7 +74,8 @@ int64_t integer(const Json& v, const std::string& name, const std::string& where
   bad(name, where, fmt::format("expected an integer, found {}", v.dump()));
 }
 
-const Json& field(const Json& o, const char* key, const std::string& name, const std::string& where) {
+const Json& field(const Json& o, const char* key, const std::string& name,
+                  const std::string& where) {
   const auto it = o.find(key);
   if (it == o.end()) bad(name, where, fmt::format("missing field '{}'", key));
   return *it;
@@ -116,7 +117,8 @@ int32_t peer_of(const std::string& profiling_name) {
     if (at == std::string::npos) continue;
     const std::string digits = profiling_name.substr(at + 2);
     if (digits.empty() || digits.size() > 9 ||
-        !std::all_of(digits.begin(), digits.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+        !std::all_of(digits.begin(), digits.end(),
+                     [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
       return -1;
     }
     return std::stoi(digits);
@@ -129,8 +131,9 @@ int32_t peer_of(const std::string& profiling_name) {
 // so a 2x2 mesh's rank 0 and rank 1 both call their dp group pg 1 though they are different
 // groups. Numeric names keep their number (+1); others hash into ids no number reaches.
 uint64_t group_id_of(const std::string& uid) {
-  if (!uid.empty() && uid.size() <= 9 &&
-      std::all_of(uid.begin(), uid.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+  if (!uid.empty() && uid.size() <= 9 && std::all_of(uid.begin(), uid.end(), [](char c) {
+        return std::isdigit(static_cast<unsigned char>(c));
+      })) {
     return std::stoull(uid) + 1;
   }
   uint64_t h = 1469598103934665603ull;  // FNV-1a
@@ -216,7 +219,8 @@ RankDump parse_pytorch_dump(std::string_view bytes, int rank, const std::string&
     const Json& e = entries[i];
     if (!e.is_object()) bad(name, where, "expected a dict");
     TraceEntry t;
-    t.record_id = static_cast<uint64_t>(integer(field(e, "record_id", name, where), name, where)) + 1;
+    t.record_id =
+        static_cast<uint64_t>(integer(field(e, "record_id", name, where), name, where)) + 1;
     const int64_t pg = integer(field(e, "pg_id", name, where), name, where);
     const Json& pgn = field(e, "process_group", name, where);
     const std::string uid = pgn.is_array() && !pgn.empty() && pgn[0].is_string()

@@ -147,8 +147,8 @@ DumpSet read_pytorch_dumps(const std::vector<std::filesystem::path>& files, int 
       if (sniff_pytorch_dump(bytes) == ForeignFormat::kNone) continue;
       const int rank = rank_from_dump_name(f.filename().string());
       if (auto dup = by_rank.find(rank); dup != by_rank.end()) {
-        set.problems.push_back({f, fmt::format("{}: rank {} is also dumped in {}", f.string(),
-                                               rank, dup->second.string())});
+        set.problems.push_back({f, fmt::format("{}: rank {} is also dumped in {}", f.string(), rank,
+                                               dup->second.string())});
         continue;
       }
       by_rank[rank] = f;
@@ -250,7 +250,8 @@ StreamedDumps stream_dump_dir(const std::filesystem::path& dir, int world_size_h
     const std::string name = entry.path().filename().string();
     if (name.rfind("tessel_fr_", 0) == 0 && entry.path().extension() == ".json") {
       files.push_back(entry.path());
-    } else if (entry.is_regular_file() && name != kExitsFileName && rank_from_dump_name(name) >= 0) {
+    } else if (entry.is_regular_file() && name != kExitsFileName &&
+               rank_from_dump_name(name) >= 0) {
       others.push_back(entry.path());
     }
   }

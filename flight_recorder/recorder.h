@@ -1,8 +1,9 @@
 #pragma once
 // The flight recorder: a fixed-capacity ring of fixed-size entries holding the metadata of every
 // collective (and user marker, and span of its own compute) this process issued, so a hang can
-// be traced to the rank and the call, and a trace can show communication beside compute. Recording never allocates and never blocks: a slot is claimed with one atomic increment
-// and published with a per-slot sequence lock, so dumps can copy entries while ranks record.
+// be traced to the rank and the call, and a trace can show communication beside compute. Recording
+// never allocates and never blocks: a slot is claimed with one atomic increment and published with
+// a per-slot sequence lock, so dumps can copy entries while ranks record.
 //
 //   auto& fr = FlightRecorder::global();
 //   fr.register_group(7, "dp", {0, 2, 4, 6});
@@ -21,8 +22,8 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,7 +45,7 @@ enum class OpType : uint8_t {
   kBarrier,
   kUserEvent,
   kSplit,  // creation of a sub-group: a collective of the parent group (text: the new group's name)
-  kReduce,   // rooted collectives, as PyTorch dumps name them
+  kReduce,  // rooted collectives, as PyTorch dumps name them
   kGather,
   kScatter,
   kUserSpan,  // a named interval of the process's own work ("fsdp forward h.3"): begin_span
@@ -107,10 +108,10 @@ struct Entry {
   int64_t step = -1;
   TensorMeta input, output;
   int64_t enqueued_ns = 0, started_ns = 0, completed_ns = 0;
-  uint32_t thread_id = 0;   // kernel thread id of the recording thread
-  char text[48] = {};       // user event or span text
+  uint32_t thread_id = 0;          // kernel thread id of the recording thread
+  char text[48] = {};              // user event or span text
   char purpose[kMaxPurpose] = {};  // the recording thread's ThreadScope ("" outside any)
-  uint8_t stack_depth = 0;  // frames in `stack` (0 unless RecorderOptions::capture_stack)
+  uint8_t stack_depth = 0;         // frames in `stack` (0 unless RecorderOptions::capture_stack)
   uintptr_t stack[kMaxStackFrames] = {};  // return addresses, innermost first
 };
 
@@ -359,7 +360,7 @@ class FlightRecorder {
   // Groups form an append-only list (nodes live as long as the recorder) so a signal handler
   // can walk it; the mutex only orders writers.
   mutable std::mutex groups_mutex_;
-  std::string ring_path_;  // the ring file ("" when none); guarded by groups_mutex_
+  std::string ring_path_;   // the ring file ("" when none); guarded by groups_mutex_
   bool name_ring_ = false;  // global(): the ring file is renamed after the run id and rank
   std::atomic<const GroupNode*> groups_head_{nullptr};
 };

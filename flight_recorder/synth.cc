@@ -130,8 +130,8 @@ class Simulation {
         groups_[kDpBase + j] = {"dp", column};
       }
       for (int i = 0; i < dp; ++i) {
-        groups_[kTpBase + i] = {"tp", std::vector<int>(all.begin() + i * tp,
-                                                       all.begin() + (i + 1) * tp)};
+        groups_[kTpBase + i] = {"tp",
+                                std::vector<int>(all.begin() + i * tp, all.begin() + (i + 1) * tp)};
       }
     } else {
       if (n >= 2) {
@@ -139,8 +139,7 @@ class Simulation {
         groups_[kHalf1] = {"half1", hi};
       }
       if (o.partner != o.culprit && o.partner >= 0 && o.partner < n) {
-        groups_[kPair] = {"pair",
-                          {std::min(o.culprit, o.partner), std::max(o.culprit, o.partner)}};
+        groups_[kPair] = {"pair", {std::min(o.culprit, o.partner), std::max(o.culprit, o.partner)}};
       }
     }
     ranks_.resize(n);
@@ -175,7 +174,8 @@ class Simulation {
       for (const auto& [key, pending] : collectives_) {
         if (pending.size() == groups_.at(key.first).second.size()) continue;
         for (const auto& p : pending) {
-          if (!ranks_[p.rank].aborted) give_up(p.rank, p.record_id, ranks_[p.rank].now + timeout_ns_);
+          if (!ranks_[p.rank].aborted)
+            give_up(p.rank, p.record_id, ranks_[p.rank].now + timeout_ns_);
         }
       }
     }

@@ -18,24 +18,23 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <mutex>
-#include <optional>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <thread>
 
 #include "tessel/base/clock.h"
 #include "tessel/base/env.h"
-#include "tessel/collectives/gloo/network_interface.h"
 #include "tessel/base/logging.h"
+#include "tessel/collectives/gloo/network_interface.h"
 #include "tessel/collectives/store.h"
+#include "tessel/collectives/store_client.h"
 #include "tessel/launcher/failure_report.h"
 #include "tessel/launcher/hang_dump.h"
 #include "tessel/launcher/rendezvous_client.h"
 #include "tessel/launcher/rendezvous_server.h"
 #include "tessel/launcher/root_cause.h"
-#include "tessel/collectives/store_client.h"
 #include "tessel/launcher/token.h"
 #include "tessel/launcher/worker_group.h"
 
@@ -105,14 +104,15 @@ bool endpoint_in_use(const std::string& endpoint) {
   const std::string host = endpoint.substr(0, endpoint.rfind(':'));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::atoi(endpoint.c_str() + endpoint.rfind(':') + 1)));
+  addr.sin_port =
+      htons(static_cast<uint16_t>(std::atoi(endpoint.c_str() + endpoint.rfind(':') + 1)));
   if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) return false;  // a name: let gRPC try
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
   const int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  const bool in_use = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 &&
-                      errno == EADDRINUSE;
+  const bool in_use =
+      bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 && errno == EADDRINUSE;
   ::close(fd);
   return in_use;
 }
@@ -134,8 +134,8 @@ std::string make_log_dir(const LaunchOptions& o) {
 }
 
 AgentResult error_result(ExitCode code, const std::string& message) {
-  return {exit_status(code), fmt::format("tessel-run: error ({}): {}\n", exit_code_name(code),
-                                         message), ""};
+  return {exit_status(code),
+          fmt::format("tessel-run: error ({}): {}\n", exit_code_name(code), message), ""};
 }
 
 // What the agent's control threads saw.
@@ -151,8 +151,12 @@ class RoundControl {
  public:
   RoundControl(RendezvousClient& client, std::string node_id, int64_t round,
                std::chrono::milliseconds interval, int misses, int event_fd)
-      : client_(client), node_id_(std::move(node_id)), round_(round), interval_(interval),
-        misses_(misses), event_fd_(event_fd) {
+      : client_(client),
+        node_id_(std::move(node_id)),
+        round_(round),
+        interval_(interval),
+        misses_(misses),
+        event_fd_(event_fd) {
     heartbeat_ = std::thread([this] { heartbeat_loop(); });
     watcher_ = std::thread([this] { watch_loop(); });
   }
@@ -197,8 +201,9 @@ class RoundControl {
       lock.unlock();
       if (const auto gap = SteadyClock::now() - last_pass; gap > bound) {
         // Our own silence (SIGSTOP, a paused VM, CPU starvation), not the server's.
-        log_warn(kL, "this node did not run for {} (stopped or starved), longer than the "
-                     "heartbeat bound {}: the rendezvous server may have declared it lost",
+        log_warn(kL,
+                 "this node did not run for {} (stopped or starved), longer than the "
+                 "heartbeat bound {}: the rendezvous server may have declared it lost",
                  format_duration(gap), format_duration(bound));
         last_ok = SteadyClock::now();
       }
@@ -212,8 +217,9 @@ class RoundControl {
       }
       last_pass = SteadyClock::now();
       if (!stale && SteadyClock::now() - last_ok > bound) {
-        log_warn(kL, "no answer from the rendezvous server {} for {} (the heartbeat bound): "
-                     "stopping this node's workers and joining the job again",
+        log_warn(kL,
+                 "no answer from the rendezvous server {} for {} (the heartbeat bound): "
+                 "stopping this node's workers and joining the job again",
                  client_.endpoint(), format_duration(SteadyClock::now() - last_ok));
         push({.server_lost = true, .event = {}});
         lock.lock();
@@ -233,8 +239,8 @@ class RoundControl {
         call_ = context;
       }
       try {
-        proto::JobEvent event =
-            client_.wait_event(node_id_, round_, kPollLimit + std::chrono::seconds(5), context.get());
+        proto::JobEvent event = client_.wait_event(
+            node_id_, round_, kPollLimit + std::chrono::seconds(5), context.get());
         if (event.kind() != proto::JobEvent::NONE) {
           push({.server_lost = false, .event = event});
           return;
@@ -308,7 +314,8 @@ std::pair<std::string, std::vector<std::string>> program_command(const LaunchOpt
     interpreter = resolve_program(env_string(EnvKnob::kPython), path);
   } catch (const ProgramError& e) {
     throw ProgramError(fmt::format("{} runs with Python, but {} (TESSEL_PYTHON; --no-python "
-                                   "runs it directly)", o.program, e.message()),
+                                   "runs it directly)",
+                                   o.program, e.message()),
                        e.exit_status());
   }
   std::vector<std::string> args = {"-u"};
@@ -409,11 +416,13 @@ std::function<std::optional<proto::Failure>(const proto::Failure&, int64_t, int)
     if (r.gathered.empty()) {
       log_info(kL, "no rank answered the dump request: no flight-recorder verdict");
     } else if (r.facts && r.facts->status == "healthy") {
-      log_info(kL, "flight recorder: no rank waits in a collective ({}); the failure is the "
-                   "worker's own. Dumps: {}", r.facts->status_line, dir);
+      log_info(kL,
+               "flight recorder: no rank waits in a collective ({}); the failure is the "
+               "worker's own. Dumps: {}",
+               r.facts->status_line, dir);
     } else {
-      log_warn(kL, "tessel-trace analyze {} (exit {}):\n{}", dir,
-               trace_status_text(r.trace_status), r.verdict);
+      log_warn(kL, "tessel-trace analyze {} (exit {}):\n{}", dir, trace_status_text(r.trace_status),
+               r.verdict);
     }
     return hang_root_cause(root, r);
   };
@@ -478,14 +487,14 @@ struct NodeAgent::Impl {
   std::unique_ptr<RendezvousClient> client;
   std::unique_ptr<LogMux> mux;
   std::unique_ptr<WorkerGroup> workers;
-  std::unique_ptr<WorkerExitLog> exit_log;  // null when the job's store cannot be reached
-  JobRecorderFiles fr_files;                // the job's run id, dump and ring folders
+  std::unique_ptr<WorkerExitLog> exit_log;   // null when the job's store cannot be reached
+  JobRecorderFiles fr_files;                 // the job's run id, dump and ring folders
   std::vector<int> ended_ranks, ended_pids;  // every worker reaped: whose rings to remove
   std::string endpoint;
-  NetworkRoute route;               // this node's worker-facing address and its interface
+  NetworkRoute route;  // this node's worker-facing address and its interface
   std::string attempt_dir;
-  bool default_log_dir = false;     // made by us: removed after success unless --keep-logs
-  std::string local_token_dir;      // set when the token is a local one (every node here)
+  bool default_log_dir = false;  // made by us: removed after success unless --keep-logs
+  std::string local_token_dir;   // set when the token is a local one (every node here)
   int local_token_port = 0;
   bool published_token = false;
   std::optional<proto::Failure> last_root_cause;  // of the last failed round, for every exit
@@ -530,8 +539,10 @@ struct NodeAgent::Impl {
       // Gloo (ours, and PyTorch's) binds the interface that reaches the rendezvous, unless the
       // user chose one: a host name resolving to 127.0.1.1 must not send peers to loopback.
       if (!route.interface.empty()) {
-        if (!inherited.count("TESSEL_GLOO_IFACE")) s.env.push_back("TESSEL_GLOO_IFACE=" + route.interface);
-        if (!inherited.count("GLOO_SOCKET_IFNAME")) s.env.push_back("GLOO_SOCKET_IFNAME=" + route.interface);
+        if (!inherited.count("TESSEL_GLOO_IFACE"))
+          s.env.push_back("TESSEL_GLOO_IFACE=" + route.interface);
+        if (!inherited.count("GLOO_SOCKET_IFNAME"))
+          s.env.push_back("GLOO_SOCKET_IFNAME=" + route.interface);
       }
       for (const auto& [k, v] : vars) s.env.push_back(k + "=" + v);
       out.push_back(std::move(s));
@@ -653,7 +664,7 @@ struct NodeAgent::Impl {
           (void)!::read(event_fd, &n, sizeof(n));
           while (auto e = control.take()) {
             if (!e->server_lost) *out = e->event;
-            end = e->server_lost ? RoundEnd::kLinkLost
+            end = e->server_lost                                ? RoundEnd::kLinkLost
                   : e->event.kind() == proto::JobEvent::RESTART ? RoundEnd::kRestart
                                                                 : RoundEnd::kFinal;
             if (!stopping || holding) {
@@ -712,7 +723,8 @@ struct NodeAgent::Impl {
           o.rdzv_timeout - (SteadyClock::now() - started));
       std::thread joiner([&] {
         try {
-          response = client->join(join, std::max(remaining, std::chrono::milliseconds(1)), &context);
+          response =
+              client->join(join, std::max(remaining, std::chrono::milliseconds(1)), &context);
         } catch (...) {
           error = std::current_exception();
         }
@@ -728,8 +740,7 @@ struct NodeAgent::Impl {
         if (fds[1].revents != 0) {
           signalfd_siginfo info{};
           if (::read(signal_fd, &info, sizeof(info)) == sizeof(info) &&
-              (info.ssi_signo == SIGINT || info.ssi_signo == SIGTERM ||
-               info.ssi_signo == SIGHUP)) {
+              (info.ssi_signo == SIGINT || info.ssi_signo == SIGTERM || info.ssi_signo == SIGHUP)) {
             interrupt_signal = static_cast<int>(info.ssi_signo);
             context.TryCancel();
           }
@@ -745,8 +756,9 @@ struct NodeAgent::Impl {
           const auto silent = SteadyClock::now() - last_contact;
           if (silent > bound && !warned) {
             warned = true;
-            log_warn(kL, "rendezvous server {} has not answered for {} (the heartbeat bound); "
-                         "waiting up to --rdzv-connect-timeout {} for it",
+            log_warn(kL,
+                     "rendezvous server {} has not answered for {} (the heartbeat bound); "
+                     "waiting up to --rdzv-connect-timeout {} for it",
                      endpoint, format_duration(silent), format_duration(o.rdzv_connect_timeout));
           }
           if (silent > o.rdzv_connect_timeout) {
@@ -761,7 +773,8 @@ struct NodeAgent::Impl {
         return {.exit = AgentResult{
                     128 + interrupt_signal,
                     fmt::format("tessel-run: {} while waiting for the rendezvous round; no "
-                                "workers ran{}\n", signal_name(interrupt_signal), root_cause_note()),
+                                "workers ran{}\n",
+                                signal_name(interrupt_signal), root_cause_note()),
                     log_dir}};
       }
       if (silent_too_long) {
@@ -788,7 +801,8 @@ struct NodeAgent::Impl {
             return {.exit = error_with_cause(
                         ExitCode::kRendezvousTimeout,
                         fmt::format("round did not form within --rdzv-timeout {} ({} nodes "
-                                    "wanted)", format_duration(o.rdzv_timeout),
+                                    "wanted)",
+                                    format_duration(o.rdzv_timeout),
                                     o.min_nodes == o.max_nodes
                                         ? std::to_string(o.min_nodes)
                                         : fmt::format("{}:{}", o.min_nodes, o.max_nodes)))};
@@ -796,8 +810,7 @@ struct NodeAgent::Impl {
             if (SteadyClock::now() - last_contact > o.rdzv_connect_timeout) {
               return {.exit = error_with_cause(
                           ExitCode::kRendezvousUnreachable,
-                          fmt::format("lost the rendezvous server {}: {}", endpoint,
-                                      e.message()))};
+                          fmt::format("lost the rendezvous server {}: {}", endpoint, e.message()))};
             }
             pollfd p{signal_fd, 0, 0};
             ::poll(&p, 1, static_cast<int>(o.monitor_interval.count()));
@@ -840,10 +853,12 @@ struct NodeAgent::Impl {
     endpoint = o.rdzv_endpoint;
     const std::string host = endpoint_host(endpoint);
     const bool token_given = !o.rdzv_token_file.empty() || !env_string(EnvKnob::kRdzvToken).empty();
-    const bool hosting = o.is_host.value_or(endpoint_is_local(endpoint) && !endpoint_in_use(endpoint));
+    const bool hosting =
+        o.is_host.value_or(endpoint_is_local(endpoint) && !endpoint_in_use(endpoint));
     // Every node on this host (a loopback endpoint), or a one-node job serving itself: no
     // token from the user; the serving agent publishes one for the others on this host.
-    const bool local_token = !token_given && (is_loopback_host(host) || (o.max_nodes == 1 && hosting));
+    const bool local_token =
+        !token_given && (is_loopback_host(host) || (o.max_nodes == 1 && hosting));
     token = local_token ? generate_token() : load_token(o.rdzv_token_file);
     if (hosting) {
       try {
@@ -877,7 +892,8 @@ struct NodeAgent::Impl {
           client = std::make_unique<RendezvousClient>(endpoint, token, co);
           try {
             client->wait_connected(std::min<std::chrono::milliseconds>(
-                std::chrono::seconds(2), std::chrono::ceil<std::chrono::milliseconds>(give_up.remaining())));
+                std::chrono::seconds(2),
+                std::chrono::ceil<std::chrono::milliseconds>(give_up.remaining())));
             return;
           } catch (const Error&) {  // not served yet, or a token left by an earlier job
           }
@@ -885,7 +901,8 @@ struct NodeAgent::Impl {
         if (give_up.expired()) {
           throw Unavailable(fmt::format(
               "rendezvous endpoint {} unreachable within {}: no agent on this host serves it "
-              "(looked for its token at {})", endpoint, format_duration(o.rdzv_connect_timeout),
+              "(looked for its token at {})",
+              endpoint, format_duration(o.rdzv_connect_timeout),
               local_token_path(local_token_dir, local_token_port)));
         }
         pollfd p{signal_fd, 0, 0};
@@ -898,11 +915,12 @@ struct NodeAgent::Impl {
 
   AgentResult run() {
     const auto [program, program_args] = program_command(o);
-    for (const std::string& note : o.notes) std::fprintf(stderr, "tessel-run: note: %s\n", note.c_str());
+    for (const std::string& note : o.notes)
+      std::fprintf(stderr, "tessel-run: note: %s\n", note.c_str());
     if (o.standalone && !o.rdzv_id_given) o.rdzv_id = generate_run_id();
     char nonce[16];
-    snprintf(nonce, sizeof(nonce), "%08x", static_cast<unsigned>(std::hash<std::string>{}(
-                                                generate_token())));
+    snprintf(nonce, sizeof(nonce), "%08x",
+             static_cast<unsigned>(std::hash<std::string>{}(generate_token())));
     node_id = fmt::format("{}:{}:{}", host, getpid(), nonce);
     guard = std::make_unique<OrphanGuard>(node_id);  // before any thread
     default_log_dir = o.log_dir.empty();
@@ -1004,9 +1022,9 @@ AgentResult NodeAgent::run_guarded() {
   try {
     return impl_->run();
   } catch (const ProgramError& e) {
-    return error_result(e.exit_status() == 127 ? ExitCode::kProgramNotFound
-                                               : ExitCode::kProgramNotExecutable,
-                        e.message());
+    return error_result(
+        e.exit_status() == 127 ? ExitCode::kProgramNotFound : ExitCode::kProgramNotExecutable,
+        e.message());
   } catch (const Unavailable& e) {
     return error_result(ExitCode::kRendezvousUnreachable, e.message());
   } catch (const RpcError& e) {
@@ -1024,8 +1042,7 @@ AgentResult NodeAgent::run_guarded() {
     return error_result(ExitCode::kInternal, e.message());
   } catch (const InvalidArgument& e) {
     const bool token = e.message().find("token") != std::string::npos;
-    return error_result(token ? ExitCode::kUnauthenticated : ExitCode::kInvalidConfig,
-                        e.message());
+    return error_result(token ? ExitCode::kUnauthenticated : ExitCode::kInvalidConfig, e.message());
   } catch (const IoError& e) {
     // A token file that cannot be read is a missing token, not an internal failure.
     const bool token = e.message().find("token") != std::string::npos;

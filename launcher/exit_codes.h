@@ -9,14 +9,14 @@ namespace tessel::launcher {
 
 enum class ExitCode : int {
   kSuccess = 0,
-  kUsage = 64,                   // unknown flag, missing program, malformed flag syntax
-  kInvalidConfig = 65,           // a flag value that cannot work: --nnodes 3:2, --nproc-per-node 0
-  kRendezvousUnreachable = 69,   // the rendezvous endpoint did not answer after bounded retries
-  kInternal = 70,                // a bug or an unexpected system failure in the launcher
-  kRendezvousTimeout = 75,       // the round did not form before --rdzv-timeout
-  kUnauthenticated = 77,         // no token, or the server refused ours
-  kProgramNotExecutable = 126,   // PROGRAM exists but cannot be executed
-  kProgramNotFound = 127,        // PROGRAM is not a file and not found on PATH
+  kUsage = 64,                  // unknown flag, missing program, malformed flag syntax
+  kInvalidConfig = 65,          // a flag value that cannot work: --nnodes 3:2, --nproc-per-node 0
+  kRendezvousUnreachable = 69,  // the rendezvous endpoint did not answer after bounded retries
+  kInternal = 70,               // a bug or an unexpected system failure in the launcher
+  kRendezvousTimeout = 75,      // the round did not form before --rdzv-timeout
+  kUnauthenticated = 77,        // no token, or the server refused ours
+  kProgramNotExecutable = 126,  // PROGRAM exists but cannot be executed
+  kProgramNotFound = 127,       // PROGRAM is not a file and not found on PATH
 };
 
 inline constexpr int exit_status(ExitCode code) { return static_cast<int>(code); }

@@ -4,7 +4,6 @@
 
 #include <ctime>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "tessel/base/error.h"
@@ -92,16 +91,17 @@ std::string format_failure_report(const proto::Failure& f, int restart_count, in
   }
   if (!f.evidence().empty()) {
     out += named ? "  evidence:\n"
-                 : fmt::format("  the flight recorder's verdict is {}, so the root cause above is "
-                               "the workers' first failure:\n",
-                               f.verdict());
+                 : fmt::format(
+                       "  the flight recorder's verdict is {}, so the root cause above is "
+                       "the workers' first failure:\n",
+                       f.verdict());
     for (int i = 0; i < f.evidence_size(); ++i) {
       out += fmt::format("    {}{}\n", i == 0 ? "" : "- ", f.evidence(i));
     }
   }
   if (!f.symptom().empty()) {
-    out += fmt::format("  first failure in time (a consequence, by the verdict): {}\n",
-                       f.symptom());
+    out +=
+        fmt::format("  first failure in time (a consequence, by the verdict): {}\n", f.symptom());
   }
   if (!f.error_file().empty()) {
     out += "  its error file (TORCHELASTIC_ERROR_FILE):\n";

@@ -13,9 +13,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
@@ -38,8 +37,9 @@ StoreDumpChannel::StoreDumpChannel(std::shared_ptr<Store> store) : store_(std::m
 
 void StoreDumpChannel::request_dumps(int64_t round, const std::string& reason) {
   const int64_t n = store_->add(std::string(fr::kStoreDumpCounterKey), 1);
-  store_->set(fr::store_dump_request_key(n),
-              fr::encode_store_dump_request(-1, fmt::format("launcher, round {}: {}", round, reason)));
+  store_->set(
+      fr::store_dump_request_key(n),
+      fr::encode_store_dump_request(-1, fmt::format("launcher, round {}: {}", round, reason)));
   request_ = n;
 }
 
@@ -69,8 +69,8 @@ std::optional<WorkerExitRecord> StoreDumpChannel::exit_of(int64_t round, int ran
   e.exit.rank = rank;
   long long code = 0, sig = 0, us = 0;
   int pid = 0, local = -1, used = 0;
-  if (std::sscanf(value.c_str(), "%lld %lld %lld %d %d %n", &code, &sig, &us, &pid, &local,
-                  &used) < 5) {
+  if (std::sscanf(value.c_str(), "%lld %lld %lld %d %d %n", &code, &sig, &us, &pid, &local, &used) <
+      5) {
     return std::nullopt;
   }
   e.exit.exit_code = static_cast<int>(code);
@@ -172,8 +172,7 @@ bool WorkerExitLog::dump_responders(int world_size) {
   return false;
 }
 
-std::pair<int, std::string> run_capture(const std::vector<std::string>& argv,
-                                        Nanoseconds timeout) {
+std::pair<int, std::string> run_capture(const std::vector<std::string>& argv, Nanoseconds timeout) {
   TESSEL_CHECK(!argv.empty(), InvalidArgument, "run_capture needs a program");
   const char* path_env = std::getenv("PATH");
   const std::string program = resolve_program(argv[0], path_env ? path_env : "/usr/bin:/bin");

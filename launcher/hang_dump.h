@@ -106,14 +106,13 @@ class WorkerExitLog {
 // <host>".
 std::string store_exit_key(int64_t round, int rank);
 
-
 // What the launcher takes from `tessel-trace analyze --json-out` (the analyzer's verdict).
 struct VerdictFacts {
-  std::string status;                // "culprit_found", "inconclusive", "healthy"
-  std::string status_line;           // "CULPRIT FOUND: rank 1", "INCONCLUSIVE", "HEALTHY"
+  std::string status;       // "culprit_found", "inconclusive", "healthy"
+  std::string status_line;  // "CULPRIT FOUND: rank 1", "INCONCLUSIVE", "HEALTHY"
   std::vector<int> culprits, suspects;
-  std::vector<std::string> evidence;  // the first finding's summary and details, or the
-                                      // reasons the evidence was not enough
+  std::vector<std::string> evidence;    // the first finding's summary and details, or the
+                                        // reasons the evidence was not enough
   std::map<int, std::string> where;     // rank -> "in_compute", "crashed", "late", ...
   std::map<int, std::string> position;  // rank -> where it is, in words
 };
@@ -124,11 +123,11 @@ struct HangReport {
   std::string dump_dir;
   std::vector<int> gathered;  // ranks whose dump was written to dump_dir/tessel_fr_rank<r>.json
   std::vector<int> missing;   // ranks that did not answer in time
-  std::map<int, int> missing_pids;  // their pids, where they announced one
-  std::vector<WorkerExitRecord> exits;  // ranks known to have ended (written to exits.json)
+  std::map<int, int> missing_pids;          // their pids, where they announced one
+  std::vector<WorkerExitRecord> exits;      // ranks known to have ended (written to exits.json)
   std::vector<CollectiveFailure> failures;  // every rank's first failed collective, by time
-  int trace_status = -1;      // exit status of `tessel-trace analyze`; -1 when not run
-  std::string verdict;        // its output, or why it did not run
+  int trace_status = -1;              // exit status of `tessel-trace analyze`; -1 when not run
+  std::string verdict;                // its output, or why it did not run
   std::optional<VerdictFacts> facts;  // the verdict it wrote (dump_dir/verdict.json)
 };
 // "1 (culprit found)": an exit status of `tessel-trace analyze` in words.
@@ -147,7 +146,6 @@ HangReport gather_flight_recorder_dumps(DumpChannel& channel, int world_size, in
 
 // Runs argv (argv[0] searched on PATH), capturing stdout+stderr, killing it after `timeout`.
 // Returns (exit status or 128+signal, output). Throws IoError when it cannot be started.
-std::pair<int, std::string> run_capture(const std::vector<std::string>& argv,
-                                        Nanoseconds timeout);
+std::pair<int, std::string> run_capture(const std::vector<std::string>& argv, Nanoseconds timeout);
 
 }  // namespace tessel::launcher

@@ -50,7 +50,8 @@ JobRecorderFiles job_recorder_files(const std::string& rdzv_id, Store* store) {
   const auto user_dir = env_value(EnvKnob::kFrDumpDir);
   f.per_job_dump_dir = !user_dir || user_dir->empty();
   const auto ring = env_value(EnvKnob::kFrRingDir);
-  f.ring_dir = ring && !ring->empty() ? *ring : (std::filesystem::path(f.dump_dir) / "rings").string();
+  f.ring_dir =
+      ring && !ring->empty() ? *ring : (std::filesystem::path(f.dump_dir) / "rings").string();
   return f;
 }
 
@@ -73,8 +74,9 @@ std::optional<std::string> recover_worker_ring(const JobRecorderFiles& files, in
     }
     const auto path =
         fr::write_dump(*recorder, {fr::DumpTrigger::kRecovered, rank, reason}, files.dump_dir);
-    log_info(LogComponent::kLauncher, "rank {} (pid {}) left no dump: recovered its ring {} into {}",
-             rank, pid, ring.string(), path.string());
+    log_info(LogComponent::kLauncher,
+             "rank {} (pid {}) left no dump: recovered its ring {} into {}", rank, pid,
+             ring.string(), path.string());
     return fr::internal::read_file_bytes(path);
   } catch (const Error& e) {
     log_warn(LogComponent::kLauncher, "rank {}: cannot recover ring {}: {}", rank, ring.string(),
@@ -88,7 +90,8 @@ void remove_worker_rings(const JobRecorderFiles& files, const std::vector<int>& 
   if (files.ring_dir.empty()) return;
   const std::filesystem::path dir = files.ring_dir;
   std::error_code ec;
-  for (int rank : ranks) std::filesystem::remove(dir / fr::ring_file_name(files.run_id, rank, 0), ec);
+  for (int rank : ranks)
+    std::filesystem::remove(dir / fr::ring_file_name(files.run_id, rank, 0), ec);
   for (int pid : pids) std::filesystem::remove(dir / fr::ring_file_name("", -1, pid), ec);
   // Folders go only when empty (another node's rings, or dumps, keep them).
   std::filesystem::remove(dir, ec);

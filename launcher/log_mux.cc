@@ -64,7 +64,8 @@ void LogMux::begin_attempt(const std::string& attempt_dir, int node_rank,
   files_.resize(global_ranks.size());
   tails_.assign(global_ranks.size(), {});
   for (size_t i = 0; i < global_ranks.size(); ++i) {
-    for (auto [fd, ext] : {std::pair{&files_[i].out, "stdout"}, std::pair{&files_[i].err, "stderr"}}) {
+    for (auto [fd, ext] :
+         {std::pair{&files_[i].out, "stdout"}, std::pair{&files_[i].err, "stderr"}}) {
       const std::string path = fmt::format("{}/rank_{}.{}.log", attempt_dir, global_ranks[i], ext);
       *fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
       if (*fd < 0) throw_system_error("open log file " + path, errno);
@@ -112,13 +113,13 @@ void LogMux::write_line(int local_rank, int global_rank, WorkerStream stream,
     tails_[lr].emplace_back(line);
     if (tails_[lr].size() > options_.stderr_tail_lines) tails_[lr].pop_front();
   }
-  const bool shown = !options_.console_local_ranks ||
-                     options_.console_local_ranks->count(local_rank) != 0;
+  const bool shown =
+      !options_.console_local_ranks || options_.console_local_ranks->count(local_rank) != 0;
   if (!shown) return;
   if (options_.redirects.selects(local_rank, stream)) return;
-  write_all(stream == WorkerStream::kStdout ? options_.console_stdout_fd
-                                            : options_.console_stderr_fd,
-            text);
+  write_all(
+      stream == WorkerStream::kStdout ? options_.console_stdout_fd : options_.console_stderr_fd,
+      text);
 }
 
 std::string LogMux::stderr_tail(int local_rank) const {

@@ -36,8 +36,8 @@ enum class WorkerStream : uint8_t { kStdout, kStderr };
 // Which worker streams a --redirects/--tee value selects: torchrun's 0 (none), 1 (stdout),
 // 2 (stderr), 3 (both), for every local rank or per local rank ("0:1,1:2").
 struct StreamSelection {
-  int all = 0;                    // for local ranks not listed
-  std::map<int, int> per_rank;    // local rank -> 0..3
+  int all = 0;                  // for local ranks not listed
+  std::map<int, int> per_rank;  // local rank -> 0..3
   bool selects(int local_rank, WorkerStream stream) const {
     const auto it = per_rank.find(local_rank);
     const int v = it == per_rank.end() ? all : it->second;
@@ -86,7 +86,7 @@ class LogMux {
   void close_files();
 
   LogMuxOptions options_;
-  std::vector<Files> files_;                  // by local rank
+  std::vector<Files> files_;                    // by local rank
   std::vector<std::deque<std::string>> tails_;  // by local rank
 };
 

@@ -3,13 +3,12 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <charconv>
 #include <cstring>
 #include <sstream>
 #include <thread>
-
-#include <CLI/CLI.hpp>
 
 #include "tessel/base/clock.h"
 #include "tessel/base/env.h"
@@ -156,8 +155,8 @@ namespace {
 
 // Placeholders --log-prefix may use.
 void check_log_prefix(const std::string& format) {
-  static const std::set<std::string> known = {"{node}", "{rank}", "{local_rank}", "{host}",
-                                              "{role}", "{stream}"};
+  static const std::set<std::string> known = {"{node}", "{rank}", "{local_rank}",
+                                              "{host}", "{role}", "{stream}"};
   for (size_t open = format.find('{'); open != std::string::npos;
        open = format.find('{', open + 1)) {
     const size_t close = format.find('}', open);
@@ -172,8 +171,10 @@ void check_log_prefix(const std::string& format) {
 
 // torchrun's --log-line-prefix-template macros in our --log-prefix spelling.
 std::string from_torchrun_template(std::string t) {
-  for (auto [from, to] : {std::pair{"${role_name}", "{role}"}, {"${local_rank}", "{local_rank}"},
-                          {"${rank}", "{rank}"}, {"${hostname}", "{host}"}}) {
+  for (auto [from, to] : {std::pair{"${role_name}", "{role}"},
+                          {"${local_rank}", "{local_rank}"},
+                          {"${rank}", "{rank}"},
+                          {"${hostname}", "{host}"}}) {
     for (size_t at = t.find(from); at != std::string::npos; at = t.find(from, at)) {
       t.replace(at, std::strlen(from), to);
     }
@@ -239,8 +240,9 @@ ParseResult parse_launch_options(int argc, const char* const* argv, const Enviro
                  "file (mode 0600) holding the job token; or set TESSEL_RDZV_TOKEN");
   app.add_option("--rdzv-tls-cert", o.tls.cert, "PEM certificate: TLS for the rendezvous/store");
   app.add_option("--rdzv-tls-key", o.tls.key, "PEM private key of --rdzv-tls-cert");
-  app.add_option("--rdzv-tls-ca", o.tls.ca, "PEM CA: verify the server; on the server, require "
-                                             "client certificates (mutual TLS)");
+  app.add_option("--rdzv-tls-ca", o.tls.ca,
+                 "PEM CA: verify the server; on the server, require "
+                 "client certificates (mutual TLS)");
   app.add_option("--rdzv-timeout", rdzv_timeout, "how long to wait for a round to form");
   app.add_option("--rdzv-connect-timeout", connect_timeout,
                  "give up on an unreachable endpoint after retrying this long");
@@ -290,8 +292,9 @@ ParseResult parse_launch_options(int argc, const char* const* argv, const Enviro
   app.add_flag("-m,--module", o.module, "PROGRAM is a Python module: python -m PROGRAM");
   app.add_flag("--no-python", o.no_python, "execute PROGRAM itself, even a .py file");
   app.add_flag("--run-path", o.run_path, "run PROGRAM with Python's runpy.run_path");
-  app.add_option("--start-method", start_method, "accepted (spawn, fork, forkserver): workers "
-                                                 "are always fork+exec'd processes");
+  app.add_option("--start-method", start_method,
+                 "accepted (spawn, fork, forkserver): workers "
+                 "are always fork+exec'd processes");
   app.add_option("--logs-specs", logs_specs, "accepted; Python log specs do not apply here");
   app.add_option("--event-log-handler", event_log_handler, "accepted; no event log here");
   app.add_option("--numa-binding", numa_binding, "accepted; no NUMA binding here");
@@ -343,9 +346,10 @@ ParseResult parse_launch_options(int argc, const char* const* argv, const Enviro
     app.parse(static_cast<int>(cargv.size()), cargv.data());
   } catch (const CLI::CallForHelp&) {
     return {std::nullopt, 0,
-            app.help() + "\nUsage: tessel-run [flags] PROGRAM [ARGS...]\n"
-                         "Underscore spellings (--nproc_per_node) and PET_<FLAG> environment "
-                         "defaults are accepted. See docs/launching.md.\n"};
+            app.help() +
+                "\nUsage: tessel-run [flags] PROGRAM [ARGS...]\n"
+                "Underscore spellings (--nproc_per_node) and PET_<FLAG> environment "
+                "defaults are accepted. See docs/launching.md.\n"};
   } catch (const CLI::ParseError& e) {
     return {std::nullopt, exit_status(ExitCode::kUsage), fmt::format("tessel-run: {}", e.what())};
   }
@@ -359,8 +363,8 @@ ParseResult parse_launch_options(int argc, const char* const* argv, const Enviro
       if (const std::string* n = find(env, "OMPI_COMM_WORLD_SIZE")) {
         nnodes = *n;
         o.topology_source = "mpirun";
-        if (o.node_rank < 0) o.node_rank = parse_int("OMPI_COMM_WORLD_RANK",
-                                                     *find(env, "OMPI_COMM_WORLD_RANK"));
+        if (o.node_rank < 0)
+          o.node_rank = parse_int("OMPI_COMM_WORLD_RANK", *find(env, "OMPI_COMM_WORLD_RANK"));
       } else if (const std::string* n = find(env, "SLURM_NNODES")) {
         nnodes = *n;
         o.topology_source = "slurm";
@@ -384,12 +388,11 @@ ParseResult parse_launch_options(int argc, const char* const* argv, const Enviro
     } else {
       o.nproc_per_node = parse_int("--nproc-per-node", nproc);
     }
-    TESSEL_CHECK(o.nproc_per_node >= 1, InvalidArgument,
-                 "--nproc-per-node {} must be at least 1", o.nproc_per_node);
+    TESSEL_CHECK(o.nproc_per_node >= 1, InvalidArgument, "--nproc-per-node {} must be at least 1",
+                 o.nproc_per_node);
     const auto positive = [](const char* flag, const std::string& text) {
       const auto d = parse_ms(flag, text);
-      TESSEL_CHECK(d.count() > 0, InvalidArgument, "{} {} must be positive (e.g. 30s)", flag,
-                   text);
+      TESSEL_CHECK(d.count() > 0, InvalidArgument, "{} {} must be positive (e.g. 30s)", flag, text);
       return d;
     };
     const auto non_negative = [](const char* flag, const std::string& text) {
@@ -434,13 +437,14 @@ ParseResult parse_launch_options(int argc, const char* const* argv, const Enviro
       }
       o.local_ranks_filter = ranks;
     }
-    TESSEL_CHECK(start_method == "spawn" || start_method == "fork" ||
-                     start_method == "forkserver",
+    TESSEL_CHECK(start_method == "spawn" || start_method == "fork" || start_method == "forkserver",
                  InvalidArgument, "--start-method '{}': expected spawn, fork or forkserver",
                  start_method);
     if (given.count("start-method")) {
-      o.notes.push_back(fmt::format("--start-method {}: workers are always started with "
-                                    "fork+exec here", start_method));
+      o.notes.push_back(
+          fmt::format("--start-method {}: workers are always started with "
+                      "fork+exec here",
+                      start_method));
     }
     for (auto [flag, value] : {std::pair{"--logs-specs", &logs_specs},
                                {"--event-log-handler", &event_log_handler},
@@ -449,16 +453,20 @@ ParseResult parse_launch_options(int argc, const char* const* argv, const Enviro
                                {"--duplicate-stderr-filters", &stderr_filters},
                                {"--signals-to-handle", &signals_to_handle}}) {
       if (!value->empty()) {
-        o.notes.push_back(fmt::format("{} {}: has no effect under tessel-run (see "
-                                      "docs/launching.md)", flag, *value));
+        o.notes.push_back(
+            fmt::format("{} {}: has no effect under tessel-run (see "
+                        "docs/launching.md)",
+                        flag, *value));
       }
     }
     if (virtual_local_rank) {
       o.notes.push_back("--virtual-local-rank: has no effect; LOCAL_RANK is each worker's own");
     }
     if (o.rdzv_backend != "static" && o.rdzv_backend != "c10d") {
-      o.notes.push_back(fmt::format("--rdzv-backend {}: tessel-run always uses its own "
-                                    "rendezvous server (like c10d)", o.rdzv_backend));
+      o.notes.push_back(
+          fmt::format("--rdzv-backend {}: tessel-run always uses its own "
+                      "rendezvous server (like c10d)",
+                      o.rdzv_backend));
     }
     o.rdzv_conf = parse_rdzv_conf(rdzv_conf);
     for (const auto& [key, value] : o.rdzv_conf) {
@@ -480,16 +488,15 @@ ParseResult parse_launch_options(int argc, const char* const* argv, const Enviro
                      "--rdzv-conf is_host={} is not a boolean (true/false, 1/0)", value);
         o.is_host = *b;
       } else {
-        o.notes.push_back(fmt::format("--rdzv-conf {}={}: has no effect under tessel-run", key,
-                                      value));
+        o.notes.push_back(
+            fmt::format("--rdzv-conf {}={}: has no effect under tessel-run", key, value));
       }
     }
     if (o.standalone) {
       TESSEL_CHECK(o.max_nodes == 1, InvalidArgument,
                    "--standalone runs one node but --nnodes is {}", nnodes);
       TESSEL_CHECK(o.rdzv_endpoint.empty(), InvalidArgument,
-                   "--standalone picks its own endpoint; drop --rdzv-endpoint {}",
-                   o.rdzv_endpoint);
+                   "--standalone picks its own endpoint; drop --rdzv-endpoint {}", o.rdzv_endpoint);
     } else if (o.rdzv_endpoint.empty()) {
       // A single node without an endpoint is a standalone job, as in torchrun.
       TESSEL_CHECK(o.max_nodes == 1 && !o.rdzv_server_only, InvalidArgument,
@@ -500,8 +507,8 @@ ParseResult parse_launch_options(int argc, const char* const* argv, const Enviro
       o.rdzv_endpoint = normalize_endpoint(o.rdzv_endpoint);
     }
     TESSEL_CHECK(o.node_rank >= -1 && o.node_rank < o.max_nodes, InvalidArgument,
-                 "--node-rank {} must be in 0..{} (or -1: assigned by the rendezvous)",
-                 o.node_rank, o.max_nodes - 1);
+                 "--node-rank {} must be in 0..{} (or -1: assigned by the rendezvous)", o.node_rank,
+                 o.max_nodes - 1);
     TESSEL_CHECK(!o.tls.server_enabled() || !o.tls.key.empty(), InvalidArgument,
                  "--rdzv-tls-cert {} needs --rdzv-tls-key (or TESSEL_TLS_KEY)", o.tls.cert);
     if (!o.rdzv_server_only && o.program.empty()) {

@@ -25,39 +25,39 @@ struct LaunchOptions {
   int max_nodes = 1;
   int nproc_per_node = 1;
   bool standalone = false;
-  std::string rdzv_endpoint;              // HOST:PORT; empty under --standalone
-  std::string rdzv_id = "none";           // TORCHELASTIC_RUN_ID ("none": generated if standalone)
+  std::string rdzv_endpoint;     // HOST:PORT; empty under --standalone
+  std::string rdzv_id = "none";  // TORCHELASTIC_RUN_ID ("none": generated if standalone)
   bool rdzv_id_given = false;
-  std::string rdzv_backend = "static";     // accepted; tessel-run has one rendezvous
+  std::string rdzv_backend = "static";           // accepted; tessel-run has one rendezvous
   std::map<std::string, std::string> rdzv_conf;  // --rdzv-conf key=value,... as given
-  int node_rank = -1;                     // -1: assigned by the rendezvous
-  std::string master_addr;                // empty: the address of group rank 0's node
-  int master_port = 0;                    // 0: a free port on group rank 0's node
-  bool rdzv_server_only = false;          // --rdzv-server: run only the rendezvous server
-  std::string local_addr;                 // --local-addr: this node's worker-facing address
-  TlsFiles tls;                           // --rdzv-tls-cert/-key/-ca (or TESSEL_TLS_*)
-  std::optional<bool> is_host;            // --rdzv-conf is_host=: serve the rendezvous or not
+  int node_rank = -1;                            // -1: assigned by the rendezvous
+  std::string master_addr;                       // empty: the address of group rank 0's node
+  int master_port = 0;                           // 0: a free port on group rank 0's node
+  bool rdzv_server_only = false;                 // --rdzv-server: run only the rendezvous server
+  std::string local_addr;                        // --local-addr: this node's worker-facing address
+  TlsFiles tls;                                  // --rdzv-tls-cert/-key/-ca (or TESSEL_TLS_*)
+  std::optional<bool> is_host;  // --rdzv-conf is_host=: serve the rendezvous or not
 
   // Supervision.
   int max_restarts = 0;
-  std::chrono::milliseconds monitor_interval{100};    // heartbeat interval
-  int heartbeat_misses = 5;                           // node lost after interval x misses
+  std::chrono::milliseconds monitor_interval{100};  // heartbeat interval
+  int heartbeat_misses = 5;                         // node lost after interval x misses
   std::chrono::milliseconds rdzv_timeout{std::chrono::seconds(900)};
   std::chrono::milliseconds rdzv_connect_timeout{std::chrono::seconds(20)};
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(1)};
-  std::chrono::milliseconds failure_grace{500};       // SIGTERM -> SIGKILL when a worker failed
+  std::chrono::milliseconds failure_grace{500};  // SIGTERM -> SIGKILL when a worker failed
   std::chrono::milliseconds signal_grace{std::chrono::seconds(10)};  // after SIGINT/SIGTERM
-  bool forward_usr_signals = true;                    // SIGUSR1/SIGUSR2 to every worker
+  bool forward_usr_signals = true;  // SIGUSR1/SIGUSR2 to every worker
   bool dump_on_hang = false;
   std::chrono::milliseconds hang_dump_timeout{std::chrono::seconds(30)};  // wait for rank dumps
-  std::string trace_tool = "tessel-trace";            // run as `<tool> analyze DIR`
+  std::string trace_tool = "tessel-trace";  // run as `<tool> analyze DIR`
 
   // Logs.
-  std::string log_dir;                    // empty: a fresh one under default_log_root()
-  bool keep_logs = false;                 // keep a default log directory after success
+  std::string log_dir;     // empty: a fresh one under default_log_root()
+  bool keep_logs = false;  // keep a default log directory after success
   std::string log_prefix = "[{node}:{rank}]";
-  StreamSelection redirects;              // streams kept off the console
-  StreamSelection tee;                    // accepted for torchrun compatibility
+  StreamSelection redirects;                        // streams kept off the console
+  StreamSelection tee;                              // accepted for torchrun compatibility
   std::optional<std::set<int>> local_ranks_filter;  // console output only from these
   std::string rdzv_token_file;
 
@@ -65,10 +65,10 @@ struct LaunchOptions {
   // --run-path scripts run with the Python interpreter (TESSEL_PYTHON), unless --no-python.
   std::string program;
   std::vector<std::string> program_args;
-  bool module = false;                    // -m/--module: python -m PROGRAM
-  bool no_python = false;                 // --no-python: execute PROGRAM itself
-  bool run_path = false;                  // --run-path: runpy.run_path(PROGRAM)
-  std::string role = "default";           // --role: ROLE_NAME
+  bool module = false;           // -m/--module: python -m PROGRAM
+  bool no_python = false;        // --no-python: execute PROGRAM itself
+  bool run_path = false;         // --run-path: runpy.run_path(PROGRAM)
+  std::string role = "default";  // --role: ROLE_NAME
 
   // One line each for torchrun flags that were given and mean nothing here (printed at start).
   std::vector<std::string> notes;

@@ -28,8 +28,8 @@ RendezvousClient::RendezvousClient(std::string endpoint, std::string token,
   // Reconnect fast after a blip: the heartbeat bound is short.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  channel_ = grpc::CreateCustomChannel(endpoint_, internal::client_channel_credentials(options.tls),
-                                       args);
+  channel_ =
+      grpc::CreateCustomChannel(endpoint_, internal::client_channel_credentials(options.tls), args);
   stub_ = proto::Rendezvous::NewStub(channel_);
 }
 
@@ -70,24 +70,32 @@ namespace {
 
 const char* status_code_name(grpc::StatusCode code) {
   switch (code) {
-    case grpc::StatusCode::CANCELLED: return "CANCELLED";
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
-    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
-    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
-    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    default: return "gRPC error";
+    case grpc::StatusCode::CANCELLED:
+      return "CANCELLED";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    default:
+      return "gRPC error";
   }
 }
 
 }  // namespace
 
 void RendezvousClient::fail(const char* what, const grpc::Status& status) const {
-  throw RpcError(fmt::format("rendezvous {} at {} failed: {} ({} {})", what, endpoint_,
-                             status.error_message(), status_code_name(status.error_code()),
-                             static_cast<int>(status.error_code())),
-                 status.error_code());
+  throw RpcError(
+      fmt::format("rendezvous {} at {} failed: {} ({} {})", what, endpoint_, status.error_message(),
+                  status_code_name(status.error_code()), static_cast<int>(status.error_code())),
+      status.error_code());
 }
 
 proto::JoinResponse RendezvousClient::join(const proto::JoinRequest& request,

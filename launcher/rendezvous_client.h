@@ -4,11 +4,11 @@
 //
 // Thread-safe: one client may be used from the agent's threads at once (gRPC stubs are).
 
+#include <grpcpp/grpcpp.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/store_tls.h"
@@ -40,8 +40,7 @@ grpc::ChannelArguments control_plane_channel_args(bool private_connection);
 
 class RendezvousClient {
  public:
-  RendezvousClient(std::string endpoint, std::string token,
-                   RendezvousClientOptions options = {});
+  RendezvousClient(std::string endpoint, std::string token, RendezvousClientOptions options = {});
 
   const std::string& endpoint() const { return endpoint_; }
 

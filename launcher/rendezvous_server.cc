@@ -1,5 +1,8 @@
 #include "tessel/launcher/rendezvous_server.h"
 
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/resource_quota.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <map>
@@ -9,16 +12,13 @@
 #include <utility>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/resource_quota.h>
-
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
-#include "tessel/launcher/proto/rendezvous.grpc.pb.h"
 #include "tessel/collectives/grpc/connection_gate.h"
 #include "tessel/collectives/grpc/server_auth.h"
 #include "tessel/collectives/grpc/store_service.h"
+#include "tessel/launcher/proto/rendezvous.grpc.pb.h"
 #include "tessel/launcher/token.h"
 
 namespace tessel::launcher {
@@ -79,8 +79,8 @@ class RendezvousServer::State {
     if (!authenticated(ctx)) return finish_now(ctx, unauthenticated());
     std::unique_lock lock(mu_);
     if (phase_ == Phase::kFinished) {
-      return finish_now(ctx, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                          "the job has already finished"));
+      return finish_now(
+          ctx, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the job has already finished"));
     }
     check_stall_locked(lock);
     const std::string addr = req->addr().empty() ? peer_host(ctx->peer()) : req->addr();
@@ -160,8 +160,8 @@ class RendezvousServer::State {
     grpc::Status status = check_member_locked(req->node_id(), req->round());
     if (!status.ok()) return finish_now(ctx, status);
     members_[req->node_id()].done = true;
-    const bool all_done = std::all_of(members_.begin(), members_.end(),
-                                      [](const auto& m) { return m.second.done; });
+    const bool all_done =
+        std::all_of(members_.begin(), members_.end(), [](const auto& m) { return m.second.done; });
     if (all_done && !round_failed_) {
       outcome_.kind = JobEvent::SUCCEEDED;
       finish_all(finish_job_locked(), lock);
@@ -186,8 +186,8 @@ class RendezvousServer::State {
       return finish_now(ctx, grpc::Status::OK);
     }
     auto* call = new ParkedCall(this);
-    waits_.push_back({req->node_id(), req->round(), call, resp,
-                      SteadyClock::now() + options_.poll_limit});
+    waits_.push_back(
+        {req->node_id(), req->round(), call, resp, SteadyClock::now() + options_.poll_limit});
     return call;
   }
 
@@ -238,7 +238,8 @@ class RendezvousServer::State {
         for (auto& [id, m] : members_) {
           if (m.done || now - m.last_seen <= bound) continue;
           proto::Failure failure = node_failure_locked(
-              id, fmt::format("node lost (no heartbeat for {})", format_duration(now - m.last_seen)));
+              id,
+              fmt::format("node lost (no heartbeat for {})", format_duration(now - m.last_seen)));
           m.lost = true;
           fail_round_locked(std::move(failure), lock);
           break;
@@ -308,9 +309,8 @@ class RendezvousServer::State {
     std::unique_lock lock(mu_);
     return cv_.wait_for(lock, timeout, [&] {
       return phase_ == Phase::kFinished &&
-             std::all_of(members_.begin(), members_.end(), [](const auto& m) {
-               return m.second.notified || m.second.lost;
-             });
+             std::all_of(members_.begin(), members_.end(),
+                         [](const auto& m) { return m.second.notified || m.second.lost; });
     });
   }
 
@@ -408,9 +408,10 @@ class RendezvousServer::State {
     failure.set_host(options_.host_name);
     failure.set_addr(options_.bind_address);
     failure.set_group_rank(-1);
-    failure.set_reason(fmt::format("the rendezvous server did not run for {} (its node was "
-                                   "stopped or starved), longer than the heartbeat bound {}",
-                                   format_duration(gap), format_duration(bound)));
+    failure.set_reason(
+        fmt::format("the rendezvous server did not run for {} (its node was "
+                    "stopped or starved), longer than the heartbeat bound {}",
+                    format_duration(gap), format_duration(bound)));
     log_warn(kL, "{}", failure.reason());
     fail_round_locked(std::move(failure), lock);
     if (!lock.owns_lock()) lock.lock();
@@ -426,8 +427,8 @@ class RendezvousServer::State {
       if (j.request.requested_rank() == r && j.request.node_id() != req.node_id()) {
         return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
                             fmt::format("--node-rank {} is already taken by node {} ({}, host "
-                                        "{}); every node needs its own rank", r, j.addr,
-                                        j.request.node_id(), j.request.host()));
+                                        "{}); every node needs its own rank",
+                                        r, j.addr, j.request.node_id(), j.request.host()));
       }
     }
     if (phase_ == Phase::kRunning && !round_failed_) {
@@ -435,8 +436,8 @@ class RendezvousServer::State {
         if (m.requested_rank == r && id != req.node_id()) {
           return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
                               fmt::format("--node-rank {} is already taken by node {} ({}, host "
-                                          "{}); every node needs its own rank", r,
-                                          m.assignment.addr(), id, m.assignment.host()));
+                                          "{}); every node needs its own rank",
+                                          r, m.assignment.addr(), id, m.assignment.host()));
         }
       }
     }
@@ -446,8 +447,8 @@ class RendezvousServer::State {
   grpc::Status check_member_locked(const std::string& node_id, int64_t round) const {
     if (round != round_ || phase_ != Phase::kRunning) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          fmt::format("stale round {}: the job is in round {} ({})", round,
-                                      round_, phase_ == Phase::kRunning ? "running" : "not running"));
+                          fmt::format("stale round {}: the job is in round {} ({})", round, round_,
+                                      phase_ == Phase::kRunning ? "running" : "not running"));
     }
     if (members_.count(node_id) == 0) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -658,8 +659,7 @@ class RendezvousService final : public proto::Rendezvous::CallbackService {
                                           proto::FailureResponse* r) override {
     return state_->report_failure(c, q, r);
   }
-  grpc::ServerUnaryReactor* ReportDone(grpc::CallbackServerContext* c,
-                                       const proto::DoneRequest* q,
+  grpc::ServerUnaryReactor* ReportDone(grpc::CallbackServerContext* c, const proto::DoneRequest* q,
                                        proto::DoneResponse* r) override {
     return state_->report_done(c, q, r);
   }
@@ -694,16 +694,17 @@ RendezvousServer::RendezvousServer(RendezvousServerOptions options)
     : state_(std::make_unique<State>(std::move(options))), impl_(std::make_unique<Impl>()) {
   const auto& o = state_->options();
   TESSEL_CHECK(o.min_nodes >= 1 && o.min_nodes <= o.max_nodes, InvalidArgument,
-               "rendezvous needs 1 <= min_nodes <= max_nodes, got {}:{}", o.min_nodes,
-               o.max_nodes);
+               "rendezvous needs 1 <= min_nodes <= max_nodes, got {}:{}", o.min_nodes, o.max_nodes);
   impl_->service = std::make_unique<RendezvousService>(state_.get());
   StoreLimits store_limits;
   try {
     impl_->gate = std::make_unique<internal::ConnectionGate>(
         o.bind_address, internal::connection_limits(store_limits));
   } catch (const Error& e) {
-    throw CommError(fmt::format("cannot serve the rendezvous at {}: the address is in use or "
-                                "not local ({})", o.bind_address, e.message()));
+    throw CommError(
+        fmt::format("cannot serve the rendezvous at {}: the address is in use or "
+                    "not local ({})",
+                    o.bind_address, e.message()));
   }
   impl_->port = impl_->gate->port();
   grpc::ServerBuilder builder;
@@ -729,11 +730,11 @@ RendezvousServer::RendezvousServer(RendezvousServerOptions options)
   TESSEL_CHECK(impl_->server != nullptr, CommError, "cannot serve the rendezvous at {}",
                o.bind_address);
   impl_->gate->start();
-  impl_->address = o.bind_address.substr(0, o.bind_address.rfind(':') + 1) +
-                   std::to_string(impl_->port);
+  impl_->address =
+      o.bind_address.substr(0, o.bind_address.rfind(':') + 1) + std::to_string(impl_->port);
   impl_->monitor = std::thread([this] { state_->monitor_loop(); });
-  log_info(LogComponent::kLauncher, "rendezvous server on {} (store service {})",
-           impl_->address, impl_->store_service ? "hosted" : "off");
+  log_info(LogComponent::kLauncher, "rendezvous server on {} (store service {})", impl_->address,
+           impl_->store_service ? "hosted" : "off");
 }
 
 RendezvousServer::~RendezvousServer() { stop(); }

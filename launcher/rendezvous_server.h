@@ -39,10 +39,10 @@ struct RendezvousServerOptions {
   int heartbeat_misses = 5;
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(1)};
   std::chrono::milliseconds poll_limit{std::chrono::seconds(10)};  // long-poll answer limit
-  std::string host_name;     // this node's host name, for reports naming the server
-  std::string master_addr;   // overrides group rank 0's address when set
-  int master_port = 0;       // overrides group rank 0's free port when non-zero
-  bool host_store = true;    // serve the job's Store (collectives/grpc/store_service.h) too
+  std::string host_name;    // this node's host name, for reports naming the server
+  std::string master_addr;  // overrides group rank 0's address when set
+  int master_port = 0;      // overrides group rank 0's free port when non-zero
+  bool host_store = true;   // serve the job's Store (collectives/grpc/store_service.h) too
   // Called on the monitor thread before a round that failed with a hang (or with dump_on_hang)
   // ends, while the workers still run: gathers flight-recorder dumps. May block (bounded).
   // Returns the root cause to report instead, when the workers' own failure times name another

@@ -1,7 +1,7 @@
 #include "tessel/launcher/token.h"
 
-#include <sys/random.h>
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -37,8 +37,8 @@ std::string read_token_file(const std::string& path) {
   if (stat(path.c_str(), &st) != 0) throw_system_error("token file " + path, errno);
   TESSEL_CHECK(S_ISREG(st.st_mode), InvalidArgument, "token file {} is not a regular file", path);
   TESSEL_CHECK((st.st_mode & 077) == 0, InvalidArgument,
-               "token file {} has mode {:o}; expected 0600 (chmod 600 {})", path,
-               st.st_mode & 0777, path);
+               "token file {} has mode {:o}; expected 0600 (chmod 600 {})", path, st.st_mode & 0777,
+               path);
   std::ifstream in(path);
   TESSEL_CHECK(in.good(), IoError, "cannot read token file {}", path);
   std::stringstream text;
@@ -69,8 +69,8 @@ void ensure_private_dir(const std::string& dir) {
   TESSEL_CHECK(S_ISDIR(st.st_mode) && st.st_uid == getuid() && (st.st_mode & 077) == 0,
                InvalidArgument,
                "{} must be a directory of this user with mode 0700 to hold a local job token "
-               "(it has mode {:o}, owner {}); fix it or pass --rdzv-token-file", dir,
-               st.st_mode & 0777, st.st_uid);
+               "(it has mode {:o}, owner {}); fix it or pass --rdzv-token-file",
+               dir, st.st_mode & 0777, st.st_uid);
 }
 
 }  // namespace

@@ -52,7 +52,8 @@ std::string resolve_program(const std::string& program, const std::string& path_
   size_t start = 0;
   while (start <= path_env.size()) {
     const size_t colon = std::min(path_env.find(':', start), path_env.size());
-    const std::string dir = colon > start ? path_env.substr(start, colon - start) : std::string(".");
+    const std::string dir =
+        colon > start ? path_env.substr(start, colon - start) : std::string(".");
     const std::string candidate = dir + "/" + program;
     if (executable_file(candidate)) return candidate;
     start = colon + 1;
@@ -264,14 +265,16 @@ void WorkerGroup::start(const std::vector<WorkerSpec>& specs) {
     const size_t index = workers_.size();
     for (auto [fd, is_err] : {std::pair{w->out_fd, 0}, std::pair{w->err_fd, 1}}) {
       fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-      epoll_event ev{.events = EPOLLIN, .data = {.u64 = (index << 1) | static_cast<uint64_t>(is_err)}};
+      epoll_event ev{.events = EPOLLIN,
+                     .data = {.u64 = (index << 1) | static_cast<uint64_t>(is_err)}};
       if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) throw_system_error("epoll_ctl", errno);
     }
     workers_.push_back(std::move(w));
     if (n > 0) {
       kill_all();
-      throw ProgramError(fmt::format("cannot execute '{}': {}", program_, std::strerror(exec_errno)),
-                         exec_errno == ENOENT ? 127 : 126);
+      throw ProgramError(
+          fmt::format("cannot execute '{}': {}", program_, std::strerror(exec_errno)),
+          exec_errno == ENOENT ? 127 : 126);
     }
     log_debug(kL, "worker rank {} (local {}) started, pid {}", spec.global_rank, spec.local_rank,
               pid);

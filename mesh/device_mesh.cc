@@ -12,7 +12,7 @@ struct DeviceMesh::State {
   std::mutex mutex;
   std::shared_ptr<ProcessGroup> world;  // guarded by mutex; null once released
   int world_rank = 0;
-  std::vector<int> world_ranks;         // global rank of each world group rank
+  std::vector<int> world_ranks;  // global rank of each world group rank
   DeviceMeshOptions options;
   // Groups by the canonical modes of the dimension they run along.
   std::map<std::vector<std::pair<int64_t, int64_t>>, std::shared_ptr<ProcessGroup>> groups;
@@ -49,11 +49,11 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, const std::vector<in
   }
   for (const auto& [dim, parent] : options.parents) {
     layout_.dim_index(dim);
-    TESSEL_CHECK(parent != nullptr && parent->size() == world->size() &&
-                     parent->rank() == world->rank(),
-                 InvalidArgument,
-                 "parent group for mesh dimension '{}' must have the world's size {} and rank {}",
-                 dim, world->size(), world->rank());
+    TESSEL_CHECK(
+        parent != nullptr && parent->size() == world->size() && parent->rank() == world->rank(),
+        InvalidArgument,
+        "parent group for mesh dimension '{}' must have the world's size {} and rank {}", dim,
+        world->size(), world->rank());
   }
   state_ = std::make_shared<State>();
   state_->world_rank = world->rank();

@@ -61,8 +61,8 @@ class DeviceMesh {
   std::vector<int64_t> shape() const { return layout_.shape(); }
   std::vector<std::string> dim_names() const { return layout_.names(); }
   const MeshLayout& layout() const { return layout_; }
-  int64_t size() const;                          // ranks in this (sub-)mesh
-  int64_t size(const std::string& dim) const;    // ranks along one dimension
+  int64_t size() const;                        // ranks in this (sub-)mesh
+  int64_t size(const std::string& dim) const;  // ranks along one dimension
   // This rank's index along each dimension / along one dimension.
   std::vector<int64_t> coordinate() const;
   int64_t local_rank(const std::string& dim) const;
@@ -126,13 +126,11 @@ class DeviceMesh {
 
 // A mesh over `world` (see DeviceMesh's constructor).
 DeviceMesh init_device_mesh(std::shared_ptr<ProcessGroup> world, const std::vector<int64_t>& shape,
-                            const std::vector<std::string>& names,
-                            DeviceMeshOptions options = {});
+                            const std::vector<std::string>& names, DeviceMeshOptions options = {});
 // A mesh over the job's world group made by init_process_group() for `device` (CPU: gloo, or
 // mpi under mpirun; CUDA: nccl, with eager groups and the world released unless
 // options.keep_world).
 DeviceMesh init_device_mesh(Device device, const std::vector<int64_t>& shape,
-                            const std::vector<std::string>& names,
-                            DeviceMeshOptions options = {});
+                            const std::vector<std::string>& names, DeviceMeshOptions options = {});
 
 }  // namespace tessel

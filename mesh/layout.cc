@@ -1,9 +1,9 @@
 #include "tessel/mesh/layout.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <set>
-
-#include <fmt/ranges.h>
 
 #include "tessel/base/error.h"
 
@@ -46,13 +46,14 @@ MeshLayout MeshLayout::row_major(const std::vector<int64_t>& shape,
                                  const std::vector<std::string>& names) {
   TESSEL_CHECK(!shape.empty(), InvalidArgument, "a mesh needs at least one dimension");
   TESSEL_CHECK(shape.size() == names.size(), InvalidArgument,
-               "mesh shape has {} dimensions but {} names were given", shape.size(),
-               names.size());
+               "mesh shape has {} dimensions but {} names were given", shape.size(), names.size());
   std::vector<MeshDim> dims(shape.size());
   int64_t stride = 1;
   for (size_t i = shape.size(); i-- > 0;) {
-    TESSEL_CHECK(shape[i] > 0, InvalidArgument, "mesh dimension '{}' has size {}; sizes must be "
-                 "positive", names[i], shape[i]);
+    TESSEL_CHECK(shape[i] > 0, InvalidArgument,
+                 "mesh dimension '{}' has size {}; sizes must be "
+                 "positive",
+                 names[i], shape[i]);
     dims[i] = MeshDim{names[i], {MeshMode{shape[i], stride}}};
     stride *= shape[i];
   }
@@ -119,7 +120,8 @@ MeshLayout MeshLayout::flatten(const std::vector<std::string>& names,
   const int64_t first = dim_index(names.front());
   std::vector<MeshDim> dims;
   for (int64_t i = 0; i < ndim(); ++i) {
-    if (i == first) dims.push_back(merged);
+    if (i == first)
+      dims.push_back(merged);
     else if (std::find(names.begin(), names.end(), dims_[i].name) == names.end())
       dims.push_back(dims_[i]);
   }
@@ -138,8 +140,8 @@ MeshLayout MeshLayout::unflatten(const std::string& name, const std::vector<int6
     product *= s;
   }
   TESSEL_CHECK(product == old.size(), InvalidArgument,
-               "unflatten '{}': sizes multiply to {} but the dimension has {} ranks", name,
-               product, old.size());
+               "unflatten '{}': sizes multiply to {} but the dimension has {} ranks", name, product,
+               old.size());
   for (const auto& n : new_names) {
     TESSEL_CHECK(n == name || !has_dim(n), InvalidArgument,
                  "unflatten: mesh {} already has a dimension '{}'", str(), n);
@@ -164,8 +166,8 @@ MeshLayout MeshLayout::unflatten(const std::string& name, const std::vector<int6
         need = 1;
       } else {
         throw InvalidArgument(fmt::format(
-            "unflatten '{}' into sizes {}: size {} does not divide the dimension's layout",
-            name, fmt::join(sizes, "x"), sizes[j]));
+            "unflatten '{}' into sizes {}: size {} does not divide the dimension's layout", name,
+            fmt::join(sizes, "x"), sizes[j]));
       }
     }
     std::reverse(modes.begin(), modes.end());
@@ -174,8 +176,10 @@ MeshLayout MeshLayout::unflatten(const std::string& name, const std::vector<int6
   }
   std::vector<MeshDim> dims;
   for (const auto& d : dims_) {
-    if (d.name == name) dims.insert(dims.end(), made.begin(), made.end());
-    else dims.push_back(d);
+    if (d.name == name)
+      dims.insert(dims.end(), made.begin(), made.end());
+    else
+      dims.push_back(d);
   }
   return MeshLayout(root_size_, std::move(dims));
 }
@@ -192,8 +196,7 @@ MeshLayout MeshLayout::join(const MeshLayout& other) const {
   std::set<std::string> seen;
   for (const std::string& n : names) {
     TESSEL_CHECK(seen.insert(n).second, InvalidArgument,
-                 "join of mesh {} with mesh {}: both have a dimension '{}'", str(), other.str(),
-                 n);
+                 "join of mesh {} with mesh {}: both have a dimension '{}'", str(), other.str(), n);
   }
   // Every coordinate of the joined grid must land on its own root offset.
   int64_t size = 1;

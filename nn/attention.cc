@@ -13,8 +13,7 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& options, Genera
                "attention needs n_embd ({}) to be a positive multiple of n_head ({})",
                options.n_embd, options.n_head);
   const int64_t C = options.n_embd;
-  register_module("c_attn",
-                  std::make_shared<Linear>(LinearOptions{C, 3 * C, options.bias}, gen));
+  register_module("c_attn", std::make_shared<Linear>(LinearOptions{C, 3 * C, options.bias}, gen));
   register_module("c_proj", std::make_shared<Linear>(LinearOptions{C, C, options.bias}, gen));
   register_module("resid_dropout", std::make_shared<Dropout>(options.dropout, gen));
 }

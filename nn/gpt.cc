@@ -75,7 +75,8 @@ Tensor GPT::forward(const Tensor& tokens) {
 Tensor GPT::loss(const Tensor& logits, const Tensor& targets) {
   TESSEL_CHECK(logits.dim() == 3 && targets.dim() == 2 && logits.size(0) == targets.size(0) &&
                    logits.size(1) == targets.size(1),
-               InvalidArgument, "GPT::loss expects logits (B, T, V) and targets (B, T), got {} and {}",
+               InvalidArgument,
+               "GPT::loss expects logits (B, T, V) and targets (B, T), got {} and {}",
                shape_str(logits.shape()), shape_str(targets.shape()));
   const int64_t rows = logits.size(0) * logits.size(1);
   return cross_entropy(reshape(logits, {rows, logits.size(2)}), reshape(targets, {rows}));

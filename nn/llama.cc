@@ -95,8 +95,8 @@ Llama::Llama(const LlamaConfig& config) : Module("Llama"), config_(config), gen_
                InvalidArgument,
                "Llama needs positive vocab_size {}, dim {}, n_layers {}, n_heads {}, "
                "max_seq_len {} and ffn hidden size {}",
-               config.vocab_size, config.dim, config.n_layers, config.n_heads,
-               config.max_seq_len, config.ffn_hidden());
+               config.vocab_size, config.dim, config.n_layers, config.n_heads, config.max_seq_len,
+               config.ffn_hidden());
   const LlamaAttentionOptions attention{config.dim, config.n_heads, config.kv_heads(),
                                         config.head_dim};
   auto model = register_module("model", std::make_shared<Module>("LlamaModel"));
@@ -143,9 +143,8 @@ Tensors Llama::forward_multi(const Tensors& inputs) {
                config_.max_seq_len, tokens.str());
   const int64_t B = tokens.size(0), T = tokens.size(1);
   Tensor positions = inputs.size() == 2 ? inputs[1] : arange(T, DType::kI64, tokens.device());
-  TESSEL_CHECK(positions.shape() == Shape{T} || positions.shape() == (Shape{B, T}),
-               InvalidArgument, "Llama: positions must be ({}) or ({}, {}), got {}", T, B, T,
-               positions.str());
+  TESSEL_CHECK(positions.shape() == Shape{T} || positions.shape() == (Shape{B, T}), InvalidArgument,
+               "Llama: positions must be ({}) or ({}, {}), got {}", T, B, T, positions.str());
   Module& model = child("model");
   const Tensors cos_sin = model.child("rotary_emb")(Tensors{positions});
   Tensor x = model.child("embed_tokens")(tokens);

@@ -24,11 +24,11 @@ namespace tessel::nn {
 
 struct LlamaConfig {
   int64_t vocab_size = 256;
-  int64_t dim = 64;          // hidden size
+  int64_t dim = 64;  // hidden size
   int64_t n_layers = 2;
   int64_t n_heads = 4;
-  int64_t n_kv_heads = 0;    // 0: n_heads (plain multi-head attention)
-  int64_t head_dim = 0;      // 0: dim / n_heads
+  int64_t n_kv_heads = 0;  // 0: n_heads (plain multi-head attention)
+  int64_t head_dim = 0;    // 0: dim / n_heads
   // The MLP's hidden size; 0: Meta's rule, multiple_of * ceil(m * floor(2 * 4 dim / 3) /
   // multiple_of) with m = ffn_dim_multiplier (1 when 0).
   int64_t ffn_hidden_size = 0;

@@ -64,9 +64,11 @@ Tensors LlamaAttention::forward_multi(const Tensors& inputs) {
 }
 
 LlamaMLP::LlamaMLP(int64_t dim, int64_t hidden_dim, Generator* gen) : Module("LlamaMLP") {
-  register_module("gate_proj", std::make_shared<Linear>(LinearOptions{dim, hidden_dim, false}, gen));
+  register_module("gate_proj",
+                  std::make_shared<Linear>(LinearOptions{dim, hidden_dim, false}, gen));
   register_module("up_proj", std::make_shared<Linear>(LinearOptions{dim, hidden_dim, false}, gen));
-  register_module("down_proj", std::make_shared<Linear>(LinearOptions{hidden_dim, dim, false}, gen));
+  register_module("down_proj",
+                  std::make_shared<Linear>(LinearOptions{hidden_dim, dim, false}, gen));
 }
 
 Tensor LlamaMLP::forward(const Tensor& x) {

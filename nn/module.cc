@@ -83,22 +83,21 @@ Tensors Module::call_with_backward_hooks(const Tensors& inputs) {
   };
   const std::vector<size_t> in_pos = differentiable_positions(inputs);
   const bool inputs_tracked = needs_grad(inputs);
-  const Tensors x = inputs_tracked ? through_identity("BackwardHook", inputs, in_pos,
-                                                      run_backward_hooks)
-                                   : inputs;
+  const Tensors x = inputs_tracked
+                        ? through_identity("BackwardHook", inputs, in_pos, run_backward_hooks)
+                        : inputs;
   Tensors y = forward_multi(x);
   if (!needs_grad(y)) return y;
-  return through_identity(
-      "BackwardPreHook", y, differentiable_positions(y),
-      [this, grad_outputs, inputs_tracked, run_backward_hooks](Tensors& grads) {
-        const auto hooks = backward_pre_hooks_;
-        for (const auto& [id, hook] : hooks) hook(*this, grads);
-        *grad_outputs = grads;
-        if (!inputs_tracked) {
-          Tensors none;
-          run_backward_hooks(none);
-        }
-      });
+  return through_identity("BackwardPreHook", y, differentiable_positions(y),
+                          [this, grad_outputs, inputs_tracked, run_backward_hooks](Tensors& grads) {
+                            const auto hooks = backward_pre_hooks_;
+                            for (const auto& [id, hook] : hooks) hook(*this, grads);
+                            *grad_outputs = grads;
+                            if (!inputs_tracked) {
+                              Tensors none;
+                              run_backward_hooks(none);
+                            }
+                          });
 }
 
 void Module::check_new_name(const std::string& name) const {
@@ -109,8 +108,7 @@ void Module::check_new_name(const std::string& name) const {
                  name);
   }
   for (const Slot& s : buffers_) {
-    TESSEL_CHECK(s.name != name, InvalidArgument, "{}: '{}' is already a buffer", type_name_,
-                 name);
+    TESSEL_CHECK(s.name != name, InvalidArgument, "{}: '{}' is already a buffer", type_name_, name);
   }
   for (const auto& [child, module] : children_) {
     TESSEL_CHECK(child != name, InvalidArgument, "{}: '{}' is already a submodule", type_name_,
@@ -290,9 +288,8 @@ Module& Module::to(Device device) {
 }
 
 Module& Module::to(DType dtype) {
-  map_tensors([dtype](const Tensor& t) {
-    return is_floating(t.dtype()) ? tessel::to(t, dtype) : t;
-  });
+  map_tensors(
+      [dtype](const Tensor& t) { return is_floating(t.dtype()) ? tessel::to(t, dtype) : t; });
   return *this;
 }
 

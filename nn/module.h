@@ -62,8 +62,7 @@ class Module {
   // Runs before forward; may replace the inputs.
   using ForwardPreHook = std::function<void(Module& module, Tensors& inputs)>;
   // Runs after forward; may replace the outputs.
-  using ForwardHook =
-      std::function<void(Module& module, const Tensors& inputs, Tensors& outputs)>;
+  using ForwardHook = std::function<void(Module& module, const Tensors& inputs, Tensors& outputs)>;
   // Runs in backward when the gradients of the module's outputs are known, before any of the
   // module's own backward work; may replace them (zeros where an output got none). Only
   // floating outputs take part.
@@ -71,8 +70,8 @@ class Module {
   // Runs in backward when the gradients of the module's inputs that require one are known (one
   // entry per such input, in order); may replace them. When no input requires a gradient it
   // runs right after the pre-hooks, with an empty grad_inputs.
-  using BackwardHook = std::function<void(Module& module, Tensors& grad_inputs,
-                                          const Tensors& grad_outputs)>;
+  using BackwardHook =
+      std::function<void(Module& module, Tensors& grad_inputs, const Tensors& grad_outputs)>;
 
   explicit Module(std::string type_name);
   virtual ~Module() = default;

@@ -1,14 +1,14 @@
 #include "tessel/parallel/checkpoint.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cstring>
 #include <exception>
 #include <filesystem>
 #include <random>
 #include <thread>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
@@ -27,8 +27,8 @@ namespace tessel::checkpoint {
 
 namespace fs = std::filesystem;
 using internal::Box;
-using internal::Holdings;
 using internal::fault_point;
+using internal::Holdings;
 
 namespace {
 
@@ -96,10 +96,10 @@ struct Snapshot {
   int rank = 0;
   int world = 1;
   uint64_t digest = 0;
-  bool writes = false;                 // this rank writes a file
-  std::span<const std::byte> image;    // a copied snapshot: the whole file
-  std::string header;                  // otherwise: the header, then
-  std::vector<Tensor> tensors;         // the boxes' tensors (contiguous, on the CPU)
+  bool writes = false;                     // this rank writes a file
+  std::span<const std::byte> image;        // a copied snapshot: the whole file
+  std::string header;                      // otherwise: the header, then
+  std::vector<Tensor> tensors;             // the boxes' tensors (contiguous, on the CPU)
   std::vector<uint64_t> generator_states;  // (seed, offset) per generator
   std::vector<std::string> generator_names;
   CheckpointMetadata meta;
@@ -124,8 +124,7 @@ internal::SavePlan plan_of(const CheckpointState& state, const Snapshot& s, Nano
     return internal::plan_save(state.tensors(), s.rank, s.world, all_files);
   }
   ProcessGroup* group = state.group().get();
-  const std::vector<int64_t> digests =
-      all_gather(group, {static_cast<int64_t>(s.digest)}, timeout);
+  const std::vector<int64_t> digests = all_gather(group, {static_cast<int64_t>(s.digest)}, timeout);
   for (size_t r = 1; r < digests.size(); ++r) {
     TESSEL_CHECK(digests[r] == digests[0], InvalidArgument,
                  "checkpoint: rank {} saves another state than rank 0 (tensor names, shapes, "
@@ -133,8 +132,7 @@ internal::SavePlan plan_of(const CheckpointState& state, const Snapshot& s, Nano
                  r);
   }
   const std::vector<Holdings> holdings = internal::gathered_holdings(
-      state.tensors(), all_gather(group, internal::own_boxes(state.tensors()), timeout),
-      s.world);
+      state.tensors(), all_gather(group, internal::own_boxes(state.tensors()), timeout), s.world);
   return internal::plan_save(state.tensors(), s.rank, s.world, all_files, &holdings);
 }
 
@@ -170,7 +168,8 @@ Snapshot make_snapshot(const CheckpointState& state, Staging* staging, Nanosecon
       TESSEL_CHECK(local.nbytes() == e.end - e.begin, Internal,
                    "checkpoint: tensor '{}' holds {} bytes but its box needs {}", e.name,
                    local.nbytes(), e.end - e.begin);
-      Tensor host = local.device().is_cpu() ? contiguous(local) : to(contiguous(local), Device::cpu());
+      Tensor host =
+          local.device().is_cpu() ? contiguous(local) : to(contiguous(local), Device::cpu());
       if (host.nbytes() == 0) continue;
       if (image) {
         std::memcpy(image + e.begin, host.data_ptr(), host.nbytes());
@@ -211,8 +210,8 @@ void remove_leftovers(const std::string& parent, const std::string& prefix) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(parent, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.starts_with(prefix) && (name.find(".tmp-") != std::string::npos ||
-                                     name.find(".trash-") != std::string::npos)) {
+    if (name.starts_with(prefix) &&
+        (name.find(".tmp-") != std::string::npos || name.find(".trash-") != std::string::npos)) {
       internal::remove_tree(entry.path().string());
     }
   }
@@ -230,8 +229,7 @@ uint64_t random_nonce() {
 void commit(Snapshot& s, ProcessGroup* group, const std::string& dir, Nanoseconds timeout) {
   fault_point("commit.begin");
   // 1. The plan is computed from the specs on every rank: they must agree.
-  const std::vector<int64_t> digests =
-      all_gather(group, {static_cast<int64_t>(s.digest)}, timeout);
+  const std::vector<int64_t> digests = all_gather(group, {static_cast<int64_t>(s.digest)}, timeout);
   for (size_t r = 1; r < digests.size(); ++r) {
     TESSEL_CHECK(digests[r] == digests[0], InvalidArgument,
                  "checkpoint {}: rank {} saves another state than rank 0 (tensor names, "
@@ -251,8 +249,8 @@ void commit(Snapshot& s, ProcessGroup* group, const std::string& dir, Nanosecond
       fs::create_directory(hidden_name(dir, "tmp", n));
       nonce = static_cast<int64_t>(n);
     } catch (const fs::filesystem_error& e) {
-      error = std::make_exception_ptr(
-          IoError(fmt::format("checkpoint {}: cannot make its temporary folder: {}", dir, e.what())));
+      error = std::make_exception_ptr(IoError(
+          fmt::format("checkpoint {}: cannot make its temporary folder: {}", dir, e.what())));
     } catch (...) {
       error = std::current_exception();
     }
@@ -260,9 +258,10 @@ void commit(Snapshot& s, ProcessGroup* group, const std::string& dir, Nanosecond
   nonce = broadcast(group, nonce, timeout);
   if (nonce == 0) {
     if (error) std::rethrow_exception(error);
-    throw IoError(fmt::format("checkpoint {}: rank 0 could not make the temporary folder (see "
-                              "its error); nothing was written",
-                              dir));
+    throw IoError(
+        fmt::format("checkpoint {}: rank 0 could not make the temporary folder (see "
+                    "its error); nothing was written",
+                    dir));
   }
   const std::string tmp = hidden_name(dir, "tmp", static_cast<uint64_t>(nonce));
   // 3. Each rank writes and fsyncs its file.
@@ -286,9 +285,10 @@ void commit(Snapshot& s, ProcessGroup* group, const std::string& dir, Nanosecond
   if (!failed.empty()) {
     if (s.rank == 0) internal::remove_tree(tmp);
     if (error) std::rethrow_exception(error);
-    throw IoError(fmt::format("checkpoint {}: rank {} could not write its shards (see its "
-                              "error); nothing was committed",
-                              dir, fmt::join(failed, ", ")));
+    throw IoError(
+        fmt::format("checkpoint {}: rank {} could not write its shards (see its "
+                    "error); nothing was committed",
+                    dir, fmt::join(failed, ", ")));
   }
   // 5. Rank 0 writes the metadata and renames the folder into place: the commit.
   int64_t committed = 1;
@@ -548,8 +548,7 @@ void CheckpointState::add_optimizer(const std::string& prefix, nn::optim::Optimi
                  name, prefix);
     const std::shared_ptr<const DTensorSpec> spec =
         is_dtensor(p) ? std::make_shared<DTensorSpec>(as_dtensor(p).spec()) : nullptr;
-    for (const auto& [state_name, t] :
-         optimizer.state(static_cast<size_t>(it - params.begin()))) {
+    for (const auto& [state_name, t] : optimizer.state(static_cast<size_t>(it - params.begin()))) {
       add({joined(prefix, name + "." + state_name), t, spec, {}});
       tensors_.back().logical_shape = logical_shape_of(model, name, tensors_.back());
     }
@@ -634,7 +633,9 @@ class Checkpointer::Writer {
 
 Checkpointer::Checkpointer(std::shared_ptr<ProcessGroup> group, std::string root,
                            CheckpointerOptions options)
-    : user_group_(group), root_(std::move(root)), options_(options),
+    : user_group_(group),
+      root_(std::move(root)),
+      options_(options),
       writer_(std::make_unique<Writer>()) {
   TESSEL_CHECK(options.keep_last >= 0, InvalidArgument,
                "Checkpointer: keep_last must be >= 0, got {}", options.keep_last);

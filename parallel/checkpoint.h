@@ -87,19 +87,16 @@ class CheckpointState {
   // model that tensor parallelism or FSDP has sharded.
   void add_model(const std::string& prefix, nn::Module& model);
   // The optimizer's state of each parameter of `model` as "<prefix>.<param>.<state>" (AdamW:
-  // exp_avg, exp_avg_sq), with the parameter's spec and logical shape, and its step count (restored on load).
-  // Parameters are matched to the optimizer's by identity; throws InvalidArgument naming one
-  // that the optimizer does not hold.
-  void add_optimizer(const std::string& prefix, nn::optim::Optimizer& optimizer,
-                     nn::Module& model);
+  // exp_avg, exp_avg_sq), with the parameter's spec and logical shape, and its step count (restored
+  // on load). Parameters are matched to the optimizer's by identity; throws InvalidArgument naming
+  // one that the optimizer does not hold.
+  void add_optimizer(const std::string& prefix, nn::optim::Optimizer& optimizer, nn::Module& model);
   // A generator's (seed, offset), saved per rank and restored in place.
   void add_generator(const std::string& name, Generator& generator);
 
   const std::shared_ptr<ProcessGroup>& group() const { return group_; }
   const std::vector<StateTensor>& tensors() const { return tensors_; }
-  const std::vector<std::pair<std::string, Generator*>>& generators() const {
-    return generators_;
-  }
+  const std::vector<std::pair<std::string, Generator*>>& generators() const { return generators_; }
   // The optimizers added, by prefix (their step counts are saved and restored).
   const std::vector<std::pair<std::string, nn::optim::Optimizer*>>& optimizers() const {
     return optimizers_;

@@ -1,13 +1,12 @@
 // consolidate(): a sharded checkpoint's tensors as one safetensors file, written as a stream
 // (the header first, then each whole tensor assembled from its shards, one at a time).
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
-
-#include <fmt/format.h>
 
 #include "tessel/base/error.h"
 #include "tessel/base/unique_fd.h"
@@ -43,8 +42,8 @@ int64_t consolidate(const std::string& dir, const std::string& out, const std::s
   TESSEL_CHECK(!entries.empty(), InvalidArgument,
                "consolidate: no tensor of {} starts with '{}' (it holds {} tensors)", path, prefix,
                meta.tensors.size());
-  const SafetensorsLayout layout = plan_safetensors(
-      entries, {{"format", "pt"}, {"step", std::to_string(meta.step)}});
+  const SafetensorsLayout layout =
+      plan_safetensors(entries, {{"format", "pt"}, {"step", std::to_string(meta.step)}});
 
   // Stream into a temporary file next to `out`, renamed over it once complete.
   const std::string tmp = out + ".tmp";

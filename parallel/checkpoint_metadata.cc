@@ -4,7 +4,6 @@
 #include <cerrno>
 #include <fstream>
 #include <limits>
-
 #include <nlohmann/json.hpp>
 
 #include "tessel/base/error.h"
@@ -20,9 +19,10 @@ DType dtype_of(const std::string& name, const std::string& source, const std::st
     const auto d = static_cast<DType>(i);
     if (safetensors_dtype_name(d) == name) return d;
   }
-  throw InvalidArgument(fmt::format("{}: tensor '{}' has unknown dtype '{}' (expected F32, BF16, "
-                                    "F16, I64, I32 or BOOL)",
-                                    source, tensor, name));
+  throw InvalidArgument(
+      fmt::format("{}: tensor '{}' has unknown dtype '{}' (expected F32, BF16, "
+                  "F16, I64, I32 or BOOL)",
+                  source, tensor, name));
 }
 
 // A JSON array of non-negative integers (a shape, offsets or sizes).
@@ -32,11 +32,11 @@ Shape shape_of(const Json& j, const std::string& what, const std::string& source
                source, tensor, what, j.dump());
   Shape out;
   for (const Json& v : j) {
-    TESSEL_CHECK(v.is_number_unsigned() &&
-                     v.get<uint64_t>() <=
-                         static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
-                 InvalidArgument, "{}: tensor '{}': '{}' {} holds a value that is not a size",
-                 source, tensor, what, j.dump());
+    TESSEL_CHECK(
+        v.is_number_unsigned() &&
+            v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+        InvalidArgument, "{}: tensor '{}': '{}' {} holds a value that is not a size", source,
+        tensor, what, j.dump());
     out.push_back(static_cast<int64_t>(v.get<uint64_t>()));
   }
   return out;
@@ -81,7 +81,8 @@ void check_tiling(const TensorRecord& t, const std::string& source, const std::s
       const ShardRecord& o = t.shards[j];
       bool overlap = shape_numel(s.sizes) > 0 && shape_numel(o.sizes) > 0;
       for (size_t d = 0; d < rank && overlap; ++d) {
-        overlap = s.offsets[d] < o.offsets[d] + o.sizes[d] && o.offsets[d] < s.offsets[d] + s.sizes[d];
+        overlap =
+            s.offsets[d] < o.offsets[d] + o.sizes[d] && o.offsets[d] < s.offsets[d] + s.sizes[d];
       }
       TESSEL_CHECK(!overlap, InvalidArgument,
                    "{}: tensor '{}' has overlapping shards at offsets {} and {}", source, name,
@@ -139,9 +140,9 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
                "{}: not a tessel checkpoint's metadata (no \"format\": \"tessel-checkpoint\")",
                source);
   const Json& version = field(j, "version", source);
-  TESSEL_CHECK(version.is_number_integer() && version.get<int>() == kFormatVersion,
-               InvalidArgument, "{}: format version {} is not the supported version {}", source,
-               version.dump(), kFormatVersion);
+  TESSEL_CHECK(version.is_number_integer() && version.get<int>() == kFormatVersion, InvalidArgument,
+               "{}: format version {} is not the supported version {}", source, version.dump(),
+               kFormatVersion);
   CheckpointMetadata m;
   try {
     m.step = field(j, "step", source).get<int64_t>();
@@ -150,7 +151,8 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
     m.files = field(j, "files", source).get<std::map<std::string, uint64_t>>();
     for (const auto& [name, list] : field(j, "generators", source).items()) {
       auto& states = m.generators[name];
-      for (const Json& s : list) states.emplace_back(s.at(0).get<uint64_t>(), s.at(1).get<uint64_t>());
+      for (const Json& s : list)
+        states.emplace_back(s.at(0).get<uint64_t>(), s.at(1).get<uint64_t>());
       TESSEL_CHECK(states.size() == static_cast<size_t>(m.world_size), InvalidArgument,
                    "{}: generator '{}' has {} states for {} ranks", source, name, states.size(),
                    m.world_size);
@@ -183,12 +185,12 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
     check_tiling(t, source, name);
     for (const ShardRecord& s : t.shards) {
       // Files are named inside the checkpoint folder: no path may lead out of it.
-      TESSEL_CHECK(!s.file.empty() && s.file.find('/') == std::string::npos &&
-                       s.file.front() != '.',
-                   InvalidArgument,
-                   "{}: tensor '{}' has a shard in file '{}', which is not a file name inside "
-                   "the checkpoint's folder",
-                   source, name, s.file);
+      TESSEL_CHECK(
+          !s.file.empty() && s.file.find('/') == std::string::npos && s.file.front() != '.',
+          InvalidArgument,
+          "{}: tensor '{}' has a shard in file '{}', which is not a file name inside "
+          "the checkpoint's folder",
+          source, name, s.file);
       const auto file = m.files.find(s.file);
       TESSEL_CHECK(file != m.files.end(), InvalidArgument,
                    "{}: tensor '{}' has a shard in file '{}', which the checkpoint does not list",
@@ -198,8 +200,7 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
                    InvalidArgument,
                    "{}: tensor '{}' shard at offsets {} has byte range [{}, {}) in '{}' "
                    "({} bytes), but its box needs {} bytes",
-                   source, name, shape_str(s.offsets), s.begin, s.end, s.file, file->second,
-                   bytes);
+                   source, name, shape_str(s.offsets), s.begin, s.end, s.file, file->second, bytes);
     }
     m.tensors.emplace(name, std::move(t));
   }

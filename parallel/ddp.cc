@@ -53,8 +53,8 @@ int64_t hash_lines(const std::vector<std::string>& lines) {
 std::vector<std::string> gather_text(ProcessGroup& group, const std::string& mine,
                                      Nanoseconds timeout) {
   const int n = group.size();
-  const std::vector<int64_t> len = internal::all_gather_values(
-      group, {static_cast<int64_t>(mine.size())}, timeout);
+  const std::vector<int64_t> len =
+      internal::all_gather_values(group, {static_cast<int64_t>(mine.size())}, timeout);
   const int64_t words = (*std::max_element(len.begin(), len.end()) + 7) / 8;
   std::vector<int64_t> packed(static_cast<size_t>(words), 0);
   std::memcpy(packed.data(), mine.data(), mine.size());

@@ -64,7 +64,7 @@ Tensor differentiable_redistribute(const char* name, const Tensor& local, const 
                return std::vector<Tensor>{fn(x[0])};
              },
              [in, out, grad_in = std::move(grad_in)](FunctionContext&,
-                                                      const std::vector<Tensor>& g) {
+                                                     const std::vector<Tensor>& g) {
                return std::vector<Tensor>{backward_redistribute(g[0], in, out, grad_in)};
              })
       .at(0);
@@ -95,8 +95,8 @@ Shape shape_of_row(const std::vector<int64_t>& row) {
 
 // The global shape from every rank's local shape: along a sharded dimension, the sum of the
 // pieces over the indices of the mesh dimensions that split it (others at index 0).
-Shape infer_global_shape(const std::vector<std::vector<int64_t>>& rows,
-                         const DeviceMesh& mesh, const std::vector<Placement>& placements,
+Shape infer_global_shape(const std::vector<std::vector<int64_t>>& rows, const DeviceMesh& mesh,
+                         const std::vector<Placement>& placements,
                          const std::vector<int64_t>& order, int64_t ndim) {
   const std::vector<int64_t> mesh_shape = mesh.shape();
   Shape global = shape_of_row(rows[0]);
@@ -161,9 +161,8 @@ DTensor DTensor::from_local(const Tensor& local, const DeviceMesh& mesh,
                    dtype_name(static_cast<DType>(rows[r][0])), rows[0][1],
                    dtype_name(static_cast<DType>(rows[0][0])));
     }
-    const Shape global =
-        options.global_shape.value_or(infer_global_shape(rows, mesh, local_view.placements(),
-                                                         local_view.shard_order(), local.dim()));
+    const Shape global = options.global_shape.value_or(infer_global_shape(
+        rows, mesh, local_view.placements(), local_view.shard_order(), local.dim()));
     spec.emplace(mesh, placements, global, local.dtype(), options.shard_order);
     for (size_t r = 0; r < rows.size(); ++r) {
       const std::vector<int64_t> coord = unravel(static_cast<int64_t>(r), mesh_shape);
@@ -180,13 +179,12 @@ DTensor DTensor::from_local(const Tensor& local, const DeviceMesh& mesh,
   Tensor l = local;
   if (!options.grad_placements.empty() && needs_grad({local})) {
     // The local gradient arrives with the dual placements; hand it on with the stated ones.
-    const DTensorSpec as_given = spec->with_placements(options.grad_placements,
-                                                       spec->shard_order());
-    const DTensorSpec dual = spec->with_placements(dual_placements(spec->placements()),
-                                                   spec->shard_order());
+    const DTensorSpec as_given =
+        spec->with_placements(options.grad_placements, spec->shard_order());
+    const DTensorSpec dual =
+        spec->with_placements(dual_placements(spec->placements()), spec->shard_order());
     l = apply_function(
-            "from_local", {local},
-            [](FunctionContext&, const std::vector<Tensor>& x) { return x; },
+            "from_local", {local}, [](FunctionContext&, const std::vector<Tensor>& x) { return x; },
             [dual, as_given](FunctionContext&, const std::vector<Tensor>& g) {
               return std::vector<Tensor>{
                   internal::run_redistribute(contiguous(g[0]), dual, as_given, false).local};
@@ -215,9 +213,8 @@ DTensor DTensor::redistribute(const std::vector<Placement>& placements,
   Tensor out;
   if (needs_grad({local_})) {
     out = differentiable_redistribute(
-        "redistribute", local_, src, dst, options.grad_placements, [&](const Tensor& x) {
-          return internal::run_redistribute(x, src, dst, false).local;
-        });
+        "redistribute", local_, src, dst, options.grad_placements,
+        [&](const Tensor& x) { return internal::run_redistribute(x, src, dst, false).local; });
   } else {
     out = internal::run_redistribute(local_, src, dst, false).local;
   }
@@ -295,9 +292,8 @@ DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh,
 }
 
 void check_same_mesh(const char* op, const DTensor& a, const DTensor& b) {
-  TESSEL_CHECK(a.mesh() == b.mesh(), InvalidArgument,
-               "{}: DTensors on different meshes: {} and {}", op, a.mesh().str(),
-               b.mesh().str());
+  TESSEL_CHECK(a.mesh() == b.mesh(), InvalidArgument, "{}: DTensors on different meshes: {} and {}",
+               op, a.mesh().str(), b.mesh().str());
 }
 
 }  // namespace tessel

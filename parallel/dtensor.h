@@ -131,8 +131,7 @@ struct DistributeOptions {
 // when src_rank >= 0 (a broadcast over the mesh, after a check that every rank passed the same
 // shape and dtype). Differentiable in `full` (backward: the dual placements, gathered back).
 DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh,
-                          std::vector<Placement> placements,
-                          const DistributeOptions& options = {});
+                          std::vector<Placement> placements, const DistributeOptions& options = {});
 
 // Throws InvalidArgument naming both meshes unless a and b live on the same mesh; `op` names
 // the operation in the message.

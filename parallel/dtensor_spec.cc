@@ -1,9 +1,9 @@
 #include "tessel/parallel/dtensor_spec.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <numeric>
-
-#include <fmt/format.h>
 
 #include "tessel/base/error.h"
 
@@ -116,14 +116,13 @@ bool DTensorSpec::has_partial() const {
 
 DTensorSpec DTensorSpec::with_placements(std::vector<Placement> placements,
                                          std::vector<int64_t> shard_order) const {
-  return DTensorSpec(mesh_, std::move(placements), global_shape_, dtype_,
-                     std::move(shard_order));
+  return DTensorSpec(mesh_, std::move(placements), global_shape_, dtype_, std::move(shard_order));
 }
 
 std::string DTensorSpec::str() const {
-  std::string out = fmt::format("global {}, mesh {}, placements {}",
-                                typed_shape_str(dtype_, global_shape_), mesh_.shape_str(),
-                                placements_str(placements_));
+  std::string out =
+      fmt::format("global {}, mesh {}, placements {}", typed_shape_str(dtype_, global_shape_),
+                  mesh_.shape_str(), placements_str(placements_));
   bool default_order = true;
   for (size_t i = 0; i < shard_order_.size(); ++i) {
     default_order = default_order && shard_order_[i] == static_cast<int64_t>(i);

@@ -32,8 +32,8 @@ inline std::pair<int64_t, int64_t> chunk_of(int64_t size, int64_t parts, int64_t
 class DTensorSpec {
  public:
   // Validates (see validate()). shard_order empty: the mesh's dimension order.
-  DTensorSpec(DeviceMesh mesh, std::vector<Placement> placements, Shape global_shape,
-              DType dtype, std::vector<int64_t> shard_order = {});
+  DTensorSpec(DeviceMesh mesh, std::vector<Placement> placements, Shape global_shape, DType dtype,
+              std::vector<int64_t> shard_order = {});
 
   const DeviceMesh& mesh() const { return mesh_; }
   const std::vector<Placement>& placements() const { return placements_; }

@@ -2,11 +2,11 @@
 // backward reduction. See fsdp.h for the semantics.
 #include "tessel/parallel/fsdp.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <functional>
 #include <set>
-
-#include <fmt/format.h>
 
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
@@ -50,7 +50,7 @@ struct Param {
   Tensor unsharded;        // param_dtype, the whole shape; storage released when resharded
   Tensor small;            // this rank's piece of the N-way layout (reshard_after_forward = N)
   Shape full_shape;
-  int64_t row_numel = 1;   // elements per dim-0 row
+  int64_t row_numel = 1;  // elements per dim-0 row
   bool requires_grad = false;
 };
 
@@ -151,9 +151,8 @@ class Group final : public FSDPModule {
     const int64_t shards = mesh_.size(shard_dim_);
     const int64_t me = mesh_.local_rank(shard_dim_);
     for (auto& [name, tensor] : module_.named_parameters()) {
-      const bool below = std::any_of(managed.begin(), managed.end(), [&](const std::string& m) {
-        return name.rfind(m, 0) == 0;
-      });
+      const bool below = std::any_of(managed.begin(), managed.end(),
+                                     [&](const std::string& m) { return name.rfind(m, 0) == 0; });
       if (below) continue;
       TESSEL_CHECK(tensor.dim() >= 1, InvalidArgument,
                    "fully_shard: parameter '{}' is a scalar; FSDP shards dim 0", name);
@@ -162,7 +161,8 @@ class Group final : public FSDPModule {
       p.slot = &module_.parameter(name);
       p.full_shape = tensor.shape();
       p.row_numel = tensor.numel() / std::max<int64_t>(tensor.size(0), 1);
-      if (tensor.size(0) == 0) p.row_numel = shape_numel(Shape(tensor.shape().begin() + 1, tensor.shape().end()));
+      if (tensor.size(0) == 0)
+        p.row_numel = shape_numel(Shape(tensor.shape().begin() + 1, tensor.shape().end()));
       p.requires_grad = tensor.requires_grad();
       // This rank's rows, a copy with the shard's metadata (a DTensor spec on the mesh).
       const auto [row0, rows] = chunk_of(tensor.size(0), shards, me);
@@ -170,9 +170,8 @@ class Group final : public FSDPModule {
       shard_shape[0] = rows;
       {
         NoGradGuard no_grad;
-        p.sharded = tensor.is_meta()
-                        ? empty(shard_shape, tensor.dtype(), Device::meta())
-                        : contiguous(clone(narrow(detach(tensor), 0, row0, rows)));
+        p.sharded = tensor.is_meta() ? empty(shard_shape, tensor.dtype(), Device::meta())
+                                     : contiguous(clone(narrow(detach(tensor), 0, row0, rows)));
       }
       const auto spec = shard_spec(name, tensor);
       const Shape offset = spec->region(spec->mesh().coordinate()).first;
@@ -216,17 +215,15 @@ class Group final : public FSDPModule {
     std::vector<int64_t> order;
     for (int64_t d : inner.shard_order()) order.push_back(mesh_.ndim() + d);
     for (int64_t d = 0; d < mesh_.ndim(); ++d) order.push_back(d);
-    return std::make_shared<const DTensorSpec>(*joined, placements, inner.global_shape(),
-                                               t.dtype(), order);
+    return std::make_shared<const DTensorSpec>(*joined, placements, inner.global_shape(), t.dtype(),
+                                               order);
   }
 
   void register_hooks() {
-    module_.register_forward_pre_hook([this](nn::Module&, nn::Tensors& inputs) {
-      pre_forward(inputs);
-    });
-    module_.register_forward_hook([this](nn::Module&, const nn::Tensors&, nn::Tensors& outputs) {
-      post_forward(outputs);
-    });
+    module_.register_forward_pre_hook(
+        [this](nn::Module&, nn::Tensors& inputs) { pre_forward(inputs); });
+    module_.register_forward_hook(
+        [this](nn::Module&, const nn::Tensors&, nn::Tensors& outputs) { post_forward(outputs); });
     module_.register_backward_pre_hook([this](nn::Module&, nn::Tensors&) { pre_backward(); });
   }
 
@@ -307,8 +304,8 @@ class Group final : public FSDPModule {
     for (int64_t c : layout.counts) total += c;
     gather_out_ = empty({total}, dtype, device);
     gather_layout_ = &layout;
-    gather_work_ = layout.group->all_gather(input, gather_out_,
-                                            {.counts = layout.counts, .async = true});
+    gather_work_ =
+        layout.group->all_gather(input, gather_out_, {.counts = layout.counts, .async = true});
     ++stats_.all_gathers;
     state_ = State::kGathering;
   }
@@ -450,8 +447,8 @@ class Group final : public FSDPModule {
     NoGradGuard no_grad;
     for (size_t p = 0; p < params_.size(); ++p) {
       Param& prm = params_[p];
-      prm.small = clone(narrow(prm.unsharded, 0, layout.row_off[p][layout.index],
-                               layout.rows[p][layout.index]));
+      prm.small = clone(
+          narrow(prm.unsharded, 0, layout.row_off[p][layout.index], layout.rows[p][layout.index]));
       *prm.slot = prm.sharded;
       prm.unsharded.storage().release();
     }
@@ -595,8 +592,8 @@ class Group final : public FSDPModule {
     const bool hsdp = !replicate_dim_.empty() && mesh_.size(replicate_dim_) > 1;
     for (size_t k = 0; k < reduce_params_.size(); ++k) {
       Param& prm = params_[reduce_params_[k]];
-      const Tensor g = views[k].dtype() == prm.sharded.dtype() ? views[k]
-                                                                : to(views[k], prm.sharded.dtype());
+      const Tensor g =
+          views[k].dtype() == prm.sharded.dtype() ? views[k] : to(views[k], prm.sharded.dtype());
       if (prm.sharded.grad().defined()) {
         add_(prm.sharded.grad(), g);
       } else {
@@ -646,21 +643,21 @@ class Group final : public FSDPModule {
     for (const Group* g : ctx.groups) {
       for (const Param& p : g->params_) {
         // The whole parameter's shape: tensor-parallel pieces may differ across ranks.
-        entries.push_back(fmt::format("{}:{} {}", g->module_.type_name(), p.name,
-                                      typed_shape_str(p.sharded.dtype(),
-                                                      p.sharded.shard_info()->global_shape)));
+        entries.push_back(
+            fmt::format("{}:{} {}", g->module_.type_name(), p.name,
+                        typed_shape_str(p.sharded.dtype(), p.sharded.shard_info()->global_shape)));
       }
     }
     auto group = internal::whole_mesh_group(mesh_);
     auto hash_of = [](const std::string& s) {
-      return static_cast<int64_t>(std::hash<std::string>{}(s) & 0x7fffffffffffffffULL);
+      return static_cast<int64_t>(std::hash<std::string>{}(s)&0x7fffffffffffffffULL);
     };
     int64_t all = static_cast<int64_t>(entries.size());
     for (const std::string& e : entries) all = all * 1000003 + hash_of(e);
     // Through the group's device (NCCL moves device memory only); prefilled with this rank's
     // own fingerprint, so a transport that moves no data (the fake backend) finds agreement.
-    const std::vector<int64_t> e = internal::all_gather_values(
-        *group, {static_cast<int64_t>(entries.size()), all});
+    const std::vector<int64_t> e =
+        internal::all_gather_values(*group, {static_cast<int64_t>(entries.size()), all});
     bool same = true;
     int64_t most = 0;
     for (int r = 0; r < group->size(); ++r) {

@@ -74,10 +74,10 @@ struct FullyShardOptions {
 
 // What a group's communication cost, for tests and benchmarks.
 struct FSDPStats {
-  int64_t all_gathers = 0;        // flat all_gathers issued
-  int64_t reduce_scatters = 0;    // flat reduce_scatters issued
-  int64_t all_reduces = 0;        // HSDP all_reduces issued
-  int64_t prefetched = 0;         // all_gathers issued ahead of the group's own need
+  int64_t all_gathers = 0;      // flat all_gathers issued
+  int64_t reduce_scatters = 0;  // flat reduce_scatters issued
+  int64_t all_reduces = 0;      // HSDP all_reduces issued
+  int64_t prefetched = 0;       // all_gathers issued ahead of the group's own need
   // Host time the caller waited for this group's collectives. Over NCCL a wait only makes the
   // compute stream wait, so this stays near zero whatever the device does.
   double exposed_wait_s = 0;

@@ -6,9 +6,12 @@ namespace tessel {
 
 std::string Placement::str() const {
   switch (kind_) {
-    case Kind::kShard: return fmt::format("Shard({})", dim_);
-    case Kind::kReplicate: return "Replicate()";
-    case Kind::kPartial: return fmt::format("Partial({})", reduce_op_name(op_));
+    case Kind::kShard:
+      return fmt::format("Shard({})", dim_);
+    case Kind::kReplicate:
+      return "Replicate()";
+    case Kind::kPartial:
+      return fmt::format("Partial({})", reduce_op_name(op_));
   }
   return "?";
 }
@@ -23,9 +26,12 @@ std::string placements_str(const std::vector<Placement>& placements) {
 
 Placement dual_placement(const Placement& p) {
   switch (p.kind()) {
-    case Placement::Kind::kShard: return p;
-    case Placement::Kind::kReplicate: return Partial{ReduceOp::kSum};
-    case Placement::Kind::kPartial: return Replicate{};
+    case Placement::Kind::kShard:
+      return p;
+    case Placement::Kind::kReplicate:
+      return Partial{ReduceOp::kSum};
+    case Placement::Kind::kPartial:
+      return Replicate{};
   }
   return p;
 }

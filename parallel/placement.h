@@ -31,10 +31,10 @@ class Placement {
  public:
   enum class Kind : uint8_t { kReplicate, kShard, kPartial };
 
-  Placement() = default;  // Replicate
-  Placement(Shard s) : kind_(Kind::kShard), dim_(s.dim) {}              // NOLINT: implicit
-  Placement(Replicate) {}                                                // NOLINT: implicit
-  Placement(Partial p) : kind_(Kind::kPartial), op_(p.op) {}            // NOLINT: implicit
+  Placement() = default;                                      // Replicate
+  Placement(Shard s) : kind_(Kind::kShard), dim_(s.dim) {}    // NOLINT: implicit
+  Placement(Replicate) {}                                     // NOLINT: implicit
+  Placement(Partial p) : kind_(Kind::kPartial), op_(p.op) {}  // NOLINT: implicit
 
   Kind kind() const { return kind_; }
   bool is_shard() const { return kind_ == Kind::kShard; }

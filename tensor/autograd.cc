@@ -61,8 +61,8 @@ class AccumulateGrad final : public Node {
     if (!meta.grad.defined()) {
       meta.grad = owned_exclusively(g) ? g : fresh_copy(g);
     } else {
-      backend_for(meta.grad.device()).binary(BinaryOp::kAdd, meta.grad, to(g, meta.grad.dtype()),
-                                             meta.grad);
+      backend_for(meta.grad.device())
+          .binary(BinaryOp::kAdd, meta.grad, to(g, meta.grad.dtype()), meta.grad);
     }
     for (const auto& hook : meta.post_accumulate_grad_hooks) hook(leaf_);
     return {};
@@ -258,7 +258,8 @@ void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
   std::unordered_map<Node*, std::vector<Tensor>> buffers;
   std::priority_queue<Node*, std::vector<Node*>, ByNewest> ready;
   buffers[root_edge.node.get()].resize(root_edge.node->outputs.size());
-  buffers[root_edge.node.get()][root_edge.input_nr] = conform(seed, *root_edge.node, root_edge.input_nr);
+  buffers[root_edge.node.get()][root_edge.input_nr] =
+      conform(seed, *root_edge.node, root_edge.input_nr);
   ready.push(root_edge.node.get());
   while (!ready.empty()) {
     Node* node = ready.top();
@@ -319,7 +320,8 @@ bool in_backward() { return t_callbacks != nullptr; }
 
 struct FunctionContextAccess {
   static void init(FunctionContext& ctx, const std::vector<Tensor>& inputs) {
-    for (const Tensor& t : inputs) ctx.needs_input_grad_.push_back(t.defined() && t.requires_grad());
+    for (const Tensor& t : inputs)
+      ctx.needs_input_grad_.push_back(t.defined() && t.requires_grad());
   }
   static void release(FunctionContext& ctx) {
     ctx.saved_.clear();

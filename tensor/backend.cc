@@ -11,8 +11,8 @@
 
 namespace tessel {
 namespace {
-std::array<std::atomic<Backend*>, kDeviceTypeCount> g_backends = {
-    &cpu::cpu_backend(), nullptr, &internal::meta_backend()};
+std::array<std::atomic<Backend*>, kDeviceTypeCount> g_backends = {&cpu::cpu_backend(), nullptr,
+                                                                  &internal::meta_backend()};
 
 // The registered backend of `type`; CUDA's is taken from the CUDA backend on first use (null
 // in a build without it).

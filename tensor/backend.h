@@ -25,15 +25,40 @@
 namespace tessel {
 
 enum class UnaryOp : uint8_t {
-  kNeg, kExp, kLog, kSqrt, kRsqrt, kTanh, kRelu, kSilu, kGelu, kGeluTanh, kAbs, kSigmoid,
+  kNeg,
+  kExp,
+  kLog,
+  kSqrt,
+  kRsqrt,
+  kTanh,
+  kRelu,
+  kSilu,
+  kGelu,
+  kGeluTanh,
+  kAbs,
+  kSigmoid,
   kLogicalNot,
 };
 
 enum class BinaryOp : uint8_t {
-  kAdd, kSub, kMul, kDiv, kPow, kMaximum, kMinimum,
-  kEq, kNe, kLt, kLe, kGt, kGe,  // output bool
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kPow,
+  kMaximum,
+  kMinimum,
+  kEq,
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,  // output bool
   // Backward helpers: (grad, x) -> grad * f'(x).
-  kGeluBackward, kGeluTanhBackward, kSiluBackward, kReluBackward,
+  kGeluBackward,
+  kGeluTanhBackward,
+  kSiluBackward,
+  kReluBackward,
 };
 
 enum class RandomDistribution : uint8_t {
@@ -56,7 +81,7 @@ struct AdamWHyper {
 
 // One parameter's tensors for adamw_step: contiguous f32 tensors of one shape.
 struct AdamWTensors {
-  Tensor param;       // updated in place
+  Tensor param;  // updated in place
   Tensor grad;
   Tensor exp_avg;     // first moment, updated in place
   Tensor exp_avg_sq;  // second moment, updated in place
@@ -83,8 +108,8 @@ class Backend {
   // dst[i] = start + i * step (dst contiguous, 1-D).
   virtual void arange(const Tensor& dst, double start, double step) = 0;
   // dst[i] drawn from `dist` at counter offset + i of `seed` (see random.h).
-  virtual void random(const Tensor& dst, RandomDistribution dist, double a, double b,
-                      uint64_t seed, uint64_t offset) = 0;
+  virtual void random(const Tensor& dst, RandomDistribution dist, double a, double b, uint64_t seed,
+                      uint64_t offset) = 0;
 
   // out = op(x); x has out's shape (maybe broadcast). Floating ops need a floating out.
   virtual void unary(UnaryOp op, const Tensor& x, const Tensor& out) = 0;
@@ -92,8 +117,7 @@ class Backend {
   // dtype, or bool for comparisons.
   virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
   // out = cond ? a : b (cond bool; a, b and out one dtype; all out's shape).
-  virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b,
-                     const Tensor& out) = 0;
+  virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
   // Reduces x over `dims` (sorted, unique) into out, whose shape is x's with those dims set to
   // 1 (any op of ReduceOp; kAvg divides the sum by the reduced count). out's dtype may differ
   // from x's (an integer sum into i64). The combination order is fixed by the shape alone (never
@@ -135,8 +159,8 @@ class Backend {
                              const Tensor& loss, const Tensor& lse) = 0;
   // grad_logits[n, c] = grad_loss[n] * (softmax[n, c] - [c == target]) (0 on ignored rows).
   virtual void cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits,
-                                      const Tensor& target, const Tensor& lse,
-                                      int64_t ignore_index, const Tensor& grad_logits) = 0;
+                                      const Tensor& target, const Tensor& lse, int64_t ignore_index,
+                                      const Tensor& grad_logits) = 0;
   // out[..., M, N] = a[..., M, K] @ b[..., K, N]. a, b and out have the same rank >= 2; batch
   // dims of a and b are equal or 1 (broadcast); each operand's last two dims have one unit
   // stride (row- or column-major); out is contiguous. a and b are both f32 or both bf16 (f16 is

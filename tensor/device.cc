@@ -11,18 +11,24 @@ thread_local Device t_default_device = Device::cpu();
 
 std::string_view device_type_name(DeviceType type) {
   switch (type) {
-    case DeviceType::kCPU: return "cpu";
-    case DeviceType::kCUDA: return "cuda";
-    case DeviceType::kMeta: return "meta";
+    case DeviceType::kCPU:
+      return "cpu";
+    case DeviceType::kCUDA:
+      return "cuda";
+    case DeviceType::kMeta:
+      return "meta";
   }
   return "unknown";
 }
 
 std::string Device::str() const {
   switch (type) {
-    case DeviceType::kCPU: return "cpu";
-    case DeviceType::kCUDA: return fmt::format("cuda:{}", index);
-    case DeviceType::kMeta: return "meta";
+    case DeviceType::kCPU:
+      return "cpu";
+    case DeviceType::kCUDA:
+      return fmt::format("cuda:{}", index);
+    case DeviceType::kMeta:
+      return "meta";
   }
   return "unknown";
 }

@@ -8,24 +8,36 @@ static_assert(sizeof(BFloat16) == 2 && sizeof(Half) == 2 && sizeof(bool) == 1);
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kF16: return 2;
-    case DType::kI64: return 8;
-    case DType::kI32: return 4;
-    case DType::kBool: return 1;
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kF16:
+      return 2;
+    case DType::kI64:
+      return 8;
+    case DType::kI32:
+      return 4;
+    case DType::kBool:
+      return 1;
   }
   throw Internal(fmt::format("unknown dtype {}", static_cast<int>(dtype)));
 }
 
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-    case DType::kI64: return "i64";
-    case DType::kI32: return "i32";
-    case DType::kBool: return "bool";
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kI64:
+      return "i64";
+    case DType::kI32:
+      return "i32";
+    case DType::kBool:
+      return "bool";
   }
   return "unknown";
 }

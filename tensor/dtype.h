@@ -44,12 +44,30 @@ struct Half {
 
 template <typename T>
 struct DTypeOf;
-template <> struct DTypeOf<float> { static constexpr DType value = DType::kF32; };
-template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::kBF16; };
-template <> struct DTypeOf<Half> { static constexpr DType value = DType::kF16; };
-template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::kI64; };
-template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::kI32; };
-template <> struct DTypeOf<bool> { static constexpr DType value = DType::kBool; };
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::kF32;
+};
+template <>
+struct DTypeOf<BFloat16> {
+  static constexpr DType value = DType::kBF16;
+};
+template <>
+struct DTypeOf<Half> {
+  static constexpr DType value = DType::kF16;
+};
+template <>
+struct DTypeOf<int64_t> {
+  static constexpr DType value = DType::kI64;
+};
+template <>
+struct DTypeOf<int32_t> {
+  static constexpr DType value = DType::kI32;
+};
+template <>
+struct DTypeOf<bool> {
+  static constexpr DType value = DType::kBool;
+};
 
 // dtype_of<float>() == DType::kF32, for the six element types above.
 template <typename T>

@@ -20,17 +20,17 @@ class MetaBackend final : public Backend {
   void argmax(const Tensor&, int64_t, const Tensor&) override {}
   void softmax(const Tensor&, const Tensor&, bool) override {}
   void softmax_backward(const Tensor&, const Tensor&, const Tensor&, bool) override {}
-  void layer_norm(const Tensor&, const Tensor&, const Tensor&, double, const Tensor&,
-                  const Tensor&, const Tensor&) override {}
+  void layer_norm(const Tensor&, const Tensor&, const Tensor&, double, const Tensor&, const Tensor&,
+                  const Tensor&) override {}
   void layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                            const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
   void rms_norm(const Tensor&, const Tensor&, double, const Tensor&, const Tensor&) override {}
-  void rms_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         const Tensor&, const Tensor&) override {}
+  void rms_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const Tensor&) override {}
   void embedding(const Tensor&, const Tensor&, const Tensor&) override {}
   void embedding_backward(const Tensor&, const Tensor&, const Tensor&) override {}
-  void cross_entropy(const Tensor&, const Tensor&, int64_t, const Tensor&,
-                     const Tensor&) override {}
+  void cross_entropy(const Tensor&, const Tensor&, int64_t, const Tensor&, const Tensor&) override {
+  }
   void cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
                               const Tensor&) override {}
   void matmul(const Tensor&, const Tensor&, const Tensor&) override {}

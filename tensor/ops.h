@@ -245,11 +245,13 @@ Tensor bmm(const Tensor& a, const Tensor& b);
 // x [..., in] @ weight[out, in]^T + bias[out] (bias may be undefined).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
-// ---- Implementation of templates -----------------------------------------------------------------
+// ---- Implementation of templates
+// -----------------------------------------------------------------
 
 template <typename T>
 std::vector<T> to_vector(const Tensor& t) {
-  static_assert(!std::is_same_v<T, bool>, "to_vector<bool> is not supported; use to_vector<int32_t>");
+  static_assert(!std::is_same_v<T, bool>,
+                "to_vector<bool> is not supported; use to_vector<int32_t>");
   Tensor c = contiguous(to(to(t, Device::cpu()), dtype_of<T>()));
   std::vector<T> out(static_cast<size_t>(c.numel()));
   if (!out.empty()) std::memcpy(out.data(), c.data_ptr(), out.size() * sizeof(T));

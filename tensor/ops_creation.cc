@@ -2,9 +2,9 @@
 #include <cmath>
 
 #include "tessel/tensor/autograd.h"
+#include "tessel/tensor/cpu/cpu_backend.h"
 #include "tessel/tensor/internal/op_util.h"
 #include "tessel/tensor/ops.h"
-#include "tessel/tensor/cpu/cpu_backend.h"
 
 namespace tessel {
 
@@ -27,8 +27,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
     const int64_t sa = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
     const int64_t sb = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
     TESSEL_CHECK(sa == sb || sa == 1 || sb == 1, InvalidArgument,
-                 "shapes {} and {} do not broadcast (dim {}: {} vs {})", shape_str(a),
-                 shape_str(b), i, sa, sb);
+                 "shapes {} and {} do not broadcast (dim {}: {} vs {})", shape_str(a), shape_str(b),
+                 i, sa, sb);
     out[i] = sa == 1 ? sb : sa;
   }
   return out;
@@ -39,7 +39,9 @@ Tensor full(const Shape& shape, double value, DType dtype, Device device) {
   backend_of(t).fill(t, value);
   return t;
 }
-Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
+Tensor ones(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 1.0, dtype, device);
+}
 Tensor scalar_tensor(double value, DType dtype, Device device) {
   return full({}, value, dtype, device);
 }
@@ -114,7 +116,8 @@ void fill_random_box(const Tensor& dst, const ShardInfo& box, RandomDistribution
       const int64_t i = d < split ? index[d] : 0;
       start += (box.offset[d] + i) * gstrides[d];
     }
-    backend_of(dst).random(select(flat, 0, r), dist, a, b, seed, base + static_cast<uint64_t>(start));
+    backend_of(dst).random(select(flat, 0, r), dist, a, b, seed,
+                           base + static_cast<uint64_t>(start));
     for (int64_t d = split - 1; d >= 0; --d) {  // next run, row-major
       if (++index[d] < dst.shape()[d]) break;
       index[d] = 0;
@@ -157,9 +160,8 @@ Tensor to(const Tensor& t, DType dtype) {
   backend_of(t).copy(t, out);
   if (is_floating(dtype) && needs_grad({t})) {
     const DType from = t.dtype();
-    record_op("to", {t}, {out}, [from](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{to(g[0], from)};
-    });
+    record_op("to", {t}, {out},
+              [from](const std::vector<Tensor>& g) { return std::vector<Tensor>{to(g[0], from)}; });
   }
   return out;
 }
@@ -199,9 +201,8 @@ Tensor to(const Tensor& t, Device device, bool non_blocking) {
   }
   if (needs_grad({t})) {
     const Device from = t.device();
-    record_op("to", {t}, {out}, [from](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{to(g[0], from)};
-    });
+    record_op("to", {t}, {out},
+              [from](const std::vector<Tensor>& g) { return std::vector<Tensor>{to(g[0], from)}; });
   }
   return out;
 }

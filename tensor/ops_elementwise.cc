@@ -38,7 +38,9 @@ DType scalar_dtype(const Tensor& t, double v) {
   return t.dtype() == DType::kBool ? DType::kI64 : t.dtype();
 }
 
-Tensor scalar_like(const Tensor& t, double v) { return scalar_tensor(v, scalar_dtype(t, v), t.device()); }
+Tensor scalar_like(const Tensor& t, double v) {
+  return scalar_tensor(v, scalar_dtype(t, v), t.device());
+}
 
 Tensor run_unary(UnaryOp op, const Tensor& t, bool floating_only) {
   NoGradGuard no_grad;
@@ -57,9 +59,10 @@ Tensor unary_op(const char* name, UnaryOp op, const Tensor& t, Saves saves,
                 std::function<Tensor(const Tensor&, const Tensor&)> grad_fn) {
   Tensor out = run_unary(op, t, true);
   if (needs_grad({t})) {
-    record_op(name, {t}, {out},
-              [saved = detach(saves == Saves::kInput ? t : out), grad_fn = std::move(grad_fn)](
-                  const std::vector<Tensor>& g) { return std::vector<Tensor>{grad_fn(g[0], saved)}; });
+    record_op(
+        name, {t}, {out},
+        [saved = detach(saves == Saves::kInput ? t : out), grad_fn = std::move(grad_fn)](
+            const std::vector<Tensor>& g) { return std::vector<Tensor>{grad_fn(g[0], saved)}; });
   }
   return out;
 }
@@ -85,9 +88,10 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor out = arith("sub", BinaryOp::kSub, a, b);
   if (needs_grad({a, b})) {
     const bool rb = b.requires_grad();
-    record_op("sub", {a, b}, {out}, [sa = a.shape(), sb = b.shape(), rb](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{sum_to(g[0], sa), rb ? sum_to(neg(g[0]), sb) : Tensor()};
-    });
+    record_op("sub", {a, b}, {out},
+              [sa = a.shape(), sb = b.shape(), rb](const std::vector<Tensor>& g) {
+                return std::vector<Tensor>{sum_to(g[0], sa), rb ? sum_to(neg(g[0]), sb) : Tensor()};
+              });
   }
   return out;
 }
@@ -97,12 +101,12 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   if (needs_grad({a, b})) {
     // Each side's gradient needs the other side: keep only what a gradient will use.
     const bool ra = a.requires_grad(), rb = b.requires_grad();
-    record_op("mul", {a, b}, {out}, [ra, rb, sa = a.shape(), sb = b.shape(),
-                                     a = rb ? detach(a) : Tensor(),
-                                     b = ra ? detach(b) : Tensor()](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{ra ? sum_to(mul(g[0], b), sa) : Tensor(),
-                                 rb ? sum_to(mul(g[0], a), sb) : Tensor()};
-    });
+    record_op("mul", {a, b}, {out},
+              [ra, rb, sa = a.shape(), sb = b.shape(), a = rb ? detach(a) : Tensor(),
+               b = ra ? detach(b) : Tensor()](const std::vector<Tensor>& g) {
+                return std::vector<Tensor>{ra ? sum_to(mul(g[0], b), sa) : Tensor(),
+                                           rb ? sum_to(mul(g[0], a), sb) : Tensor()};
+              });
   }
   return out;
 }
@@ -111,11 +115,13 @@ Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = arith("div", BinaryOp::kDiv, a, b, true);
   if (needs_grad({a, b})) {
     const bool ra = a.requires_grad(), rb = b.requires_grad();
-    record_op("div", {a, b}, {out}, [ra, rb, sa = a.shape(), b = detach(b),
-                                     y = rb ? detach(out) : Tensor()](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{ra ? sum_to(div(g[0], b), sa) : Tensor(),
-                                 rb ? sum_to(neg(div(mul(g[0], y), b)), b.shape()) : Tensor()};
-    });
+    record_op("div", {a, b}, {out},
+              [ra, rb, sa = a.shape(), b = detach(b),
+               y = rb ? detach(out) : Tensor()](const std::vector<Tensor>& g) {
+                return std::vector<Tensor>{
+                    ra ? sum_to(div(g[0], b), sa) : Tensor(),
+                    rb ? sum_to(neg(div(mul(g[0], y), b)), b.shape()) : Tensor()};
+              });
   }
   return out;
 }
@@ -123,12 +129,13 @@ Tensor div(const Tensor& a, const Tensor& b) {
 Tensor pow(const Tensor& a, const Tensor& b) {
   Tensor out = arith("pow", BinaryOp::kPow, a, b, true);
   if (needs_grad({a, b})) {
-    record_op("pow", {a, b}, {out}, [ra = a.requires_grad(), rb = b.requires_grad(), a = detach(a),
-                                     b = detach(b), y = detach(out)](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{
-          ra ? sum_to(mul(mul(g[0], b), pow(a, sub(b, 1.0))), a.shape()) : Tensor(),
-          rb ? sum_to(mul(mul(g[0], y), log(a)), b.shape()) : Tensor()};
-    });
+    record_op("pow", {a, b}, {out},
+              [ra = a.requires_grad(), rb = b.requires_grad(), a = detach(a), b = detach(b),
+               y = detach(out)](const std::vector<Tensor>& g) {
+                return std::vector<Tensor>{
+                    ra ? sum_to(mul(mul(g[0], b), pow(a, sub(b, 1.0))), a.shape()) : Tensor(),
+                    rb ? sum_to(mul(mul(g[0], y), log(a)), b.shape()) : Tensor()};
+              });
   }
   return out;
 }
@@ -146,12 +153,13 @@ Tensor pow(const Tensor& a, double exponent) {
 Tensor maximum(const Tensor& a, const Tensor& b) {
   Tensor out = arith("maximum", BinaryOp::kMaximum, a, b);
   if (needs_grad({a, b})) {
-    record_op("maximum", {a, b}, {out}, [a = detach(a), b = detach(b)](const std::vector<Tensor>& g) {
-      const Tensor take_a = ge(a, b);
-      const Tensor zero = scalar_tensor(0.0, g[0].dtype(), g[0].device());
-      return std::vector<Tensor>{sum_to(where(take_a, g[0], zero), a.shape()),
-                                 sum_to(where(take_a, zero, g[0]), b.shape())};
-    });
+    record_op("maximum", {a, b}, {out},
+              [a = detach(a), b = detach(b)](const std::vector<Tensor>& g) {
+                const Tensor take_a = ge(a, b);
+                const Tensor zero = scalar_tensor(0.0, g[0].dtype(), g[0].device());
+                return std::vector<Tensor>{sum_to(where(take_a, g[0], zero), a.shape()),
+                                           sum_to(where(take_a, zero, g[0]), b.shape())};
+              });
   }
   return out;
 }
@@ -159,12 +167,13 @@ Tensor maximum(const Tensor& a, const Tensor& b) {
 Tensor minimum(const Tensor& a, const Tensor& b) {
   Tensor out = arith("minimum", BinaryOp::kMinimum, a, b);
   if (needs_grad({a, b})) {
-    record_op("minimum", {a, b}, {out}, [a = detach(a), b = detach(b)](const std::vector<Tensor>& g) {
-      const Tensor take_a = le(a, b);
-      const Tensor zero = scalar_tensor(0.0, g[0].dtype(), g[0].device());
-      return std::vector<Tensor>{sum_to(where(take_a, g[0], zero), a.shape()),
-                                 sum_to(where(take_a, zero, g[0]), b.shape())};
-    });
+    record_op("minimum", {a, b}, {out},
+              [a = detach(a), b = detach(b)](const std::vector<Tensor>& g) {
+                const Tensor take_a = le(a, b);
+                const Tensor zero = scalar_tensor(0.0, g[0].dtype(), g[0].device());
+                return std::vector<Tensor>{sum_to(where(take_a, g[0], zero), a.shape()),
+                                           sum_to(where(take_a, zero, g[0]), b.shape())};
+              });
   }
   return out;
 }
@@ -179,7 +188,8 @@ Tensor div(double a, const Tensor& b) { return div(scalar_like(b, a), b); }
 Tensor neg(const Tensor& t) {
   Tensor out = run_unary(UnaryOp::kNeg, t, false);
   if (needs_grad({t})) {
-    record_op("neg", {t}, {out}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{neg(g[0])}; });
+    record_op("neg", {t}, {out},
+              [](const std::vector<Tensor>& g) { return std::vector<Tensor>{neg(g[0])}; });
   }
   return out;
 }
@@ -197,19 +207,17 @@ Tensor sqrt(const Tensor& t) {
                   [](const Tensor& g, const Tensor& y) { return div(mul(g, 0.5), y); });
 }
 Tensor rsqrt(const Tensor& t) {
-  return unary_op("rsqrt", UnaryOp::kRsqrt, t, Saves::kOutput, [](const Tensor& g, const Tensor& y) {
-    return mul(mul(g, -0.5), mul(y, mul(y, y)));
-  });
+  return unary_op(
+      "rsqrt", UnaryOp::kRsqrt, t, Saves::kOutput,
+      [](const Tensor& g, const Tensor& y) { return mul(mul(g, -0.5), mul(y, mul(y, y))); });
 }
 Tensor tanh(const Tensor& t) {
-  return unary_op("tanh", UnaryOp::kTanh, t, Saves::kOutput, [](const Tensor& g, const Tensor& y) {
-    return mul(g, sub(1.0, mul(y, y)));
-  });
+  return unary_op("tanh", UnaryOp::kTanh, t, Saves::kOutput,
+                  [](const Tensor& g, const Tensor& y) { return mul(g, sub(1.0, mul(y, y))); });
 }
 Tensor sigmoid(const Tensor& t) {
-  return unary_op("sigmoid", UnaryOp::kSigmoid, t, Saves::kOutput, [](const Tensor& g, const Tensor& y) {
-    return mul(g, mul(y, sub(1.0, y)));
-  });
+  return unary_op("sigmoid", UnaryOp::kSigmoid, t, Saves::kOutput,
+                  [](const Tensor& g, const Tensor& y) { return mul(g, mul(y, sub(1.0, y))); });
 }
 Tensor abs(const Tensor& t) {
   if (!is_floating(t.dtype())) return run_unary(UnaryOp::kAbs, t, false);
@@ -268,13 +276,13 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
                         broadcast_view(to(b, dtype), shape), out);
   }
   if (needs_grad({a, b})) {
-    record_op("where", {a, b}, {out}, [cond = detach(cond), ra = a.requires_grad(),
-                                       rb = b.requires_grad(), sa = a.shape(),
-                                       sb = b.shape()](const std::vector<Tensor>& g) {
-      const Tensor zero = scalar_tensor(0.0, g[0].dtype(), g[0].device());
-      return std::vector<Tensor>{ra ? sum_to(where(cond, g[0], zero), sa) : Tensor(),
-                                 rb ? sum_to(where(cond, zero, g[0]), sb) : Tensor()};
-    });
+    record_op("where", {a, b}, {out},
+              [cond = detach(cond), ra = a.requires_grad(), rb = b.requires_grad(), sa = a.shape(),
+               sb = b.shape()](const std::vector<Tensor>& g) {
+                const Tensor zero = scalar_tensor(0.0, g[0].dtype(), g[0].device());
+                return std::vector<Tensor>{ra ? sum_to(where(cond, g[0], zero), sa) : Tensor(),
+                                           rb ? sum_to(where(cond, zero, g[0]), sb) : Tensor()};
+              });
   }
   return out;
 }
@@ -300,9 +308,9 @@ void add_(const Tensor& dst, const Tensor& src, double alpha) {
 
 void mul_(const Tensor& dst, double value) {
   internal::check_inplace("mul_", dst);
-  backend_of(dst).binary(BinaryOp::kMul, dst,
-                         broadcast_view(scalar_tensor(value, dst.dtype(), dst.device()), dst.shape()),
-                         dst);
+  backend_of(dst).binary(
+      BinaryOp::kMul, dst,
+      broadcast_view(scalar_tensor(value, dst.dtype(), dst.device()), dst.shape()), dst);
 }
 
 Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }

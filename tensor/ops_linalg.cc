@@ -30,8 +30,8 @@ Tensor pad_rank(const Tensor& t, int64_t rank) {
 // Both operands at least 2-D, one dtype.
 Tensor matmul_nd(const Tensor& a, const Tensor& b) {
   TESSEL_CHECK(a.size(-1) == b.size(-2), InvalidArgument,
-               "matmul: shapes {} and {} do not match (inner dims {} and {})",
-               shape_str(a.shape()), shape_str(b.shape()), a.size(-1), b.size(-2));
+               "matmul: shapes {} and {} do not match (inner dims {} and {})", shape_str(a.shape()),
+               shape_str(b.shape()), a.size(-1), b.size(-2));
   const Shape batch = broadcast_shapes(Shape(a.shape().begin(), a.shape().end() - 2),
                                        Shape(b.shape().begin(), b.shape().end() - 2));
   const int64_t rank = static_cast<int64_t>(batch.size()) + 2;
@@ -52,13 +52,13 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
   if (needs_grad({a, b})) {
     // dA needs B and dB needs A: keep only the operands a gradient will use.
     const bool ra = a.requires_grad(), rb = b.requires_grad();
-    record_op("matmul", {a, b}, {out}, [ra, rb, sa = a.shape(), sb = b.shape(),
-                                        a = rb ? detach(a) : Tensor(),
-                                        b = ra ? detach(b) : Tensor()](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{
-          ra ? sum_to(matmul_nd(g[0], transpose(b, -1, -2)), sa) : Tensor(),
-          rb ? sum_to(matmul_nd(transpose(a, -1, -2), g[0]), sb) : Tensor()};
-    });
+    record_op("matmul", {a, b}, {out},
+              [ra, rb, sa = a.shape(), sb = b.shape(), a = rb ? detach(a) : Tensor(),
+               b = ra ? detach(b) : Tensor()](const std::vector<Tensor>& g) {
+                return std::vector<Tensor>{
+                    ra ? sum_to(matmul_nd(g[0], transpose(b, -1, -2)), sa) : Tensor(),
+                    rb ? sum_to(matmul_nd(transpose(a, -1, -2), g[0]), sb) : Tensor()};
+              });
   }
   return out;
 }
@@ -129,31 +129,31 @@ Tensor fused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, D
   if (needs_grad({x, weight, bias})) {
     const bool rx = x.requires_grad(), rw = weight.requires_grad();
     const bool rb = bias.defined() && bias.requires_grad();
-    record_op("linear", {x, weight, bias}, {out},
-              [rx, rw, rb, compute, rows, x_shape = x.shape(), x_dtype = x.dtype(),
-               w_dtype = weight.dtype(), b_dtype = bias.defined() ? bias.dtype() : compute,
-               xc = rw ? xc : Tensor(), wc = rx ? wc : Tensor()](const std::vector<Tensor>& g) {
-                const int64_t n = g[0].size(-1);
-                const Tensor g2 = contiguous(reshape(g[0], {rows, n}));
-                Backend& backend = internal::backend_of(g2);
-                Tensor dx, dw, db;
-                if (rx) {
-                  dx = empty({g2.size(0), wc.size(1)}, gemm_grad_dtype(x_dtype, compute),
-                             g2.device());
-                  backend.matmul(g2, wc, dx);
-                  dx = reshape(dx, x_shape);
-                }
-                if (rw) {
-                  dw = empty({n, xc.size(1)}, gemm_grad_dtype(w_dtype, compute), g2.device());
-                  backend.matmul(transpose(g2, 0, 1), xc, dw);
-                }
-                if (rb) {
-                  db = empty({1, n}, gemm_grad_dtype(b_dtype, compute), g2.device());
-                  backend.reduce(ReduceOp::kSum, g2, {0}, db);
-                  db = db.as_strided({n}, {1}, 0);
-                }
-                return std::vector<Tensor>{dx, dw, db};
-              });
+    record_op(
+        "linear", {x, weight, bias}, {out},
+        [rx, rw, rb, compute, rows, x_shape = x.shape(), x_dtype = x.dtype(),
+         w_dtype = weight.dtype(), b_dtype = bias.defined() ? bias.dtype() : compute,
+         xc = rw ? xc : Tensor(), wc = rx ? wc : Tensor()](const std::vector<Tensor>& g) {
+          const int64_t n = g[0].size(-1);
+          const Tensor g2 = contiguous(reshape(g[0], {rows, n}));
+          Backend& backend = internal::backend_of(g2);
+          Tensor dx, dw, db;
+          if (rx) {
+            dx = empty({g2.size(0), wc.size(1)}, gemm_grad_dtype(x_dtype, compute), g2.device());
+            backend.matmul(g2, wc, dx);
+            dx = reshape(dx, x_shape);
+          }
+          if (rw) {
+            dw = empty({n, xc.size(1)}, gemm_grad_dtype(w_dtype, compute), g2.device());
+            backend.matmul(transpose(g2, 0, 1), xc, dw);
+          }
+          if (rb) {
+            db = empty({1, n}, gemm_grad_dtype(b_dtype, compute), g2.device());
+            backend.reduce(ReduceOp::kSum, g2, {0}, db);
+            db = db.as_strided({n}, {1}, 0);
+          }
+          return std::vector<Tensor>{dx, dw, db};
+        });
   }
   return out;
 }
@@ -161,8 +161,8 @@ Tensor fused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, D
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  TESSEL_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1),
-               InvalidArgument, "linear: input of shape {} does not fit weight of shape {} "
+  TESSEL_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), InvalidArgument,
+               "linear: input of shape {} does not fit weight of shape {} "
                "(expected [out, {}])",
                shape_str(x.shape()), shape_str(weight.shape()), x.dim() >= 1 ? x.size(-1) : 0);
   internal::check_same_device("linear", x, weight);
@@ -172,8 +172,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                  shape_str(bias.shape()), shape_str(weight.shape()));
     internal::check_same_device("linear", x, bias);
   }
-  const bool autocast = autocast_enabled(x.device().type) && is_floating(x.dtype()) &&
-                        is_floating(weight.dtype());
+  const bool autocast =
+      autocast_enabled(x.device().type) && is_floating(x.dtype()) && is_floating(weight.dtype());
   const DType compute = autocast ? autocast_dtype(x.device().type) : x.dtype();
   // The fused node takes f32 and bf16 computations; a bias of another dtype keeps add()'s
   // promotion (bf16 x and weight with an f32 bias give f32) outside autocast.

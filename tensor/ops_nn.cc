@@ -46,10 +46,10 @@ Tensor feature_param(const char* op, const char* what, const Tensor& p, int64_t 
                      DType dtype) {
   if (!p.defined()) return p;
   TESSEL_CHECK(p.dim() == 1 && p.size(0) == features, InvalidArgument,
-               "{}: {} has shape {} but the input's last dim is {}", op, what,
-               shape_str(p.shape()), features);
-  TESSEL_CHECK(is_floating(p.dtype()), InvalidArgument, "{}: {} must be floating, got {}", op,
-               what, dtype_name(p.dtype()));
+               "{}: {} has shape {} but the input's last dim is {}", op, what, shape_str(p.shape()),
+               features);
+  TESSEL_CHECK(is_floating(p.dtype()), InvalidArgument, "{}: {} must be floating, got {}", op, what,
+               dtype_name(p.dtype()));
   return contiguous(to(p, dtype));
 }
 
@@ -88,7 +88,8 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, 
   }
   if (needs_grad({x, weight, bias})) {
     record_op("layer_norm", {x, weight, bias}, {out},
-              [xc = detach(xc), w = detach(w), mean_t, rstd, rw = weight.defined() && weight.requires_grad(),
+              [xc = detach(xc), w = detach(w), mean_t, rstd,
+               rw = weight.defined() && weight.requires_grad(),
                rb = bias.defined() && bias.requires_grad()](const std::vector<Tensor>& g) {
                 const Tensor gc = contiguous(g[0]);
                 Tensor gx = empty_like(xc);
@@ -141,11 +142,12 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   Tensor out = empty(shape, weight.dtype(), weight.device());
   backend_of(w).embedding(w, idx, out);
   if (needs_grad({weight})) {
-    record_op("embedding", {weight}, {out}, [idx, wshape = weight.shape()](const std::vector<Tensor>& g) {
-      Tensor gw = zeros(wshape, DType::kF32, g[0].device());
-      backend_of(gw).embedding_backward(contiguous(g[0]), idx, gw);
-      return std::vector<Tensor>{gw};
-    });
+    record_op("embedding", {weight}, {out},
+              [idx, wshape = weight.shape()](const std::vector<Tensor>& g) {
+                Tensor gw = zeros(wshape, DType::kF32, g[0].device());
+                backend_of(gw).embedding_backward(contiguous(g[0]), idx, gw);
+                return std::vector<Tensor>{gw};
+              });
   }
   return out;
 }
@@ -174,30 +176,36 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   }
   if (needs_grad({logits})) {
     record_op("cross_entropy", {logits}, {loss},
-              [x = detach(x), tgt, lse, ignore_index, shape = logits.shape()](const std::vector<Tensor>& g) {
+              [x = detach(x), tgt, lse, ignore_index,
+               shape = logits.shape()](const std::vector<Tensor>& g) {
                 Tensor gx = empty_like(x);
-                backend_of(x).cross_entropy_backward(contiguous(g[0]), x, tgt, lse, ignore_index, gx);
+                backend_of(x).cross_entropy_backward(contiguous(g[0]), x, tgt, lse, ignore_index,
+                                                     gx);
                 return std::vector<Tensor>{reshape(gx, shape)};
               });
   }
   switch (reduction) {
-    case Reduction::kNone: return reshape(loss, target.shape());
-    case Reduction::kSum: return sum(loss);
-    case Reduction::kMean: break;
+    case Reduction::kNone:
+      return reshape(loss, target.shape());
+    case Reduction::kSum:
+      return sum(loss);
+    case Reduction::kMean:
+      break;
   }
   // Divide by the rows not ignored, counted on the device (0 / 0 = NaN when all are ignored).
   Tensor counted;
   {
     NoGradGuard no_grad;
-    counted = to(sum(ne(tgt, scalar_tensor(static_cast<double>(ignore_index), DType::kI64,
-                                           tgt.device()))),
-                 DType::kF32);
+    counted = to(
+        sum(ne(tgt, scalar_tensor(static_cast<double>(ignore_index), DType::kI64, tgt.device()))),
+        DType::kF32);
   }
   return div(sum(loss), counted);
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
-  TESSEL_CHECK(p >= 0.0 && p <= 1.0, InvalidArgument, "dropout probability {} is outside [0, 1]", p);
+  TESSEL_CHECK(p >= 0.0 && p <= 1.0, InvalidArgument, "dropout probability {} is outside [0, 1]",
+               p);
   if (!training || p == 0.0) return x;
   TESSEL_CHECK(is_floating(x.dtype()), InvalidArgument, "dropout needs a floating tensor, got {}",
                dtype_name(x.dtype()));

@@ -60,14 +60,16 @@ Tensor extremum(ReduceOp op, const char* name, const Tensor& t, const std::vecto
                shape_str(t.shape()));
   Tensor out = run_reduce(op, t, dims, keepdim, t.dtype());
   if (needs_grad({t})) {
-    record_op(name, {t}, {out}, [x = detach(t), y = detach(out), dims](const std::vector<Tensor>& g) {
-      // The gradient is shared evenly between the elements equal to the extremum.
-      const Tensor hit = eq(x, expand_back(y, x.shape(), dims));
-      const Tensor count = sum(to(hit, g[0].dtype()), dims, true);
-      const Tensor share = expand_back(div(reshape(g[0], kept_shape(x.shape(), dims)), count),
-                                       x.shape(), dims);
-      return std::vector<Tensor>{where(hit, share, scalar_tensor(0.0, g[0].dtype(), g[0].device()))};
-    });
+    record_op(
+        name, {t}, {out}, [x = detach(t), y = detach(out), dims](const std::vector<Tensor>& g) {
+          // The gradient is shared evenly between the elements equal to the extremum.
+          const Tensor hit = eq(x, expand_back(y, x.shape(), dims));
+          const Tensor count = sum(to(hit, g[0].dtype()), dims, true);
+          const Tensor share =
+              expand_back(div(reshape(g[0], kept_shape(x.shape(), dims)), count), x.shape(), dims);
+          return std::vector<Tensor>{
+              where(hit, share, scalar_tensor(0.0, g[0].dtype(), g[0].device()))};
+        });
   }
   return out;
 }
@@ -76,8 +78,8 @@ Tensor extremum(ReduceOp op, const char* name, const Tensor& t, const std::vecto
 
 Tensor sum(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim) {
   const std::vector<int64_t> d = normalize_dims(dims, t.dim());
-  Tensor out = run_reduce(ReduceOp::kSum, t, d, keepdim,
-                          is_floating(t.dtype()) ? t.dtype() : DType::kI64);
+  Tensor out =
+      run_reduce(ReduceOp::kSum, t, d, keepdim, is_floating(t.dtype()) ? t.dtype() : DType::kI64);
   if (needs_grad({t})) {
     record_op("sum", {t}, {out}, [in_shape = t.shape(), d](const std::vector<Tensor>& g) {
       return std::vector<Tensor>{expand_back(g[0], in_shape, d)};
@@ -95,11 +97,15 @@ Tensor mean(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim) {
   return div(sum(t, d, keepdim), static_cast<double>(count));
 }
 
-Tensor max(const Tensor& t) { return extremum(ReduceOp::kMax, "max", t, normalize_dims({}, t.dim()), false); }
+Tensor max(const Tensor& t) {
+  return extremum(ReduceOp::kMax, "max", t, normalize_dims({}, t.dim()), false);
+}
 Tensor max(const Tensor& t, int64_t dim, bool keepdim) {
   return extremum(ReduceOp::kMax, "max", t, {internal::wrap_dim(dim, t.dim())}, keepdim);
 }
-Tensor min(const Tensor& t) { return extremum(ReduceOp::kMin, "min", t, normalize_dims({}, t.dim()), false); }
+Tensor min(const Tensor& t) {
+  return extremum(ReduceOp::kMin, "min", t, normalize_dims({}, t.dim()), false);
+}
 Tensor min(const Tensor& t, int64_t dim, bool keepdim) {
   return extremum(ReduceOp::kMin, "min", t, {internal::wrap_dim(dim, t.dim())}, keepdim);
 }

@@ -125,21 +125,21 @@ Tensor flatten(const Tensor& t, int64_t start_dim, int64_t end_dim) {
 Tensor permute(const Tensor& t, const std::vector<int64_t>& dims) {
   const int64_t rank = t.dim();
   TESSEL_CHECK(static_cast<int64_t>(dims.size()) == rank, InvalidArgument,
-               "permute: {} dims given for a tensor of shape {}", dims.size(), shape_str(t.shape()));
+               "permute: {} dims given for a tensor of shape {}", dims.size(),
+               shape_str(t.shape()));
   std::vector<int64_t> order(rank), inverse(rank, -1);
   Shape shape(rank);
   Strides strides(rank);
   for (int64_t i = 0; i < rank; ++i) {
     order[i] = wrap_dim(dims[i], rank);
-    TESSEL_CHECK(inverse[order[i]] < 0, InvalidArgument, "permute: dim {} repeated in {}",
-                 order[i], shape_str(dims));
+    TESSEL_CHECK(inverse[order[i]] < 0, InvalidArgument, "permute: dim {} repeated in {}", order[i],
+                 shape_str(dims));
     inverse[order[i]] = i;
     shape[i] = t.shape()[order[i]];
     strides[i] = t.strides()[order[i]];
   }
-  return record_view("permute", t, t.as_strided(shape, strides, t.offset()), [&] {
-    return [inverse](const Tensor& g) { return permute(g, inverse); };
-  });
+  return record_view("permute", t, t.as_strided(shape, strides, t.offset()),
+                     [&] { return [inverse](const Tensor& g) { return permute(g, inverse); }; });
 }
 
 Tensor transpose(const Tensor& t, int64_t dim0, int64_t dim1) {
@@ -175,8 +175,8 @@ Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t s
 Tensor narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
   const int64_t d = wrap_dim(dim, t.dim());
   TESSEL_CHECK(start >= 0 && length >= 0 && start + length <= t.shape()[d], OutOfRange,
-               "narrow: [{}, {}) is outside dim {} of size {} (shape {})", start, start + length,
-               d, t.shape()[d], shape_str(t.shape()));
+               "narrow: [{}, {}) is outside dim {} of size {} (shape {})", start, start + length, d,
+               t.shape()[d], shape_str(t.shape()));
   return slice(t, d, start, start + length);
 }
 

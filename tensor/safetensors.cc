@@ -6,9 +6,8 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
-#include <vector>
-
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "tessel/base/error.h"
 
@@ -16,12 +15,18 @@ namespace tessel {
 
 std::string_view safetensors_dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
-    case DType::kI64: return "I64";
-    case DType::kI32: return "I32";
-    case DType::kBool: return "BOOL";
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kI64:
+      return "I64";
+    case DType::kI32:
+      return "I32";
+    case DType::kBool:
+      return "BOOL";
   }
   throw Internal(fmt::format("unknown DType {}", static_cast<int>(dtype)));
 }
@@ -59,8 +64,8 @@ Header parse_header(std::string_view text, uint64_t data_bytes, std::string_view
   try {
     json = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw InvalidArgument(fmt::format("{}: safetensors header is not valid JSON: {}", source,
-                                      e.what()));
+    throw InvalidArgument(
+        fmt::format("{}: safetensors header is not valid JSON: {}", source, e.what()));
   }
   TESSEL_CHECK(json.is_object(), InvalidArgument,
                "{}: safetensors header must be a JSON object, got {}", source, json.type_name());
@@ -97,12 +102,12 @@ Header parse_header(std::string_view text, uint64_t data_bytes, std::string_view
                  "{}: entry '{}' has no array 'shape'", source, name);
     uint64_t numel = 1;  // saturates: a huge shape then fails the size check below
     for (const auto& size : *shape) {
-      TESSEL_CHECK(size.is_number_unsigned() &&
-                       size.get<uint64_t>() <=
-                           static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
-                   InvalidArgument,
-                   "{}: entry '{}' has shape {} with a size that is not a non-negative integer",
-                   source, name, shape->dump());
+      TESSEL_CHECK(
+          size.is_number_unsigned() &&
+              size.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+          InvalidArgument,
+          "{}: entry '{}' has shape {} with a size that is not a non-negative integer", source,
+          name, shape->dump());
       const uint64_t s = size.get<uint64_t>();
       if (__builtin_mul_overflow(numel, s, &numel)) numel = std::numeric_limits<uint64_t>::max();
       entry.shape.push_back(static_cast<int64_t>(s));
@@ -258,8 +263,7 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
               static_cast<std::streamsize>(buffer.size()));
   }
   out.flush();
-  TESSEL_CHECK(out.good(), IoError, "{}: writing {} bytes of tensor data failed", path,
-               data_bytes);
+  TESSEL_CHECK(out.good(), IoError, "{}: writing {} bytes of tensor data failed", path, data_bytes);
 }
 
 namespace {

@@ -31,7 +31,7 @@ using TensorMap = std::map<std::string, Tensor>;
 
 // What a safetensors file holds.
 struct SafetensorsFile {
-  TensorMap tensors;                           // each a fresh contiguous CPU tensor
+  TensorMap tensors;                            // each a fresh contiguous CPU tensor
   std::map<std::string, std::string> metadata;  // the optional "__metadata__" string map
 };
 

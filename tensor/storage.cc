@@ -33,8 +33,7 @@ constexpr size_t kRecentLimitBytes = size_t{4} << 20;
 
 void atomic_max(std::atomic<int64_t>& target, int64_t value) {
   int64_t seen = target.load(std::memory_order_relaxed);
-  while (seen < value &&
-         !target.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  while (seen < value && !target.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
   }
 }
 
@@ -118,9 +117,9 @@ class CpuAllocator final : public Allocator {
     }
     if (ptr == nullptr) {
       stats_.on_failure();
-      throw OutOfMemory(fmt::format("out of host memory allocating {} ({} bytes); cpu allocator: {}",
-                                    bytes_str(static_cast<int64_t>(bytes)), bytes,
-                                    stats_.snapshot().str()));
+      throw OutOfMemory(
+          fmt::format("out of host memory allocating {} ({} bytes); cpu allocator: {}",
+                      bytes_str(static_cast<int64_t>(bytes)), bytes, stats_.snapshot().str()));
     }
     stats_.on_allocate(static_cast<int64_t>(rounded), false);
     return ptr;
@@ -182,8 +181,8 @@ class CpuAllocator final : public Allocator {
   }
 
   std::mutex mu_;
-  std::multimap<size_t, void*> cache_;  // guarded by mu_
-  size_t cached_bytes_ = 0;             // guarded by mu_
+  std::multimap<size_t, void*> cache_;            // guarded by mu_
+  size_t cached_bytes_ = 0;                       // guarded by mu_
   std::vector<std::pair<size_t, void*>> recent_;  // in the order freed; guarded by mu_
   size_t recent_bytes_ = 0;                       // guarded by mu_
   StatCounters stats_;
@@ -196,7 +195,7 @@ CpuAllocator& cpu_allocator_impl() {
 }
 
 std::array<std::atomic<Allocator*>, kDeviceTypeCount> g_allocators = {&cpu_allocator_impl(),
-                                                                     nullptr, nullptr};
+                                                                      nullptr, nullptr};
 std::atomic<Allocator*> g_pinned{nullptr};
 
 // A registered allocator, or the CUDA backend's (taken on first use; null without CUDA).
@@ -281,7 +280,7 @@ struct Storage::Impl {
   Device device;
   bool pinned = false;
   bool released = false;
-  Allocator* allocator = nullptr;       // memory from an allocator (null: wrapped or meta)
+  Allocator* allocator = nullptr;      // memory from an allocator (null: wrapped or meta)
   std::function<void(void*)> deleter;  // wrapped memory
 
   void free_memory() noexcept {
@@ -320,8 +319,7 @@ Storage Storage::allocate_pinned(size_t bytes) {
   return s;
 }
 
-Storage Storage::wrap(void* data, size_t bytes, Device device,
-                      std::function<void(void*)> deleter) {
+Storage Storage::wrap(void* data, size_t bytes, Device device, std::function<void(void*)> deleter) {
   Storage s;
   s.impl_ = std::make_shared<Impl>();
   s.impl_->data = data;

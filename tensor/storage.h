@@ -95,8 +95,7 @@ class Storage {
   // Page-locked host memory (see pinned_allocator()).
   static Storage allocate_pinned(size_t bytes);
   // Memory owned elsewhere; `deleter` (may be empty) runs when the last copy goes away.
-  static Storage wrap(void* data, size_t bytes, Device device,
-                      std::function<void(void*)> deleter);
+  static Storage wrap(void* data, size_t bytes, Device device, std::function<void(void*)> deleter);
 
   bool defined() const { return impl_ != nullptr; }
   // Null for the meta device and while released.

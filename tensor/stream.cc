@@ -45,8 +45,8 @@ class HostRuntime final : public DeviceRuntime {
 
 HostRuntime g_cpu_runtime(DeviceType::kCPU);
 HostRuntime g_meta_runtime(DeviceType::kMeta);
-std::array<std::atomic<DeviceRuntime*>, kDeviceTypeCount> g_runtimes = {
-    &g_cpu_runtime, nullptr, &g_meta_runtime};
+std::array<std::atomic<DeviceRuntime*>, kDeviceTypeCount> g_runtimes = {&g_cpu_runtime, nullptr,
+                                                                        &g_meta_runtime};
 
 // The registered runtime of `type`; CUDA's is taken from the CUDA backend on first use (null
 // in a build without it).
@@ -81,12 +81,11 @@ int device_count(DeviceType type) {
 void check_device_available(Device device) {
   if (device.is_cpu() || device.is_meta()) return;
   const int count = device_count(device.type);
-  TESSEL_CHECK(device.index >= 0 && device.index < count, Unavailable,
-               "device {} is not available: this process sees {} such device{}{}", device.str(),
-               count, count == 1 ? "" : "s",
-               runtime_slot(device.type) == nullptr
-                   ? " (this build of tessel has no backend for it)"
-                   : "");
+  TESSEL_CHECK(
+      device.index >= 0 && device.index < count, Unavailable,
+      "device {} is not available: this process sees {} such device{}{}", device.str(), count,
+      count == 1 ? "" : "s",
+      runtime_slot(device.type) == nullptr ? " (this build of tessel has no backend for it)" : "");
 }
 
 void synchronize(Device device) {
@@ -105,7 +104,6 @@ struct Event::Impl {
     if (native != nullptr) runtime_for(device.type).destroy_event(native);
   }
 };
-
 
 bool Stream::query() const { return runtime_for(device_.type).query_stream(*this); }
 void Stream::synchronize() const { runtime_for(device_.type).synchronize_stream(*this); }

@@ -115,8 +115,10 @@ Tensor Tensor::as_strided(const Shape& shape, const Strides& strides, int64_t of
     TESSEL_CHECK(shape[i] >= 0 && strides[i] >= 0, InvalidArgument,
                  "as_strided: negative size or stride in shape {} strides {}", shape_str(shape),
                  shape_str(strides));
-    if (shape[i] == 0) empty_view = true;
-    else last += (shape[i] - 1) * strides[i];
+    if (shape[i] == 0)
+      empty_view = true;
+    else
+      last += (shape[i] - 1) * strides[i];
   }
   const TensorImpl& t = impl();
   const int64_t capacity = static_cast<int64_t>(t.storage.bytes() / dtype_size(t.dtype));
@@ -172,7 +174,8 @@ AutogradMeta& Tensor::ensure_autograd_meta() const {
 
 void Tensor::set_shard_info(std::shared_ptr<const ShardInfo> info) const {
   if (info) {
-    bool fits = info->global_shape.size() == shape().size() && info->offset.size() == shape().size();
+    bool fits =
+        info->global_shape.size() == shape().size() && info->offset.size() == shape().size();
     for (size_t d = 0; fits && d < shape().size(); ++d) {
       fits = info->offset[d] >= 0 && info->offset[d] + shape()[d] <= info->global_shape[d];
     }
@@ -188,8 +191,8 @@ Tensor empty(const Shape& shape, DType dtype, Device device) {
     TESSEL_CHECK(s >= 0, InvalidArgument, "negative size in shape {}", shape_str(shape));
   }
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = Storage::allocate(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype),
-                                    device);
+  impl->storage =
+      Storage::allocate(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;

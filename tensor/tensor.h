@@ -29,8 +29,8 @@ namespace tessel {
 using Shape = std::vector<int64_t>;
 using Strides = std::vector<int64_t>;
 
-int64_t shape_numel(const Shape& shape);       // product of the sizes; 1 for a scalar shape {}
-std::string shape_str(const Shape& shape);     // "(2, 3)"
+int64_t shape_numel(const Shape& shape);         // product of the sizes; 1 for a scalar shape {}
+std::string shape_str(const Shape& shape);       // "(2, 3)"
 Strides contiguous_strides(const Shape& shape);  // row-major
 
 struct AutogradMeta;  // defined with autograd; null for tensors that never needed a gradient
@@ -50,7 +50,7 @@ struct TensorImpl {
   Storage storage;
   int64_t offset = 0;  // in elements
   Shape shape;
-  Strides strides;     // in elements
+  Strides strides;  // in elements
   DType dtype = DType::kF32;
   std::shared_ptr<AutogradMeta> autograd;
   std::shared_ptr<const ShardInfo> shard;  // null unless the tensor is a shard (kept by set_data)
@@ -136,9 +136,9 @@ struct Node;  // an operation in the autograd graph (tensor/autograd.h)
 struct AutogradMeta {
   bool requires_grad = false;
   Tensor grad;
-  std::shared_ptr<Node> grad_fn;           // the op that produced this tensor; null for leaves
-  int output_nr = 0;                       // which output of grad_fn this tensor is
-  std::weak_ptr<Node> grad_accumulator;    // leaves: the node that accumulates into grad
+  std::shared_ptr<Node> grad_fn;         // the op that produced this tensor; null for leaves
+  int output_nr = 0;                     // which output of grad_fn this tensor is
+  std::weak_ptr<Node> grad_accumulator;  // leaves: the node that accumulates into grad
   // Leaves: hooks run on each incoming gradient, then hooks run once it is accumulated.
   std::vector<std::function<Tensor(const Tensor&)>> grad_hooks;
   std::vector<std::function<void(const Tensor&)>> post_accumulate_grad_hooks;

@@ -68,7 +68,7 @@ class ThreadPool {
   // Written under mu_, read without it while spinning.
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> generation_{0};  // bumped per job, workers wake on change
-  std::shared_ptr<Job> job_;     // guarded by mu_; the latest job
+  std::shared_ptr<Job> job_;             // guarded by mu_; the latest job
 };
 
 // The process-wide pool's thread count (>= 1). First use takes default_num_threads().

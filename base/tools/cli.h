@@ -9,6 +9,10 @@
 //
 // gives `train_gpt: --steps 0: expected an integer of at least 1` and exit status 65.
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <CLI/CLI.hpp>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -18,10 +22,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 
 namespace tessel::cli {
 
@@ -139,20 +139,19 @@ inline std::optional<int> parse(CLI::App& app, int argc, char** argv, std::strin
     if (const size_t colon = message.find(": '"); colon != std::string::npos) {
       message.erase(colon, 1);
     }
-    std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(tool.size()), tool.data(),
-                 message.c_str());
+    std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(tool.size()), tool.data(), message.c_str());
     return bad_value_status;
   } catch (const CLI::ConversionError& e) {
     // "Could not convert: --ddp = maybe" -> "--ddp 'maybe': not a value this flag takes".
     std::string message = e.what();
     const std::string lead = "Could not convert: ";
-    if (const size_t eq = message.find(" = "); message.starts_with(lead) && eq != std::string::npos) {
-      message = fmt::format("{} '{}': not a value this flag takes (see {} --help)",
-                            message.substr(lead.size(), eq - lead.size()), message.substr(eq + 3),
-                            tool);
+    if (const size_t eq = message.find(" = ");
+        message.starts_with(lead) && eq != std::string::npos) {
+      message =
+          fmt::format("{} '{}': not a value this flag takes (see {} --help)",
+                      message.substr(lead.size(), eq - lead.size()), message.substr(eq + 3), tool);
     }
-    std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(tool.size()), tool.data(),
-                 message.c_str());
+    std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(tool.size()), tool.data(), message.c_str());
     return bad_value_status;
   } catch (const CLI::ExtrasError& e) {
     const std::string message = e.what();
@@ -172,8 +171,8 @@ inline std::optional<int> parse(CLI::App& app, int argc, char** argv, std::strin
                  static_cast<int>(tool.size()), tool.data());
     return usage_status;
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "%.*s: %s (see %.*s --help)\n", static_cast<int>(tool.size()),
-                 tool.data(), e.what(), static_cast<int>(tool.size()), tool.data());
+    std::fprintf(stderr, "%.*s: %s (see %.*s --help)\n", static_cast<int>(tool.size()), tool.data(),
+                 e.what(), static_cast<int>(tool.size()), tool.data());
     return usage_status;
   }
 }

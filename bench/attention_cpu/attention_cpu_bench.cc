@@ -94,9 +94,9 @@ __attribute__((target("avx512f"))) double measure_fma_gflops_one_core(double* pe
 struct Inputs {
   DType dtype;
   int64_t sizes[4];
-  std::vector<float> f32[4];      // q, k, v, dout
+  std::vector<float> f32[4];  // q, k, v, dout
   std::vector<uint16_t> bf16[4];
-  std::vector<float> out32[4];    // out, dq, dk, dv
+  std::vector<float> out32[4];  // out, dq, dk, dv
   std::vector<uint16_t> out16[4];
 
   Inputs(DType dt, int64_t b, int64_t h, int64_t s, int64_t d) : dtype(dt), sizes{b, h, s, d} {
@@ -250,21 +250,36 @@ int main(int argc, char** argv) {
   double fma_per_cycle = 64, ghz = cpuinfo_ghz();
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--seq") seqs = value;
-    else if (flag == "--dim") dims = value;
-    else if (flag == "--causal") causals = value;
-    else if (flag == "--dtype") dtypes = value;
-    else if (flag == "--batch") batch = std::stoll(value);
-    else if (flag == "--heads") heads = std::stoll(value);
-    else if (flag == "--iters") iters = std::stoi(value);
-    else if (flag == "--min-time") min_seconds = std::stod(value);
-    else if (flag == "--rounds") rounds = std::max(1, std::stoi(value));
-    else if (flag == "--threads") threads = std::stoi(value);
-    else if (flag == "--torch") torch_python = value;
-    else if (flag == "--math") with_math = value != "0";
-    else if (flag == "--backward") with_backward = value != "0";
-    else if (flag == "--block-q") block_q = std::stoi(value);
-    else if (flag == "--block-kv") block_kv = std::stoi(value);
+    if (flag == "--seq")
+      seqs = value;
+    else if (flag == "--dim")
+      dims = value;
+    else if (flag == "--causal")
+      causals = value;
+    else if (flag == "--dtype")
+      dtypes = value;
+    else if (flag == "--batch")
+      batch = std::stoll(value);
+    else if (flag == "--heads")
+      heads = std::stoll(value);
+    else if (flag == "--iters")
+      iters = std::stoi(value);
+    else if (flag == "--min-time")
+      min_seconds = std::stod(value);
+    else if (flag == "--rounds")
+      rounds = std::max(1, std::stoi(value));
+    else if (flag == "--threads")
+      threads = std::stoi(value);
+    else if (flag == "--torch")
+      torch_python = value;
+    else if (flag == "--math")
+      with_math = value != "0";
+    else if (flag == "--backward")
+      with_backward = value != "0";
+    else if (flag == "--block-q")
+      block_q = std::stoi(value);
+    else if (flag == "--block-kv")
+      block_kv = std::stoi(value);
     else if (flag == "--isa") {
       const CpuIsa all[] = {CpuIsa::kAuto, CpuIsa::kAmx, CpuIsa::kAvx512, CpuIsa::kAvx2,
                             CpuIsa::kScalar};
@@ -276,32 +291,36 @@ int main(int argc, char** argv) {
         return 2;
       }
       isa = *it;
-    }
-    else if (flag == "--fma-flops-per-cycle") fma_per_cycle = std::stod(value);
-    else if (flag == "--ghz") ghz = std::stod(value);
+    } else if (flag == "--fma-flops-per-cycle")
+      fma_per_cycle = std::stod(value);
+    else if (flag == "--ghz")
+      ghz = std::stod(value);
     else {
-      std::fprintf(stderr, "unknown flag %s (see the comment at the top of the source)\n", flag.c_str());
+      std::fprintf(stderr, "unknown flag %s (see the comment at the top of the source)\n",
+                   flag.c_str());
       return 2;
     }
   }
   const int cores = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
   const std::string isa_name(cpu_isa_name(isa == CpuIsa::kAuto ? detect_cpu_isa() : isa));
-  std::printf("CPU: %d threads, isa %s, %.2f GHz (cpuinfo), nominal f32 FMA peak = %d x %.2f GHz x %.0f "
-              "flop/cycle = %.1f GFLOP/s\n",
-              cores, isa_name.c_str(), ghz, cores, ghz,
-              fma_per_cycle, cores * ghz * fma_per_cycle);
+  std::printf(
+      "CPU: %d threads, isa %s, %.2f GHz (cpuinfo), nominal f32 FMA peak = %d x %.2f GHz x %.0f "
+      "flop/cycle = %.1f GFLOP/s\n",
+      cores, isa_name.c_str(), ghz, cores, ghz, fma_per_cycle, cores * ghz * fma_per_cycle);
   double fma_per_cpu_second = ghz * fma_per_cycle;  // GFLOP per CPU-second of one core
   if (cpu_isa_supported(CpuIsa::kAvx512)) {
     const double one = measure_fma_gflops_one_core(&fma_per_cpu_second);
-    std::printf("measured AVX-512 FMA loop, one core: %.1f GFLOP/s wall, %.1f GFLOP per CPU-second "
-                "(= %.2f GHz x %.0f flop/cycle)\n",
-                one, fma_per_cpu_second, fma_per_cpu_second / fma_per_cycle, fma_per_cycle);
+    std::printf(
+        "measured AVX-512 FMA loop, one core: %.1f GFLOP/s wall, %.1f GFLOP per CPU-second "
+        "(= %.2f GHz x %.0f flop/cycle)\n",
+        one, fma_per_cpu_second, fma_per_cpu_second / fma_per_cycle, fma_per_cycle);
   }
   // The peak the cores deliver when they run (boost included), not the nominal clock's.
   const double peak = cores * fma_per_cpu_second;  // GFLOP/s
-  std::printf("measured peak = %d x %.1f = %.1f GFLOP/s; each figure: median per call over %d "
-              "alternating rounds (>= %d calls, >= %.2f s in all, after a warm-up call)\n",
-              cores, fma_per_cpu_second, peak, rounds, iters, min_seconds);
+  std::printf(
+      "measured peak = %d x %.1f = %.1f GFLOP/s; each figure: median per call over %d "
+      "alternating rounds (>= %d calls, >= %.2f s in all, after a warm-up call)\n",
+      cores, fma_per_cpu_second, peak, rounds, iters, min_seconds);
   const FlashCpuOptions shown{.isa = isa, .block_q = block_q, .block_kv = block_kv};
   const std::string features = bench::cpu_features(
       {"avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"});
@@ -321,13 +340,14 @@ int main(int argc, char** argv) {
     std::printf("torch: %s: %s%s\n", torch_python.c_str(), with_torch ? "" : "skipped: ",
                 with_torch ? ("version, CPU capability, threads: " + info).c_str() : info.c_str());
   }
-  std::printf("\n%-5s %6s %4s %6s | %9s %9s %9s %6s %6s %6s %6s | %9s %9s %9s %6s %6s %6s\n", "dtype",
-              "S", "D", "causal", "fwd flash", "fwd math", "fwd torch", "x math", "x torch",
-              "%peak", "%busy", "f+b flash",
-              "f+b math", "f+b torch", "x math", "x torch", "%busy");
-  std::printf("%-5s %6s %4s %6s | %9s %9s %9s %6s %7s %6s %6s | %9s %9s %9s %6s %6s %6s | %s | %s\n",
-              "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "",
-              "x torch per CPU-s: fwd f+b", "fwd ms: min median max (calls)");
+  std::printf("\n%-5s %6s %4s %6s | %9s %9s %9s %6s %6s %6s %6s | %9s %9s %9s %6s %6s %6s\n",
+              "dtype", "S", "D", "causal", "fwd flash", "fwd math", "fwd torch", "x math",
+              "x torch", "%peak", "%busy", "f+b flash", "f+b math", "f+b torch", "x math",
+              "x torch", "%busy");
+  std::printf(
+      "%-5s %6s %4s %6s | %9s %9s %9s %6s %7s %6s %6s | %9s %9s %9s %6s %6s %6s | %s | %s\n", "",
+      "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "x torch per CPU-s: fwd f+b",
+      "fwd ms: min median max (calls)");
   for (const std::string& dtype : parse_words(dtypes)) {
     for (int64_t s : parse_list(seqs)) {
       for (int64_t d : parse_list(dims)) {
@@ -346,8 +366,8 @@ int main(int argc, char** argv) {
           auto flash_fwd = [&] { flash_cpu_forward(p, in.out(0), lse.data(), fo); };
           auto flash_both = [&] {
             flash_fwd();
-            flash_cpu_backward(p, in.out(0), in.in(3), lse.data(), in.out(1), in.out(2),
-                               in.out(3), fo);
+            flash_cpu_backward(p, in.out(0), in.in(3), lse.data(), in.out(1), in.out(2), in.out(3),
+                               fo);
           };
           auto math_fwd = [&] { math_attention_forward(p, in.out(0), lse.data()); };
           auto math_both = [&] {
@@ -381,30 +401,31 @@ int main(int argc, char** argv) {
           const double tt = torch_ok ? torch_f.wall : NAN;
           const double ttb = torch_ok ? torch_fb.wall : NAN;
           auto tflops = [](double flops, double sec) { return flops / sec / 1e12; };
-          std::printf("%-5s %6lld %4lld %6s | %9.3f %9.3f %9.3f %6.2f %7.2f %5.1f%% %5.1f%% | "
-                      "%9.3f %9.3f %9.3f %6.2f %6.2f %5.1f%% | %12.2f %6.2f | %.2f %.2f %.2f (%d)\n",
-                      dtype.c_str(), static_cast<long long>(s), static_cast<long long>(d),
-                      causal ? "yes" : "no", tflops(fwd_flops, tf), tflops(fwd_flops, tm),
-                      tflops(fwd_flops, tt), tm / tf, tt / tf, 100.0 * fwd_flops / tf / 1e9 / peak,
-                      100.0 * fwd_flops / flash_f.cpu / 1e9 / fma_per_cpu_second,
-                      tflops(both_flops, tfb), tflops(both_flops, tmb), tflops(both_flops, ttb),
-                      tmb / tfb, ttb / tfb,
-                      100.0 * both_flops / flash_fb.cpu / 1e9 / fma_per_cpu_second,
-                      torch_ok ? torch_f.cpu / flash_f.cpu : NAN,
-                      torch_ok ? torch_fb.cpu / flash_fb.cpu : NAN, 1e3 * flash_f.wall_lo, 1e3 * flash_f.wall, 1e3 * flash_f.wall_hi,
-                      flash_f.calls);
+          std::printf(
+              "%-5s %6lld %4lld %6s | %9.3f %9.3f %9.3f %6.2f %7.2f %5.1f%% %5.1f%% | "
+              "%9.3f %9.3f %9.3f %6.2f %6.2f %5.1f%% | %12.2f %6.2f | %.2f %.2f %.2f (%d)\n",
+              dtype.c_str(), static_cast<long long>(s), static_cast<long long>(d),
+              causal ? "yes" : "no", tflops(fwd_flops, tf), tflops(fwd_flops, tm),
+              tflops(fwd_flops, tt), tm / tf, tt / tf, 100.0 * fwd_flops / tf / 1e9 / peak,
+              100.0 * fwd_flops / flash_f.cpu / 1e9 / fma_per_cpu_second, tflops(both_flops, tfb),
+              tflops(both_flops, tmb), tflops(both_flops, ttb), tmb / tfb, ttb / tfb,
+              100.0 * both_flops / flash_fb.cpu / 1e9 / fma_per_cpu_second,
+              torch_ok ? torch_f.cpu / flash_f.cpu : NAN,
+              torch_ok ? torch_fb.cpu / flash_fb.cpu : NAN, 1e3 * flash_f.wall_lo,
+              1e3 * flash_f.wall, 1e3 * flash_f.wall_hi, flash_f.calls);
           std::fflush(stdout);
         }
       }
     }
   }
   std::printf("\nload average %s\n", bench::load_average().c_str());
-  std::printf("TFLOP/s columns; 'x math' / 'x torch' = that backend's time / flash time; "
-              "%%peak = flash forward / measured peak (wall clock); %%busy = flash forward (or "
-              "forward+backward) flops per CPU-second of the process / the FMA loop's flops per "
-              "CPU-second (efficiency while running, insensitive to other load); 'x torch per "
-              "CPU-s' = PyTorch's CPU seconds per call (its whole process) / ours: with --threads "
-              "1 a comparison that other load hardly moves; with more threads OpenMP's "
-              "spin-waits count against PyTorch.\n");
+  std::printf(
+      "TFLOP/s columns; 'x math' / 'x torch' = that backend's time / flash time; "
+      "%%peak = flash forward / measured peak (wall clock); %%busy = flash forward (or "
+      "forward+backward) flops per CPU-second of the process / the FMA loop's flops per "
+      "CPU-second (efficiency while running, insensitive to other load); 'x torch per "
+      "CPU-s' = PyTorch's CPU seconds per call (its whole process) / ours: with --threads "
+      "1 a comparison that other load hardly moves; with more threads OpenMP's "
+      "spin-waits count against PyTorch.\n");
   return 0;
 }

@@ -18,6 +18,11 @@
 //
 // Convention: forward flops 4 * B * H * S^2 * D, halved when causal; forward + backward 3.5x.
 // Where there is no CUDA device the program prints why and exits 0.
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -27,12 +32,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
 
 #include "tessel/base/error.h"
 #include "tessel/kernels/attention/sdpa.h"
@@ -237,10 +236,11 @@ int run(const Flags& f) {
   }
   std::unique_ptr<TorchPeer> torch;
   if (f.torch != "none") torch = std::make_unique<TorchPeer>(f.torch, f.torch_script);
-  fmt::print("attention_cuda_bench on {}: bf16, {} tokens per call, width {}; {} rounds of {} "
-             "calls; PyTorch: {}\n",
-             device.str(), f.tokens, f.hidden, f.rounds, f.calls,
-             torch ? torch->info() : "not run (--torch PYTHON)");
+  fmt::print(
+      "attention_cuda_bench on {}: bf16, {} tokens per call, width {}; {} rounds of {} "
+      "calls; PyTorch: {}\n",
+      device.str(), f.tokens, f.hidden, f.rounds, f.calls,
+      torch ? torch->info() : "not run (--torch PYTHON)");
   fmt::print("\n{:>6} {:>4} {:>4} {:>4} {:>6} {:>6} {:>5} {:>11} {:>11} {:>9} {:>9} {:>7}\n", "seq",
              "dim", "B", "H", "causal", "which", "mode", "tessel ms", "torch ms", "tessel TF",
              "torch TF", "ratio");
@@ -282,14 +282,15 @@ int run(const Flags& f) {
               }
             }
             const double a = median(mine), b = median(theirs);
-            fmt::print("{:>6} {:>4} {:>4} {:>4} {:>6} {:>6} {:>5} {:>11} {:>11} {:>9} {:>9} {:>7}"
-                       "{}\n",
-                       s, d, p.b, p.h, p.causal ? 1 : 0, name, mode,
-                       std::isfinite(a) ? fmt::format("{:.3f}", a) : "-",
-                       std::isfinite(b) ? fmt::format("{:.3f}", b) : "-",
-                       tflops(p.flops(backward), a), tflops(p.flops(backward), b),
-                       std::isfinite(a) && std::isfinite(b) ? fmt::format("{:.2f}x", b / a) : "-",
-                       note.empty() ? "" : "  " + note);
+            fmt::print(
+                "{:>6} {:>4} {:>4} {:>4} {:>6} {:>6} {:>5} {:>11} {:>11} {:>9} {:>9} {:>7}"
+                "{}\n",
+                s, d, p.b, p.h, p.causal ? 1 : 0, name, mode,
+                std::isfinite(a) ? fmt::format("{:.3f}", a) : "-",
+                std::isfinite(b) ? fmt::format("{:.3f}", b) : "-", tflops(p.flops(backward), a),
+                tflops(p.flops(backward), b),
+                std::isfinite(a) && std::isfinite(b) ? fmt::format("{:.2f}x", b / a) : "-",
+                note.empty() ? "" : "  " + note);
             std::fflush(stdout);
           }
         }

@@ -25,15 +25,15 @@
 // 0.9/0.95, weight decay 0.1, clipping at 1.0), bf16 = autocast with f32 parameters; every
 // step ends with the loss read on the host. No-comm runs train on garbage (nothing is
 // gathered), so their losses are not shown.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
 
 #include "bench_gpt.h"
 #include "tessel/base/error.h"
@@ -123,7 +123,8 @@ TesselRun run_tessel(const Flags& f, const nn::GptConfig& config,
     world = world_of(setup, device);
     mesh = std::make_unique<DeviceMesh>(init_device_mesh(world, {1}, {"dp"}));
     auto& blocks = model.submodule("transformer.h");
-    for (int64_t i = 0; i < config.n_layer; ++i) fully_shard(blocks.child(std::to_string(i)), *mesh);
+    for (int64_t i = 0; i < config.n_layer; ++i)
+      fully_shard(blocks.child(std::to_string(i)), *mesh);
     fully_shard(model, *mesh);
   }
   const bool trace = setup == Setup::kFsdp && !f.trace_dir.empty();
@@ -147,11 +148,12 @@ TesselRun run_tessel(const Flags& f, const nn::GptConfig& config,
   }
   if (trace) {
     recorder.set_process_info(0, 1);  // the dump's rank: tessel-trace reads worlds of ranks
-    const auto path = fr::write_dump(recorder, {fr::DumpTrigger::kApi, -1, "fsdp_cuda_bench"},
-                                     f.trace_dir);
-    fmt::print("flight-recorder dump of the FSDP run: {} (tessel-trace export {} --perfetto "
-               "trace.json)\n",
-               path.string(), f.trace_dir);
+    const auto path =
+        fr::write_dump(recorder, {fr::DumpTrigger::kApi, -1, "fsdp_cuda_bench"}, f.trace_dir);
+    fmt::print(
+        "flight-recorder dump of the FSDP run: {} (tessel-trace export {} --perfetto "
+        "trace.json)\n",
+        path.string(), f.trace_dir);
   }
   return out;
 }
@@ -182,19 +184,20 @@ int run(const Flags& f) {
                "--dtype {}: expected bf16 or f32", f.dtype);
   const bench::GptShape& s = f.shape;
   const nn::GptConfig config = s.config();
-  const std::filesystem::path dir =
-      f.work_dir.empty() ? std::filesystem::temp_directory_path() / "fsdp_cuda_bench"
-                         : std::filesystem::path(f.work_dir);
+  const std::filesystem::path dir = f.work_dir.empty()
+                                        ? std::filesystem::temp_directory_path() / "fsdp_cuda_bench"
+                                        : std::filesystem::path(f.work_dir);
   const std::vector<int32_t> tokens = bench::make_tokens(s);
   bench::write_peer_inputs(dir, tokens, config);
 
   const std::string name = device.is_cuda() ? cuda::device_name(device.index) : "the CPU";
-  fmt::print("fsdp_cuda_bench on {} ({}): GPT {} layers, {} heads, {} wide, context {}, vocab {}; "
-             "batch {} x {} = {} tokens/step; {}; world of one rank ({}); {} warm-up + {} timed "
-             "steps\n",
-             device.str(), name, s.layers, s.heads, s.embd, s.seq, s.vocab, s.batch, s.seq,
-             s.batch * s.seq, f.dtype == "bf16" ? "bf16 autocast" : "f32",
-             device.is_cuda() ? "NCCL" : "threads backend", s.warmup, s.steps);
+  fmt::print(
+      "fsdp_cuda_bench on {} ({}): GPT {} layers, {} heads, {} wide, context {}, vocab {}; "
+      "batch {} x {} = {} tokens/step; {}; world of one rank ({}); {} warm-up + {} timed "
+      "steps\n",
+      device.str(), name, s.layers, s.heads, s.embd, s.seq, s.vocab, s.batch, s.seq,
+      s.batch * s.seq, f.dtype == "bf16" ? "bf16 autocast" : "f32",
+      device.is_cuda() ? "NCCL" : "threads backend", s.warmup, s.steps);
   std::fflush(stdout);
 
   std::vector<TesselRun> ours;
@@ -216,8 +219,8 @@ int run(const Flags& f) {
     }
   }
 
-  fmt::print("\n{:<22} {:>12} {:>10} {:>11} {:>9} {:>9} {:>12}\n", "setup", "tokens/s",
-             "ms/step", "peak mem", "loss 1", "loss end", "comm ms/step");
+  fmt::print("\n{:<22} {:>12} {:>10} {:>11} {:>9} {:>9} {:>12}\n", "setup", "tokens/s", "ms/step",
+             "peak mem", "loss 1", "loss end", "comm ms/step");
   auto row = [&](const GptRun& r, double comm_s, bool show_loss) {
     if (r.step_s <= 0) {
       fmt::print("{:<22} {}\n", r.name, r.note.empty() ? "no result" : r.note);
@@ -226,8 +229,7 @@ int run(const Flags& f) {
     const bool losses = show_loss && !r.losses.empty();
     fmt::print("{:<22} {:>12.0f} {:>10.2f} {:>11} {:>9} {:>9} {:>12}\n", r.name,
                static_cast<double>(s.batch * s.seq) / r.step_s, r.step_s * 1e3,
-               bytes_str(r.peak_bytes),
-               losses ? fmt::format("{:.4f}", r.losses.front()) : "-",
+               bytes_str(r.peak_bytes), losses ? fmt::format("{:.4f}", r.losses.front()) : "-",
                losses ? fmt::format("{:.4f}", r.losses.back()) : "-",
                comm_s > 0 ? ms(comm_s) : "n/a");
   };
@@ -239,11 +241,13 @@ int run(const Flags& f) {
     if (a.step_s <= 0 || b.step_s <= 0) return std::nullopt;
     return a.step_s - b.step_s;
   };
-  fmt::print("\nexposed communication per step (fsdp - fsdp no-comm): tessel {} ms (of {} ms of "
-             "collectives on the device)",
-             ms(diff(ours[1].run, ours[2].run)), ms(ours[1].comm_s));
+  fmt::print(
+      "\nexposed communication per step (fsdp - fsdp no-comm): tessel {} ms (of {} ms of "
+      "collectives on the device)",
+      ms(diff(ours[1].run, ours[2].run)), ms(ours[1].comm_s));
   if (theirs.size() == 3) fmt::print(", PyTorch FSDP2 {} ms", ms(diff(theirs[1], theirs[2])));
-  fmt::print("\nFSDP cost per step (fsdp - single): tessel {} ms", ms(diff(ours[1].run, ours[0].run)));
+  fmt::print("\nFSDP cost per step (fsdp - single): tessel {} ms",
+             ms(diff(ours[1].run, ours[0].run)));
   if (theirs.size() == 3) fmt::print(", PyTorch FSDP2 {} ms", ms(diff(theirs[1], theirs[0])));
   fmt::print("\n");
   if (theirs.size() == 3 && ours[1].run.step_s > 0 && theirs[1].step_s > 0) {

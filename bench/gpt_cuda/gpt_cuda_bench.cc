@@ -25,15 +25,15 @@
 // (peak: --peak-tflops, else the dense bf16/TF32/f32 peak of the device by name: H100/H200,
 // A100). Peak memory: the caching allocator's peak allocated bytes (PyTorch:
 // torch.cuda.max_memory_allocated).
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
 
 #include "bench_gpt.h"
 #include "tessel/base/error.h"
@@ -69,7 +69,8 @@ using Result = bench::GptRun;
 
 // The device's dense peak for the dtype, by its name (0 when unknown).
 double peak_flops(const std::string& name, const Flags& f) {
-  const bool hopper = name.find("H100") != std::string::npos || name.find("H200") != std::string::npos;
+  const bool hopper =
+      name.find("H100") != std::string::npos || name.find("H200") != std::string::npos;
   const bool ampere = name.find("A100") != std::string::npos;
   if (f.dtype == "bf16") return hopper ? 989.5e12 : ampere ? 312e12 : 0;
   if (f.tf32) return hopper ? 494.7e12 : ampere ? 156e12 : 0;
@@ -109,9 +110,9 @@ int run(const Flags& f) {
                "--dtype {}: expected bf16 or f32", f.dtype);
   cuda::set_matmul_allow_tf32(f.tf32);
   const nn::GptConfig config = f.shape.config();
-  const std::filesystem::path dir =
-      f.work_dir.empty() ? std::filesystem::temp_directory_path() / "gpt_cuda_bench"
-                         : std::filesystem::path(f.work_dir);
+  const std::filesystem::path dir = f.work_dir.empty()
+                                        ? std::filesystem::temp_directory_path() / "gpt_cuda_bench"
+                                        : std::filesystem::path(f.work_dir);
   const std::vector<int32_t> tokens = bench::make_tokens(f.shape);
   bench::write_peer_inputs(dir, tokens, config);
 
@@ -120,10 +121,11 @@ int run(const Flags& f) {
                              f.dtype == "bf16" ? DType::kBF16 : DType::kF32, device);
   kernels::SdpaOptions causal;
   causal.causal = true;
-  const std::string tessel_attention(
-      kernels::sdpa_backend_name(kernels::scaled_dot_product_attention(probe, probe, probe, causal).backend));
-  const std::string attention =
-      f.attention != "auto" ? f.attention : tessel_attention == "math" ? "plain" : "sdpa";
+  const std::string tessel_attention(kernels::sdpa_backend_name(
+      kernels::scaled_dot_product_attention(probe, probe, probe, causal).backend));
+  const std::string attention = f.attention != "auto"        ? f.attention
+                                : tessel_attention == "math" ? "plain"
+                                                             : "sdpa";
 
   const std::string name = device.is_cuda() ? cuda::device_name(device.index) : "the CPU";
   nn::GPT sizer(config);
@@ -131,12 +133,13 @@ int run(const Flags& f) {
   const bench::GptShape& s = f.shape;
   const double flops_per_token = 6 * n_params + 12.0 * s.layers * s.embd * s.seq;
   const double peak = f.peak_tflops > 0 ? f.peak_tflops * 1e12 : peak_flops(name, f);
-  fmt::print("gpt_cuda_bench on {} ({}): GPT {} layers, {} heads, {} wide, context {}, vocab {} "
-             "({:.1f} M parameters); batch {} x {} = {} tokens/step; {}{}; {} warm-up + {} timed "
-             "steps\n",
-             device.str(), name, s.layers, s.heads, s.embd, s.seq, s.vocab, n_params / 1e6,
-             s.batch, s.seq, s.batch * s.seq, f.dtype == "bf16" ? "bf16 autocast" : "f32",
-             f.tf32 ? " (TF32 matmuls)" : "", s.warmup, s.steps);
+  fmt::print(
+      "gpt_cuda_bench on {} ({}): GPT {} layers, {} heads, {} wide, context {}, vocab {} "
+      "({:.1f} M parameters); batch {} x {} = {} tokens/step; {}{}; {} warm-up + {} timed "
+      "steps\n",
+      device.str(), name, s.layers, s.heads, s.embd, s.seq, s.vocab, n_params / 1e6, s.batch, s.seq,
+      s.batch * s.seq, f.dtype == "bf16" ? "bf16 autocast" : "f32", f.tf32 ? " (TF32 matmuls)" : "",
+      s.warmup, s.steps);
   fmt::print("attention: tessel {} ({}), PyTorch {}\n", tessel_attention,
              tessel_attention == "math" ? "the reference kernel, not a fused one" : "fused kernel",
              attention == "plain" ? "plain (q k^T, masked_fill, softmax, @ v)"

@@ -21,6 +21,7 @@
 
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -31,8 +32,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "../bench_dnnl.h"
 #include "../bench_host.h"
@@ -90,8 +89,12 @@ std::vector<Batch> make_batches(const Config& c) {
 class TesselTrainer {
  public:
   TesselTrainer(const Config& c, const std::vector<Batch>& batches, bool bf16)
-      : model_({.vocab_size = c.vocab, .block_size = c.block, .n_layer = c.layers,
-                .n_head = c.heads, .n_embd = c.embd, .seed = 1}),
+      : model_({.vocab_size = c.vocab,
+                .block_size = c.block,
+                .n_layer = c.layers,
+                .n_head = c.heads,
+                .n_embd = c.embd,
+                .seed = 1}),
         opt_(model_.parameters(), {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1}),
         bf16_(bf16) {
     for (const Batch& b : batches) {
@@ -146,8 +149,8 @@ class TorchPeer {
   // Builds the four models from dir's weights and batches; the losses of batch 0 (f32, bf16).
   bool load(const Config& c, const std::string& dir, double* f32_loss, double* bf16_loss) {
     std::ostringstream cmd;
-    cmd << "load " << dir << " " << c.vocab << " " << c.block << " " << c.embd << " "
-        << c.layers << " " << c.heads << " " << c.batch << " " << c.batches;
+    cmd << "load " << dir << " " << c.vocab << " " << c.block << " " << c.embd << " " << c.layers
+        << " " << c.heads << " " << c.batch << " " << c.batches;
     std::string line, ok;
     if (!child_.ask(cmd.str(), &line)) return false;
     std::istringstream in(line);
@@ -177,8 +180,8 @@ class TorchPeer {
 };
 
 struct Contender {
-  std::string name;     // as printed
-  std::string key;      // for --contenders and the PyTorch child's mode
+  std::string name;  // as printed
+  std::string key;   // for --contenders and the PyTorch child's mode
   bool bf16 = false;
   TesselTrainer* tessel = nullptr;  // null for PyTorch's
   Calls calls;
@@ -193,8 +196,9 @@ bool wanted(const Config& c, const std::string& key) {
 
 int main(int argc, char** argv) {
   Config c;
-  CLI::App app{"GPT training tokens/s: tessel f32 and bf16 autocast vs PyTorch eager and "
-               "torch.compile, same model, weights and data, alternating rounds"};
+  CLI::App app{
+      "GPT training tokens/s: tessel f32 and bf16 autocast vs PyTorch eager and "
+      "torch.compile, same model, weights and data, alternating rounds"};
   app.add_option("--layers", c.layers, "transformer blocks");
   app.add_option("--heads", c.heads, "attention heads");
   app.add_option("--embd", c.embd, "embedding width");
@@ -222,19 +226,19 @@ int main(int argc, char** argv) {
 
   const std::vector<Batch> batches = make_batches(c);
   const int64_t tokens = c.batch * c.block;
-  std::printf("GPT training: %lld layers, %lld heads, embd %lld, context %lld, batch %lld, vocab "
-              "%lld (%lld tokens/step); %d threads on each side\n",
-              static_cast<long long>(c.layers), static_cast<long long>(c.heads),
-              static_cast<long long>(c.embd), static_cast<long long>(c.block),
-              static_cast<long long>(c.batch), static_cast<long long>(c.vocab),
-              static_cast<long long>(tokens), c.threads);
+  std::printf(
+      "GPT training: %lld layers, %lld heads, embd %lld, context %lld, batch %lld, vocab "
+      "%lld (%lld tokens/step); %d threads on each side\n",
+      static_cast<long long>(c.layers), static_cast<long long>(c.heads),
+      static_cast<long long>(c.embd), static_cast<long long>(c.block),
+      static_cast<long long>(c.batch), static_cast<long long>(c.vocab),
+      static_cast<long long>(tokens), c.threads);
   const kernels::attention::FlashCpuOptions flash;
-  std::printf("CPU: %s; AMX tiles usable: %s\n",
-              cpu_features({"avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile",
-                            "amx_bf16"})
-                  .c_str(),
-              kernels::attention::cpu_isa_supported(kernels::attention::CpuIsa::kAmx) ? "yes"
-                                                                                      : "no");
+  std::printf(
+      "CPU: %s; AMX tiles usable: %s\n",
+      cpu_features({"avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"})
+          .c_str(),
+      kernels::attention::cpu_isa_supported(kernels::attention::CpuIsa::kAmx) ? "yes" : "no");
   std::printf("tessel kernels: attention f32 %s, bf16 %s; GEMM oneDNN %s\n",
               std::string(kernels::attention::flash_cpu_kernel_name(DType::kF32, flash)).c_str(),
               std::string(kernels::attention::flash_cpu_kernel_name(DType::kBF16, flash)).c_str(),
@@ -264,8 +268,9 @@ int main(int argc, char** argv) {
   if (c.torch.empty()) {
     std::printf("torch: skipped: no --torch PYTHON or --torch auto given\n");
   } else if (c.torch_python.empty()) {
-    std::printf("torch: skipped: scripts/torch-venv.sh found no torch and could not install it "
-                "(its messages are above)\n");
+    std::printf(
+        "torch: skipped: scripts/torch-venv.sh found no torch and could not install it "
+        "(its messages are above)\n");
   } else {
     std::system(("mkdir -p " + dir).c_str());
     tessel_f32.model().save(dir + "/init.safetensors");
@@ -283,8 +288,7 @@ int main(int argc, char** argv) {
       info = "it could not build the model from " + dir + " (see its error above)";
     }
     std::printf("torch: %s: %s%s\n", c.torch_python.c_str(), with_torch ? "" : "skipped: ",
-                with_torch ? ("version, CPU capability, threads: " + info).c_str()
-                           : info.c_str());
+                with_torch ? ("version, CPU capability, threads: " + info).c_str() : info.c_str());
   }
   std::printf("loss of batch 0 before training: tessel f32 %.6f, bf16 %.6f", tessel_loss[0],
               tessel_loss[1]);
@@ -303,8 +307,8 @@ int main(int argc, char** argv) {
         continue;
       }
       const bool bf16 = std::string(mode).ends_with("bf16");
-      const std::string name = std::string("torch ") + (std::string(mode).starts_with("eager")
-                                                             ? "eager" : "compile") +
+      const std::string name = std::string("torch ") +
+                               (std::string(mode).starts_with("eager") ? "eager" : "compile") +
                                (bf16 ? " bf16 autocast" : " f32");
       contenders.push_back({name, mode, bf16, nullptr, {}});
     }
@@ -321,8 +325,8 @@ int main(int argc, char** argv) {
   for (int r = 0; r < c.rounds; ++r) {
     for (Contender& k : contenders) {
       if (k.tessel != nullptr) {
-        time_round(c.steps, 0.0, [&] { k.tessel->step(); }, k.calls,
-                   with_torch ? torch.pid() : 0);
+        time_round(
+            c.steps, 0.0, [&] { k.tessel->step(); }, k.calls, with_torch ? torch.pid() : 0);
       } else if (!torch.steps(k.key, c.steps, k.calls)) {
         std::printf("torch: %s stopped answering\n", k.key.c_str());
         std::system(("rm -rf " + dir).c_str());

@@ -8,9 +8,12 @@
 // Prints one line per phase: requests sent, how they ended (UNAUTHENTICATED, UNAVAILABLE: the
 // connection was refused or closed, other) and how long the phase took. Exit 0 unless a
 // request was accepted (which would be a bug in the server).
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 
+#include <CLI/CLI.hpp>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -20,10 +23,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <grpcpp/generic/generic_stub.h>
-#include <grpcpp/grpcpp.h>
 
 namespace {
 
@@ -62,11 +61,12 @@ class Outcomes {
 // is copied, the value is one slice over `zeros` (untouched anonymous memory: the zero page).
 grpc::ByteBuffer set_request(const char* zeros, size_t bytes) {
   std::string header = {0x0a, 0x01, 'k', 0x12};
-  for (uint64_t v = bytes; ; v >>= 7) {  // varint length
+  for (uint64_t v = bytes;; v >>= 7) {  // varint length
     header.push_back(static_cast<char>((v & 0x7f) | (v >= 0x80 ? 0x80 : 0)));
     if (v < 0x80) break;
   }
-  grpc::Slice slices[2] = {grpc::Slice(header), grpc::Slice(zeros, bytes, grpc::Slice::STATIC_SLICE)};
+  grpc::Slice slices[2] = {grpc::Slice(header),
+                           grpc::Slice(zeros, bytes, grpc::Slice::STATIC_SLICE)};
   return grpc::ByteBuffer(slices, bytes > 0 ? 2 : 1);
 }
 
@@ -85,11 +85,12 @@ struct Call {
 };
 
 void report(const char* phase, int sent, Outcomes& o, double seconds, bool finished) {
-  std::printf("%s: %d requests, %d UNAUTHENTICATED, %d UNAVAILABLE (refused/closed), %d "
-              "DEADLINE_EXCEEDED, %d OK, in %.2f s%s\n",
-              phase, sent, o.count(grpc::StatusCode::UNAUTHENTICATED),
-              o.count(grpc::StatusCode::UNAVAILABLE), o.count(grpc::StatusCode::DEADLINE_EXCEEDED),
-              o.count(grpc::StatusCode::OK), seconds, finished ? "" : " (stopped waiting)");
+  std::printf(
+      "%s: %d requests, %d UNAUTHENTICATED, %d UNAVAILABLE (refused/closed), %d "
+      "DEADLINE_EXCEEDED, %d OK, in %.2f s%s\n",
+      phase, sent, o.count(grpc::StatusCode::UNAUTHENTICATED),
+      o.count(grpc::StatusCode::UNAVAILABLE), o.count(grpc::StatusCode::DEADLINE_EXCEEDED),
+      o.count(grpc::StatusCode::OK), seconds, finished ? "" : " (stopped waiting)");
   std::fflush(stdout);
 }
 
@@ -113,7 +114,9 @@ int main(int argc, char** argv) {
   limit.rlim_cur = limit.rlim_max;
   setrlimit(RLIMIT_NOFILE, &limit);
 
-  const auto deadline = [&] { return std::chrono::system_clock::now() + std::chrono::seconds(seconds); };
+  const auto deadline = [&] {
+    return std::chrono::system_clock::now() + std::chrono::seconds(seconds);
+  };
   const auto bound = std::chrono::seconds(seconds + 5);
   int accepted = 0;
   grpc::StubOptions options;
@@ -139,8 +142,10 @@ int main(int argc, char** argv) {
       in_flight.push_back(std::move(call));
     }
     const bool finished = outcomes.wait_all(big, bound);
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    report(("big (" + std::to_string(big_mib) + " MiB each)").c_str(), big, outcomes, took, finished);
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    report(("big (" + std::to_string(big_mib) + " MiB each)").c_str(), big, outcomes, took,
+           finished);
     accepted += outcomes.count(grpc::StatusCode::OK);
     for (auto& c : in_flight) c->context.TryCancel();
     outcomes.wait_all(big, std::chrono::seconds(5));
@@ -177,7 +182,8 @@ int main(int argc, char** argv) {
       }
     }
     const bool finished = outcomes.wait_all(sent, bound);
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     report(("flood (" + std::to_string(flood) + " connections)").c_str(), sent, outcomes, took,
            finished);
     accepted += outcomes.count(grpc::StatusCode::OK);

@@ -10,6 +10,7 @@
 // (the floor any rendezvous over gRPC pays). The server runs in this process, so its CPU time
 // and RSS are this process's.
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/resource.h>
@@ -29,8 +30,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "tessel/launcher/proto/rendezvous.grpc.pb.h"
 #include "tessel/launcher/rendezvous_client.h"
@@ -84,7 +83,8 @@ int agent_main(const std::string& address, int count, int offset) {
   std::vector<std::unique_ptr<proto::Rendezvous::Stub>> stubs;
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (int i = 0; i < count; ++i) {
-    channels.push_back(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    channels.push_back(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
     stubs.push_back(proto::Rendezvous::NewStub(channels.back()));
   }
   for (auto& c : channels) {
@@ -107,7 +107,8 @@ int agent_main(const std::string& address, int count, int offset) {
   for (int i = 0; i < count; ++i) {
     ctx[i] = context();
     hb[i].set_node_id("ping");
-    stubs[i]->async()->Heartbeat(ctx[i].get(), &hb[i], &hbr[i], [&](grpc::Status) { latch.arrive(); });
+    stubs[i]->async()->Heartbeat(ctx[i].get(), &hb[i], &hbr[i],
+                                 [&](grpc::Status) { latch.arrive(); });
   }
   latch.wait(count);
   const double ping_ms = ms_since(t);
@@ -313,8 +314,8 @@ double run_restart(const std::string& self, int workers, bool through_launcher) 
       dup2(devnull, 1);
       dup2(devnull, 2);
       execl(TESSEL_RUN_PATH, TESSEL_RUN_PATH, "--standalone", "--nproc-per-node", n.c_str(),
-            "--max-restarts", "1", "--log-dir", (dir + "/logs").c_str(), self.c_str(),
-            "--worker", dir.c_str(), nullptr);
+            "--max-restarts", "1", "--log-dir", (dir + "/logs").c_str(), self.c_str(), "--worker",
+            dir.c_str(), nullptr);
       _exit(127);
     }
     waitpid(pid, nullptr, 0);

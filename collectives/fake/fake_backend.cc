@@ -1,12 +1,12 @@
 #include "tessel/collectives/fake/fake_backend.h"
 
+#include <sys/prctl.h>
+
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <numeric>
 #include <string>
-
-#include <sys/prctl.h>
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/comm_backend.h"
@@ -52,8 +52,8 @@ class LinkModel {
   Nanoseconds duration(int64_t bytes) const {
     Nanoseconds d = latency_;
     if (bytes_per_second_ > 0 && bytes > 0) {
-      d += Nanoseconds(static_cast<int64_t>(std::ceil(static_cast<double>(bytes) * 1e9 /
-                                                      bytes_per_second_)));
+      d += Nanoseconds(
+          static_cast<int64_t>(std::ceil(static_cast<double>(bytes) * 1e9 / bytes_per_second_)));
     }
     return d;
   }
@@ -95,8 +95,8 @@ class LinkModel {
   const double bytes_per_second_;
   std::mutex mutex_;
   std::condition_variable cv_;
-  bool aborted_ = false;      // guarded by mutex_
-  std::string abort_reason_;  // guarded by mutex_
+  bool aborted_ = false;                // guarded by mutex_
+  std::string abort_reason_;            // guarded by mutex_
   SteadyClock::time_point busy_until_;  // the previous call's modeled end; guarded by mutex_
 };
 
@@ -158,8 +158,7 @@ class FakeBackend final : public CommBackend {
     TESSEL_CHECK(request.members_given, NotImplemented,
                  "the fake backend cannot split by exchanging colours (no data moves); pass "
                  "SplitOptions::members or create the sub-group with fake::create_process_group");
-    return std::make_unique<FakeBackend>(request.new_rank,
-                                         static_cast<int>(request.members.size()),
+    return std::make_unique<FakeBackend>(request.new_rank, static_cast<int>(request.members.size()),
                                          request.options.id, log_, link_.latency(),
                                          link_.bytes_per_second());
   }
@@ -189,8 +188,7 @@ std::shared_ptr<ProcessGroup> create_process_group(int rank, int size, FakeOptio
                "fake group: rank {} is not in [0, {})", rank, size);
   TESSEL_CHECK(fake.latency >= Nanoseconds::zero(), InvalidArgument,
                "fake group: latency {}ns is negative", fake.latency.count());
-  TESSEL_CHECK(std::isfinite(fake.bytes_per_second) && fake.bytes_per_second >= 0,
-               InvalidArgument,
+  TESSEL_CHECK(std::isfinite(fake.bytes_per_second) && fake.bytes_per_second >= 0, InvalidArgument,
                "fake group: bytes_per_second {} must be finite and >= 0 (0: unlimited)",
                fake.bytes_per_second);
   std::vector<int> ranks(static_cast<size_t>(size));
@@ -202,11 +200,9 @@ std::shared_ptr<ProcessGroup> create_process_group(int rank, int size, FakeOptio
       std::move(options), std::move(ranks));
 }
 
-std::shared_ptr<ProcessGroup> create_process_group(int rank, int size,
-                                                   std::shared_ptr<FakeLog> log,
+std::shared_ptr<ProcessGroup> create_process_group(int rank, int size, std::shared_ptr<FakeLog> log,
                                                    ProcessGroupOptions options) {
-  return create_process_group(rank, size, FakeOptions{.log = std::move(log)},
-                              std::move(options));
+  return create_process_group(rank, size, FakeOptions{.log = std::move(log)}, std::move(options));
 }
 
 }  // namespace tessel::fake

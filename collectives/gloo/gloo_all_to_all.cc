@@ -125,7 +125,8 @@ std::vector<int> candidates_of(int rank, const std::vector<Hello>& hello) {
   if (!h.enabled) return out;
   for (size_t q = 0; q < hello.size(); ++q) {
     if (static_cast<int>(q) == rank || !hello[q].enabled) continue;
-    if (std::strncmp(hello[q].host, h.host, sizeof(h.host)) == 0) out.push_back(static_cast<int>(q));
+    if (std::strncmp(hello[q].host, h.host, sizeof(h.host)) == 0)
+      out.push_back(static_cast<int>(q));
   }
   return out;
 }
@@ -174,7 +175,8 @@ void copy_own(const Tensor& in, const Tensor& out, int64_t first, int64_t count,
   for (size_t p = 0; p < recv_buffers.size(); ++p) {
     if (recv_buffers[p] == nullptr) continue;
     try {
-      while (arrived[p] < from[p].count() && recv_buffers[p]->waitRecv(std::chrono::milliseconds(1))) {
+      while (arrived[p] < from[p].count() &&
+             recv_buffers[p]->waitRecv(std::chrono::milliseconds(1))) {
         ++arrived[p];
       }
     } catch (const ::gloo::Exception&) {
@@ -182,8 +184,10 @@ void copy_own(const Tensor& in, const Tensor& out, int64_t first, int64_t count,
     if (arrived[p] < from[p].count()) missing.push_back(static_cast<int>(p));
   }
   if (missing.empty()) {
-    throw Timeout(fmt::format("all_to_all: every piece arrived but the sends did not complete "
-                              "within {}", format_duration(timeout)));
+    throw Timeout(
+        fmt::format("all_to_all: every piece arrived but the sends did not complete "
+                    "within {}",
+                    format_duration(timeout)));
   }
   throw Timeout(fmt::format("all_to_all did not complete within {}; ranks not arrived: [{}]",
                             format_duration(timeout), fmt::join(missing, ", ")));
@@ -307,7 +311,7 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
   constexpr size_t kChunk = size_t{64} << 10;  // copied per step: a ring holds four
   // How far this rank's own chunk may run ahead of the flows when it would otherwise wait.
   constexpr size_t kAheadWhenIdle = size_t{512} << 10;
-  constexpr int kSpins = 256;                  // idle steps before sleeping on the doorbell
+  constexpr int kSpins = 256;  // idle steps before sleeping on the doorbell
   constexpr Nanoseconds kNap = std::chrono::milliseconds(5);  // between checks for dead peers
   TESSEL_CHECK(!shm_broken_, CommError,
                "all_to_all: an earlier all_to_all on this group failed and left its "
@@ -350,13 +354,15 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
   // group dumps for tessel-trace like a hang.
   auto mismatch = [&](int from, int to, uint64_t their_call, uint64_t sent, uint64_t expected) {
     if (their_call != call) {
-      throw CommError(fmt::format("all_to_all {}: rank {} sent rank {} the data of its call "
-                                   "{}: the ranks' collectives on this group are out of step",
-                                   call_str(call), from, to, call_str(their_call)));
+      throw CommError(
+          fmt::format("all_to_all {}: rank {} sent rank {} the data of its call "
+                      "{}: the ranks' collectives on this group are out of step",
+                      call_str(call), from, to, call_str(their_call)));
     }
-    throw CommError(fmt::format("all_to_all {}: rank {} sends {} bytes to rank {}, which "
-                                 "expects {} from it: the ranks passed different sizes",
-                                 call_str(call), from, sent, to, expected));
+    throw CommError(
+        fmt::format("all_to_all {}: rank {} sends {} bytes to rank {}, which "
+                    "expects {} from it: the ranks passed different sizes",
+                    call_str(call), from, sent, to, expected));
   };
 
   // Split rows: when every send and this rank's own block are column blocks of one matrix (the
@@ -485,7 +491,7 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
   auto push_rows = [&] {
     if (!fused || rows_done == layouts[0].rows) return false;
     int64_t band = std::min<int64_t>(layouts[0].rows - rows_done,
-                                      std::max<int64_t>(1, static_cast<int64_t>(kChunk / widest)));
+                                     std::max<int64_t>(1, static_cast<int64_t>(kChunk / widest)));
     for (size_t j = 0; j < outs.size(); ++j) {
       Flow& f = outs[j];
       if (!f.header) return false;
@@ -504,8 +510,7 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
     // band stops where the own block is, so they go together again from there.
     const bool with_own = own_rows == rows_done;
     if (!with_own) band = std::min(band, own_rows - rows_done);
-    sinks.back() = {static_cast<uint8_t*>(own_out.data_ptr()),
-                    0,
+    sinks.back() = {static_cast<uint8_t*>(own_out.data_ptr()), 0,
                     static_cast<size_t>(rows_done) * layouts.back().run,
                     worth_streaming(own_out.nbytes())};
     const size_t n = with_own ? layouts.size() : outs.size();
@@ -584,10 +589,10 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
         frontier = std::max(frontier, f.done);
       }
       // Waiting for the flows, it may run further ahead, as far as the rows still fit in cache.
-      const auto own_limit = flows_left ? static_cast<int64_t>((frontier + kChunk) / element)
-                                        : own_count;
-      const auto idle_limit = flows_left ? static_cast<int64_t>((frontier + kAheadWhenIdle) / element)
-                                         : own_count;
+      const auto own_limit =
+          flows_left ? static_cast<int64_t>((frontier + kChunk) / element) : own_count;
+      const auto idle_limit =
+          flows_left ? static_cast<int64_t>((frontier + kAheadWhenIdle) / element) : own_count;
       auto copy_own_piece = [&](int64_t limit) {
         const int64_t count = std::min<int64_t>(std::min(own_count, limit) - own_done,
                                                 static_cast<int64_t>(kChunk / element));
@@ -638,14 +643,18 @@ void GlooAllToAll::run_local(std::span<const Tensor> inputs, std::span<const Ten
       }
       for (const Flow& f : ins) {
         if (!f.finished() && f.peer->process.exited()) {
-          throw PeerLost(fmt::format("all_to_all: rank {} (pid {}) exited before all its data "
-                                     "arrived", f.peer->rank, f.peer->process.pid()));
+          throw PeerLost(
+              fmt::format("all_to_all: rank {} (pid {}) exited before all its data "
+                          "arrived",
+                          f.peer->rank, f.peer->process.pid()));
         }
       }
       for (const Flow& f : outs) {
         if (!f.finished() && f.peer->process.exited()) {
-          throw PeerLost(fmt::format("all_to_all: rank {} (pid {}) exited before taking all of "
-                                     "rank {}'s data", f.peer->rank, f.peer->process.pid(), me));
+          throw PeerLost(
+              fmt::format("all_to_all: rank {} (pid {}) exited before taking all of "
+                          "rank {}'s data",
+                          f.peer->rank, f.peer->process.pid(), me));
         }
       }
       bell.sleep(rung, std::min(kNap, deadline.remaining()));
@@ -705,8 +714,8 @@ void GlooAllToAll::run(std::span<const Tensor> inputs, std::span<const Tensor> o
   const Tensor& own_in = inputs[static_cast<size_t>(me)];
   const Tensor& own_out = outputs[static_cast<size_t>(me)];
   TESSEL_CHECK(to[me].bytes == from[me].bytes, InvalidArgument,
-               "all_to_all: rank {} sends itself {} elements but receives {}", me,
-               own_in.numel(), own_out.numel());
+               "all_to_all: rank {} sends itself {} elements but receives {}", me, own_in.numel(),
+               own_out.numel());
   const size_t bounce = staged;  // own chunk, both views strided: one piece at a time
   if (!own_in.is_contiguous() && !own_out.is_contiguous()) {
     staged += std::min(kPieceBytes, to[me].bytes);

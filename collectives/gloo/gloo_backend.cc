@@ -1,13 +1,5 @@
 #include "tessel/collectives/gloo/gloo_backend.h"
 
-#include <signal.h>
-
-#include <unistd.h>
-
-#include <algorithm>
-#include <cstring>
-#include <numeric>
-
 #include <fmt/format.h>
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
@@ -18,6 +10,12 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
 
 #include "tessel/base/clock.h"
 #include "tessel/base/env.h"
@@ -71,7 +69,8 @@ void gloo_call(std::string_view what, F&& f) {
     f();
   } catch (const ::gloo::IoException& e) {
     const std::string text = e.what();
-    if (text.find("Timed out") != std::string::npos || text.find("timed out") != std::string::npos) {
+    if (text.find("Timed out") != std::string::npos ||
+        text.find("timed out") != std::string::npos) {
       throw Timeout(fmt::format("gloo {}: {}", what, text));
     }
     if (text.find("closed") != std::string::npos || text.find("reset") != std::string::npos ||
@@ -91,12 +90,17 @@ void gloo_call(std::string_view what, F&& f) {
 template <typename F>
 void with_element_type(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::kF32: return f(float{});
-    case DType::kI64: return f(int64_t{});
-    case DType::kI32: return f(int32_t{});
+    case DType::kF32:
+      return f(float{});
+    case DType::kI64:
+      return f(int64_t{});
+    case DType::kI32:
+      return f(int32_t{});
     case DType::kBF16:
-    case DType::kF16: return f(uint16_t{});
-    case DType::kBool: return f(uint8_t{});
+    case DType::kF16:
+      return f(uint16_t{});
+    case DType::kBool:
+      return f(uint8_t{});
   }
 }
 
@@ -135,7 +139,6 @@ std::shared_ptr<::gloo::Context> connect(std::shared_ptr<tessel::Store> store, i
 constexpr uint64_t kP2pSlotPrefix = uint64_t{0x7e} << 56;
 // Slots of our reduce-scatter: prefix, 40 bits of the group sequence number, 16 of the step.
 constexpr uint64_t kReduceScatterSlotPrefix = uint64_t{0x7d} << 56;
-
 
 class GlooBackend final : public CommBackend {
  public:
@@ -182,9 +185,8 @@ class GlooBackend final : public CommBackend {
       inputs.push_back(narrow(flat, 0, offsets[me], own ? 0 : counts[me]));
       outputs.push_back(narrow(flat, 0, offsets[j], own ? 0 : counts[j]));
     }
-    gloo_call("all_reduce", [&] {
-      all_to_all_.run(inputs, outputs, ctx.seq, ctx.timeout, phases);
-    });
+    gloo_call("all_reduce",
+              [&] { all_to_all_.run(inputs, outputs, ctx.seq, ctx.timeout, phases); });
     if (op == ReduceOp::kAvg) internal::divide_by(tensor.dtype(), tensor.data_ptr(), total, n);
   }
 
@@ -242,7 +244,8 @@ class GlooBackend final : public CommBackend {
   // Gloo's collectives API has no reduce-scatter, so ours runs over its point-to-point buffers:
   // recursive halving (log2 n steps) for a power-of-two group and an input of at most
   // GlooOptions::halving_max_bytes, where latency matters; a ring (n - 1 steps, three chunks of
-  // scratch) otherwise, where bandwidth decides and the scratch stays small. Both move (n-1)/n of the buffer per rank, half of what an all_reduce moves.
+  // scratch) otherwise, where bandwidth decides and the scratch stays small. Both move (n-1)/n of
+  // the buffer per rank, half of what an all_reduce moves.
   void reduce_scatter(const Tensor& input, Tensor& output, std::span<const int64_t> counts,
                       ReduceOp op, const OpContext& ctx) override {
     const int n = size();
@@ -332,8 +335,7 @@ class GlooBackend final : public CommBackend {
 
   std::unique_ptr<CommBackend> split(const SplitRequest& request) override {
     if (request.color == kNoColor) return nullptr;
-    auto store = std::make_shared<PrefixStore>(fmt::format("gloo/{}", request.options.id),
-                                               store_);
+    auto store = std::make_shared<PrefixStore>(fmt::format("gloo/{}", request.options.id), store_);
     auto context = connect(store, request.new_rank, static_cast<int>(request.members.size()),
                            request.options.timeout, device_);
     return std::make_unique<GlooBackend>(std::move(store), std::move(context), device_,
@@ -367,9 +369,9 @@ class GlooBackend final : public CommBackend {
     const int64_t longest = *std::max_element(counts.begin(), counts.end());
     // Elements of each chunk per round: what fits the scratch, and few enough rounds that the
     // phases (all_reduce adds one) stay within a call id's 8 bits.
-    const int64_t per_round = std::max<int64_t>(
-        {static_cast<int64_t>(exchange_scratch_bytes_) / ((n - 1) * element),
-         (longest + kMaxRounds - 1) / kMaxRounds, 1});
+    const int64_t per_round =
+        std::max<int64_t>({static_cast<int64_t>(exchange_scratch_bytes_) / ((n - 1) * element),
+                           (longest + kMaxRounds - 1) / kMaxRounds, 1});
     const auto rounds =
         static_cast<uint32_t>(std::max<int64_t>(1, (longest + per_round - 1) / per_round));
     Tensor pieces = empty({(n - 1) * std::min(mine, per_round)}, dtype);

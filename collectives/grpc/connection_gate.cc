@@ -80,8 +80,7 @@ ConnectionGate::ConnectionGate(const std::string& address, ConnectionLimits limi
   if (limits_.max_connections == 0) limits_.max_connections = default_max_connections();
   const size_t colon = address.rfind(':');
   TESSEL_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < address.size(),
-               InvalidArgument, "server address '{}' is not host:port (e.g. 127.0.0.1:0)",
-               address);
+               InvalidArgument, "server address '{}' is not host:port (e.g. 127.0.0.1:0)", address);
   std::string host = address.substr(0, colon);
   const std::string port = address.substr(colon + 1);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
@@ -177,9 +176,11 @@ void ConnectionGate::run() {
   for (;;) {
     epoll_event events[64];
     const auto wait = std::chrono::ceil<std::chrono::milliseconds>(next_sweep - SteadyClock::now());
-    const int n = epoll_wait(epoll_fd_, events, 64, static_cast<int>(std::max<int64_t>(0, wait.count())));
+    const int n =
+        epoll_wait(epoll_fd_, events, 64, static_cast<int>(std::max<int64_t>(0, wait.count())));
     if (n < 0 && errno != EINTR) {
-      log_error(LogComponent::kCollectives, "connection gate: epoll_wait: {}", std::strerror(errno));
+      log_error(LogComponent::kCollectives, "connection gate: epoll_wait: {}",
+                std::strerror(errno));
       return;
     }
     for (int i = 0; i < n; ++i) {
@@ -204,8 +205,8 @@ void ConnectionGate::accept_ready() {
   for (;;) {
     sockaddr_storage addr{};
     socklen_t len = sizeof(addr);
-    const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len,
-                           SOCK_NONBLOCK | SOCK_CLOEXEC);
+    const int fd =
+        accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) {

@@ -21,6 +21,9 @@
 // Thread-safe. Owns the listening socket, one duplicate descriptor per accepted connection (to
 // see it close and to close it), and one thread (accept loop), joined by stop().
 
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -30,15 +33,12 @@
 #include <thread>
 #include <unordered_map>
 
-#include <grpcpp/security/server_credentials.h>
-#include <grpcpp/server_builder.h>
-
 namespace tessel::internal {
 
 struct ConnectionLimits {
-  size_t max_unauthenticated_per_peer = 64;  // from one address, before their first good call
-  size_t max_unauthenticated = 1024;         // from all addresses
-  size_t max_connections = 0;                // in all; 0: what RLIMIT_NOFILE leaves room for
+  size_t max_unauthenticated_per_peer = 64;      // from one address, before their first good call
+  size_t max_unauthenticated = 1024;             // from all addresses
+  size_t max_connections = 0;                    // in all; 0: what RLIMIT_NOFILE leaves room for
   std::chrono::milliseconds eviction_age{1000};  // an unauthenticated connection this old may
                                                  // be closed to make room for a newer one
   std::chrono::milliseconds auth_timeout{std::chrono::seconds(30)};  // closed unauthenticated
@@ -97,9 +97,9 @@ class ConnectionGate {
   int port_ = 0;
   std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor_;
   mutable std::mutex mutex_;
-  std::unordered_map<int, std::unique_ptr<Connection>> by_fd_;       // our duplicate fd
-  std::unordered_map<std::string, Connection*> by_peer_;             // gRPC's peer string
-  std::unordered_map<std::string, Peer> peers_;                      // per peer address
+  std::unordered_map<int, std::unique_ptr<Connection>> by_fd_;  // our duplicate fd
+  std::unordered_map<std::string, Connection*> by_peer_;        // gRPC's peer string
+  std::unordered_map<std::string, Peer> peers_;                 // per peer address
   ConnectionGateStats stats_;
   std::thread thread_;
   bool stopped_ = false;

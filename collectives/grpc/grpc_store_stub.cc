@@ -38,8 +38,7 @@ const std::string& StoreClient::address() const { no_grpc("StoreClient"); }
 void StoreClient::set(const std::string&, const std::string&) { no_grpc("StoreClient"); }
 std::string StoreClient::get(const std::string&, Nanoseconds) { no_grpc("StoreClient"); }
 int64_t StoreClient::add(const std::string&, int64_t) { no_grpc("StoreClient"); }
-std::string StoreClient::compare_set(const std::string&, const std::string&,
-                                     const std::string&) {
+std::string StoreClient::compare_set(const std::string&, const std::string&, const std::string&) {
   no_grpc("StoreClient");
 }
 void StoreClient::wait(const std::vector<std::string>&, Nanoseconds) { no_grpc("StoreClient"); }

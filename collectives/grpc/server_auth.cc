@@ -83,7 +83,8 @@ std::shared_ptr<grpc::ServerCredentials> token_server_credentials(const std::str
   if (tls.server_enabled()) {
     TESSEL_CHECK(!tls.key.empty(), InvalidArgument,
                  "TLS certificate '{}' given without its private key (TESSEL_TLS_KEY or "
-                 "--rdzv-tls-key)", tls.cert);
+                 "--rdzv-tls-key)",
+                 tls.cert);
     const std::string cert = read_pem(tls.cert, "certificate");
     const std::string key = read_pem(tls.key, "key");
     const std::string ca = tls.ca.empty() ? std::string() : read_pem(tls.ca, "CA");

@@ -9,11 +9,11 @@
 // control window (64 KiB) before the stream is reset. Either metadata key is accepted:
 // kTokenKeys.
 
-#include <memory>
-#include <string>
-
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
+
+#include <memory>
+#include <string>
 
 #include "tessel/collectives/store_tls.h"
 

@@ -1,9 +1,9 @@
 #include "tessel/collectives/store_client.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
@@ -28,26 +28,40 @@ int to_ms(Nanoseconds d) {
 
 const char* state_name(grpc_connectivity_state state) {
   switch (state) {
-    case GRPC_CHANNEL_IDLE: return "IDLE";
-    case GRPC_CHANNEL_CONNECTING: return "CONNECTING";
-    case GRPC_CHANNEL_READY: return "READY";
-    case GRPC_CHANNEL_TRANSIENT_FAILURE: return "TRANSIENT_FAILURE";
-    case GRPC_CHANNEL_SHUTDOWN: return "SHUTDOWN";
+    case GRPC_CHANNEL_IDLE:
+      return "IDLE";
+    case GRPC_CHANNEL_CONNECTING:
+      return "CONNECTING";
+    case GRPC_CHANNEL_READY:
+      return "READY";
+    case GRPC_CHANNEL_TRANSIENT_FAILURE:
+      return "TRANSIENT_FAILURE";
+    case GRPC_CHANNEL_SHUTDOWN:
+      return "SHUTDOWN";
   }
   return "unknown";
 }
 
 const char* code_name(grpc::StatusCode code) {
   switch (code) {
-    case grpc::StatusCode::CANCELLED: return "CANCELLED";
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
-    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
-    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
-    case grpc::StatusCode::INTERNAL: return "INTERNAL";
-    default: return "error";
+    case grpc::StatusCode::CANCELLED:
+      return "CANCELLED";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL:
+      return "INTERNAL";
+    default:
+      return "error";
   }
 }
 
@@ -76,14 +90,16 @@ void prepare(grpc::ClientContext& context, const StoreClient::Impl& impl, Nanose
     case grpc::StatusCode::INVALID_ARGUMENT:
       throw InvalidArgument(fmt::format("store at {}: {}: {}", impl.address, what, text));
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      throw CommError(fmt::format("store at {} refused {}: {} (a server limit; see "
-                                  "StoreLimits, max_request_bytes for gRPC's own message)",
-                                  impl.address, what, text));
+      throw CommError(
+          fmt::format("store at {} refused {}: {} (a server limit; see "
+                      "StoreLimits, max_request_bytes for gRPC's own message)",
+                      impl.address, what, text));
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::CANCELLED:
-      throw PeerLost(fmt::format("store server at {} went away or is unreachable during {}: "
-                                 "{}: {}",
-                                 impl.address, what, code_name(status.error_code()), text));
+      throw PeerLost(
+          fmt::format("store server at {} went away or is unreachable during {}: "
+                      "{}: {}",
+                      impl.address, what, code_name(status.error_code()), text));
     default:
       throw CommError(fmt::format("store at {}: {} failed: {}: {}", impl.address, what,
                                   code_name(status.error_code()), text));
@@ -132,8 +148,8 @@ StoreClient::Impl::Impl(std::string address_in, std::string token_in,
 // One unary call: the token, the deadline, the in-process gate, and errors mapped to tessel's.
 // `what` describes the call for messages (built only on failure).
 template <typename Response, typename Request, typename Rpc, typename What>
-Response call(const StoreClient::Impl& impl, Rpc rpc, const Request& request,
-              Nanoseconds timeout, What&& what) {
+Response call(const StoreClient::Impl& impl, Rpc rpc, const Request& request, Nanoseconds timeout,
+              What&& what) {
   std::shared_lock<std::shared_mutex> gate_lock;
   if (impl.gate) {
     gate_lock = std::shared_lock(impl.gate->mutex);
@@ -158,9 +174,9 @@ StoreClient::StoreClient(StoreClientOptions options) : Store(options.default_tim
                "StoreClient for {} needs the job's token (TESSEL_STORE_TOKEN or "
                "TESSEL_STORE_TOKEN_FILE)",
                options.address);
-  auto channel = grpc::CreateCustomChannel(options.address,
-                                           internal::client_channel_credentials(options.tls),
-                                           internal::store_channel_arguments(options));
+  auto channel =
+      grpc::CreateCustomChannel(options.address, internal::client_channel_credentials(options.tls),
+                                internal::store_channel_arguments(options));
   TESSEL_CHECK(channel != nullptr, CommError, "could not create a gRPC channel to '{}'",
                options.address);
   // Connect: wait for the channel in growing windows (gRPC reconnects with the same backoff
@@ -171,15 +187,14 @@ StoreClient::StoreClient(StoreClientOptions options) : Store(options.default_tim
   while (true) {
     ++attempts;
     const auto until = std::min(give_up.when(), SteadyClock::now() + window);
-    const auto system_until =
-        std::chrono::system_clock::now() + (until - SteadyClock::now());
+    const auto system_until = std::chrono::system_clock::now() + (until - SteadyClock::now());
     if (channel->WaitForConnected(system_until)) break;
     if (give_up.expired()) {
-      throw CommError(fmt::format(
-          "could not connect to the store server at {} within {} ({} attempts; channel "
-          "state {}); is the server running and the address right (TESSEL_STORE_ADDR)?",
-          options.address, format_duration(options.connect_timeout), attempts,
-          state_name(channel->GetState(false))));
+      throw CommError(
+          fmt::format("could not connect to the store server at {} within {} ({} attempts; channel "
+                      "state {}); is the server running and the address right (TESSEL_STORE_ADDR)?",
+                      options.address, format_duration(options.connect_timeout), attempts,
+                      state_name(channel->GetState(false))));
     }
     window = std::min(window * 2, options.max_connect_backoff);
   }
@@ -211,8 +226,8 @@ void StoreClient::set(const std::string& key, const std::string& value) {
 
 // get, multi_get and wait share one RPC.
 static std::vector<std::string> blocking_get(const StoreClient::Impl& impl, const char* op,
-                                             const std::vector<std::string>& keys,
-                                             bool want_values, Nanoseconds timeout) {
+                                             const std::vector<std::string>& keys, bool want_values,
+                                             Nanoseconds timeout) {
   timeout = std::clamp(timeout, Nanoseconds::zero(), kLongestCall);
   storepb::GetRequest request;
   add_keys(request, keys);
@@ -247,8 +262,8 @@ int64_t StoreClient::add(const std::string& key, int64_t delta) {
   storepb::AddRequest request;
   request.set_key(key);
   request.set_delta(delta);
-  return call<storepb::AddResponse>(*impl_, &storepb::Store::Stub::Add, request,
-                                    impl_->rpc_timeout, [&] { return describe("add", {key}); })
+  return call<storepb::AddResponse>(*impl_, &storepb::Store::Stub::Add, request, impl_->rpc_timeout,
+                                    [&] { return describe("add", {key}); })
       .value();
 }
 
@@ -283,14 +298,13 @@ bool StoreClient::delete_key(const std::string& key) {
 
 void StoreClient::multi_set(const std::vector<std::string>& keys,
                             const std::vector<std::string>& values) {
-  TESSEL_CHECK(keys.size() == values.size(), InvalidArgument,
-               "multi_set: {} keys but {} values", keys.size(), values.size());
+  TESSEL_CHECK(keys.size() == values.size(), InvalidArgument, "multi_set: {} keys but {} values",
+               keys.size(), values.size());
   storepb::MultiSetRequest request;
   add_keys(request, keys);
   for (const auto& v : values) request.add_values(v);
   call<storepb::MultiSetResponse>(*impl_, &storepb::Store::Stub::MultiSet, request,
-                                  impl_->rpc_timeout,
-                                  [&] { return describe("multi_set", keys); });
+                                  impl_->rpc_timeout, [&] { return describe("multi_set", keys); });
 }
 
 }  // namespace tessel

@@ -2,12 +2,12 @@
 // The gRPC side of StoreClient: its Impl, so StoreServer::connect() can make a client over the
 // server's in-process channel. Internal to collectives/grpc.
 
+#include <grpcpp/channel.h>
+#include <grpcpp/support/channel_arguments.h>
+
 #include <memory>
 #include <shared_mutex>
 #include <string>
-
-#include <grpcpp/channel.h>
-#include <grpcpp/support/channel_arguments.h>
 
 #include "tessel/collectives/grpc/store.grpc.pb.h"
 #include "tessel/collectives/store_client.h"

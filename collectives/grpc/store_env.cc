@@ -75,8 +75,7 @@ StoreClientOptions store_client_options_from_env() {
 }
 
 TlsFiles tls_files_from_env() {
-  return {env_string(EnvKnob::kTlsCert), env_string(EnvKnob::kTlsKey),
-          env_string(EnvKnob::kTlsCa)};
+  return {env_string(EnvKnob::kTlsCert), env_string(EnvKnob::kTlsKey), env_string(EnvKnob::kTlsCa)};
 }
 
 std::shared_ptr<Store> store_client_from_env() {

@@ -51,11 +51,14 @@ StoreServer::StoreServer(StoreServerOptions options) : impl_(std::make_unique<Im
       impl_->connections = std::make_unique<internal::ConnectionGate>(
           options.address, internal::connection_limits(options.limits));
     } catch (const IoError& e) {
-      throw IoError(fmt::format("store server could not listen on '{}' (address in use or not "
-                                "local?): {}", options.address, e.message()));
+      throw IoError(
+          fmt::format("store server could not listen on '{}' (address in use or not "
+                      "local?): {}",
+                      options.address, e.message()));
     }
     impl_->port = impl_->connections->port();
-    impl_->connections->attach(builder, internal::token_server_credentials(options.token, options.tls));
+    impl_->connections->attach(builder,
+                               internal::token_server_credentials(options.token, options.tls));
     impl_->service->set_gate(impl_->connections.get());
   }
   internal::add_store_service(builder, *impl_->service);

@@ -38,8 +38,8 @@ const grpc::Status& unauthenticated() {
 
 // Runs op for an authorized caller and finishes the call with its outcome.
 template <typename Op>
-grpc::ServerUnaryReactor* answer(const StoreService& service,
-                                 grpc::CallbackServerContext* context, Op&& op) {
+grpc::ServerUnaryReactor* answer(const StoreService& service, grpc::CallbackServerContext* context,
+                                 Op&& op) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (!service.authorized(*context)) {
     reactor->Finish(unauthenticated());
@@ -60,14 +60,13 @@ grpc::ServerUnaryReactor* answer(const StoreService& service,
 // server stops, or the caller cancels. Deletes itself when gRPC is done with the call.
 class GetReactor final : public grpc::ServerUnaryReactor, public StoreWaiter {
  public:
-  GetReactor(StoreTable& table, const storepb::GetRequest& request,
-             storepb::GetResponse* response)
+  GetReactor(StoreTable& table, const storepb::GetRequest& request, storepb::GetResponse* response)
       : table_(table), response_(response), timeout_(Nanoseconds(request.timeout_ns())) {}
 
   void start(const storepb::GetRequest& request) {
     try {
-      auto values = table_.get_or_park(to_vector(request.keys()), request.want_values(),
-                                       timeout_, this);
+      auto values =
+          table_.get_or_park(to_vector(request.keys()), request.want_values(), timeout_, this);
       if (values) finish(WaitEnd::kReady, std::move(*values));
     } catch (const Error& e) {
       Finish(status_of(e));
@@ -171,8 +170,7 @@ grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* context,
                                                   const storepb::DeleteKeyRequest* request,
                                                   storepb::DeleteKeyResponse* response) {
-  return answer(*this, context,
-                [&] { response->set_existed(table_.delete_key(request->key())); });
+  return answer(*this, context, [&] { response->set_existed(table_.delete_key(request->key())); });
 }
 
 grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* context,

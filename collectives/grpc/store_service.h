@@ -17,9 +17,9 @@
 //
 // The service must outlive the grpc::Server it is registered on.
 
-#include <string>
-
 #include <grpcpp/server_builder.h>
+
+#include <string>
 
 #include "tessel/collectives/grpc/connection_gate.h"
 #include "tessel/collectives/grpc/server_auth.h"

@@ -59,8 +59,8 @@ void StoreTable::stop() {
 
 void StoreTable::check_key(const std::string& key) const {
   TESSEL_CHECK(key.size() <= limits_.max_key_bytes, InvalidArgument,
-               "store key '{}' has {} bytes; the store's max_key_bytes limit is {}",
-               shorten(key), key.size(), limits_.max_key_bytes);
+               "store key '{}' has {} bytes; the store's max_key_bytes limit is {}", shorten(key),
+               key.size(), limits_.max_key_bytes);
 }
 
 void StoreTable::check_key_count(size_t n, const char* what) const {
@@ -181,8 +181,8 @@ bool StoreTable::delete_key(const std::string& key) {
 
 void StoreTable::multi_set(const std::vector<std::string>& keys,
                            const std::vector<std::string>& values) {
-  TESSEL_CHECK(keys.size() == values.size(), InvalidArgument,
-               "multi_set: {} keys but {} values", keys.size(), values.size());
+  TESSEL_CHECK(keys.size() == values.size(), InvalidArgument, "multi_set: {} keys but {} values",
+               keys.size(), values.size());
   check_key_count(keys.size(), "multi_set");
   for (size_t i = 0; i < keys.size(); ++i) {
     check_key(keys[i]);

@@ -96,8 +96,8 @@ class GlooAllToAll {
   std::shared_ptr<::gloo::Context> context_;
   SharedMemoryOptions shm_options_;
   bool shm_settled_ = false;
-  bool shm_broken_ = false;  // a call over the rings failed: they are out of step
-  bool crowded_ = false;     // more ranks on this host than CPUs this one may use
+  bool shm_broken_ = false;            // a call over the rings failed: they are out of step
+  bool crowded_ = false;               // more ranks on this host than CPUs this one may use
   bool group_has_candidates_ = false;  // some pair of ranks may share memory (any rank's view)
   ShmSegment own_;
   std::vector<int> local_index_;  // per rank: its index in locals_, or -1

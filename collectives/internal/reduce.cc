@@ -11,10 +11,14 @@ template <typename T>
 T combine(ReduceOp op, T a, T b) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return static_cast<T>(a + b);
-    case ReduceOp::kMax: return std::max(a, b);
-    case ReduceOp::kMin: return std::min(a, b);
-    case ReduceOp::kProduct: return static_cast<T>(a * b);
+    case ReduceOp::kAvg:
+      return static_cast<T>(a + b);
+    case ReduceOp::kMax:
+      return std::max(a, b);
+    case ReduceOp::kMin:
+      return std::min(a, b);
+    case ReduceOp::kProduct:
+      return static_cast<T>(a * b);
   }
   return a;
 }
@@ -55,8 +59,7 @@ void pair_bool(ReduceOp op, uint8_t* out, const uint8_t* a, const uint8_t* b, in
 
 }  // namespace
 
-void reduce_pair(DType dtype, ReduceOp op, void* out, const void* a, const void* b,
-                 int64_t count) {
+void reduce_pair(DType dtype, ReduceOp op, void* out, const void* a, const void* b, int64_t count) {
   switch (dtype) {
     case DType::kF32:
       return pair_typed(op, static_cast<float*>(out), static_cast<const float*>(a),
@@ -117,7 +120,8 @@ void divide_by(DType dtype, void* data, int64_t count, int64_t divisor) {
       }
       return;
     }
-    case DType::kBool: return;
+    case DType::kBool:
+      return;
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <linux/futex.h>
 #include <poll.h>
 #include <signal.h>
@@ -17,8 +18,6 @@
 #include <fstream>
 #include <random>
 #include <utility>
-
-#include <fmt/format.h>
 
 namespace tessel::internal {
 namespace {

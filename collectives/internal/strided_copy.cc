@@ -1,11 +1,11 @@
 #include "tessel/collectives/internal/strided_copy.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <type_traits>
-
-#include <unistd.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -145,11 +145,13 @@ __attribute__((always_inline)) inline void stream_run(char* dst, const char* src
 template <bool Unpack>
 TESSEL_ISA_CLONES void copy_rows(char* packed, char* strided, int64_t rows, size_t run,
                                  int64_t pitch, bool nt, bool ahead) {
-  const bool prefetch = ahead && pitch > static_cast<int64_t>(run) && pitch <= 8 * static_cast<int64_t>(run);
+  const bool prefetch =
+      ahead && pitch > static_cast<int64_t>(run) && pitch <= 8 * static_cast<int64_t>(run);
   constexpr int64_t kAhead = 8;  // rows
   for (int64_t i = 0; i < rows; ++i, packed += run, strided += pitch) {
     if (prefetch && !nt && i + kAhead < rows) {
-      for (int64_t b = 0; b < pitch; b += 64) __builtin_prefetch(strided + kAhead * pitch + b, Unpack, 3);
+      for (int64_t b = 0; b < pitch; b += 64)
+        __builtin_prefetch(strided + kAhead * pitch + b, Unpack, 3);
     }
     char* d = Unpack ? strided : packed;
     const char* s = Unpack ? packed : strided;
@@ -165,7 +167,6 @@ TESSEL_ISA_CLONES void copy_rows(char* packed, char* strided, int64_t rows, size
   if (nt) _mm_sfence();
 #endif
 }
-
 
 // Elements [first, first + count) of a view of rows of contiguous runs (one outer dimension):
 // the partial rows at the ends through copy_run, the whole rows between through copy_rows.
@@ -197,9 +198,10 @@ void copy_2d(const Rows& r, int64_t first, int64_t count, char* packed, bool str
     const size_t run = static_cast<size_t>(r.row) * e;
     char* first_row = r.base + row * pitch;
     char* dst = Unpack ? first_row : packed;
-    const bool nt = run % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 &&
-                    (Unpack ? pitch % 16 == 0 && worth_streaming(static_cast<size_t>(r.size[0] * pitch))
-                            : stream);
+    const bool nt =
+        run % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 &&
+        (Unpack ? pitch % 16 == 0 && worth_streaming(static_cast<size_t>(r.size[0] * pitch))
+                : stream);
     // Rows in cache already (a view spanning less) gain nothing from prefetching.
     const bool ahead = worth_streaming(static_cast<size_t>(r.size[0] * pitch));
     copy_rows<Unpack>(packed, first_row, whole, run, pitch, nt, ahead);
@@ -276,14 +278,15 @@ std::optional<RowRuns> row_runs(const Tensor& view) {
 
 namespace {
 
-TESSEL_ISA_CLONES void split_rows_impl(std::span<const RowRuns> views, int64_t first,
-                                       int64_t count, std::span<RowSink> sinks, const char* lo,
-                                       int64_t span, bool ahead) {
+TESSEL_ISA_CLONES void split_rows_impl(std::span<const RowRuns> views, int64_t first, int64_t count,
+                                       std::span<RowSink> sinks, const char* lo, int64_t span,
+                                       bool ahead) {
   constexpr int64_t kAhead = 8;  // rows
   const int64_t pitch = views[0].pitch;
   for (int64_t row = first; row < first + count; ++row) {
     if (ahead && row + kAhead < first + count) {
-      for (int64_t b = 0; b < span; b += 64) __builtin_prefetch(lo + (row + kAhead) * pitch + b, 0, 3);
+      for (int64_t b = 0; b < span; b += 64)
+        __builtin_prefetch(lo + (row + kAhead) * pitch + b, 0, 3);
     }
     for (size_t j = 0; j < views.size(); ++j) {
       const char* src = views[j].base + row * pitch;
@@ -334,8 +337,8 @@ void split_rows(std::span<const RowRuns> views, int64_t first, int64_t count,
     hi = std::max(hi, v.base + v.run);
   }
   const int64_t span = hi - lo;
-  const bool ahead = span <= 4096 &&
-                     worth_streaming(static_cast<size_t>(views[0].rows * views[0].pitch));
+  const bool ahead =
+      span <= 4096 && worth_streaming(static_cast<size_t>(views[0].rows * views[0].pitch));
   split_rows_impl(views, first, count, sinks, lo, span, ahead);
 }
 

@@ -3,6 +3,7 @@
 // The C API only: keep Open MPI / MPICH from pulling in their deprecated C++ bindings.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
+#include <fmt/format.h>
 #include <mpi.h>
 
 #include <algorithm>
@@ -10,8 +11,6 @@
 #include <cstdlib>
 #include <mutex>
 #include <numeric>
-
-#include <fmt/format.h>
 
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
@@ -69,13 +68,19 @@ class MpiRuntime {
   // The MPI op for `op` (kAvg as kSum) on `dtype`.
   MPI_Op op_for(DType dtype, ReduceOp op) const {
     if (op == ReduceOp::kAvg) op = ReduceOp::kSum;
-    const int slot = static_cast<int>(op == ReduceOp::kSum ? 0 : op == ReduceOp::kMax ? 1
-                                      : op == ReduceOp::kMin ? 2 : 3);
+    const int slot = static_cast<int>(op == ReduceOp::kSum   ? 0
+                                      : op == ReduceOp::kMax ? 1
+                                      : op == ReduceOp::kMin ? 2
+                                                             : 3);
     switch (dtype) {
-      case DType::kBF16: return user_ops_[0][slot];
-      case DType::kF16: return user_ops_[1][slot];
-      case DType::kBool: return user_ops_[2][slot];
-      default: break;
+      case DType::kBF16:
+        return user_ops_[0][slot];
+      case DType::kF16:
+        return user_ops_[1][slot];
+      case DType::kBool:
+        return user_ops_[2][slot];
+      default:
+        break;
     }
     static constexpr MPI_Op kBuiltin[] = {MPI_SUM, MPI_MAX, MPI_MIN, MPI_PROD};
     return kBuiltin[slot];
@@ -109,7 +114,8 @@ class MpiRuntime {
     MPI_User_function* fns[] = {&user_reduce<D, ReduceOp::kSum>, &user_reduce<D, ReduceOp::kMax>,
                                 &user_reduce<D, ReduceOp::kMin>,
                                 &user_reduce<D, ReduceOp::kProduct>};
-    for (int i = 0; i < 4; ++i) mpi_check(MPI_Op_create(fns[i], 1, &user_ops_[row][i]), "MPI_Op_create");
+    for (int i = 0; i < 4; ++i)
+      mpi_check(MPI_Op_create(fns[i], 1, &user_ops_[row][i]), "MPI_Op_create");
   }
 
   bool owns_ = false;
@@ -120,12 +126,17 @@ class MpiRuntime {
 
 MPI_Datatype mpi_type(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return MPI_FLOAT;
-    case DType::kI64: return MPI_INT64_T;
-    case DType::kI32: return MPI_INT32_T;
+    case DType::kF32:
+      return MPI_FLOAT;
+    case DType::kI64:
+      return MPI_INT64_T;
+    case DType::kI32:
+      return MPI_INT32_T;
     case DType::kBF16:
-    case DType::kF16: return MPI_UINT16_T;
-    case DType::kBool: return MPI_UINT8_T;
+    case DType::kF16:
+      return MPI_UINT16_T;
+    case DType::kBool:
+      return MPI_UINT8_T;
   }
   return MPI_BYTE;
 }
@@ -176,10 +187,10 @@ class MpiBackend final : public CommBackend {
 
   void all_reduce(Tensor& t, ReduceOp op, const OpContext&) override {
     if (t.numel() == 0) return;
-    mpi_check(MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), to_int(t.numel(), "all_reduce"),
-                            mpi_type(t.dtype()), MpiRuntime::get().op_for(t.dtype(), op),
-                            comm_->get()),
-              "MPI_Allreduce");
+    mpi_check(
+        MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), to_int(t.numel(), "all_reduce"),
+                      mpi_type(t.dtype()), MpiRuntime::get().op_for(t.dtype(), op), comm_->get()),
+        "MPI_Allreduce");
     if (op == ReduceOp::kAvg) internal::divide_by(t.dtype(), t.data_ptr(), t.numel(), size_);
   }
 
@@ -246,17 +257,15 @@ class MpiBackend final : public CommBackend {
                  received, t.nbytes());
   }
 
-  void barrier(const OpContext&) override {
-    mpi_check(MPI_Barrier(comm_->get()), "MPI_Barrier");
-  }
+  void barrier(const OpContext&) override { mpi_check(MPI_Barrier(comm_->get()), "MPI_Barrier"); }
 
   std::unique_ptr<CommBackend> split(const SplitRequest& request) override {
     MPI_Comm sub = MPI_COMM_NULL;
     // MPI orders a colour's members by (key, old rank), exactly as ProcessGroup computed.
-    mpi_check(MPI_Comm_split(comm_->get(),
-                             request.color == kNoColor ? MPI_UNDEFINED : request.color,
-                             request.key, &sub),
-              "MPI_Comm_split");
+    mpi_check(
+        MPI_Comm_split(comm_->get(), request.color == kNoColor ? MPI_UNDEFINED : request.color,
+                       request.key, &sub),
+        "MPI_Comm_split");
     if (sub == MPI_COMM_NULL) return nullptr;
     return std::make_unique<MpiBackend>(std::make_unique<MpiComm>(sub));
   }

@@ -1,6 +1,7 @@
 #include "tessel/collectives/nccl/nccl_backend.h"
 
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 #include <nccl.h>
 
 #include <algorithm>
@@ -11,8 +12,6 @@
 #include <mutex>
 #include <numeric>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
@@ -26,44 +25,54 @@ namespace {
 
 void cuda_check(cudaError_t rc, std::string_view call) {
   if (rc == cudaSuccess) return;
-  throw CommError(fmt::format("{} failed: {} ({})", call, cudaGetErrorString(rc),
-                              cudaGetErrorName(rc)));
+  throw CommError(
+      fmt::format("{} failed: {} ({})", call, cudaGetErrorString(rc), cudaGetErrorName(rc)));
 }
 
 // ncclInProgress is not an error for non-blocking communicators: completion is polled.
 void nccl_check(ncclResult_t rc, std::string_view call) {
   if (rc == ncclSuccess || rc == ncclInProgress) return;
   if (rc == ncclRemoteError) {
-    throw PeerLost(fmt::format("{} failed: a remote rank failed: {}", call,
-                               ncclGetErrorString(rc)));
+    throw PeerLost(
+        fmt::format("{} failed: a remote rank failed: {}", call, ncclGetErrorString(rc)));
   }
-  throw CommError(fmt::format("{} failed: {} (NCCL {})", call, ncclGetErrorString(rc),
-                              static_cast<int>(rc)));
+  throw CommError(
+      fmt::format("{} failed: {} (NCCL {})", call, ncclGetErrorString(rc), static_cast<int>(rc)));
 }
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return ncclFloat32;
-    case DType::kBF16: return ncclBfloat16;
-    case DType::kF16: return ncclFloat16;
-    case DType::kI64: return ncclInt64;
-    case DType::kI32: return ncclInt32;
-    case DType::kBool: return ncclUint8;
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kF16:
+      return ncclFloat16;
+    case DType::kI64:
+      return ncclInt64;
+    case DType::kI32:
+      return ncclInt32;
+    case DType::kBool:
+      return ncclUint8;
   }
   return ncclUint8;
 }
 
 ncclRedOp_t nccl_op(DType dtype, ReduceOp op) {
   if (dtype == DType::kBool) {  // or / and
-    return op == ReduceOp::kSum || op == ReduceOp::kAvg || op == ReduceOp::kMax ? ncclMax
-                                                                                 : ncclMin;
+    return op == ReduceOp::kSum || op == ReduceOp::kAvg || op == ReduceOp::kMax ? ncclMax : ncclMin;
   }
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kMin: return ncclMin;
-    case ReduceOp::kProduct: return ncclProd;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kProduct:
+      return ncclProd;
   }
   return ncclSum;
 }
@@ -289,8 +298,7 @@ ncclConfig_t nonblocking_config() {
 
 class NcclBackend final : public CommBackend {
  public:
-  NcclBackend(std::shared_ptr<NcclComm> comm, int device, int rank, int size,
-              Nanoseconds timeout)
+  NcclBackend(std::shared_ptr<NcclComm> comm, int device, int rank, int size, Nanoseconds timeout)
       : comm_(std::move(comm)),
         device_(device),
         rank_(rank),
@@ -353,8 +361,8 @@ class NcclBackend final : public CommBackend {
 
   void all_gather(const Tensor& in, Tensor& out, std::span<const int64_t> counts,
                   const OpContext& ctx) override {
-    const bool even = std::all_of(counts.begin(), counts.end(),
-                                  [&](int64_t c) { return c == counts[0]; });
+    const bool even =
+        std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; });
     const size_t es = in.element_size();
     run(ctx, "all_gather", {in, out}, [&](ncclComm_t c, cudaStream_t s) {
       if (even) {
@@ -377,15 +385,15 @@ class NcclBackend final : public CommBackend {
 
   void reduce_scatter(const Tensor& in, Tensor& out, std::span<const int64_t> counts, ReduceOp op,
                       const OpContext& ctx) override {
-    const bool even = std::all_of(counts.begin(), counts.end(),
-                                  [&](int64_t c) { return c == counts[0]; });
+    const bool even =
+        std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; });
     const size_t es = in.element_size();
     const auto type = nccl_type(in.dtype());
     const auto red = nccl_op(in.dtype(), op);
     run(ctx, "reduce_scatter", {in, out}, [&](ncclComm_t c, cudaStream_t s) {
       if (even) {
-        nccl_check(ncclReduceScatter(in.data_ptr(), out.data_ptr(),
-                                     static_cast<size_t>(counts[0]), type, red, c, s),
+        nccl_check(ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(counts[0]),
+                                     type, red, c, s),
                    "ncclReduceScatter");
         return;
       }
@@ -393,9 +401,9 @@ class NcclBackend final : public CommBackend {
       nccl_check(ncclGroupStart(), "ncclGroupStart");
       const auto* src = static_cast<const uint8_t*>(in.data_ptr());
       for (int r = 0; r < size_; ++r) {
-        nccl_check(ncclReduce(src, out.data_ptr(), static_cast<size_t>(counts[r]), type, red, r,
-                              c, s),
-                   "ncclReduce");
+        nccl_check(
+            ncclReduce(src, out.data_ptr(), static_cast<size_t>(counts[r]), type, red, r, c, s),
+            "ncclReduce");
         src += static_cast<size_t>(counts[r]) * es;
       }
       nccl_check(ncclGroupEnd(), "ncclGroupEnd");

@@ -8,8 +8,9 @@ bool nccl_is_available() { return false; }
 
 std::shared_ptr<ProcessGroup> nccl_create_process_group(std::shared_ptr<Store>, int, int,
                                                         NcclOptions) {
-  throw Unavailable("this tessel build has no NCCL backend (configure with TESSEL_WITH_CUDA=ON "
-                    "on a machine with the CUDA toolkit and NCCL)");
+  throw Unavailable(
+      "this tessel build has no NCCL backend (configure with TESSEL_WITH_CUDA=ON "
+      "on a machine with the CUDA toolkit and NCCL)");
 }
 
 }  // namespace tessel

@@ -1,5 +1,8 @@
 #include "tessel/collectives/threads/threads_backend.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -9,9 +12,6 @@
 #include <optional>
 #include <thread>
 #include <tuple>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/comm_backend.h"
@@ -32,8 +32,8 @@ struct Post {
   void* output = nullptr;
   std::span<const int64_t> send_counts = {};
   DeviceType device_type = DeviceType::kCPU;  // of the posted tensors; every rank's must agree
-  Tensor tensor = {};                // device tensors: what the others read
-  std::optional<Event> ready = {};   // device tensors: `tensor` is ready once this completes
+  Tensor tensor = {};                         // device tensors: what the others read
+  std::optional<Event> ready = {};  // device tensors: `tensor` is ready once this completes
 };
 
 // A message in flight between two ranks: host bytes, or a device tensor (the sender's copy).
@@ -57,13 +57,13 @@ struct Shared {
   const uint64_t uid;
   std::mutex mutex;
   std::condition_variable cv;
-  std::vector<Post> posts;           // written by each rank before the first barrier
-  std::vector<bool> arrived;         // guarded by mutex: ranks at the current barrier
-  int arrived_count = 0;             // guarded by mutex
-  uint64_t generation = 0;           // guarded by mutex
-  std::vector<uint64_t> entered_seq; // guarded by mutex: last collective seq each rank entered
-  bool broken = false;               // guarded by mutex
-  std::string broken_reason;         // guarded by mutex
+  std::vector<Post> posts;            // written by each rank before the first barrier
+  std::vector<bool> arrived;          // guarded by mutex: ranks at the current barrier
+  int arrived_count = 0;              // guarded by mutex
+  uint64_t generation = 0;            // guarded by mutex
+  std::vector<uint64_t> entered_seq;  // guarded by mutex: last collective seq each rank entered
+  bool broken = false;                // guarded by mutex
+  std::string broken_reason;          // guarded by mutex
   // p2p messages by (src, dst, tag), in send order; guarded by mutex.
   std::map<std::tuple<int, int, int>, std::deque<Message>> mailboxes;
 };
@@ -77,7 +77,7 @@ struct Registry {
     std::shared_ptr<Shared> shared;
     int fetched = 0;
   };
-  std::map<std::string, Pending> pending;   // guarded by mutex
+  std::map<std::string, Pending> pending;     // guarded by mutex
   std::vector<std::weak_ptr<Shared>> groups;  // guarded by mutex
 
   void abort_all(const std::string& reason);
@@ -231,8 +231,7 @@ class ThreadsBackend final : public CommBackend {
     auto& box = shared_->mailboxes[{peer, rank_, tag}];
     while (box.empty()) {
       throw_if_broken();
-      if (shared_->cv.wait_until(lock, deadline.when()) == std::cv_status::timeout &&
-          box.empty()) {
+      if (shared_->cv.wait_until(lock, deadline.when()) == std::cv_status::timeout && box.empty()) {
         throw Timeout(fmt::format("no message from rank {} with tag {} within {}", peer, tag,
                                   format_duration(ctx.timeout)));
       }
@@ -242,8 +241,7 @@ class ThreadsBackend final : public CommBackend {
     lock.unlock();
     TESSEL_CHECK(message.device.defined() == on_device(tensor), InvalidArgument,
                  "recv from rank {} tag {}: the message is {} but the tensor is {}", peer, tag,
-                 message.device.defined() ? message.device.str() : "in host memory",
-                 tensor.str());
+                 message.device.defined() ? message.device.str() : "in host memory", tensor.str());
     if (on_device(tensor)) return device_receive(tensor, message.device, peer, tag, ctx);
     TESSEL_CHECK(message.bytes.size() == tensor.nbytes(), InvalidArgument,
                  "recv from rank {} tag {}: the message has {} bytes, the tensor {} ({})", peer,
@@ -364,8 +362,7 @@ class ThreadsBackend final : public CommBackend {
     TESSEL_CHECK(peer.send_counts[rank_] == expected, InvalidArgument,
                  "all_to_all: rank {} sends {} elements to rank {}, which expects {}", r,
                  peer.send_counts[rank_], rank_, expected);
-    return std::accumulate(peer.send_counts.begin(), peer.send_counts.begin() + rank_,
-                           int64_t{0});
+    return std::accumulate(peer.send_counts.begin(), peer.send_counts.begin() + rank_, int64_t{0});
   }
 
   // ---- Device tensors (CUDA) ----------------------------------------------------------------
@@ -454,10 +451,18 @@ class ThreadsBackend final : public CommBackend {
     }
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kAvg: add_(acc, x); return;
-      case ReduceOp::kMax: copy_(acc, maximum(acc, x)); return;
-      case ReduceOp::kMin: copy_(acc, minimum(acc, x)); return;
-      case ReduceOp::kProduct: copy_(acc, mul(acc, x)); return;
+      case ReduceOp::kAvg:
+        add_(acc, x);
+        return;
+      case ReduceOp::kMax:
+        copy_(acc, maximum(acc, x));
+        return;
+      case ReduceOp::kMin:
+        copy_(acc, minimum(acc, x));
+        return;
+      case ReduceOp::kProduct:
+        copy_(acc, mul(acc, x));
+        return;
     }
   }
 
@@ -501,8 +506,8 @@ class ThreadsBackend final : public CommBackend {
     });
   }
 
-  void device_all_gather(const Tensor& input, const Tensor& output,
-                         std::span<const int64_t> counts, const OpContext& ctx) {
+  void device_all_gather(const Tensor& input, const Tensor& output, std::span<const int64_t> counts,
+                         const OpContext& ctx) {
     const Device device = output.device();
     const Tensor out = view(detach(output), {output.numel()});
     begin_on_stream(device, ctx);
@@ -517,8 +522,7 @@ class ThreadsBackend final : public CommBackend {
   }
 
   void device_reduce_scatter(const Tensor& input, const Tensor& output,
-                             std::span<const int64_t> counts, ReduceOp op,
-                             const OpContext& ctx) {
+                             std::span<const int64_t> counts, ReduceOp op, const OpContext& ctx) {
     const Device device = output.device();
     const Tensor out = view(detach(output), {output.numel()});
     begin_on_stream(device, ctx);
@@ -536,8 +540,8 @@ class ThreadsBackend final : public CommBackend {
   }
 
   void device_all_to_all(const Tensor& input, const Tensor& output,
-                         std::span<const int64_t> send_counts,
-                         std::span<const int64_t> recv_counts, const OpContext& ctx) {
+                         std::span<const int64_t> send_counts, std::span<const int64_t> recv_counts,
+                         const OpContext& ctx) {
     const Device device = output.device();
     const Tensor out = view(detach(output), {output.numel()});
     begin_on_stream(device, ctx);

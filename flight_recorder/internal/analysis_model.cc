@@ -72,8 +72,8 @@ Model::Model(const Digest& digest, const AnalyzerOptions& options)
   for (const auto& d : set.dumps) {
     // A rank that died, or gave up on an operation, told its last state; only a rank that may
     // have gone on since its dump (it stopped answering) leaves a stale one.
-    const bool final = left_at_death(d.trigger) ||
-                       last_failure(by_rank_[d.rank].digest->held) != nullptr;
+    const bool final =
+        left_at_death(d.trigger) || last_failure(by_rank_[d.rank].digest->held) != nullptr;
     stale_[d.rank] = !final && newest_wall_us_ - d.wall_time_us > stale_us;
     index_dump(by_rank_[d.rank]);
   }
@@ -81,8 +81,7 @@ Model::Model(const Digest& digest, const AnalyzerOptions& options)
     families_[family_of(id)].push_back(id);
   }
   for (const auto& d : set.dumps) {
-    if (stale_[d.rank] || (left_at_death(d.trigger) && !aborted_after_failure(d.rank)))
-      continue;
+    if (stale_[d.rank] || (left_at_death(d.trigger) && !aborted_after_failure(d.rank))) continue;
     find_wait(by_rank_[d.rank]);
   }
   find_late_arrivals();
@@ -141,7 +140,6 @@ bool Model::member_of(int rank, uint64_t group) const {
   const auto& r = it->second->ranks;
   return std::find(r.begin(), r.end(), rank) != r.end();
 }
-
 
 bool Model::crashed(int rank) const {
   const Dump* d = dump_of(rank);
@@ -329,7 +327,8 @@ void Model::find_late_arrivals() {
     if (gave_up.empty()) continue;
     std::vector<int> late;
     for (int r : ranks) {
-      if (wall(r, waits_.at(r).entry->enqueued_ns) > first_gave_up + kClockSlackNs) late.push_back(r);
+      if (wall(r, waits_.at(r).entry->enqueued_ns) > first_gave_up + kClockSlackNs)
+        late.push_back(r);
     }
     // A member that came in time but failed long after the others gave up, having waited far
     // longer than they did, stopped inside the collective (a stopped or descheduled process: its
@@ -452,7 +451,8 @@ void Model::find_deviations() {
   // No majority (two ranks, or an even split): ranks that broke their own rhythm in this step
   // (each issued the same count in each of at least three other finished steps) while every
   // other voter kept its own, deviated.
-  auto rhythm = [&](int rank, int family, int64_t skip_step) -> std::optional<std::pair<int64_t, size_t>> {
+  auto rhythm = [&](int rank, int family,
+                    int64_t skip_step) -> std::optional<std::pair<int64_t, size_t>> {
     const Counts& c = counts.at(rank);
     std::optional<int64_t> value;
     size_t n = 0;
@@ -580,15 +580,14 @@ RankPosition Model::position(int rank) const {
     }
     p.where = RankPosition::Where::kExited;
     p.place = death(rank);
-    p.summary = last == nullptr
-                    ? p.place
-                    : fmt::format("{} after {} {}", p.place,
-                                  last->is_p2p() ? fmt::format("{} #{} (group '{}')",
-                                                               op_name(last->op), last->p2p_seq,
-                                                               group_name(last->group_id))
-                                                 : describe_collective(last->group_id, last->seq,
-                                                                       *last),
-                                  state_name(last->state));
+    p.summary =
+        last == nullptr
+            ? p.place
+            : fmt::format("{} after {} {}", p.place,
+                          last->is_p2p() ? fmt::format("{} #{} (group '{}')", op_name(last->op),
+                                                       last->p2p_seq, group_name(last->group_id))
+                                         : describe_collective(last->group_id, last->seq, *last),
+                          state_name(last->state));
     return p;
   }
   const HeldEntry* last_done = nullptr;
@@ -616,10 +615,10 @@ RankPosition Model::position(int rank) const {
     const LateArrival& l = late->second;
     const std::string op = describe_collective(l.op.group, l.op.seq, *l.entry);
     const std::string others = l.gave_up.size() == 1 ? fmt::format("rank {}", l.gave_up.front())
-                                                      : "ranks " + format_rank_list(l.gave_up);
+                                                     : "ranks " + format_rank_list(l.gave_up);
     if (l.stalled_inside) {
-      place = fmt::format("stopped inside {}: it failed there only after {} had given up in it",
-                          op, others);
+      place = fmt::format("stopped inside {}: it failed there only after {} had given up in it", op,
+                          others);
       where = fmt::format(
           "stopped inside {}: it failed there {} after {} had given up in it (a stopped or "
           "descheduled process)",
@@ -636,8 +635,9 @@ RankPosition Model::position(int rank) const {
                                     : describe_collective(w.op.group, w.op.seq, *w.entry);
     if (w.entry->state == EntryState::kFailed) {
       place = fmt::format("stuck in {} until it failed", op);
-      where = fmt::format("{} after {}", place,
-                          format_duration(Nanoseconds(w.entry->completed_ns - w.entry->enqueued_ns)));
+      where =
+          fmt::format("{} after {}", place,
+                      format_duration(Nanoseconds(w.entry->completed_ns - w.entry->enqueued_ns)));
       if (aborted_after_failure(rank)) {
         const std::string died = death(rank).replace(0, 7, "then died");  // "crashed (SIGABRT)"
         place += ", " + died;
@@ -852,13 +852,12 @@ const HeldEntry* Model::p2p_entry(int rank, const Op& op, uint64_t seq) const {
 bool Model::issued_counterpart(int rank, const Op& op) const {
   const auto it = families_.find(family_of(op.group));
   if (it == families_.end()) return false;
-  return std::any_of(it->second.begin(), it->second.end(), [&](uint64_t g) {
-    return member_of(rank, g) && reached(rank, g) >= op.seq;
-  });
+  return std::any_of(it->second.begin(), it->second.end(),
+                     [&](uint64_t g) { return member_of(rank, g) && reached(rank, g) >= op.seq; });
 }
 
-std::pair<size_t, size_t> Model::past_order(int rank, const Op& a, const HeldEntry& ea,
-                                            int b_rank, const Op& b, const HeldEntry& eb) const {
+std::pair<size_t, size_t> Model::past_order(int rank, const Op& a, const HeldEntry& ea, int b_rank,
+                                            const Op& b, const HeldEntry& eb) const {
   const Dump* d = dump_of(rank);
   const Dump* db = dump_of(b_rank);
   if (d == nullptr || db == nullptr || a.p2p || b.p2p || ea.step < 0 || eb.step < 0) {
@@ -913,9 +912,9 @@ std::vector<StragglerStats> Model::stragglers() const {
       const int64_t lag = a.last_at - a.second_at;
       const int64_t duration = std::max<int64_t>(a.last_done - a.last_at, 0);
       const int64_t own_delay = lag - a.last_waited;
-      const int64_t needed =
-          std::max<int64_t>(min_lag, static_cast<int64_t>(options_.straggler_duration_factor *
-                                                          static_cast<double>(duration)));
+      const int64_t needed = std::max<int64_t>(
+          min_lag,
+          static_cast<int64_t>(options_.straggler_duration_factor * static_cast<double>(duration)));
       if (lag < needed) continue;  // no clear last arrival
       for (const auto& c : digest_.classes(group, key)) {
         for (int r : c.ranks) {

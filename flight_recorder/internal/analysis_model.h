@@ -56,8 +56,8 @@ struct StepDeviation {
   int rank = -1;
   std::string family;  // the groups' name
   int64_t step = -1;
-  int64_t count = 0;   // what the rank issued
-  int64_t norm = 0;    // what the majority issued
+  int64_t count = 0;    // what the rank issued
+  int64_t norm = 0;     // what the majority issued
   size_t agreeing = 0;  // ranks that issued `norm`
   // Settled by the rank's own rhythm (no majority among ranks): it issued `norm` in each of its
   // `agreeing` other finished steps, and the other side kept its own rhythm in this step.
@@ -128,8 +128,8 @@ class Model {
   // signal): it left, it did not crash.
   bool exited_with_ring(int rank) const;
   bool exited_cleanly(int rank) const;  // no dump, and the launcher saw it exit with status 0
-  bool dead(int rank) const;           // no dump (and not a clean exit), crashed, or stale
-  std::string death(int rank) const;  // "crashed (SIGSEGV)", "killed by SIGKILL", ...
+  bool dead(int rank) const;            // no dump (and not a clean exit), crashed, or stale
+  std::string death(int rank) const;    // "crashed (SIGSEGV)", "killed by SIGKILL", ...
   // The operation a crashed rank was in when it died (null when it was in compute).
   const HeldEntry* crash_op(int rank) const;
 
@@ -206,7 +206,7 @@ class Model {
   std::vector<bool> stale_;
   std::map<int, const ExitRecord*> exits_;
   std::unordered_map<uint64_t, const GroupInfo*> groups_;
-  std::map<std::string, std::vector<uint64_t>> families_;  // family -> group ids
+  std::map<std::string, std::vector<uint64_t>> families_;        // family -> group ids
   std::vector<std::unordered_map<uint64_t, uint64_t>> reached_;  // rank -> group -> max seq
   std::vector<std::unordered_map<uint64_t, uint64_t>> dropped_;  // rank -> group -> count
   // (group, src, dst, is_send) -> runs of p2p seqs any rank recorded on that channel.

@@ -7,12 +7,12 @@
 //
 // Not thread-safe; one cursor per text.
 
+#include <fmt/format.h>
+
 #include <charconv>
 #include <cstdint>
 #include <string>
 #include <string_view>
-
-#include <fmt/format.h>
 
 namespace tessel::fr::internal {
 
@@ -141,13 +141,19 @@ class JsonCursor {
   // The JSON type of the value at the cursor: "object", "array", "string", "number", ...
   std::string type_at() const {
     switch (p_ < t_.size() ? t_[p_] : '\0') {
-      case '{': return "object";
-      case '[': return "array";
-      case '"': return "string";
+      case '{':
+        return "object";
+      case '[':
+        return "array";
+      case '"':
+        return "string";
       case 't':
-      case 'f': return "boolean";
-      case 'n': return "null";
-      default: return "number";
+      case 'f':
+        return "boolean";
+      case 'n':
+        return "null";
+      default:
+        return "number";
     }
   }
 
@@ -158,7 +164,8 @@ class JsonCursor {
     return t_[p_];
   }
   void ws() {
-    while (p_ < t_.size() && (t_[p_] == ' ' || t_[p_] == '\n' || t_[p_] == '\r' || t_[p_] == '\t')) {
+    while (p_ < t_.size() &&
+           (t_[p_] == ' ' || t_[p_] == '\n' || t_[p_] == '\r' || t_[p_] == '\t')) {
       ++p_;
     }
   }
@@ -193,11 +200,21 @@ class JsonCursor {
       }
       const char e = raw[++i];
       switch (e) {
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'r': out += '\r'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
+        case 'n':
+          out += '\n';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
         case 'u': {
           unsigned code = 0;
           if (i + 4 < raw.size()) {
@@ -216,7 +233,8 @@ class JsonCursor {
           }
           break;
         }
-        default: out += e;
+        default:
+          out += e;
       }
     }
     return out;

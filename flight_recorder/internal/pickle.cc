@@ -22,40 +22,99 @@ class Unpickler {
       const size_t at = pos_;
       const uint8_t op = byte();
       switch (op) {
-        case 0x80: byte(); break;               // PROTO n
-        case 0x95: take(8); break;              // FRAME: the length of the next frame
-        case '.': {                              // STOP
-          if (stack_.size() != 1) fail(at, fmt::format("STOP with {} values on the stack", stack_.size()));
+        case 0x80:
+          byte();
+          break;  // PROTO n
+        case 0x95:
+          take(8);
+          break;     // FRAME: the length of the next frame
+        case '.': {  // STOP
+          if (stack_.size() != 1)
+            fail(at, fmt::format("STOP with {} values on the stack", stack_.size()));
           return std::move(stack_.back());
         }
-        case '}': stack_.push_back(Json::object()); break;  // EMPTY_DICT
-        case ']': stack_.push_back(Json::array()); break;   // EMPTY_LIST
-        case ')': stack_.push_back(Json::array()); break;   // EMPTY_TUPLE
-        case '(': marks_.push_back(stack_.size()); break;   // MARK
-        case 'N': stack_.push_back(nullptr); break;         // NONE
-        case 0x88: stack_.push_back(true); break;           // NEWTRUE
-        case 0x89: stack_.push_back(false); break;          // NEWFALSE
-        case 'K': stack_.push_back(static_cast<int64_t>(byte())); break;  // BININT1
-        case 'M': stack_.push_back(static_cast<int64_t>(le(2))); break;   // BININT2
-        case 'J': stack_.push_back(static_cast<int64_t>(static_cast<int32_t>(le(4)))); break;
-        case 0x8a: stack_.push_back(long1(at)); break;                   // LONG1
-        case 'G': stack_.push_back(binfloat()); break;                   // BINFLOAT
-        case 'X': stack_.push_back(std::string(take(le(4)))); break;     // BINUNICODE
-        case 0x8c: stack_.push_back(std::string(take(byte()))); break;   // SHORT_BINUNICODE
-        case 0x8d: stack_.push_back(std::string(take(le(8)))); break;    // BINUNICODE8
-        case 'C': stack_.push_back(std::string(take(byte()))); break;    // SHORT_BINBYTES
-        case 'B': stack_.push_back(std::string(take(le(4)))); break;     // BINBYTES
-        case 'q': memo_[byte()] = top(at); break;                        // BINPUT
-        case 'r': memo_[le(4)] = top(at); break;                         // LONG_BINPUT
-        case 0x94: memo_[memo_.size()] = top(at); break;                 // MEMOIZE
-        case 'h': stack_.push_back(get(at, byte())); break;              // BINGET
-        case 'j': stack_.push_back(get(at, le(4))); break;               // LONG_BINGET
-        case 0x85: tuple(at, 1); break;                                  // TUPLE1
-        case 0x86: tuple(at, 2); break;                                  // TUPLE2
-        case 0x87: tuple(at, 3); break;                                  // TUPLE3
-        case 't': stack_.push_back(Json(pop_mark(at))); break;           // TUPLE
-        case 'l': stack_.push_back(Json(pop_mark(at))); break;           // LIST
-        case 'a': {                                                      // APPEND
+        case '}':
+          stack_.push_back(Json::object());
+          break;  // EMPTY_DICT
+        case ']':
+          stack_.push_back(Json::array());
+          break;  // EMPTY_LIST
+        case ')':
+          stack_.push_back(Json::array());
+          break;  // EMPTY_TUPLE
+        case '(':
+          marks_.push_back(stack_.size());
+          break;  // MARK
+        case 'N':
+          stack_.push_back(nullptr);
+          break;  // NONE
+        case 0x88:
+          stack_.push_back(true);
+          break;  // NEWTRUE
+        case 0x89:
+          stack_.push_back(false);
+          break;  // NEWFALSE
+        case 'K':
+          stack_.push_back(static_cast<int64_t>(byte()));
+          break;  // BININT1
+        case 'M':
+          stack_.push_back(static_cast<int64_t>(le(2)));
+          break;  // BININT2
+        case 'J':
+          stack_.push_back(static_cast<int64_t>(static_cast<int32_t>(le(4))));
+          break;
+        case 0x8a:
+          stack_.push_back(long1(at));
+          break;  // LONG1
+        case 'G':
+          stack_.push_back(binfloat());
+          break;  // BINFLOAT
+        case 'X':
+          stack_.push_back(std::string(take(le(4))));
+          break;  // BINUNICODE
+        case 0x8c:
+          stack_.push_back(std::string(take(byte())));
+          break;  // SHORT_BINUNICODE
+        case 0x8d:
+          stack_.push_back(std::string(take(le(8))));
+          break;  // BINUNICODE8
+        case 'C':
+          stack_.push_back(std::string(take(byte())));
+          break;  // SHORT_BINBYTES
+        case 'B':
+          stack_.push_back(std::string(take(le(4))));
+          break;  // BINBYTES
+        case 'q':
+          memo_[byte()] = top(at);
+          break;  // BINPUT
+        case 'r':
+          memo_[le(4)] = top(at);
+          break;  // LONG_BINPUT
+        case 0x94:
+          memo_[memo_.size()] = top(at);
+          break;  // MEMOIZE
+        case 'h':
+          stack_.push_back(get(at, byte()));
+          break;  // BINGET
+        case 'j':
+          stack_.push_back(get(at, le(4)));
+          break;  // LONG_BINGET
+        case 0x85:
+          tuple(at, 1);
+          break;  // TUPLE1
+        case 0x86:
+          tuple(at, 2);
+          break;  // TUPLE2
+        case 0x87:
+          tuple(at, 3);
+          break;  // TUPLE3
+        case 't':
+          stack_.push_back(Json(pop_mark(at)));
+          break;  // TUPLE
+        case 'l':
+          stack_.push_back(Json(pop_mark(at)));
+          break;     // LIST
+        case 'a': {  // APPEND
           Json v = pop(at);
           list_at(at).push_back(std::move(v));
           break;
@@ -166,8 +225,8 @@ class Unpickler {
     } else if (key.is_number_integer()) {
       k = std::to_string(key.get<int64_t>());
     } else {
-      fail(at, fmt::format("a dict key of type {} (expected a string or an integer)",
-                           key.type_name()));
+      fail(at,
+           fmt::format("a dict key of type {} (expected a string or an integer)", key.type_name()));
     }
     stack_.back()[k] = std::move(value);
   }
@@ -182,6 +241,8 @@ class Unpickler {
 
 }  // namespace
 
-Json unpickle(std::string_view data, const std::string& name) { return Unpickler(data, name).run(); }
+Json unpickle(std::string_view data, const std::string& name) {
+  return Unpickler(data, name).run();
+}
 
 }  // namespace tessel::fr::internal

@@ -7,10 +7,9 @@
 //
 // Thread-safe: a pure function.
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 namespace tessel::fr::internal {
 

@@ -92,7 +92,8 @@ size_t reconcile_pytorch_timeouts(std::vector<RankDump>& dumps) {
     }
     if (!changed) continue;
     int64_t newest = 0;
-    for (const auto& e : d.entries) newest = std::max({newest, e.enqueued_ns, e.started_ns, e.completed_ns});
+    for (const auto& e : d.entries)
+      newest = std::max({newest, e.enqueued_ns, e.started_ns, e.completed_ns});
     d.monotonic_ns = newest;
     d.wall_time_us = newest / 1000;
   }

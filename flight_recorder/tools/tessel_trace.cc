@@ -19,9 +19,9 @@
 #include <iostream>
 #include <iterator>
 
-#include "tessel/base/tools/cli.h"
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
+#include "tessel/base/tools/cli.h"
 #include "tessel/flight_recorder/analyzer.h"
 #include "tessel/flight_recorder/dump.h"
 #include "tessel/flight_recorder/export.h"
@@ -211,7 +211,8 @@ int main(int argc, char** argv) {
     }
     if (*show_cmd) {
       std::ifstream in(file, std::ios::binary);
-      const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const std::string bytes((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
       if (in.good() && sniff_pytorch_dump(bytes) != ForeignFormat::kNone) {
         const int rank = rank_from_dump_name(std::filesystem::path(file).filename().string());
         std::vector<RankDump> one;

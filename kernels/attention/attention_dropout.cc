@@ -18,10 +18,10 @@ void DropoutMask::block(int64_t b, int64_t h, int64_t i, int64_t j4, uint32_t (&
   // Counter words: key group, query row, (batch, head) and the caller's offset; the offset's
   // high half goes into the key so distinct offsets never collide.
   const uint64_t key = seed_ ^ ((offset_ >> 32) * 0x9E3779B97F4A7C15ull);
-  const std::array<uint32_t, 4> x = philox4x32(
-      {static_cast<uint32_t>(j4), static_cast<uint32_t>(i), static_cast<uint32_t>((b << 16) ^ h),
-       static_cast<uint32_t>(offset_)},
-      {static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32)});
+  const std::array<uint32_t, 4> x =
+      philox4x32({static_cast<uint32_t>(j4), static_cast<uint32_t>(i),
+                  static_cast<uint32_t>((b << 16) ^ h), static_cast<uint32_t>(offset_)},
+                 {static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32)});
   r[0] = x[0], r[1] = x[1], r[2] = x[2], r[3] = x[3];
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 // Counter-based dropout for attention probabilities: tensor/random.h's Philox4x32-10 keyed by the
-// seed, with the counter built from (offset, b, h, i, j). Any backend (CPU or GPU) regenerates the same mask
-// from the same numbers, which is how backward reproduces forward's dropout without storing it.
+// seed, with the counter built from (offset, b, h, i, j). Any backend (CPU or GPU) regenerates the
+// same mask from the same numbers, which is how backward reproduces forward's dropout without
+// storing it.
 
 #include <cstdint>
 

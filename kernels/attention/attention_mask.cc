@@ -35,9 +35,8 @@ MaskEvaluator::MaskEvaluator(const AttentionProblem& problem) : mask_(&problem.m
       kv_doc_batch_stride_ = q_doc_batch_stride_;
     } else {
       kv_docs_ = m.kv_document_ids.data();
-      kv_doc_batch_stride_ = static_cast<int64_t>(m.kv_document_ids.size()) == problem.kv_len()
-                                 ? 0
-                                 : problem.kv_len();
+      kv_doc_batch_stride_ =
+          static_cast<int64_t>(m.kv_document_ids.size()) == problem.kv_len() ? 0 : problem.kv_len();
     }
   }
   dense_ = left_ < 0 && right_ < 0 && !has_docs_ && !m.mask_fn;
@@ -71,12 +70,11 @@ TileClass MaskEvaluator::classify_documents(int64_t b, int64_t i0, int64_t i1, i
   return TileClass::kPartial;
 }
 
-TileClass MaskEvaluator::classify(int64_t b, int64_t i0, int64_t i1, int64_t j0,
-                                  int64_t j1) const {
+TileClass MaskEvaluator::classify(int64_t b, int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
   TileClass c = classify_window(i0, i1, j0, j1);
   const int64_t pre = prefix(b);
   if (pre > 0 && c != TileClass::kFull) {
-    const TileClass prefix_class = j1 <= pre ? TileClass::kFull
+    const TileClass prefix_class = j1 <= pre   ? TileClass::kFull
                                    : j0 >= pre ? TileClass::kEmpty
                                                : TileClass::kPartial;
     c = tile_or(c, prefix_class);

@@ -48,8 +48,7 @@ class MaskEvaluator {
   }
   int64_t prefix(int64_t b) const {
     if (mask_->prefix_lengths.empty()) return 0;
-    return mask_->prefix_lengths.size() == 1 ? mask_->prefix_lengths[0]
-                                             : mask_->prefix_lengths[b];
+    return mask_->prefix_lengths.size() == 1 ? mask_->prefix_lengths[0] : mask_->prefix_lengths[b];
   }
   bool same_document(int64_t b, int64_t i, int64_t j) const {
     if (!has_docs_) return true;
@@ -67,7 +66,7 @@ class MaskEvaluator {
   bool rows_are_ranges_ = true;
   const int64_t* q_docs_ = nullptr;
   const int64_t* kv_docs_ = nullptr;
-  int64_t q_doc_batch_stride_ = 0;   // 0 when ids are shared by all batch entries
+  int64_t q_doc_batch_stride_ = 0;  // 0 when ids are shared by all batch entries
   int64_t kv_doc_batch_stride_ = 0;
 };
 

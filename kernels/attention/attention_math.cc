@@ -21,13 +21,13 @@ using internal::store_row;
 // C (m x n, row-major) = alpha * op(A) op(B) + beta * C.
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
+              k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
           int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
+              k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // Per-head work arrays and the steps shared by forward and backward.
@@ -35,10 +35,18 @@ template <typename Acc>
 class MathHead {
  public:
   MathHead(const AttentionProblem& p, const MathOptions& o)
-      : p_(p), mask_(p), drop_(p.dropout.p, p.dropout.seed, p.dropout.offset),
+      : p_(p),
+        mask_(p),
+        drop_(p.dropout.p, p.dropout.seed, p.dropout.offset),
         round_(o.round_intermediates && p.q.dtype == DType::kBF16),
-        sq_(p.q_len()), sk_(p.kv_len()), d_(p.head_dim()),
-        q_(sq_ * d_), k_(sk_ * d_), v_(sk_ * d_), probs_(sq_ * sk_), dropped_(sq_ * sk_),
+        sq_(p.q_len()),
+        sk_(p.kv_len()),
+        d_(p.head_dim()),
+        q_(sq_ * d_),
+        k_(sk_ * d_),
+        v_(sk_ * d_),
+        probs_(sq_ * sk_),
+        dropped_(sq_ * sk_),
         lse_(sq_) {}
 
   void load(const AttentionView& view, int64_t b, int64_t h, std::vector<Acc>& dst) {
@@ -76,8 +84,7 @@ class MathHead {
       for (int64_t j = 0; j < sk_; ++j) {
         row[j] /= sum;
         if (round_) row[j] = round_bf16(static_cast<float>(row[j]));
-        drow[j] = drop_.enabled() && !drop_.keep(b, h, i, j) ? Acc(0)
-                                                              : row[j] * drop_.keep_scale();
+        drow[j] = drop_.enabled() && !drop_.keep(b, h, i, j) ? Acc(0) : row[j] * drop_.keep_scale();
       }
       lse_[i] = m + std::log(sum);
     }
@@ -119,7 +126,8 @@ template <typename Acc>
 void backward_impl(const AttentionProblem& p, const AttentionView& dout, const AttentionView& dq,
                    const AttentionView& dk, const AttentionView& dv, const MathOptions& o) {
   MathHead<Acc> w(p, o);
-  const int64_t sq = w.sq_, sk = w.sk_, d = w.d_, group = p.q_heads() / std::max<int64_t>(1, p.kv_heads());
+  const int64_t sq = w.sq_, sk = w.sk_, d = w.d_,
+                group = p.q_heads() / std::max<int64_t>(1, p.kv_heads());
   const Acc scale = static_cast<Acc>(p.softmax_scale());
   std::vector<Acc> dout_(sq * d), dp(sq * sk), dq_acc(sq * d), dk_acc(sk * d), dv_acc(sk * d);
   const bool nonempty = sq > 0 && sk > 0 && d > 0;
@@ -135,8 +143,8 @@ void backward_impl(const AttentionProblem& p, const AttentionView& dout, const A
           // dv += dropped^T dout; d(dropped) = dout v^T.
           gemm(true, false, sk, d, sq, Acc(1), w.dropped_.data(), sk, dout_.data(), d, Acc(1),
                dv_acc.data(), d);
-          gemm(false, true, sq, sk, d, Acc(1), dout_.data(), d, w.v_.data(), d, Acc(0),
-               dp.data(), sk);
+          gemm(false, true, sq, sk, d, Acc(1), dout_.data(), d, w.v_.data(), d, Acc(0), dp.data(),
+               sk);
           for (int64_t i = 0; i < sq; ++i) {
             Acc* dprow = dp.data() + i * sk;
             const Acc* prow = w.probs_.data() + i * sk;
@@ -155,10 +163,10 @@ void backward_impl(const AttentionProblem& p, const AttentionView& dout, const A
               if (w.round_) dprow[j] = round_bf16(static_cast<float>(dprow[j]));
             }
           }
-          gemm(false, false, sq, d, sk, scale, dp.data(), sk, w.k_.data(), d, Acc(0),
-               dq_acc.data(), d);
-          gemm(true, false, sk, d, sq, scale, dp.data(), sk, w.q_.data(), d, Acc(1),
-               dk_acc.data(), d);
+          gemm(false, false, sq, d, sk, scale, dp.data(), sk, w.k_.data(), d, Acc(0), dq_acc.data(),
+               d);
+          gemm(true, false, sk, d, sq, scale, dp.data(), sk, w.q_.data(), d, Acc(1), dk_acc.data(),
+               d);
         }
         for (int64_t i = 0; i < sq; ++i) store_row(dq, b, h, i, dq_acc.data() + i * d);
       }
@@ -172,8 +180,8 @@ void backward_impl(const AttentionProblem& p, const AttentionView& dout, const A
 
 }  // namespace
 
-void math_attention_forward(const AttentionProblem& problem, const AttentionView& out,
-                            float* lse, const MathOptions& options) {
+void math_attention_forward(const AttentionProblem& problem, const AttentionView& out, float* lse,
+                            const MathOptions& options) {
   validate_attention_problem(problem);
   validate_attention_output(out, problem.q, "out");
   if (options.f64_accumulate) {

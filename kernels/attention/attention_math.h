@@ -21,8 +21,8 @@ struct MathOptions {
 // out = softmax(scale * q k^T + mask) v with dropout; lse[b, h, i] (contiguous (B, H_q, S_q),
 // natural log; -inf for a fully masked row) unless lse is null. Blocking; single call at a
 // time per output. Throws InvalidArgument on a bad problem or output.
-void math_attention_forward(const AttentionProblem& problem, const AttentionView& out,
-                            float* lse, const MathOptions& options = {});
+void math_attention_forward(const AttentionProblem& problem, const AttentionView& out, float* lse,
+                            const MathOptions& options = {});
 
 // Gradients of the forward above for output gradient dout; recomputes everything from q, k, v
 // (needs neither out nor lse). dq like q, dk/dv like k/v (summed over each key/value head's

@@ -13,15 +13,15 @@ std::string sizes_str(const AttentionView& v) {
 
 void check_view(const AttentionView& v, const char* name) {
   for (int d = 0; d < 4; ++d) {
-    TESSEL_CHECK(v.sizes[d] >= 0, InvalidArgument, "attention: {} has negative size {} in {}",
-                 name, v.sizes[d], sizes_str(v));
+    TESSEL_CHECK(v.sizes[d] >= 0, InvalidArgument, "attention: {} has negative size {} in {}", name,
+                 v.sizes[d], sizes_str(v));
   }
   TESSEL_CHECK(v.dtype == DType::kF32 || v.dtype == DType::kBF16 || v.dtype == DType::kF16,
                InvalidArgument, "attention: {} has dtype {}; expected f32, bf16 or f16", name,
                dtype_name(v.dtype));
   const int64_t numel = v.sizes[0] * v.sizes[1] * v.sizes[2] * v.sizes[3];
-  TESSEL_CHECK(numel == 0 || v.data != nullptr, InvalidArgument,
-               "attention: {} {} has no data", name, sizes_str(v));
+  TESSEL_CHECK(numel == 0 || v.data != nullptr, InvalidArgument, "attention: {} {} has no data",
+               name, sizes_str(v));
 }
 
 }  // namespace
@@ -56,14 +56,13 @@ void validate_attention_problem(const AttentionProblem& p) {
                "attention: dtypes differ: q {}, k {}, v {}; expected one dtype",
                dtype_name(p.q.dtype), dtype_name(p.k.dtype), dtype_name(p.v.dtype));
   TESSEL_CHECK(p.k.device == p.q.device && p.v.device == p.q.device, InvalidArgument,
-               "attention: devices differ: q {}, k {}, v {}; expected one device",
-               p.q.device.str(), p.k.device.str(), p.v.device.str());
+               "attention: devices differ: q {}, k {}, v {}; expected one device", p.q.device.str(),
+               p.k.device.str(), p.v.device.str());
   TESSEL_CHECK(p.k.batch() == p.q.batch() && p.v.batch() == p.q.batch(), InvalidArgument,
-               "attention: batch sizes differ: q {}, k {}, v {}", sizes_str(p.q),
-               sizes_str(p.k), sizes_str(p.v));
+               "attention: batch sizes differ: q {}, k {}, v {}", sizes_str(p.q), sizes_str(p.k),
+               sizes_str(p.v));
   TESSEL_CHECK(p.k.heads() == p.v.heads(), InvalidArgument,
-               "attention: k has {} heads but v has {}; expected equal", p.k.heads(),
-               p.v.heads());
+               "attention: k has {} heads but v has {}; expected equal", p.k.heads(), p.v.heads());
   TESSEL_CHECK(p.k.seq() == p.v.seq(), InvalidArgument,
                "attention: k has {} keys but v has {}; expected equal", p.k.seq(), p.v.seq());
   TESSEL_CHECK(p.k.heads() > 0 || p.q.heads() == 0, InvalidArgument,
@@ -106,8 +105,8 @@ void validate_attention_problem(const AttentionProblem& p) {
                    p.q_len(), p.kv_len());
     } else {
       TESSEL_CHECK(n_kvdoc == p.kv_len() || n_kvdoc == p.batch() * p.kv_len(), InvalidArgument,
-                   "attention: {} key document ids; expected S_k = {} or B * S_k = {}",
-                   n_kvdoc, p.kv_len(), p.batch() * p.kv_len());
+                   "attention: {} key document ids; expected S_k = {} or B * S_k = {}", n_kvdoc,
+                   p.kv_len(), p.batch() * p.kv_len());
     }
   }
   TESSEL_CHECK(p.dropout.p >= 0.0 && p.dropout.p < 1.0, InvalidArgument,
@@ -120,16 +119,13 @@ void validate_attention_output(const AttentionView& view, const AttentionView& l
                                const char* what) {
   for (int d = 0; d < 4; ++d) {
     TESSEL_CHECK(view.sizes[d] == like.sizes[d], InvalidArgument,
-                 "attention: {} has sizes {}; expected {}", what, sizes_str(view),
-                 sizes_str(like));
+                 "attention: {} has sizes {}; expected {}", what, sizes_str(view), sizes_str(like));
   }
-  TESSEL_CHECK(view.dtype == DType::kF32 || view.dtype == DType::kBF16 ||
-                   view.dtype == DType::kF16,
+  TESSEL_CHECK(view.dtype == DType::kF32 || view.dtype == DType::kBF16 || view.dtype == DType::kF16,
                InvalidArgument, "attention: {} has dtype {}; expected f32, bf16 or f16", what,
                dtype_name(view.dtype));
-  TESSEL_CHECK(view.device == like.device, InvalidArgument,
-               "attention: {} is on {}; expected {}", what, view.device.str(),
-               like.device.str());
+  TESSEL_CHECK(view.device == like.device, InvalidArgument, "attention: {} is on {}; expected {}",
+               what, view.device.str(), like.device.str());
 }
 
 }  // namespace tessel::kernels::attention

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "tessel/tensor/dtype.h"
 #include "tessel/tensor/device.h"
+#include "tessel/tensor/dtype.h"
 
 namespace tessel::kernels::attention {
 

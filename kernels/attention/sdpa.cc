@@ -51,11 +51,10 @@ struct SdpaState {
 }  // namespace
 
 attention::AttentionView attention_view_of(const Tensor& t, const char* name) {
-  TESSEL_CHECK(t.defined(), InvalidArgument, "scaled_dot_product_attention: {} is undefined",
-               name);
+  TESSEL_CHECK(t.defined(), InvalidArgument, "scaled_dot_product_attention: {} is undefined", name);
   TESSEL_CHECK(t.dim() == 4, InvalidArgument,
-               "scaled_dot_product_attention: {} has shape {}; expected 4 dims (B, H, S, D)",
-               name, shape_str(t.shape()));
+               "scaled_dot_product_attention: {} has shape {}; expected 4 dims (B, H, S, D)", name,
+               shape_str(t.shape()));
   attention::AttentionView v;
   v.data = t.data_ptr();
   v.dtype = t.dtype();
@@ -67,8 +66,8 @@ attention::AttentionView attention_view_of(const Tensor& t, const char* name) {
   return v;
 }
 
-SdpaOutput scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in,
-                                        const Tensor& v_in, const SdpaOptions& options) {
+SdpaOutput scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                                        const SdpaOptions& options) {
   // A lower-precision op under autocast (tensor/autocast.h).
   const Tensor q = autocast_cast(q_in, AutocastCategory::kLowerPrecision);
   const Tensor k = autocast_cast(k_in, AutocastCategory::kLowerPrecision);
@@ -86,17 +85,16 @@ SdpaOutput scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in,
   p.mask.prefix_lengths = options.prefix_lengths;
   p.mask.q_document_ids = document_id_values(options.document_ids, "document_ids");
   p.mask.kv_document_ids = document_id_values(options.kv_document_ids, "kv_document_ids");
-  TESSEL_CHECK(p.mask.kv_document_ids.empty() || !p.mask.q_document_ids.empty(),
-               InvalidArgument,
+  TESSEL_CHECK(p.mask.kv_document_ids.empty() || !p.mask.q_document_ids.empty(), InvalidArgument,
                "scaled_dot_product_attention: kv_document_ids given without document_ids");
   p.mask.mask_fn = options.mask_fn;
   p.deterministic = options.deterministic;
   attention::validate_attention_problem(p);
   if (options.dropout_p > 0) {
     Generator& gen = options.generator ? *options.generator : default_generator();
-    p.dropout = {options.dropout_p, gen.seed(),
-                 gen.reserve(static_cast<uint64_t>(p.batch() * p.q_heads() * p.q_len() *
-                                                   p.kv_len()))};
+    p.dropout = {
+        options.dropout_p, gen.seed(),
+        gen.reserve(static_cast<uint64_t>(p.batch() * p.q_heads() * p.q_len() * p.kv_len()))};
   }
   const SdpaBackend* forced = options.backend ? &*options.backend : nullptr;
   state->kernel = &select_sdpa_backend(p, forced);
@@ -104,8 +102,7 @@ SdpaOutput scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in,
   auto forward = [state](FunctionContext& ctx, const std::vector<Tensor>& in) {
     AttentionProblem& prob = state->problem;
     Tensor out = empty_in_layout_of(in[0]);
-    Tensor lse = empty({prob.batch(), prob.q_heads(), prob.q_len()}, DType::kF32,
-                       in[0].device());
+    Tensor lse = empty({prob.batch(), prob.q_heads(), prob.q_len()}, DType::kF32, in[0].device());
     state->kernel->forward(prob, attention_view_of(out, "out"), lse.data<float>());
     ctx.save_for_backward({in[0], in[1], in[2], out, lse});
     return std::vector<Tensor>{out, lse};

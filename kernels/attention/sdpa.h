@@ -55,7 +55,7 @@ struct SdpaOptions {
 struct SdpaOutput {
   Tensor output;
   Tensor logsumexp;
-  SdpaBackend backend = SdpaBackend::kMath;  // which backend ran
+  SdpaBackend backend = SdpaBackend::kMath;   // which backend ran
   operator Tensor() const { return output; }  // NOLINT: implicit on purpose
 };
 

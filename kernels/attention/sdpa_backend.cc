@@ -102,9 +102,8 @@ class CudnnKernel final : public SdpaKernel {
   SdpaBackend backend() const override { return SdpaBackend::kCudnn; }
   int priority() const override { return 300; }
   int priority_for(const AttentionProblem& p) const override {
-    return p.q.device.is_cuda() && attention::cuda_compute_capability(p.q.device.index) >= 90
-               ? 300
-               : 150;
+    return p.q.device.is_cuda() && attention::cuda_compute_capability(p.q.device.index) >= 90 ? 300
+                                                                                              : 150;
   }
   std::string unsupported_reason(const AttentionProblem& p) const override {
     return attention::cudnn_sdpa_unsupported_reason(p);
@@ -123,9 +122,9 @@ class CudnnKernel final : public SdpaKernel {
 std::string describe(const AttentionProblem& p) {
   const AttentionView &q = p.q, &k = p.k;
   std::string mask;
-  if (p.mask.causal) mask += p.mask.alignment == attention::MaskAlignment::kBottomRight
-                                 ? " causal bottom-right"
-                                 : " causal";
+  if (p.mask.causal)
+    mask += p.mask.alignment == attention::MaskAlignment::kBottomRight ? " causal bottom-right"
+                                                                       : " causal";
   if (p.mask.window_left >= 0 || p.mask.window_right >= 0) {
     mask += fmt::format(" window ({}, {})", p.mask.window_left, p.mask.window_right);
   }
@@ -162,10 +161,14 @@ Registry& registry() {
 
 std::string_view sdpa_backend_name(SdpaBackend backend) {
   switch (backend) {
-    case SdpaBackend::kMath: return "math";
-    case SdpaBackend::kFlashCpu: return "flash_cpu";
-    case SdpaBackend::kFlashCuda: return "flash_cuda";
-    case SdpaBackend::kCudnn: return "cudnn";
+    case SdpaBackend::kMath:
+      return "math";
+    case SdpaBackend::kFlashCpu:
+      return "flash_cpu";
+    case SdpaBackend::kFlashCuda:
+      return "flash_cuda";
+    case SdpaBackend::kCudnn:
+      return "cudnn";
   }
   return "?";
 }
@@ -223,8 +226,8 @@ const SdpaKernel& select_sdpa_backend(const AttentionProblem& problem, const Sdp
   if (forced && !find_sdpa_backend(*forced)) {
     reasons += fmt::format("; {}: not built into this binary", sdpa_backend_name(*forced));
   }
-  throw Unavailable(fmt::format("scaled_dot_product_attention: no backend can run this call{}",
-                                reasons));
+  throw Unavailable(
+      fmt::format("scaled_dot_product_attention: no backend can run this call{}", reasons));
 }
 
 }  // namespace tessel::kernels

@@ -66,9 +66,15 @@ Tensor rope_cpu(const Tensor& x_in, const Tensor& cos_in, const Tensor& sin_in, 
   const Tensor x = contiguous(x_in), cos = contiguous(cos_in), sin = contiguous(sin_in);
   Tensor out = empty(x.shape(), x.dtype(), x.device());
   switch (x.dtype()) {
-    case DType::kF32: rope_cpu_typed<float>(x, cos, sin, sign, batched_tables, out); break;
-    case DType::kBF16: rope_cpu_typed<BFloat16>(x, cos, sin, sign, batched_tables, out); break;
-    case DType::kF16: rope_cpu_typed<Half>(x, cos, sin, sign, batched_tables, out); break;
+    case DType::kF32:
+      rope_cpu_typed<float>(x, cos, sin, sign, batched_tables, out);
+      break;
+    case DType::kBF16:
+      rope_cpu_typed<BFloat16>(x, cos, sin, sign, batched_tables, out);
+      break;
+    case DType::kF16:
+      rope_cpu_typed<Half>(x, cos, sin, sign, batched_tables, out);
+      break;
     default:
       throw InvalidArgument(fmt::format("rope: unsupported dtype {}", dtype_name(x.dtype())));
   }
@@ -83,8 +89,7 @@ Tensor rope_inv_freq(int64_t head_dim, double theta, const std::optional<RopeSca
   TESSEL_CHECK(theta > 0, InvalidArgument, "rope needs theta > 0, got {}", theta);
   if (scaling) {
     TESSEL_CHECK(scaling->factor > 0 && scaling->high_freq_factor > scaling->low_freq_factor &&
-                     scaling->low_freq_factor > 0 &&
-                     scaling->original_max_position_embeddings > 0,
+                     scaling->low_freq_factor > 0 && scaling->original_max_position_embeddings > 0,
                  InvalidArgument,
                  "llama3 rope scaling needs factor > 0 (got {}), 0 < low_freq_factor ({}) < "
                  "high_freq_factor ({}) and original_max_position_embeddings > 0 (got {})",
@@ -127,7 +132,8 @@ RopeTables rope_tables(const Tensor& positions, const Tensor& inv_freq) {
     return {empty(shape, DType::kF32, positions.device()),
             empty(shape, DType::kF32, positions.device())};
   }
-  const std::vector<int64_t> pos = to_vector<int64_t>(to(to(positions, Device::cpu()), DType::kI64));
+  const std::vector<int64_t> pos =
+      to_vector<int64_t>(to(to(positions, Device::cpu()), DType::kI64));
   const std::vector<float> freq = to_vector<float>(to(inv_freq, Device::cpu()));
   const size_t half = freq.size();
   std::vector<float> c(pos.size() * half), s(pos.size() * half);

@@ -5,9 +5,9 @@
 #include <type_traits>
 
 #include "tessel/base/error.h"
+#include "tessel/tensor/autograd.h"
 #include "tessel/tensor/cpu/cpu_isa.h"
 #include "tessel/tensor/cpu/cpu_math.h"
-#include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/thread_pool.h"
 
@@ -36,8 +36,8 @@ TESSEL_ISA_CLONES void swiglu_backward_f32(const float* __restrict dy, const flo
 // Runs fn(f32 pointers..., count) over [begin, end) of the `in` inputs and `out` outputs of type
 // T: directly for f32, through f32 blocks for the 16-bit types.
 template <typename T, size_t kIn, size_t kOut, typename Fn>
-void run_blocks(const std::array<const T*, kIn>& in, const std::array<T*, kOut>& out,
-                int64_t numel, Fn&& fn) {
+void run_blocks(const std::array<const T*, kIn>& in, const std::array<T*, kOut>& out, int64_t numel,
+                Fn&& fn) {
   parallel_for(0, numel, kGrain, [&](int64_t begin, int64_t end) {
     if constexpr (std::is_same_v<T, float>) {
       std::array<const float*, kIn> fi;
@@ -67,10 +67,9 @@ void run_blocks(const std::array<const T*, kIn>& in, const std::array<T*, kOut>&
 
 template <typename T>
 void swiglu_forward_typed(const Tensor& gate, const Tensor& up, const Tensor& out) {
-  run_blocks<T, 2, 1>({gate.data<T>(), up.data<T>()}, {out.data<T>()}, gate.numel(),
-                      [](const auto& in, const auto& o, int64_t n) {
-                        swiglu_f32(in[0], in[1], o[0], n);
-                      });
+  run_blocks<T, 2, 1>(
+      {gate.data<T>(), up.data<T>()}, {out.data<T>()}, gate.numel(),
+      [](const auto& in, const auto& o, int64_t n) { swiglu_f32(in[0], in[1], o[0], n); });
 }
 
 template <typename T>
@@ -86,9 +85,15 @@ void swiglu_backward_typed(const Tensor& grad, const Tensor& gate, const Tensor&
 template <typename Fn>
 void dispatch_floating(DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::kF32: fn(float{}); break;
-    case DType::kBF16: fn(BFloat16{}); break;
-    case DType::kF16: fn(Half{}); break;
+    case DType::kF32:
+      fn(float{});
+      break;
+    case DType::kBF16:
+      fn(BFloat16{});
+      break;
+    case DType::kF16:
+      fn(Half{});
+      break;
     default:
       throw InvalidArgument(fmt::format("swiglu: unsupported dtype {}", dtype_name(dtype)));
   }
@@ -99,17 +104,18 @@ void dispatch_floating(DType dtype, Fn&& fn) {
 Tensor swiglu(const Tensor& gate, const Tensor& up) {
   TESSEL_CHECK(gate.shape() == up.shape() && gate.dtype() == up.dtype() &&
                    is_floating(gate.dtype()) && gate.device() == up.device(),
-               InvalidArgument, "swiglu expects floating gate and up of one shape, dtype and "
-               "device, got {} and {}", gate.str(), up.str());
+               InvalidArgument,
+               "swiglu expects floating gate and up of one shape, dtype and "
+               "device, got {} and {}",
+               gate.str(), up.str());
   if (!gate.device().is_cpu()) return swiglu_reference(gate, up);
   return apply_function(
       "swiglu", {gate, up},
       [](FunctionContext& ctx, const std::vector<Tensor>& in) {
         const Tensor g = contiguous(in[0]), u = contiguous(in[1]);
         Tensor out = empty(g.shape(), g.dtype(), g.device());
-        dispatch_floating(g.dtype(), [&](auto tag) {
-          swiglu_forward_typed<decltype(tag)>(g, u, out);
-        });
+        dispatch_floating(g.dtype(),
+                          [&](auto tag) { swiglu_forward_typed<decltype(tag)>(g, u, out); });
         ctx.save_for_backward({g, u});
         return std::vector<Tensor>{out};
       },
@@ -119,9 +125,8 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
         const Tensor dy = contiguous(to(grad[0], g.dtype()));
         Tensor dg = empty(g.shape(), g.dtype(), g.device());
         Tensor du = empty(g.shape(), g.dtype(), g.device());
-        dispatch_floating(g.dtype(), [&](auto tag) {
-          swiglu_backward_typed<decltype(tag)>(dy, g, u, dg, du);
-        });
+        dispatch_floating(
+            g.dtype(), [&](auto tag) { swiglu_backward_typed<decltype(tag)>(dy, g, u, dg, du); });
         return std::vector<Tensor>{dg, du};
       })[0];
 }

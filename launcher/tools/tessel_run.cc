@@ -1,10 +1,9 @@
 // tessel-run: start and supervise a distributed job. See docs/launching.md.
+#include <grpc/support/log.h>
 #include <sys/resource.h>
 
 #include <cstdio>
 #include <string>
-
-#include <grpc/support/log.h>
 
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"

@@ -9,13 +9,11 @@ namespace tessel::nn::optim {
 
 AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
     : Optimizer(std::move(params), options.lr), options_(options) {
-  TESSEL_CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 &&
-                   options.beta2 < 1,
+  TESSEL_CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1,
                InvalidArgument, "AdamW betas ({}, {}) must lie in [0, 1)", options.beta1,
                options.beta2);
   TESSEL_CHECK(options.eps >= 0 && options.weight_decay >= 0, InvalidArgument,
-               "AdamW eps {} and weight decay {} must be >= 0", options.eps,
-               options.weight_decay);
+               "AdamW eps {} and weight decay {} must be >= 0", options.eps, options.weight_decay);
   for (const Tensor& p : params_) {
     exp_avg_.push_back(zeros(p.shape(), DType::kF32, p.device()));
     exp_avg_sq_.push_back(zeros(p.shape(), DType::kF32, p.device()));

@@ -9,8 +9,8 @@ namespace tessel::nn::optim {
 
 WarmupCosine::WarmupCosine(const WarmupCosineOptions& options) : options_(options) {
   TESSEL_CHECK(options.min_lr >= 0 && options.min_lr <= options.max_lr, InvalidArgument,
-               "warmup-cosine needs 0 <= min_lr <= max_lr, got min_lr {} max_lr {}",
-               options.min_lr, options.max_lr);
+               "warmup-cosine needs 0 <= min_lr <= max_lr, got min_lr {} max_lr {}", options.min_lr,
+               options.max_lr);
   TESSEL_CHECK(options.warmup_steps >= 0 && options.warmup_steps <= options.total_steps,
                InvalidArgument,
                "warmup-cosine needs 0 <= warmup_steps <= total_steps, got {} and {}",

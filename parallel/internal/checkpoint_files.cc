@@ -1,6 +1,7 @@
 #include "tessel/parallel/internal/checkpoint_files.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,8 +9,6 @@
 #include <cerrno>
 #include <filesystem>
 #include <mutex>
-
-#include <fmt/format.h>
 
 #include "tessel/base/error.h"
 #include "tessel/base/unique_fd.h"
@@ -27,7 +26,9 @@ void write_all(int fd, const std::byte* data, size_t bytes, const std::string& p
   while (done < bytes) {
     const ssize_t n = ::write(fd, data + done, std::min(kPiece, bytes - done));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_system_error(fmt::format("{}: writing {} bytes at {}", path, bytes - done, done), errno);
+    if (n < 0)
+      throw_system_error(fmt::format("{}: writing {} bytes at {}", path, bytes - done, done),
+                         errno);
     done += static_cast<size_t>(n);
   }
 }
@@ -76,7 +77,8 @@ void pread_exact(int fd, void* out, uint64_t bytes, uint64_t offset, const std::
                               static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      throw_system_error(fmt::format("{}: reading {} bytes at offset {}", path, bytes, offset), errno);
+      throw_system_error(fmt::format("{}: reading {} bytes at offset {}", path, bytes, offset),
+                         errno);
     }
     TESSEL_CHECK(n > 0, IoError, "{}: the file ends before byte {} (reading {} bytes at {})", path,
                  offset + done, bytes, offset);

@@ -1,9 +1,9 @@
 #include "tessel/parallel/internal/checkpoint_plan.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <algorithm>
 
 #include "tessel/base/error.h"
 #include "tessel/parallel/internal/mesh_util.h"
@@ -121,7 +121,8 @@ std::vector<Box> logical_boxes(const Box& box, const Shape& global, const Shape&
       row = row * global[d] + box.offsets[d] + (d < k ? index[d] : 0);
     }
     Box piece{Shape{row}, Shape{box.sizes[k]}};
-    piece.offsets.insert(piece.offsets.end(), box.offsets.begin() + static_cast<std::ptrdiff_t>(k) + 1,
+    piece.offsets.insert(piece.offsets.end(),
+                         box.offsets.begin() + static_cast<std::ptrdiff_t>(k) + 1,
                          box.offsets.end());
     piece.sizes.insert(piece.sizes.end(), box.sizes.begin() + static_cast<std::ptrdiff_t>(k) + 1,
                        box.sizes.end());
@@ -199,7 +200,8 @@ SavePlan plan_save(const std::vector<StateTensor>& tensors, int rank, int world,
           writer = h;
         }
       }
-      assigned[writer] += static_cast<uint64_t>(shape_numel(p.boxes[b].sizes)) * dtype_size(p.dtype);
+      assigned[writer] +=
+          static_cast<uint64_t>(shape_numel(p.boxes[b].sizes)) * dtype_size(p.dtype);
       p.writers.push_back(writer);
       if (writer == rank) p.mine = static_cast<int>(b);
       if (all_files || writer == rank) {
@@ -224,14 +226,14 @@ CheckpointMetadata metadata_of(const SavePlan& plan, int64_t step, int world) {
     for (const SafetensorsEntry& e : layout.entries) by_file[writer][e.name] = &e;
   }
   for (const PlannedTensor& p : plan.tensors) {
-    TensorRecord t{p.dtype, p.logical_shape.empty() ? p.shape : p.logical_shape, p.saved_from,
-                   {}};
+    TensorRecord t{p.dtype, p.logical_shape.empty() ? p.shape : p.logical_shape, p.saved_from, {}};
     for (size_t b = 0; b < p.boxes.size(); ++b) {
       const SafetensorsEntry* e = by_file.at(p.writers[b]).at(p.name);
       // A folded tensor's box is several logical boxes, back to back in the file's entry.
       uint64_t at = e->begin;
       for (Box& piece : logical_boxes(p.boxes[b], p.shape, p.logical_shape, p.name)) {
-        const uint64_t bytes = static_cast<uint64_t>(shape_numel(piece.sizes)) * dtype_size(p.dtype);
+        const uint64_t bytes =
+            static_cast<uint64_t>(shape_numel(piece.sizes)) * dtype_size(p.dtype);
         t.shards.push_back({std::move(piece.offsets), std::move(piece.sizes),
                             shard_file_name(p.writers[b]), at, at + bytes});
         at += bytes;
@@ -262,8 +264,8 @@ std::vector<ByteRun> runs_of(const Box& shard, uint64_t begin, size_t element_si
       const int64_t at = box.offsets[d] - shard.offsets[d] + (d < k ? index[d] : 0);
       element += at * strides[d];
     }
-    runs.push_back({begin + static_cast<uint64_t>(element) * element_size, buffer_offset,
-                    run_bytes});
+    runs.push_back(
+        {begin + static_cast<uint64_t>(element) * element_size, buffer_offset, run_bytes});
     buffer_offset += run_bytes;
     size_t d = k;
     while (d > 0) {

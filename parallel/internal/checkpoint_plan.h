@@ -38,12 +38,12 @@ std::vector<Box> logical_boxes(const Box& box, const Shape& global, const Shape&
 struct PlannedTensor {
   std::string name;
   DType dtype = DType::kF32;
-  Shape shape;                // global
-  Shape logical_shape;        // saved as (empty: `shape`)
+  Shape shape;          // global
+  Shape logical_shape;  // saved as (empty: `shape`)
   std::string saved_from;
-  std::vector<Box> boxes;     // the distinct non-empty boxes (of `shape`)
-  std::vector<int> writers;   // the group rank writing each box
-  int mine = -1;              // the index of the box this rank writes, -1: none
+  std::vector<Box> boxes;    // the distinct non-empty boxes (of `shape`)
+  std::vector<int> writers;  // the group rank writing each box
+  int mine = -1;             // the index of the box this rank writes, -1: none
 };
 
 struct SavePlan {
@@ -92,8 +92,7 @@ struct ByteRun {
 };
 // The runs of `shard` (stored row-major at byte `begin`) that make up `box` (inside it),
 // elements of `element_size` bytes, in increasing file order (each as long as possible).
-std::vector<ByteRun> runs_of(const Box& shard, uint64_t begin, size_t element_size,
-                             const Box& box);
+std::vector<ByteRun> runs_of(const Box& shard, uint64_t begin, size_t element_size, const Box& box);
 
 // A stable 64-bit digest of what must agree across ranks for a save: names, dtypes, global
 // shapes, specs (their meshes' shapes, not which ranks) and generator names.

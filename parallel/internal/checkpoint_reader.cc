@@ -1,12 +1,11 @@
 #include "tessel/parallel/internal/checkpoint_reader.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 
 #include <cerrno>
 #include <cstring>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "tessel/base/error.h"
 #include "tessel/parallel/internal/checkpoint_files.h"
@@ -94,16 +93,16 @@ void ShardReader::check(const std::string& name, const Box& box) {
                  path, name);
     // The shard is the file's entry, or (a tensor saved in a logical shape) a run of it.
     const SafetensorsEntry& entry = e->second;
-    TESSEL_CHECK(entry.dtype == t.dtype && s.begin >= entry.begin && s.end <= entry.end &&
-                     s.end - s.begin == static_cast<uint64_t>(shape_numel(s.sizes)) *
-                                            dtype_size(t.dtype) &&
-                     (s.begin != entry.begin || s.end != entry.end ||
-                      shape_numel(entry.shape) == shape_numel(s.sizes)),
-                 InvalidArgument,
-                 "{}: tensor '{}' is {} at bytes [{}, {}) in the file but the checkpoint's "
-                 "metadata records {} at [{}, {})",
-                 path, name, typed_shape_str(entry.dtype, entry.shape), entry.begin, entry.end,
-                 typed_shape_str(t.dtype, s.sizes), s.begin, s.end);
+    TESSEL_CHECK(
+        entry.dtype == t.dtype && s.begin >= entry.begin && s.end <= entry.end &&
+            s.end - s.begin == static_cast<uint64_t>(shape_numel(s.sizes)) * dtype_size(t.dtype) &&
+            (s.begin != entry.begin || s.end != entry.end ||
+             shape_numel(entry.shape) == shape_numel(s.sizes)),
+        InvalidArgument,
+        "{}: tensor '{}' is {} at bytes [{}, {}) in the file but the checkpoint's "
+        "metadata records {} at [{}, {})",
+        path, name, typed_shape_str(entry.dtype, entry.shape), entry.begin, entry.end,
+        typed_shape_str(t.dtype, s.sizes), s.begin, s.end);
   }
 }
 

@@ -21,13 +21,13 @@ using Kind = RedistributeStep::Kind;
 // One step with this rank's arithmetic done.
 struct CompiledStep {
   RedistributeStep step;
-  std::string group_dim;          // the mesh dimension's name
-  int64_t parts = 1;              // ranks along the mesh dimension
-  int64_t index = 0;              // this rank's index along it
-  std::vector<int64_t> piece;     // each index's piece length along `dim` of the parent span
-  std::vector<int64_t> piece2;    // kAllToAll: each index's piece length along `dim2`
-  int64_t parent = 0;             // the parent span's length along `dim`
-  int64_t parent2 = 0;            // kAllToAll: along `dim2`
+  std::string group_dim;        // the mesh dimension's name
+  int64_t parts = 1;            // ranks along the mesh dimension
+  int64_t index = 0;            // this rank's index along it
+  std::vector<int64_t> piece;   // each index's piece length along `dim` of the parent span
+  std::vector<int64_t> piece2;  // kAllToAll: each index's piece length along `dim2`
+  int64_t parent = 0;           // the parent span's length along `dim`
+  int64_t parent2 = 0;          // kAllToAll: along `dim2`
 };
 
 std::vector<int64_t> pieces(int64_t span, int64_t parts) {
@@ -198,14 +198,19 @@ double identity_of(ReduceOp op, DType dtype) {
   const double lowest = dtype == DType::kI64   ? -9223372036854775808.0
                         : dtype == DType::kI32 ? -2147483648.0
                                                : 0.0;
-  const double highest = dtype == DType::kI64 ? 9223372036854774784.0  // the largest double below 2^63
+  const double highest = dtype == DType::kI64
+                             ? 9223372036854774784.0  // the largest double below 2^63
                          : dtype == DType::kI32 ? 2147483647.0
                                                 : 1.0;
   switch (op) {
-    case ReduceOp::kMax: return floating ? -std::numeric_limits<double>::infinity() : lowest;
-    case ReduceOp::kMin: return floating ? std::numeric_limits<double>::infinity() : highest;
-    case ReduceOp::kProduct: return 1.0;
-    default: return 0.0;
+    case ReduceOp::kMax:
+      return floating ? -std::numeric_limits<double>::infinity() : lowest;
+    case ReduceOp::kMin:
+      return floating ? std::numeric_limits<double>::infinity() : highest;
+    case ReduceOp::kProduct:
+      return 1.0;
+    default:
+      return 0.0;
   }
 }
 
@@ -234,8 +239,9 @@ RedistributeResult run_redistribute(const Tensor& local, const DTensorSpec& src,
         Shape shape = x.shape();
         shape[0] = c.parent;
         Tensor out = empty(shape, x.dtype(), x.device());
-        work = mesh.group(c.group_dim)->all_gather(
-            x, out, {.counts = scaled(c.piece, inner_of(shape)), .async = async});
+        work =
+            mesh.group(c.group_dim)
+                ->all_gather(x, out, {.counts = scaled(c.piece, inner_of(shape)), .async = async});
         cur = from_front(out, d);
         break;
       }
@@ -244,8 +250,10 @@ RedistributeResult run_redistribute(const Tensor& local, const DTensorSpec& src,
         Shape shape = x.shape();
         shape[0] = c.piece[c.index];
         Tensor out = empty(shape, x.dtype(), x.device());
-        work = mesh.group(c.group_dim)->reduce_scatter(
-            x, out, {.op = s.op, .counts = scaled(c.piece, inner_of(shape)), .async = async});
+        work = mesh.group(c.group_dim)
+                   ->reduce_scatter(
+                       x, out,
+                       {.op = s.op, .counts = scaled(c.piece, inner_of(shape)), .async = async});
         cur = from_front(out, d);
         break;
       }
@@ -272,8 +280,8 @@ RedistributeResult run_redistribute(const Tensor& local, const DTensorSpec& src,
           offset2 += c.piece2[r];
           offset += c.piece[r];
         }
-        work = mesh.group(c.group_dim)->all_to_all(std::move(inputs), std::move(outputs),
-                                                   {.async = async});
+        work = mesh.group(c.group_dim)
+                   ->all_to_all(std::move(inputs), std::move(outputs), {.async = async});
         cur = out;
         break;
       }

@@ -1,8 +1,8 @@
 #include "tessel/parallel/internal/redistribute_plan.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "tessel/base/error.h"
 
@@ -15,13 +15,20 @@ using Chains = std::vector<std::vector<int64_t>>;
 // Lower runs first among the steps that can run (see the header).
 int priority(Kind kind) {
   switch (kind) {
-    case Kind::kSlice: return 0;
-    case Kind::kReduceScatter: return 1;
-    case Kind::kAllToAll: return 2;
-    case Kind::kAllReduce: return 3;
-    case Kind::kAllGather: return 4;
-    case Kind::kZeroPad: return 5;
-    case Kind::kToPartial: return 6;
+    case Kind::kSlice:
+      return 0;
+    case Kind::kReduceScatter:
+      return 1;
+    case Kind::kAllToAll:
+      return 2;
+    case Kind::kAllReduce:
+      return 3;
+    case Kind::kAllGather:
+      return 4;
+    case Kind::kZeroPad:
+      return 5;
+    case Kind::kToPartial:
+      return 6;
   }
   return 7;
 }
@@ -30,7 +37,9 @@ class Planner {
  public:
   Planner(const std::vector<Placement>& src, const std::vector<int64_t>& src_order,
           const std::vector<Placement>& dst, const std::vector<int64_t>& dst_order, int64_t ndim)
-      : cur_(src), dst_(dst), chains_(shard_chains_of(src, src_order, ndim)),
+      : cur_(src),
+        dst_(dst),
+        chains_(shard_chains_of(src, src_order, ndim)),
         target_(shard_chains_of(dst, dst_order, ndim)) {}
 
   std::vector<RedistributeStep> run() {
@@ -51,8 +60,8 @@ class Planner {
       }
       if (all_done) return steps;
       TESSEL_CHECK(found && steps.size() < limit, Internal,
-                   "redistribute planner made no progress from {} to {}",
-                   placements_str(cur_), placements_str(dst_));
+                   "redistribute planner made no progress from {} to {}", placements_str(cur_),
+                   placements_str(dst_));
       best.chains = chains_;
       apply(best);
       steps.push_back(std::move(best));
@@ -175,7 +184,8 @@ class Planner {
 
 std::string RedistributeStep::str() const {
   switch (kind) {
-    case Kind::kSlice: return fmt::format("slice(mesh dim {}, tensor dim {})", mesh_dim, dim);
+    case Kind::kSlice:
+      return fmt::format("slice(mesh dim {}, tensor dim {})", mesh_dim, dim);
     case Kind::kReduceScatter:
       return fmt::format("reduce_scatter(mesh dim {}, tensor dim {}, {})", mesh_dim, dim,
                          reduce_op_name(op));
@@ -195,8 +205,7 @@ std::string RedistributeStep::str() const {
 }
 
 std::vector<std::vector<int64_t>> shard_chains_of(const std::vector<Placement>& placements,
-                                                  const std::vector<int64_t>& order,
-                                                  int64_t ndim) {
+                                                  const std::vector<int64_t>& order, int64_t ndim) {
   std::vector<std::vector<int64_t>> chains(static_cast<size_t>(ndim));
   for (int64_t m : order) {
     const Placement& p = placements[static_cast<size_t>(m)];

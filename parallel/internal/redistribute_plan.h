@@ -9,8 +9,8 @@
 //   kAllToAll      Shard(d) -> Shard(d2)       all_to_all: give up d's split, take d2's
 //   kAllReduce     Partial -> Replicate        all_reduce
 //   kAllGather     Shard(d) -> Replicate       all_gather along d
-//   kZeroPad       Shard(d) -> Partial(op)     local: this rank's piece in a tensor of op's identity
-//   kToPartial     Replicate -> Partial(op)    local: sum keeps the value on index 0 only
+//   kZeroPad       Shard(d) -> Partial(op)     local: this rank's piece in a tensor of op's
+//   identity kToPartial     Replicate -> Partial(op)    local: sum keeps the value on index 0 only
 // A split can be added or removed only as the innermost one of its tensor dimension, so the
 // planner first removes splits that differ from the target (innermost first) and adds the
 // target's in order. Among the steps that can run, it takes the cheapest in bytes first:
@@ -27,7 +27,13 @@ namespace tessel::internal {
 
 struct RedistributeStep {
   enum class Kind : uint8_t {
-    kSlice, kReduceScatter, kAllToAll, kAllReduce, kAllGather, kZeroPad, kToPartial
+    kSlice,
+    kReduceScatter,
+    kAllToAll,
+    kAllReduce,
+    kAllGather,
+    kZeroPad,
+    kToPartial
   };
   Kind kind = Kind::kSlice;
   int64_t mesh_dim = 0;
@@ -43,8 +49,7 @@ struct RedistributeStep {
 // For each tensor dimension of a tensor of `ndim` dimensions, the mesh dimensions that shard it
 // (in `order`, outermost first).
 std::vector<std::vector<int64_t>> shard_chains_of(const std::vector<Placement>& placements,
-                                                  const std::vector<int64_t>& order,
-                                                  int64_t ndim);
+                                                  const std::vector<int64_t>& order, int64_t ndim);
 
 // The steps from (src, src_order) to (dst, dst_order). Placements must be valid for a tensor of
 // `ndim` dimensions (one per mesh dimension, Shard dims in range, orders permutations).

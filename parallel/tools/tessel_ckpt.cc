@@ -15,16 +15,16 @@
 //
 // Exit status: 0 on success, 3 on bad input or usage (one line on stderr saying why).
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <map>
+#include <sstream>
 #include <string>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "tessel/base/error.h"
 #include "tessel/base/tools/cli.h"
@@ -90,8 +90,8 @@ void print_summary(const CheckpointMetadata& m) {
     for (const auto& [dtype, n] : g.dtypes) {
       dtypes += fmt::format("{}{} {}", dtypes.empty() ? "" : ", ", n, dtype);
     }
-    fmt::print("  {}.*  {} tensors ({}), {} elements, {} shards, {}\n", prefix, g.tensors,
-               dtypes, g.elements, g.shards, bytes_str(g.bytes));
+    fmt::print("  {}.*  {} tensors ({}), {} elements, {} shards, {}\n", prefix, g.tensors, dtypes,
+               g.elements, g.shards, bytes_str(g.bytes));
   }
   uint64_t smallest = UINT64_MAX, largest = 0;
   for (const auto& [file, bytes] : m.files) {
@@ -135,7 +135,8 @@ int inspect(const std::string& dir, bool verify, bool tensors) {
              m.step, m.world_size, m.world_size == 1 ? "" : "s", m.tensors.size(), m.files.size(),
              bytes_str(total));
   for (const auto& [key, value] : m.metadata) {
-    fmt::print("  metadata {} = {}\n", key, value.size() > 60 ? value.substr(0, 57) + "..." : value);
+    fmt::print("  metadata {} = {}\n", key,
+               value.size() > 60 ? value.substr(0, 57) + "..." : value);
   }
   for (const auto& [name, states] : m.generators) {
     const bool same = std::all_of(states.begin(), states.end(),
@@ -193,10 +194,10 @@ int main(int argc, char** argv) {
                          "without --config: a GPT read off the tensors, with this many heads");
   export_cmd->add_option("--prefix", prefix, "the model's names in the checkpoint")
       ->capture_default_str();
-  export_cmd->add_option("--dtype", dtype_name_str,
-                         "f32, bf16 or f16 (default: the checkpoint's)");
-  export_cmd->add_option("--max-shard-bytes", max_shard_bytes,
-                         "above this, sharded files with model.safetensors.index.json")
+  export_cmd->add_option("--dtype", dtype_name_str, "f32, bf16 or f16 (default: the checkpoint's)");
+  export_cmd
+      ->add_option("--max-shard-bytes", max_shard_bytes,
+                   "above this, sharded files with model.safetensors.index.json")
       ->capture_default_str();
   if (const auto status =
           cli::parse(app, argc, argv, "tessel-ckpt", kExitBadInput, kExitBadInput)) {

@@ -57,7 +57,8 @@ void shard_parameter(const Tensor& p, const DTensorSpec& spec, const std::string
   } else {
     piece = reshape(detach(p), global);
     for (size_t d = 0; d < global.size(); ++d) {
-      if (shape[d] != global[d]) piece = narrow(piece, static_cast<int64_t>(d), offset[d], shape[d]);
+      if (shape[d] != global[d])
+        piece = narrow(piece, static_cast<int64_t>(d), offset[d], shape[d]);
     }
     piece = clone(piece);
   }
@@ -71,8 +72,7 @@ void check_colwise(const nn::Linear& linear, const ColwiseParallel& style) {
   const int64_t s = style.sections;
   TESSEL_CHECK(s >= 1 && out % s == 0, InvalidArgument,
                "ColwiseParallel: {} sections do not divide the {} output features", s, out);
-  TESSEL_CHECK(style.input_layout.is_replicate() || style.input_layout.is_shard(),
-               InvalidArgument,
+  TESSEL_CHECK(style.input_layout.is_replicate() || style.input_layout.is_shard(), InvalidArgument,
                "ColwiseParallel takes a Replicate() or Shard(d) input layout, got {}",
                style.input_layout.str());
   TESSEL_CHECK(style.output_layout.is_shard(-1) || style.output_layout.is_replicate(),
@@ -144,7 +144,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) {
   const auto group = mesh_.group();
   // Sections are stored (S, rows, ...); the matmul sees them stacked: (S * rows, in).
   const Tensor w = style_.sections > 1 ? reshape(*weight_, {-1, in_features_}) : *weight_;
-  const Tensor b = bias_ == nullptr ? Tensor()
+  const Tensor b = bias_ == nullptr      ? Tensor()
                    : style_.sections > 1 ? reshape(*bias_, {-1})
                                          : *bias_;
   const Placement& in = style_.input_layout;
@@ -152,8 +152,8 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) {
   if (in.is_shard() && style_.overlap_chunks > 0) {
     y = all_gather_linear(x, w, b, group, in.dim(), style_.overlap_chunks);
   } else {
-    const Tensor h = in.is_replicate() ? copy_to_tp_region(x, group)
-                                       : gather_from_sp_region(x, group, in.dim());
+    const Tensor h =
+        in.is_replicate() ? copy_to_tp_region(x, group) : gather_from_sp_region(x, group, in.dim());
     y = linear(h, w, b);
   }
   if (style_.output_layout.is_replicate()) y = gather_from_tp_region(y, group, -1, out_features_);
@@ -214,9 +214,10 @@ Tensor VocabParallelEmbedding::forward(const Tensor& tokens) {
   std::vector<float> mine(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab_size_) {
-      throw OutOfRange(fmt::format("VocabParallelEmbedding: token {} at position {} is outside "
-                                   "the vocabulary [0, {})",
-                                   ids[i], i, vocab_size_));
+      throw OutOfRange(
+          fmt::format("VocabParallelEmbedding: token {} at position {} is outside "
+                      "the vocabulary [0, {})",
+                      ids[i], i, vocab_size_));
     }
     const bool here = ids[i] >= start_ && ids[i] < start_ + rows_;
     local[i] = here ? ids[i] - start_ : 0;
@@ -232,8 +233,8 @@ Tensor VocabParallelEmbedding::forward(const Tensor& tokens) {
     const Tensor index = tessel::to(view(from_vector<int64_t>(local), tokens.shape()), device);
     Shape mask_shape = tokens.shape();
     mask_shape.push_back(1);
-    const Tensor mask =
-        tessel::to(tessel::to(view(from_vector<float>(mine), mask_shape), weight_->dtype()), device);
+    const Tensor mask = tessel::to(
+        tessel::to(view(from_vector<float>(mine), mask_shape), weight_->dtype()), device);
     partial = mul(embedding(*weight_, index), mask);
   }
   return reduce_partial(partial, mesh_.group(), style_.output_layout);

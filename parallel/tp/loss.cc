@@ -1,11 +1,11 @@
 // loss_parallel_cross_entropy: the cross-entropy of vocabulary-split logits. See loss.h.
 #include "tessel/parallel/tp/loss.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <limits>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "tessel/base/error.h"
 #include "tessel/parallel/dtensor_spec.h"
@@ -53,9 +53,10 @@ Tensor loss_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] == ignore_index) continue;
     if (ids[i] < 0 || ids[i] >= vocab_size) {
-      throw OutOfRange(fmt::format("loss_parallel_cross_entropy: target {} at position {} is "
-                                   "outside [0, {})",
-                                   ids[i], i, vocab_size));
+      throw OutOfRange(
+          fmt::format("loss_parallel_cross_entropy: target {} at position {} is "
+                      "outside [0, {})",
+                      ids[i], i, vocab_size));
     }
     counted[i] = 1.0f;
     ++count;
@@ -64,24 +65,23 @@ Tensor loss_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
   const Device device = logits.device();
   auto forward = [&](FunctionContext& ctx, const std::vector<Tensor>& in) {
     const Tensor x = contiguous(to(reshape(in[0], {rows, columns}), DType::kF32));
-    Tensor row_max = columns > 0 ? contiguous(max(x, 1))
-                                 : full({rows}, -std::numeric_limits<double>::infinity(),
-                                        DType::kF32, device);
+    Tensor row_max =
+        columns > 0 ? contiguous(max(x, 1))
+                    : full({rows}, -std::numeric_limits<double>::infinity(), DType::kF32, device);
     group->all_reduce(row_max, {.op = ReduceOp::kMax});
     const Tensor shifted = sub(x, unsqueeze(row_max, 1));
     const Tensor exps = exp(shifted);
-    const Tensor one_hot =
-        to(eq(unsqueeze(arange(columns, DType::kI64, device), 0),
-              unsqueeze(to(from_vector<int64_t>(local), device), 1)),
-           DType::kF32);
+    const Tensor one_hot = to(eq(unsqueeze(arange(columns, DType::kI64, device), 0),
+                                 unsqueeze(to(from_vector<int64_t>(local), device), 1)),
+                              DType::kF32);
     // One all_reduce for both sums: exponentials and the target's shifted logit.
     Tensor sums = contiguous(stack({sum(exps, {1}), sum(mul(shifted, one_hot), {1})}));
     group->all_reduce(sums);
-    const Tensor row_weight = div(to(from_vector<float>(counted), device),
-                                  static_cast<double>(count));
+    const Tensor row_weight =
+        div(to(from_vector<float>(counted), device), static_cast<double>(count));
     const Tensor per_row = sub(log(select(sums, 0, 0)), select(sums, 0, 1));
-    ctx.data = LossState{exps, select(sums, 0, 0), one_hot, row_weight, in[0].shape(),
-                         in[0].dtype()};
+    ctx.data =
+        LossState{exps, select(sums, 0, 0), one_hot, row_weight, in[0].shape(), in[0].dtype()};
     return std::vector<Tensor>{sum(mul(per_row, row_weight))};
   };
   auto backward = [](FunctionContext& ctx, const std::vector<Tensor>& g) {

@@ -2,12 +2,12 @@
 // replacement and hooks. See parallelize.h.
 #include "tessel/parallel/tp/parallelize.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 #include <memory>
 #include <set>
-
-#include <fmt/format.h>
 
 #include "tessel/base/error.h"
 #include "tessel/nn/attention.h"
@@ -94,8 +94,8 @@ void check_layouts(const std::vector<std::optional<Placement>>& from,
                    const std::vector<std::optional<Placement>>& to, bool partial_gradients,
                    const std::string& path, const char* style) {
   TESSEL_CHECK(from.size() == to.size(), InvalidArgument,
-               "parallelize_module: {} for '{}' gives {} layouts but {} desired ones", style,
-               path, from.size(), to.size());
+               "parallelize_module: {} for '{}' gives {} layouts but {} desired ones", style, path,
+               from.size(), to.size());
   for (size_t i = 0; i < from.size(); ++i) {
     if (!from[i] || !to[i]) {
       TESSEL_CHECK(!from[i] == !to[i], InvalidArgument,
@@ -156,8 +156,8 @@ void check_entry(const ParallelStyle& style, const Match& m, int64_t tp) {
     check_layouts(in->input_layouts, in->desired_input_layouts, in->partial_gradients, m.path,
                   style_name(style));
   } else if (const auto* out = std::get_if<PrepareModuleOutput>(&style)) {
-    check_layouts(out->output_layouts, out->desired_output_layouts, out->partial_gradients,
-                  m.path, style_name(style));
+    check_layouts(out->output_layouts, out->desired_output_layouts, out->partial_gradients, m.path,
+                  style_name(style));
   }
   if (replaces(style)) check_not_shard(*m.module, m.path);
 }
@@ -221,7 +221,8 @@ void convert_all(nn::Tensors& tensors, const DeviceMesh& tp,
                "{}: {} layouts given for a module with {} tensors", what, from.size(),
                tensors.size());
   for (size_t i = 0; i < from.size(); ++i) {
-    if (from[i] && to[i]) tensors[i] = prepare_layout(tensors[i], tp, *from[i], *to[i], partial_gradients);
+    if (from[i] && to[i])
+      tensors[i] = prepare_layout(tensors[i], tp, *from[i], *to[i], partial_gradients);
   }
 }
 

@@ -59,7 +59,8 @@ void check_even(const Tensor& x, int64_t d, int parts, const char* op) {
 
 // The rank-major flat buffer of a collective along d <-> the tensor: rank r's piece of d at
 // `offset` r. With nothing before d the buffer is the tensor itself (no copy).
-Tensor unpack(const Tensor& flat, const Shape& shape, int64_t d, const std::vector<int64_t>& sizes) {
+Tensor unpack(const Tensor& flat, const Shape& shape, int64_t d,
+              const std::vector<int64_t>& sizes) {
   const auto [outer, inner] = outer_inner(shape, d);
   if (outer == 1) return view(flat, shape);
   Tensor out = empty(shape, flat.dtype(), flat.device());

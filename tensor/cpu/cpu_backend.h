@@ -42,8 +42,8 @@ class CpuBackend final : public Backend {
                           const Tensor& grad_weight) override;
   void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                      const Tensor& loss, const Tensor& lse) override;
-  void cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits,
-                              const Tensor& target, const Tensor& lse, int64_t ignore_index,
+  void cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& target,
+                              const Tensor& lse, int64_t ignore_index,
                               const Tensor& grad_logits) override;
   // cpu_matmul.cc (oneDNN)
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;

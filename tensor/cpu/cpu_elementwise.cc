@@ -56,7 +56,8 @@ void load_tile(const char* src, int64_t stride, float* buf, int64_t m) {
       widen(x, buf, m);
     }
   } else {
-    for (int64_t i = 0; i < m; ++i) buf[i] = convert<float>(*reinterpret_cast<const T*>(src + i * stride));
+    for (int64_t i = 0; i < m; ++i)
+      buf[i] = convert<float>(*reinterpret_cast<const T*>(src + i * stride));
   }
 }
 template <typename T>
@@ -123,9 +124,12 @@ void binary_tiles(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
 template <typename T>
 void unary_int(UnaryOp op, const Tensor& x, const Tensor& out) {
   switch (op) {
-    case UnaryOp::kNeg: return map1<T, T>(x, out, [](int64_t v) { return -v; });
-    case UnaryOp::kAbs: return map1<T, T>(x, out, [](int64_t v) { return v < 0 ? -v : v; });
-    case UnaryOp::kRelu: return map1<T, T>(x, out, [](int64_t v) { return v > 0 ? v : 0; });
+    case UnaryOp::kNeg:
+      return map1<T, T>(x, out, [](int64_t v) { return -v; });
+    case UnaryOp::kAbs:
+      return map1<T, T>(x, out, [](int64_t v) { return v < 0 ? -v : v; });
+    case UnaryOp::kRelu:
+      return map1<T, T>(x, out, [](int64_t v) { return v > 0 ? v : 0; });
     case UnaryOp::kLogicalNot:
       return map1<T, bool>(x, out, [](int64_t v) { return static_cast<int64_t>(v == 0); });
     default:
@@ -139,18 +143,30 @@ template <typename T>
 void binary_generic(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   using C = Compute<T>;
   switch (op) {
-    case BinaryOp::kAdd: return map2<T, T>(a, b, out, [](C x, C y) { return x + y; });
-    case BinaryOp::kSub: return map2<T, T>(a, b, out, [](C x, C y) { return x - y; });
-    case BinaryOp::kMul: return map2<T, T>(a, b, out, [](C x, C y) { return x * y; });
-    case BinaryOp::kMaximum: return map2<T, T>(a, b, out, [](C x, C y) { return x > y ? x : y; });
-    case BinaryOp::kMinimum: return map2<T, T>(a, b, out, [](C x, C y) { return x < y ? x : y; });
-    case BinaryOp::kEq: return map2<T, bool>(a, b, out, [](C x, C y) { return C(x == y); });
-    case BinaryOp::kNe: return map2<T, bool>(a, b, out, [](C x, C y) { return C(x != y); });
-    case BinaryOp::kLt: return map2<T, bool>(a, b, out, [](C x, C y) { return C(x < y); });
-    case BinaryOp::kLe: return map2<T, bool>(a, b, out, [](C x, C y) { return C(x <= y); });
-    case BinaryOp::kGt: return map2<T, bool>(a, b, out, [](C x, C y) { return C(x > y); });
-    case BinaryOp::kGe: return map2<T, bool>(a, b, out, [](C x, C y) { return C(x >= y); });
-    default: break;
+    case BinaryOp::kAdd:
+      return map2<T, T>(a, b, out, [](C x, C y) { return x + y; });
+    case BinaryOp::kSub:
+      return map2<T, T>(a, b, out, [](C x, C y) { return x - y; });
+    case BinaryOp::kMul:
+      return map2<T, T>(a, b, out, [](C x, C y) { return x * y; });
+    case BinaryOp::kMaximum:
+      return map2<T, T>(a, b, out, [](C x, C y) { return x > y ? x : y; });
+    case BinaryOp::kMinimum:
+      return map2<T, T>(a, b, out, [](C x, C y) { return x < y ? x : y; });
+    case BinaryOp::kEq:
+      return map2<T, bool>(a, b, out, [](C x, C y) { return C(x == y); });
+    case BinaryOp::kNe:
+      return map2<T, bool>(a, b, out, [](C x, C y) { return C(x != y); });
+    case BinaryOp::kLt:
+      return map2<T, bool>(a, b, out, [](C x, C y) { return C(x < y); });
+    case BinaryOp::kLe:
+      return map2<T, bool>(a, b, out, [](C x, C y) { return C(x <= y); });
+    case BinaryOp::kGt:
+      return map2<T, bool>(a, b, out, [](C x, C y) { return C(x > y); });
+    case BinaryOp::kGe:
+      return map2<T, bool>(a, b, out, [](C x, C y) { return C(x >= y); });
+    default:
+      break;
   }
   throw InvalidArgument(fmt::format("binary op {} is not defined for dtype {}",
                                     static_cast<int>(op), dtype_name(a.dtype())));
@@ -170,29 +186,29 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
     using In = typename decltype(in_tag)::type;
     dispatch_all(dst.dtype(), [&](auto out_tag) {
       using Out = typename decltype(out_tag)::type;
-      for_each_strided<2>(dst.shape(), {base_ptr(src), base_ptr(dst)},
-                          {&src.strides(), &dst.strides()}, {sizeof(In), sizeof(Out)},
-                          kElementwiseGrain,
-                          [](std::array<char*, 2> p, int64_t n, std::array<int64_t, 2> s) {
-                            if (s[0] == sizeof(In) && s[1] == sizeof(Out)) {
-                              const In* x = reinterpret_cast<const In*>(p[0]);
-                              Out* o = reinterpret_cast<Out*>(p[1]);
-                              if constexpr (std::is_same_v<Out, float> &&
-                                            (std::is_same_v<In, BFloat16> || std::is_same_v<In, Half>)) {
-                                widen(x, o, n);
-                              } else if constexpr (std::is_same_v<In, float> &&
-                                                   (std::is_same_v<Out, BFloat16> || std::is_same_v<Out, Half>)) {
-                                narrow(x, o, n);
-                              } else {
-                                for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(x[i]);
-                              }
-                            } else {
-                              for (int64_t i = 0; i < n; ++i) {
-                                *reinterpret_cast<Out*>(p[1] + i * s[1]) =
-                                    convert<Out>(*reinterpret_cast<const In*>(p[0] + i * s[0]));
-                              }
-                            }
-                          });
+      for_each_strided<2>(
+          dst.shape(), {base_ptr(src), base_ptr(dst)}, {&src.strides(), &dst.strides()},
+          {sizeof(In), sizeof(Out)}, kElementwiseGrain,
+          [](std::array<char*, 2> p, int64_t n, std::array<int64_t, 2> s) {
+            if (s[0] == sizeof(In) && s[1] == sizeof(Out)) {
+              const In* x = reinterpret_cast<const In*>(p[0]);
+              Out* o = reinterpret_cast<Out*>(p[1]);
+              if constexpr (std::is_same_v<Out, float> &&
+                            (std::is_same_v<In, BFloat16> || std::is_same_v<In, Half>)) {
+                widen(x, o, n);
+              } else if constexpr (std::is_same_v<In, float> &&
+                                   (std::is_same_v<Out, BFloat16> || std::is_same_v<Out, Half>)) {
+                narrow(x, o, n);
+              } else {
+                for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(x[i]);
+              }
+            } else {
+              for (int64_t i = 0; i < n; ++i) {
+                *reinterpret_cast<Out*>(p[1] + i * s[1]) =
+                    convert<Out>(*reinterpret_cast<const In*>(p[0] + i * s[0]));
+              }
+            }
+          });
     });
   });
 }
@@ -204,7 +220,8 @@ void CpuBackend::fill(const Tensor& dst, double value) {
     for_each_strided<1>(dst.shape(), {base_ptr(dst)}, {&dst.strides()}, {sizeof(T)},
                         kElementwiseGrain,
                         [v](std::array<char*, 1> p, int64_t n, std::array<int64_t, 1> s) {
-                          for (int64_t i = 0; i < n; ++i) *reinterpret_cast<T*>(p[0] + i * s[0]) = v;
+                          for (int64_t i = 0; i < n; ++i)
+                            *reinterpret_cast<T*>(p[0] + i * s[0]) = v;
                         });
   });
 }
@@ -230,9 +247,15 @@ void CpuBackend::random(const Tensor& dst, RandomDistribution dist, double a, do
         const uint64_t index = offset + static_cast<uint64_t>(i);
         float v = 0.0f;
         switch (dist) {
-          case RandomDistribution::kUniform: v = fa + (fb - fa) * philox_uniform(seed, index); break;
-          case RandomDistribution::kNormal: v = fa + fb * philox_normal(seed, index); break;
-          case RandomDistribution::kBernoulli: v = philox_uniform(seed, index) < fa ? fb : 0.0f; break;
+          case RandomDistribution::kUniform:
+            v = fa + (fb - fa) * philox_uniform(seed, index);
+            break;
+          case RandomDistribution::kNormal:
+            v = fa + fb * philox_normal(seed, index);
+            break;
+          case RandomDistribution::kBernoulli:
+            v = philox_uniform(seed, index) < fa ? fb : 0.0f;
+            break;
         }
         o[i] = convert<T>(v);
       }

@@ -61,9 +61,8 @@ std::vector<float> param_or(const Tensor& p, int64_t n, float fill) {
 
 }  // namespace
 
-void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                            double eps, const Tensor& out, const Tensor& mean,
-                            const Tensor& rstd) {
+void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                            const Tensor& out, const Tensor& mean, const Tensor& rstd) {
   dispatch_floating(x.dtype(), "layer_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t cols = x.size(-1);
@@ -84,9 +83,8 @@ void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor&
 }
 
 void CpuBackend::layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                                     const Tensor& mean, const Tensor& rstd,
-                                     const Tensor& grad_x, const Tensor& grad_weight,
-                                     const Tensor& grad_bias) {
+                                     const Tensor& mean, const Tensor& rstd, const Tensor& grad_x,
+                                     const Tensor& grad_weight, const Tensor& grad_bias) {
   dispatch_floating(x.dtype(), "layer_norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t cols = x.size(-1);

@@ -46,12 +46,18 @@ inline To convert(From v) {
 template <typename F>
 decltype(auto) dispatch_all(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::kF32: return f(TypeTag<float>{});
-    case DType::kBF16: return f(TypeTag<BFloat16>{});
-    case DType::kF16: return f(TypeTag<Half>{});
-    case DType::kI64: return f(TypeTag<int64_t>{});
-    case DType::kI32: return f(TypeTag<int32_t>{});
-    case DType::kBool: return f(TypeTag<bool>{});
+    case DType::kF32:
+      return f(TypeTag<float>{});
+    case DType::kBF16:
+      return f(TypeTag<BFloat16>{});
+    case DType::kF16:
+      return f(TypeTag<Half>{});
+    case DType::kI64:
+      return f(TypeTag<int64_t>{});
+    case DType::kI32:
+      return f(TypeTag<int32_t>{});
+    case DType::kBool:
+      return f(TypeTag<bool>{});
   }
   throw Internal(fmt::format("unknown dtype {}", static_cast<int>(dtype)));
 }
@@ -60,13 +66,17 @@ decltype(auto) dispatch_all(DType dtype, F&& f) {
 template <typename F>
 decltype(auto) dispatch_floating(DType dtype, const char* what, F&& f) {
   switch (dtype) {
-    case DType::kF32: return f(TypeTag<float>{});
-    case DType::kBF16: return f(TypeTag<BFloat16>{});
-    case DType::kF16: return f(TypeTag<Half>{});
-    default: break;
+    case DType::kF32:
+      return f(TypeTag<float>{});
+    case DType::kBF16:
+      return f(TypeTag<BFloat16>{});
+    case DType::kF16:
+      return f(TypeTag<Half>{});
+    default:
+      break;
   }
-  throw InvalidArgument(fmt::format("{} needs a floating-point tensor, got {}", what,
-                                    dtype_name(dtype)));
+  throw InvalidArgument(
+      fmt::format("{} needs a floating-point tensor, got {}", what, dtype_name(dtype)));
 }
 
 // Elements per parallel chunk for cheap elementwise work.

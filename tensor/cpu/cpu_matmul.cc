@@ -11,8 +11,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "tessel/tensor/cpu/cpu_backend.h"
 #include "tessel/base/error.h"
+#include "tessel/tensor/cpu/cpu_backend.h"
 #include "tessel/tensor/thread_pool.h"
 
 namespace tessel::cpu {
@@ -23,12 +23,15 @@ constexpr int kMaxMatmulRank = 12;
 
 dnnl::memory::data_type to_dnnl(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return dnnl::memory::data_type::f32;
-    case DType::kBF16: return dnnl::memory::data_type::bf16;
-    default: break;
+    case DType::kF32:
+      return dnnl::memory::data_type::f32;
+    case DType::kBF16:
+      return dnnl::memory::data_type::bf16;
+    default:
+      break;
   }
-  throw InvalidArgument(fmt::format("matmul kernel supports f32 and bf16, got {}",
-                                    dtype_name(dtype)));
+  throw InvalidArgument(
+      fmt::format("matmul kernel supports f32 and bf16, got {}", dtype_name(dtype)));
 }
 
 // One operand of a product as oneDNN sees it: address, dims and strides (a view of a tensor,
@@ -62,7 +65,8 @@ Operand operand_of(const Tensor& t) {
 // chunk uses its only index, also a chunk of length 1 that starts past 0).
 Operand narrow(Operand o, int d, int64_t start, int64_t length) {
   if (o.dims[d] == 1) return o;
-  o.data = static_cast<char*>(o.data) + start * o.strides[d] * static_cast<int64_t>(dtype_size(o.dtype));
+  o.data =
+      static_cast<char*>(o.data) + start * o.strides[d] * static_cast<int64_t>(dtype_size(o.dtype));
   o.dims[d] = length;
   if (length == 1) o.strides[d] = 0;
   return o;
@@ -184,7 +188,6 @@ void run_matmul(const Operand& a, const Operand& b, const Operand* bias, const O
 
 // Rows of output per thread below which splitting does not pay.
 constexpr int64_t kMinRowsPerThread = 32;
-
 
 // oneDNN runs single-threaded in each of tessel's pool threads, which split the work by the
 // leading batch dim (or the rows of a 2-D product). Letting oneDNN start its own OpenMP team

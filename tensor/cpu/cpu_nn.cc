@@ -54,9 +54,13 @@ void for_each_column_range(int64_t cols, F f) {
 }
 
 template <typename T>
-const T* cptr(const Tensor& t) { return static_cast<const T*>(t.data_ptr()); }
+const T* cptr(const Tensor& t) {
+  return static_cast<const T*>(t.data_ptr());
+}
 template <typename T>
-T* mptr(const Tensor& t) { return static_cast<T*>(t.data_ptr()); }
+T* mptr(const Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
 
 }  // namespace
 
@@ -156,7 +160,8 @@ void CpuBackend::rms_norm_backward(const Tensor& grad_y, const Tensor& x, const 
       const std::vector<float> wf = param_f32<T>(weight);
       for_each_row_scratch(rows, cols, 5, [&](int64_t r, float* tmp) {
         // grad_x = rstd * (wg - xhat * mean(wg * xhat)), xhat = x * rstd, wg = grad * weight.
-        const NormGradRow row = norm_grad_row(pg + r * cols, px + r * cols, po + r * cols, wf, cols, tmp);
+        const NormGradRow row =
+            norm_grad_row(pg + r * cols, px + r * cols, po + r * cols, wf, cols, tmp);
         float* xhat = row.xhat;
         const float* wg = row.wg;
         float* o = row.out;

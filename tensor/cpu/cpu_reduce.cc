@@ -1,6 +1,6 @@
-// CPU reductions (sum, avg, max, min, product, argmax) over any set of dims. The summation order depends only
-// on the shape: rows are cut into fixed blocks of kBlock elements whose partial results are
-// combined in order, so results are identical whatever the thread count.
+// CPU reductions (sum, avg, max, min, product, argmax) over any set of dims. The summation order
+// depends only on the shape: rows are cut into fixed blocks of kBlock elements whose partial
+// results are combined in order, so results are identical whatever the thread count.
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -127,9 +127,12 @@ struct ReduceLayout {
 
 ReduceLayout reduce_layout(const Tensor& x, const std::vector<int64_t>& dims) {
   switch (internal::reduce_layout_of(x, dims)) {
-    case internal::ReduceLayout::kRows: return {x, true};
-    case internal::ReduceLayout::kColumns: return {x, false};
-    case internal::ReduceLayout::kCopyToRows: break;
+    case internal::ReduceLayout::kRows:
+      return {x, true};
+    case internal::ReduceLayout::kColumns:
+      return {x, false};
+    case internal::ReduceLayout::kCopyToRows:
+      break;
   }
   const Tensor view = internal::reduced_dims_last(x, dims);
   Tensor src = empty(view.shape(), x.dtype());
@@ -165,11 +168,21 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>
         }
       };
       switch (op) {
-        case ReduceOp::kSum: run(TypeTag<SumOp<C>>{}); break;
-        case ReduceOp::kAvg: run(TypeTag<SumOp<C>>{}); break;
-        case ReduceOp::kMax: run(TypeTag<MaxOp<C>>{}); break;
-        case ReduceOp::kMin: run(TypeTag<MinOp<C>>{}); break;
-        case ReduceOp::kProduct: run(TypeTag<ProductOp<C>>{}); break;
+        case ReduceOp::kSum:
+          run(TypeTag<SumOp<C>>{});
+          break;
+        case ReduceOp::kAvg:
+          run(TypeTag<SumOp<C>>{});
+          break;
+        case ReduceOp::kMax:
+          run(TypeTag<MaxOp<C>>{});
+          break;
+        case ReduceOp::kMin:
+          run(TypeTag<MinOp<C>>{});
+          break;
+        case ReduceOp::kProduct:
+          run(TypeTag<ProductOp<C>>{});
+          break;
       }
     });
   });

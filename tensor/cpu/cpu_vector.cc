@@ -23,48 +23,61 @@ constexpr float kGeluCoeff = 0.044715f;
 }  // namespace
 
 // One loop per op; `v` is x[i].
-#define TESSEL_UNARY_LOOP(expr)           \
-  for (int64_t i = 0; i < n; ++i) {       \
-    const float v = x[i];                 \
-    out[i] = (expr);                      \
-  }                                       \
+#define TESSEL_UNARY_LOOP(expr)     \
+  for (int64_t i = 0; i < n; ++i) { \
+    const float v = x[i];           \
+    out[i] = (expr);                \
+  }                                 \
   return
 
 TESSEL_ISA_CLONES void unary_f32(UnaryOp op, const float* x, float* out, int64_t n) {
   switch (op) {
-    case UnaryOp::kNeg: TESSEL_UNARY_LOOP(-v);
-    case UnaryOp::kExp: TESSEL_UNARY_LOOP(fast_exp(v));
-    case UnaryOp::kLog: TESSEL_UNARY_LOOP(std::log(v));
-    case UnaryOp::kSqrt: TESSEL_UNARY_LOOP(std::sqrt(v));
-    case UnaryOp::kRsqrt: TESSEL_UNARY_LOOP(1.0f / std::sqrt(v));
-    case UnaryOp::kTanh: TESSEL_UNARY_LOOP(fast_tanh(v));
-    case UnaryOp::kRelu: TESSEL_UNARY_LOOP(v <= 0.0f ? 0.0f : v);  // NaN stays, -0 gives +0
-    case UnaryOp::kSilu: TESSEL_UNARY_LOOP(v * fast_sigmoid(v));
-    case UnaryOp::kGelu: TESSEL_UNARY_LOOP(v * fast_normal_cdf(v));
-    case UnaryOp::kGeluTanh: TESSEL_UNARY_LOOP(v * gelu_tanh_gate(v));
-    case UnaryOp::kAbs: TESSEL_UNARY_LOOP(std::fabs(v));
-    case UnaryOp::kSigmoid: TESSEL_UNARY_LOOP(fast_sigmoid(v));
-    case UnaryOp::kLogicalNot: TESSEL_UNARY_LOOP(v == 0.0f ? 1.0f : 0.0f);
+    case UnaryOp::kNeg:
+      TESSEL_UNARY_LOOP(-v);
+    case UnaryOp::kExp:
+      TESSEL_UNARY_LOOP(fast_exp(v));
+    case UnaryOp::kLog:
+      TESSEL_UNARY_LOOP(std::log(v));
+    case UnaryOp::kSqrt:
+      TESSEL_UNARY_LOOP(std::sqrt(v));
+    case UnaryOp::kRsqrt:
+      TESSEL_UNARY_LOOP(1.0f / std::sqrt(v));
+    case UnaryOp::kTanh:
+      TESSEL_UNARY_LOOP(fast_tanh(v));
+    case UnaryOp::kRelu:
+      TESSEL_UNARY_LOOP(v <= 0.0f ? 0.0f : v);  // NaN stays, -0 gives +0
+    case UnaryOp::kSilu:
+      TESSEL_UNARY_LOOP(v * fast_sigmoid(v));
+    case UnaryOp::kGelu:
+      TESSEL_UNARY_LOOP(v * fast_normal_cdf(v));
+    case UnaryOp::kGeluTanh:
+      TESSEL_UNARY_LOOP(v * gelu_tanh_gate(v));
+    case UnaryOp::kAbs:
+      TESSEL_UNARY_LOOP(std::fabs(v));
+    case UnaryOp::kSigmoid:
+      TESSEL_UNARY_LOOP(fast_sigmoid(v));
+    case UnaryOp::kLogicalNot:
+      TESSEL_UNARY_LOOP(v == 0.0f ? 1.0f : 0.0f);
   }
 }
 #undef TESSEL_UNARY_LOOP
 
 // One loop per op; `p` is a[i] and `q` is b[i], or b[0] when b_step is 0 (two loops, so each
 // vectorises).
-#define TESSEL_BINARY_LOOP(expr)                 \
-  if (b_step == 0) {                             \
-    const float q = b[0];                        \
-    for (int64_t i = 0; i < n; ++i) {            \
-      const float p = a[i];                      \
-      out[i] = (expr);                           \
-    }                                            \
-  } else {                                       \
-    for (int64_t i = 0; i < n; ++i) {            \
-      const float p = a[i];                      \
-      const float q = b[i];                      \
-      out[i] = (expr);                           \
-    }                                            \
-  }                                              \
+#define TESSEL_BINARY_LOOP(expr)      \
+  if (b_step == 0) {                  \
+    const float q = b[0];             \
+    for (int64_t i = 0; i < n; ++i) { \
+      const float p = a[i];           \
+      out[i] = (expr);                \
+    }                                 \
+  } else {                            \
+    for (int64_t i = 0; i < n; ++i) { \
+      const float p = a[i];           \
+      const float q = b[i];           \
+      out[i] = (expr);                \
+    }                                 \
+  }                                   \
   return
 
 namespace {
@@ -85,19 +98,30 @@ namespace {
 TESSEL_ISA_CLONES void binary_f32(BinaryOp op, const float* a, const float* b, int64_t b_step,
                                   float* out, int64_t n) {
   switch (op) {
-    case BinaryOp::kAdd: TESSEL_BINARY_LOOP(p + q);
-    case BinaryOp::kSub: TESSEL_BINARY_LOOP(p - q);
-    case BinaryOp::kMul: TESSEL_BINARY_LOOP(p * q);
-    case BinaryOp::kDiv: TESSEL_BINARY_LOOP(p / q);
-    case BinaryOp::kPow: TESSEL_BINARY_LOOP(std::pow(p, q));
-    case BinaryOp::kMaximum: TESSEL_BINARY_LOOP((p != p || p > q) ? p : q);
-    case BinaryOp::kMinimum: TESSEL_BINARY_LOOP((p != p || p < q) ? p : q);
+    case BinaryOp::kAdd:
+      TESSEL_BINARY_LOOP(p + q);
+    case BinaryOp::kSub:
+      TESSEL_BINARY_LOOP(p - q);
+    case BinaryOp::kMul:
+      TESSEL_BINARY_LOOP(p * q);
+    case BinaryOp::kDiv:
+      TESSEL_BINARY_LOOP(p / q);
+    case BinaryOp::kPow:
+      TESSEL_BINARY_LOOP(std::pow(p, q));
+    case BinaryOp::kMaximum:
+      TESSEL_BINARY_LOOP((p != p || p > q) ? p : q);
+    case BinaryOp::kMinimum:
+      TESSEL_BINARY_LOOP((p != p || p < q) ? p : q);
     case BinaryOp::kGeluBackward:
       TESSEL_BINARY_LOOP(p * (fast_normal_cdf(q) + q * kInvSqrt2Pi * fast_exp(-0.5f * q * q)));
-    case BinaryOp::kGeluTanhBackward: TESSEL_BINARY_LOOP(gelu_tanh_grad(p, q));
-    case BinaryOp::kSiluBackward: TESSEL_BINARY_LOOP(silu_grad(p, q));
-    case BinaryOp::kReluBackward: TESSEL_BINARY_LOOP(q <= 0.0f ? 0.0f : p);  // as PyTorch: NaN passes
-    default: return;  // comparisons: not handled here (binary_f32_supported is false)
+    case BinaryOp::kGeluTanhBackward:
+      TESSEL_BINARY_LOOP(gelu_tanh_grad(p, q));
+    case BinaryOp::kSiluBackward:
+      TESSEL_BINARY_LOOP(silu_grad(p, q));
+    case BinaryOp::kReluBackward:
+      TESSEL_BINARY_LOOP(q <= 0.0f ? 0.0f : p);  // as PyTorch: NaN passes
+    default:
+      return;  // comparisons: not handled here (binary_f32_supported is false)
   }
 }
 #undef TESSEL_BINARY_LOOP
@@ -159,8 +183,12 @@ TESSEL_ISA_CLONES float sum_exp_f32(const float* x, float shift, int64_t n) {
 
 bool binary_f32_supported(BinaryOp op) {
   switch (op) {
-    case BinaryOp::kEq: case BinaryOp::kNe: case BinaryOp::kLt: case BinaryOp::kLe:
-    case BinaryOp::kGt: case BinaryOp::kGe:
+    case BinaryOp::kEq:
+    case BinaryOp::kNe:
+    case BinaryOp::kLt:
+    case BinaryOp::kLe:
+    case BinaryOp::kGt:
+    case BinaryOp::kGe:
       return false;
     default:
       return true;

@@ -15,8 +15,7 @@ inline constexpr int64_t kTile = 256;
 // out[i] = op(x[i]) for every floating UnaryOp except kLogicalNot. out may equal x.
 void unary_f32(UnaryOp op, const float* x, float* out, int64_t n);
 // out[i] = op(a[i], b[i * b_step]) (b_step 0 broadcasts b[0]). out may equal a.
-void binary_f32(BinaryOp op, const float* a, const float* b, int64_t b_step, float* out,
-                int64_t n);
+void binary_f32(BinaryOp op, const float* a, const float* b, int64_t b_step, float* out, int64_t n);
 // Contiguous 16-bit floats to f32 and back (round to nearest even).
 void widen(const BFloat16* x, float* out, int64_t n);
 void widen(const Half* x, float* out, int64_t n);

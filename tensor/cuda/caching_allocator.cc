@@ -9,11 +9,11 @@
 namespace tessel::cuda {
 namespace {
 
-constexpr size_t kMinBlock = 512;                     // every size is a multiple of this
-constexpr size_t kSmallSize = size_t{1} << 20;        // requests up to this use the small pool
-constexpr size_t kSmallSegment = size_t{2} << 20;     // segments of the small pool
-constexpr size_t kLargeSegment = size_t{20} << 20;    // segments for requests under kMinLarge
-constexpr size_t kMinLargeAlloc = size_t{10} << 20;   // from here segments fit the request
+constexpr size_t kMinBlock = 512;                    // every size is a multiple of this
+constexpr size_t kSmallSize = size_t{1} << 20;       // requests up to this use the small pool
+constexpr size_t kSmallSegment = size_t{2} << 20;    // segments of the small pool
+constexpr size_t kLargeSegment = size_t{20} << 20;   // segments for requests under kMinLarge
+constexpr size_t kMinLargeAlloc = size_t{10} << 20;  // from here segments fit the request
 constexpr size_t kLargeRounding = size_t{2} << 20;
 
 size_t round_up(size_t bytes, size_t unit) { return (bytes + unit - 1) / unit * unit; }
@@ -33,8 +33,8 @@ struct CachingAllocator::Block {
   BlockState state = BlockState::kFree;
   Block* prev = nullptr;
   Block* next = nullptr;
-  std::vector<Stream> uses;    // other streams named by record_stream
-  std::vector<void*> events;   // while pending: one per use
+  std::vector<Stream> uses;   // other streams named by record_stream
+  std::vector<void*> events;  // while pending: one per use
 };
 
 bool CachingAllocator::BlockOrder::operator()(const Block* a, const Block* b) const {
@@ -241,8 +241,10 @@ void CachingAllocator::deallocate(void* ptr, size_t) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = allocated_.find(ptr);
   if (it == allocated_.end()) {
-    log_error(LogComponent::kTensor, "{} allocator: free of {} which it did not allocate (or "
-              "freed twice); ignored", name_, ptr);
+    log_error(LogComponent::kTensor,
+              "{} allocator: free of {} which it did not allocate (or "
+              "freed twice); ignored",
+              name_, ptr);
     return;
   }
   Block* b = it->second;
@@ -259,8 +261,10 @@ void CachingAllocator::deallocate(void* ptr, size_t) noexcept {
     for (const Stream& s : b->uses) b->events.push_back(d.memory->record_event(s));
   } catch (const std::exception& e) {
     // Without the events nothing says when the memory is safe to reuse: keep it out of use.
-    log_error(LogComponent::kTensor, "{} allocator: cannot record the free of {} on the streams "
-              "that used it ({}); its {} bytes stay reserved", name_, ptr, e.what(), b->size);
+    log_error(LogComponent::kTensor,
+              "{} allocator: cannot record the free of {} on the streams "
+              "that used it ({}); its {} bytes stay reserved",
+              name_, ptr, e.what(), b->size);
     b->state = BlockState::kPending;
     for (void* ev : b->events) d.memory->destroy_event(ev);
     b->events.clear();
@@ -351,8 +355,8 @@ void CachingAllocator::throw_out_of_memory(DeviceCache& d, const Stream& stream,
       "allocation retried once. Free tensors that are no longer needed or use smaller batches",
       name_, bytes_str(static_cast<int64_t>(requested)), requested,
       bytes_str(static_cast<int64_t>(segment)), stream.device().str(), stream.str(), device_state,
-      d.stats.str(), c.segments, bytes_str(c.free_bytes), c.free_blocks,
-      bytes_str(c.largest_free), c.pending_blocks));
+      d.stats.str(), c.segments, bytes_str(c.free_bytes), c.free_blocks, bytes_str(c.largest_free),
+      c.pending_blocks));
 }
 
 }  // namespace tessel::cuda

@@ -54,8 +54,8 @@ class DeviceMemory {
 
 // The state of one device's cache, for tests and error messages.
 struct CacheInfo {
-  int64_t segments = 0;        // taken from the device
-  int64_t free_blocks = 0;     // cached, ready for reuse by their stream
+  int64_t segments = 0;     // taken from the device
+  int64_t free_blocks = 0;  // cached, ready for reuse by their stream
   int64_t free_bytes = 0;
   int64_t largest_free = 0;    // bytes of the largest free block
   int64_t pending_blocks = 0;  // freed, waiting for other streams' events
@@ -109,7 +109,7 @@ class CachingAllocator final : public Allocator {
   const std::string name_;
   const MemoryFactory memory_factory_;
   mutable std::mutex mu_;
-  std::vector<std::unique_ptr<DeviceCache>> devices_;       // guarded by mu_; index = device index
+  std::vector<std::unique_ptr<DeviceCache>> devices_;  // guarded by mu_; index = device index
   std::unordered_map<void*, Block*> allocated_;        // guarded by mu_: live blocks by address
 };
 

@@ -17,7 +17,8 @@ void* record_cuda_event(const Stream& stream) {
   cudaEvent_t event = nullptr;
   check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags",
              d);
-  const cudaError_t status = cudaEventRecord(event, static_cast<cudaStream_t>(stream.native_handle()));
+  const cudaError_t status =
+      cudaEventRecord(event, static_cast<cudaStream_t>(stream.native_handle()));
   if (status != cudaSuccess) {
     cudaEventDestroy(event);
     throw_cuda_error(status, "cudaEventRecord", d);
@@ -100,18 +101,15 @@ class PinnedHostMemory final : public DeviceMemory {
 
 Allocator* builtin_allocator() {
   static CachingAllocator* allocator =
-      new CachingAllocator(DeviceType::kCUDA, "CUDA", [](int device) {
-        return std::make_unique<CudaDeviceMemory>(device);
-      });
+      new CachingAllocator(DeviceType::kCUDA, "CUDA",
+                           [](int device) { return std::make_unique<CudaDeviceMemory>(device); });
   return allocator;
 }
 
 Allocator* builtin_pinned_allocator() {
   if (cuda_runtime().device_count() == 0) return nullptr;
-  static CachingAllocator* allocator =
-      new CachingAllocator(DeviceType::kCPU, "pinned host", [](int) {
-        return std::make_unique<PinnedHostMemory>();
-      });
+  static CachingAllocator* allocator = new CachingAllocator(
+      DeviceType::kCPU, "pinned host", [](int) { return std::make_unique<PinnedHostMemory>(); });
   return allocator;
 }
 

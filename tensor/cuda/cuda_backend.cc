@@ -32,10 +32,10 @@ std::string device_name(int index) { return cuda_runtime().device_name(index); }
 void set_device(int index) {
   const int count = device_count();
   if (index < 0 || index >= count) {
-    throw Unavailable(fmt::format("device cuda:{} is not available: the process sees {} CUDA "
-                                  "device(s){}{}",
-                                  index, count, count == 0 ? ": " : "",
-                                  count == 0 ? unavailable_reason() : ""));
+    throw Unavailable(
+        fmt::format("device cuda:{} is not available: the process sees {} CUDA "
+                    "device(s){}{}",
+                    index, count, count == 0 ? ": " : "", count == 0 ? unavailable_reason() : ""));
   }
   check_cuda(cudaSetDevice(index), "cudaSetDevice", index);
 }
@@ -121,8 +121,8 @@ void CudaBackend::copy_device(const Tensor& src, const Tensor& dst, bool non_blo
 void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
   if (dst.numel() == 0) return;
   DeviceScope s(dst.device());
-  launch_copy(s.launch, make_indexer<2>(dst.shape(), {&src.strides(), &dst.strides()}),
-              dst.numel(), src.data_ptr(), src.dtype(), dst.data_ptr(), dst.dtype());
+  launch_copy(s.launch, make_indexer<2>(dst.shape(), {&src.strides(), &dst.strides()}), dst.numel(),
+              src.data_ptr(), src.dtype(), dst.data_ptr(), dst.dtype());
 }
 
 namespace {
@@ -132,12 +132,24 @@ uint64_t element_bits(DType dtype, double value) {
   uint64_t bits = 0;
   auto put = [&bits](auto v) { std::memcpy(&bits, &v, sizeof(v)); };
   switch (dtype) {
-    case DType::kF32: put(static_cast<float>(value)); break;
-    case DType::kBF16: put(BFloat16(static_cast<float>(value)).bits); break;
-    case DType::kF16: put(Half(static_cast<float>(value)).bits); break;
-    case DType::kI64: put(static_cast<int64_t>(value)); break;
-    case DType::kI32: put(static_cast<int32_t>(value)); break;
-    case DType::kBool: put(static_cast<uint8_t>(value != 0.0)); break;
+    case DType::kF32:
+      put(static_cast<float>(value));
+      break;
+    case DType::kBF16:
+      put(BFloat16(static_cast<float>(value)).bits);
+      break;
+    case DType::kF16:
+      put(Half(static_cast<float>(value)).bits);
+      break;
+    case DType::kI64:
+      put(static_cast<int64_t>(value));
+      break;
+    case DType::kI32:
+      put(static_cast<int32_t>(value));
+      break;
+    case DType::kBool:
+      put(static_cast<uint8_t>(value != 0.0));
+      break;
   }
   return bits;
 }
@@ -147,9 +159,8 @@ uint64_t element_bits(DType dtype, double value) {
 void CudaBackend::fill(const Tensor& dst, double value) {
   if (dst.numel() == 0) return;
   DeviceScope s(dst.device());
-  launch_fill(s.launch, make_indexer<1>(dst.shape(), {&dst.strides()}), dst.numel(),
-              dst.data_ptr(), static_cast<int>(dst.element_size()),
-              element_bits(dst.dtype(), value));
+  launch_fill(s.launch, make_indexer<1>(dst.shape(), {&dst.strides()}), dst.numel(), dst.data_ptr(),
+              static_cast<int>(dst.element_size()), element_bits(dst.dtype(), value));
 }
 
 void CudaBackend::arange(const Tensor& dst, double start, double step) {
@@ -164,8 +175,8 @@ void CudaBackend::random(const Tensor& dst, RandomDistribution dist, double a, d
                "random needs a floating-point tensor, got {}", dtype_name(dst.dtype()));
   if (dst.numel() == 0) return;
   DeviceScope s(dst.device());
-  launch_random(s.launch, dst.numel(), dst.data_ptr(), dst.dtype(), dist,
-                static_cast<float>(a), static_cast<float>(b), seed, offset);
+  launch_random(s.launch, dst.numel(), dst.data_ptr(), dst.dtype(), dist, static_cast<float>(a),
+                static_cast<float>(b), seed, offset);
 }
 
 void CudaBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out) {
@@ -186,11 +197,10 @@ void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Te
 void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
   if (out.numel() == 0) return;
   DeviceScope s(out.device());
-  launch_where(s.launch,
-               make_indexer<4>(out.shape(),
-                               {&cond.strides(), &a.strides(), &b.strides(), &out.strides()}),
-               out.numel(), cond.data_ptr(), a.data_ptr(), b.data_ptr(), out.data_ptr(),
-               out.dtype());
+  launch_where(
+      s.launch,
+      make_indexer<4>(out.shape(), {&cond.strides(), &a.strides(), &b.strides(), &out.strides()}),
+      out.numel(), cond.data_ptr(), a.data_ptr(), b.data_ptr(), out.data_ptr(), out.dtype());
 }
 
 }  // namespace tessel::cuda

@@ -45,8 +45,8 @@ class CudaBackend final : public Backend {
                           const Tensor& grad_weight) override;
   void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                      const Tensor& loss, const Tensor& lse) override;
-  void cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits,
-                              const Tensor& target, const Tensor& lse, int64_t ignore_index,
+  void cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& target,
+                              const Tensor& lse, int64_t ignore_index,
                               const Tensor& grad_logits) override;
   // cuda_backend_optim.cc
   void adamw_step(std::span<const AdamWTensors> tensors, const AdamWHyper& hyper) override;

@@ -35,9 +35,8 @@ void CudaBackend::softmax_backward(const Tensor& grad_y, const Tensor& y, const 
                           rows, cols, log);
 }
 
-void CudaBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                             double eps, const Tensor& out, const Tensor& mean,
-                             const Tensor& rstd) {
+void CudaBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                             const Tensor& out, const Tensor& mean, const Tensor& rstd) {
   const auto [rows, cols] = rows_cols(x);
   DeviceScope s(x.device());
   launch_norm(s.launch, x.data_ptr(), data_or_null(weight), data_or_null(bias), out.data_ptr(),
@@ -56,9 +55,9 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, double eps, co
 namespace {
 
 // Both norms' backward: grad_x row by row, then the per-feature parameter gradients.
-void norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                   const Tensor& mean, const Tensor& rstd, const Tensor& grad_x,
-                   const Tensor& grad_weight, const Tensor& grad_bias) {
+void norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                   const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight,
+                   const Tensor& grad_bias) {
   const auto [rows, cols] = rows_cols(x);
   DeviceScope s(x.device());
   const float* m = mean.defined() ? mean.data<float>() : nullptr;
@@ -69,17 +68,16 @@ void norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
   if (grad_weight.defined() || grad_bias.defined()) {
     const Scratch tmp(norm_backward_params_scratch_bytes(rows, cols), x.device());
     launch_norm_backward_params(s.launch, grad_y.data_ptr(), x.data_ptr(), m, rstd.data<float>(),
-                                f32_or_null(grad_weight), f32_or_null(grad_bias), x.dtype(),
-                                rows, cols, tmp.get());
+                                f32_or_null(grad_weight), f32_or_null(grad_bias), x.dtype(), rows,
+                                cols, tmp.get());
   }
 }
 
 }  // namespace
 
 void CudaBackend::layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                                      const Tensor& mean, const Tensor& rstd,
-                                      const Tensor& grad_x, const Tensor& grad_weight,
-                                      const Tensor& grad_bias) {
+                                      const Tensor& mean, const Tensor& rstd, const Tensor& grad_x,
+                                      const Tensor& grad_weight, const Tensor& grad_bias) {
   norm_backward(grad_y, x, weight, mean, rstd, grad_x, grad_weight, grad_bias);
 }
 
@@ -105,8 +103,8 @@ void CudaBackend::embedding_backward(const Tensor& grad, const Tensor& indices,
   DeviceScope s(grad.device());
   const Scratch tmp(embedding_backward_scratch_bytes(n, grad_weight.size(0)), grad.device());
   launch_embedding_backward(s.launch, grad.data_ptr(), grad.dtype(), indices.data<int64_t>(),
-                            grad_weight.data<float>(), n, grad_weight.size(0),
-                            grad_weight.size(1), tmp.get());
+                            grad_weight.data<float>(), n, grad_weight.size(0), grad_weight.size(1),
+                            tmp.get());
 }
 
 void CudaBackend::cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
@@ -121,10 +119,9 @@ void CudaBackend::cross_entropy_backward(const Tensor& grad_loss, const Tensor& 
                                          const Tensor& target, const Tensor& lse,
                                          int64_t ignore_index, const Tensor& grad_logits) {
   DeviceScope s(logits.device());
-  launch_cross_entropy_backward(s.launch, grad_loss.data<float>(), logits.data_ptr(),
-                                logits.dtype(), target.data<int64_t>(), lse.data<float>(),
-                                ignore_index, grad_logits.data_ptr(), logits.size(0),
-                                logits.size(1));
+  launch_cross_entropy_backward(
+      s.launch, grad_loss.data<float>(), logits.data_ptr(), logits.dtype(), target.data<int64_t>(),
+      lse.data<float>(), ignore_index, grad_logits.data_ptr(), logits.size(0), logits.size(1));
 }
 
 void CudaBackend::adamw_step(std::span<const AdamWTensors> tensors, const AdamWHyper& hyper) {

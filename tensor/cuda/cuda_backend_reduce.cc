@@ -48,8 +48,7 @@ void CudaBackend::argmax(const Tensor& x, int64_t dim, const Tensor& out) {
   const int64_t r = x.shape()[dim];
   TESSEL_CHECK(r > 0, InvalidArgument, "cannot take the argmax over an empty dimension of {}",
                shape_str(x.shape()));
-  const Tensor src =
-      x.is_contiguous() && dim == x.dim() - 1 ? x : copy_to_rows(x, {dim});
+  const Tensor src = x.is_contiguous() && dim == x.dim() - 1 ? x : copy_to_rows(x, {dim});
   DeviceScope s(x.device());
   launch_argmax_rows(s.launch, src.data_ptr(), src.dtype(), out.data<int64_t>(), outputs, r);
 }

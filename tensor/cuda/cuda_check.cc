@@ -85,9 +85,10 @@ void throw_cuda_error(cudaError_t status, const char* call, int device) {
         device, recent_kernels(device));
   }
   if (status == cudaErrorNoKernelImageForDevice) {
-    message += fmt::format("; this build has code for CUDA architectures {} (set "
-                           "CMAKE_CUDA_ARCHITECTURES to add this device's)",
-                           build_info().cuda_architectures);
+    message += fmt::format(
+        "; this build has code for CUDA architectures {} (set "
+        "CMAKE_CUDA_ARCHITECTURES to add this device's)",
+        build_info().cuda_architectures);
   }
   if (status == cudaErrorMemoryAllocation) throw OutOfMemory(message);
   if (is_unavailable(status)) throw Unavailable(message);

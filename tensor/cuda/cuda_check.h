@@ -16,12 +16,14 @@ namespace tessel::cuda {
 [[noreturn]] void throw_cuda_error(cudaError_t status, const char* call, int device);
 
 inline void check_cuda(cudaError_t status, const char* call, int device) {
-  if (status != cudaSuccess) [[unlikely]] throw_cuda_error(status, call, device);
+  if (status != cudaSuccess) [[unlikely]]
+    throw_cuda_error(status, call, device);
 }
 
 [[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* call, int device);
 inline void check_cublas(cublasStatus_t status, const char* call, int device) {
-  if (status != CUBLAS_STATUS_SUCCESS) [[unlikely]] throw_cublas_error(status, call, device);
+  if (status != CUBLAS_STATUS_SUCCESS) [[unlikely]]
+    throw_cublas_error(status, call, device);
 }
 
 // After a kernel launch on `device`: remembers `kernel` among the device's recent launches and
@@ -67,11 +69,11 @@ class DeviceGuard {
 
 // check_cuda for the current device, naming the call by its source text:
 //   TESSEL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
-#define TESSEL_CUDA_CHECK(call)                                                          \
-  do {                                                                                   \
-    const cudaError_t tessel_cuda_status_ = (call);                                      \
-    if (tessel_cuda_status_ != cudaSuccess) [[unlikely]] {                               \
-      ::tessel::cuda::throw_cuda_error(tessel_cuda_status_, #call,                       \
-                                       ::tessel::cuda::current_device());                \
-    }                                                                                    \
+#define TESSEL_CUDA_CHECK(call)                                           \
+  do {                                                                    \
+    const cudaError_t tessel_cuda_status_ = (call);                       \
+    if (tessel_cuda_status_ != cudaSuccess) [[unlikely]] {                \
+      ::tessel::cuda::throw_cuda_error(tessel_cuda_status_, #call,        \
+                                       ::tessel::cuda::current_device()); \
+    }                                                                     \
   } while (0)

@@ -1,9 +1,9 @@
 #pragma once
 // Private device code shared by the cuda_*.cu files (which do not include fmt or base/error.h:
-// nvcc's front end cannot evaluate fmt's compile-time checks; see cuda_check.h): element types and conversions through the
-// compute type (f32 for floating dtypes, i64 for integers and bool, as on the CPU), dtype
-// dispatch for launchers, the f32 functions of the CPU's cpu_math.h written with the same
-// operations in the same order (each explicitly rounded: nvcc never fuses them into
+// nvcc's front end cannot evaluate fmt's compile-time checks; see cuda_check.h): element types and
+// conversions through the compute type (f32 for floating dtypes, i64 for integers and bool, as on
+// the CPU), dtype dispatch for launchers, the f32 functions of the CPU's cpu_math.h written with
+// the same operations in the same order (each explicitly rounded: nvcc never fuses them into
 // multiply-adds, so special values behave as on the CPU and results equal the CPU's baseline
 // code bit for bit; the CPU's AVX2/AVX-512 clones may fuse and differ in the last bit),
 // deterministic block reductions, and the device-side error report.
@@ -73,12 +73,18 @@ struct TypeTag {
 template <typename F>
 void dispatch_all(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::kF32: return f(TypeTag<float>{});
-    case DType::kBF16: return f(TypeTag<bf16>{});
-    case DType::kF16: return f(TypeTag<f16>{});
-    case DType::kI64: return f(TypeTag<int64_t>{});
-    case DType::kI32: return f(TypeTag<int32_t>{});
-    case DType::kBool: return f(TypeTag<bool>{});
+    case DType::kF32:
+      return f(TypeTag<float>{});
+    case DType::kBF16:
+      return f(TypeTag<bf16>{});
+    case DType::kF16:
+      return f(TypeTag<f16>{});
+    case DType::kI64:
+      return f(TypeTag<int64_t>{});
+    case DType::kI32:
+      return f(TypeTag<int32_t>{});
+    case DType::kBool:
+      return f(TypeTag<bool>{});
   }
   throw_internal("unknown dtype " + std::to_string(static_cast<int>(dtype)));
 }
@@ -86,10 +92,14 @@ void dispatch_all(DType dtype, F&& f) {
 template <typename F>
 void dispatch_floating(DType dtype, const char* what, F&& f) {
   switch (dtype) {
-    case DType::kF32: return f(TypeTag<float>{});
-    case DType::kBF16: return f(TypeTag<bf16>{});
-    case DType::kF16: return f(TypeTag<f16>{});
-    default: break;
+    case DType::kF32:
+      return f(TypeTag<float>{});
+    case DType::kBF16:
+      return f(TypeTag<bf16>{});
+    case DType::kF16:
+      return f(TypeTag<f16>{});
+    default:
+      break;
   }
   throw_invalid_argument(std::string(what) + " needs a floating-point tensor, got " +
                          std::string(dtype_name(dtype)));
@@ -182,7 +192,8 @@ __device__ __forceinline__ float gelu_tanh_gate(float v) {
 
 template <typename T, typename Op>
 __device__ __forceinline__ T warp_reduce(T v, Op op) {
-  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 
@@ -207,7 +218,9 @@ __device__ T block_reduce(T v, Op op, T identity, T* shared) {
 
 struct SumOp {
   template <typename T>
-  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return a + b;
+  }
 };
 struct MaxSkipNanOp {  // the larger, ignoring NaN (as max_f32 skips it)
   __device__ __forceinline__ float operator()(float a, float b) const { return b > a ? b : a; }

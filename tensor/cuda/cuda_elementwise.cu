@@ -27,8 +27,8 @@ void for_each_element(const Launch& l, const char* kernel, const Indexer<N>& ix,
                       const F& f) {
   if (n == 0) return;
   if (ix.fits_32bit(n)) {
-    elementwise_kernel<N, uint32_t><<<grid_for(n, l), kThreads, 0, l.stream>>>(
-        ix, static_cast<uint32_t>(n), f);
+    elementwise_kernel<N, uint32_t>
+        <<<grid_for(n, l), kThreads, 0, l.stream>>>(ix, static_cast<uint32_t>(n), f);
   } else {
     elementwise_kernel<N, int64_t><<<grid_for(n, l), kThreads, 0, l.stream>>>(ix, n, f);
   }
@@ -65,7 +65,8 @@ __global__ void arange_kernel(T* dst, int64_t n, double start, double step) {
   }
 }
 
-// ---- random: random.h's Philox4x32-10 and its uniform and normal ----------------------------------
+// ---- random: random.h's Philox4x32-10 and its uniform and normal
+// ----------------------------------
 
 struct Philox {
   uint32_t w[4];
@@ -120,42 +121,67 @@ __global__ void random_kernel(T* dst, int64_t n, RandomDistribution dist, float 
     const Philox r = philox_at(seed, offset + static_cast<uint64_t>(i));
     float v = 0.0f;
     switch (dist) {
-      case RandomDistribution::kUniform: v = add(a, mul(sub(b, a), philox_uniform(r))); break;
-      case RandomDistribution::kNormal: v = add(a, mul(b, philox_normal(r))); break;
-      case RandomDistribution::kBernoulli: v = philox_uniform(r) < a ? b : 0.0f; break;
+      case RandomDistribution::kUniform:
+        v = add(a, mul(sub(b, a), philox_uniform(r)));
+        break;
+      case RandomDistribution::kNormal:
+        v = add(a, mul(b, philox_normal(r)));
+        break;
+      case RandomDistribution::kBernoulli:
+        v = philox_uniform(r) < a ? b : 0.0f;
+        break;
     }
     dst[i] = convert<T>(v);
   }
 }
 
-// ---- unary ----------------------------------------------------------------------------------------
+// ---- unary
+// ----------------------------------------------------------------------------------------
 
 __device__ __forceinline__ float unary_f32(UnaryOp op, float v) {
   switch (op) {
-    case UnaryOp::kNeg: return -v;
-    case UnaryOp::kExp: return fast_exp(v);
-    case UnaryOp::kLog: return logf(v);
-    case UnaryOp::kSqrt: return __fsqrt_rn(v);
-    case UnaryOp::kRsqrt: return div(1.0f, __fsqrt_rn(v));
-    case UnaryOp::kTanh: return fast_tanh(v);
-    case UnaryOp::kRelu: return v <= 0.0f ? 0.0f : v;  // NaN stays, -0 gives +0
-    case UnaryOp::kSilu: return mul(v, fast_sigmoid(v));
-    case UnaryOp::kGelu: return mul(v, fast_normal_cdf(v));
-    case UnaryOp::kGeluTanh: return mul(v, gelu_tanh_gate(v));
-    case UnaryOp::kAbs: return fabsf(v);
-    case UnaryOp::kSigmoid: return fast_sigmoid(v);
-    case UnaryOp::kLogicalNot: return v == 0.0f ? 1.0f : 0.0f;
+    case UnaryOp::kNeg:
+      return -v;
+    case UnaryOp::kExp:
+      return fast_exp(v);
+    case UnaryOp::kLog:
+      return logf(v);
+    case UnaryOp::kSqrt:
+      return __fsqrt_rn(v);
+    case UnaryOp::kRsqrt:
+      return div(1.0f, __fsqrt_rn(v));
+    case UnaryOp::kTanh:
+      return fast_tanh(v);
+    case UnaryOp::kRelu:
+      return v <= 0.0f ? 0.0f : v;  // NaN stays, -0 gives +0
+    case UnaryOp::kSilu:
+      return mul(v, fast_sigmoid(v));
+    case UnaryOp::kGelu:
+      return mul(v, fast_normal_cdf(v));
+    case UnaryOp::kGeluTanh:
+      return mul(v, gelu_tanh_gate(v));
+    case UnaryOp::kAbs:
+      return fabsf(v);
+    case UnaryOp::kSigmoid:
+      return fast_sigmoid(v);
+    case UnaryOp::kLogicalNot:
+      return v == 0.0f ? 1.0f : 0.0f;
   }
   return v;
 }
 
 __device__ __forceinline__ int64_t unary_int(UnaryOp op, int64_t v) {
   switch (op) {
-    case UnaryOp::kNeg: return -v;
-    case UnaryOp::kAbs: return v < 0 ? -v : v;
-    case UnaryOp::kRelu: return v > 0 ? v : 0;
-    case UnaryOp::kLogicalNot: return v == 0 ? 1 : 0;
-    default: return v;  // refused on the host
+    case UnaryOp::kNeg:
+      return -v;
+    case UnaryOp::kAbs:
+      return v < 0 ? -v : v;
+    case UnaryOp::kRelu:
+      return v > 0 ? v : 0;
+    case UnaryOp::kLogicalNot:
+      return v == 0 ? 1 : 0;
+    default:
+      return v;  // refused on the host
   }
 }
 
@@ -174,7 +200,8 @@ struct UnaryFn {
   }
 };
 
-// ---- binary ---------------------------------------------------------------------------------------
+// ---- binary
+// ---------------------------------------------------------------------------------------
 
 constexpr float kSqrt2OverPi = 0.79788456080286536f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;
@@ -189,46 +216,73 @@ __device__ __forceinline__ float gelu_tanh_grad(float g, float v) {
 
 __device__ __forceinline__ float binary_f32(BinaryOp op, float p, float q) {
   switch (op) {
-    case BinaryOp::kAdd: return add(p, q);
-    case BinaryOp::kSub: return sub(p, q);
-    case BinaryOp::kMul: return mul(p, q);
-    case BinaryOp::kDiv: return div(p, q);
-    case BinaryOp::kPow: return powf(p, q);
-    case BinaryOp::kMaximum: return (p != p || p > q) ? p : q;
-    case BinaryOp::kMinimum: return (p != p || p < q) ? p : q;
-    case BinaryOp::kEq: return p == q ? 1.0f : 0.0f;
-    case BinaryOp::kNe: return p != q ? 1.0f : 0.0f;
-    case BinaryOp::kLt: return p < q ? 1.0f : 0.0f;
-    case BinaryOp::kLe: return p <= q ? 1.0f : 0.0f;
-    case BinaryOp::kGt: return p > q ? 1.0f : 0.0f;
-    case BinaryOp::kGe: return p >= q ? 1.0f : 0.0f;
+    case BinaryOp::kAdd:
+      return add(p, q);
+    case BinaryOp::kSub:
+      return sub(p, q);
+    case BinaryOp::kMul:
+      return mul(p, q);
+    case BinaryOp::kDiv:
+      return div(p, q);
+    case BinaryOp::kPow:
+      return powf(p, q);
+    case BinaryOp::kMaximum:
+      return (p != p || p > q) ? p : q;
+    case BinaryOp::kMinimum:
+      return (p != p || p < q) ? p : q;
+    case BinaryOp::kEq:
+      return p == q ? 1.0f : 0.0f;
+    case BinaryOp::kNe:
+      return p != q ? 1.0f : 0.0f;
+    case BinaryOp::kLt:
+      return p < q ? 1.0f : 0.0f;
+    case BinaryOp::kLe:
+      return p <= q ? 1.0f : 0.0f;
+    case BinaryOp::kGt:
+      return p > q ? 1.0f : 0.0f;
+    case BinaryOp::kGe:
+      return p >= q ? 1.0f : 0.0f;
     case BinaryOp::kGeluBackward:
-      return mul(p, add(fast_normal_cdf(q),
-                        mul(mul(q, kInvSqrt2Pi), fast_exp(mul(mul(-0.5f, q), q)))));
-    case BinaryOp::kGeluTanhBackward: return gelu_tanh_grad(p, q);
+      return mul(
+          p, add(fast_normal_cdf(q), mul(mul(q, kInvSqrt2Pi), fast_exp(mul(mul(-0.5f, q), q)))));
+    case BinaryOp::kGeluTanhBackward:
+      return gelu_tanh_grad(p, q);
     case BinaryOp::kSiluBackward: {
       const float s = fast_sigmoid(q);
       return mul(mul(p, s), add(1.0f, mul(q, sub(1.0f, s))));
     }
-    case BinaryOp::kReluBackward: return q <= 0.0f ? 0.0f : p;  // as PyTorch: NaN passes
+    case BinaryOp::kReluBackward:
+      return q <= 0.0f ? 0.0f : p;  // as PyTorch: NaN passes
   }
   return p;
 }
 
 __device__ __forceinline__ int64_t binary_int(BinaryOp op, int64_t x, int64_t y) {
   switch (op) {
-    case BinaryOp::kAdd: return x + y;
-    case BinaryOp::kSub: return x - y;
-    case BinaryOp::kMul: return x * y;
-    case BinaryOp::kMaximum: return x > y ? x : y;
-    case BinaryOp::kMinimum: return x < y ? x : y;
-    case BinaryOp::kEq: return x == y;
-    case BinaryOp::kNe: return x != y;
-    case BinaryOp::kLt: return x < y;
-    case BinaryOp::kLe: return x <= y;
-    case BinaryOp::kGt: return x > y;
-    case BinaryOp::kGe: return x >= y;
-    default: return 0;  // refused on the host
+    case BinaryOp::kAdd:
+      return x + y;
+    case BinaryOp::kSub:
+      return x - y;
+    case BinaryOp::kMul:
+      return x * y;
+    case BinaryOp::kMaximum:
+      return x > y ? x : y;
+    case BinaryOp::kMinimum:
+      return x < y ? x : y;
+    case BinaryOp::kEq:
+      return x == y;
+    case BinaryOp::kNe:
+      return x != y;
+    case BinaryOp::kLt:
+      return x < y;
+    case BinaryOp::kLe:
+      return x <= y;
+    case BinaryOp::kGt:
+      return x > y;
+    case BinaryOp::kGe:
+      return x >= y;
+    default:
+      return 0;  // refused on the host
   }
 }
 
@@ -265,17 +319,21 @@ struct WhereFn {
 template <typename F>
 void dispatch_bits(int element_size, F&& f) {
   switch (element_size) {
-    case 1: return f(TypeTag<uint8_t>{});
-    case 2: return f(TypeTag<uint16_t>{});
-    case 4: return f(TypeTag<uint32_t>{});
-    case 8: return f(TypeTag<uint64_t>{});
+    case 1:
+      return f(TypeTag<uint8_t>{});
+    case 2:
+      return f(TypeTag<uint16_t>{});
+    case 4:
+      return f(TypeTag<uint32_t>{});
+    case 8:
+      return f(TypeTag<uint64_t>{});
   }
   throw_internal("no element type of " + std::to_string(element_size) + " bytes");
 }
 
 bool is_comparison(BinaryOp op) {
-  return op == BinaryOp::kEq || op == BinaryOp::kNe || op == BinaryOp::kLt ||
-         op == BinaryOp::kLe || op == BinaryOp::kGt || op == BinaryOp::kGe;
+  return op == BinaryOp::kEq || op == BinaryOp::kNe || op == BinaryOp::kLt || op == BinaryOp::kLe ||
+         op == BinaryOp::kGt || op == BinaryOp::kGe;
 }
 
 }  // namespace
@@ -292,8 +350,8 @@ void launch_copy(const Launch& l, const Indexer<2>& ix, int64_t numel, const voi
   });
 }
 
-void launch_fill(const Launch& l, const Indexer<1>& ix, int64_t numel, void* dst,
-                 int element_size, uint64_t bits) {
+void launch_fill(const Launch& l, const Indexer<1>& ix, int64_t numel, void* dst, int element_size,
+                 uint64_t bits) {
   dispatch_bits(element_size, [&](auto tag) {
     using Bits = typename decltype(tag)::type;
     for_each_element(l, "fill", ix, numel,
@@ -306,14 +364,14 @@ void launch_arange(const Launch& l, int64_t numel, void* dst, DType dtype, doubl
   if (numel == 0) return;
   dispatch_all(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    arange_kernel<T><<<grid_for(numel, l), kThreads, 0, l.stream>>>(static_cast<T*>(dst), numel,
-                                                                    start, step);
+    arange_kernel<T>
+        <<<grid_for(numel, l), kThreads, 0, l.stream>>>(static_cast<T*>(dst), numel, start, step);
   });
   check_launch("arange", l.device);
 }
 
-void launch_random(const Launch& l, int64_t numel, void* dst, DType dtype,
-                   RandomDistribution dist, float a, float b, uint64_t seed, uint64_t offset) {
+void launch_random(const Launch& l, int64_t numel, void* dst, DType dtype, RandomDistribution dist,
+                   float a, float b, uint64_t seed, uint64_t offset) {
   if (numel == 0) return;
   dispatch_floating(dtype, "random", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -323,8 +381,8 @@ void launch_random(const Launch& l, int64_t numel, void* dst, DType dtype,
   check_launch("random", l.device);
 }
 
-void launch_unary(const Launch& l, UnaryOp op, const Indexer<2>& ix, int64_t numel,
-                  const void* x, DType x_dtype, void* out, DType out_dtype) {
+void launch_unary(const Launch& l, UnaryOp op, const Indexer<2>& ix, int64_t numel, const void* x,
+                  DType x_dtype, void* out, DType out_dtype) {
   const bool integer_op = op == UnaryOp::kNeg || op == UnaryOp::kAbs || op == UnaryOp::kRelu ||
                           op == UnaryOp::kLogicalNot;
   if (!is_floating(x_dtype) && !integer_op) {
@@ -345,11 +403,10 @@ void launch_unary(const Launch& l, UnaryOp op, const Indexer<2>& ix, int64_t num
   });
 }
 
-void launch_binary(const Launch& l, BinaryOp op, const Indexer<3>& ix, int64_t numel,
-                   const void* a, const void* b, DType dtype, void* out, DType out_dtype) {
-  const bool integer_op = op == BinaryOp::kAdd || op == BinaryOp::kSub ||
-                          op == BinaryOp::kMul || op == BinaryOp::kMaximum ||
-                          op == BinaryOp::kMinimum || is_comparison(op);
+void launch_binary(const Launch& l, BinaryOp op, const Indexer<3>& ix, int64_t numel, const void* a,
+                   const void* b, DType dtype, void* out, DType out_dtype) {
+  const bool integer_op = op == BinaryOp::kAdd || op == BinaryOp::kSub || op == BinaryOp::kMul ||
+                          op == BinaryOp::kMaximum || op == BinaryOp::kMinimum || is_comparison(op);
   if (!is_floating(dtype) && !integer_op) {
     throw_invalid_argument("binary op " + std::to_string(static_cast<int>(op)) +
                            " is not defined for dtype " + std::string(dtype_name(dtype)));

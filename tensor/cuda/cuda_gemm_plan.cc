@@ -11,7 +11,7 @@ bool folds_into_rows(const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t nb = out.dim() - 2;
   for (int64_t d = 0; d < nb; ++d) {
     if (b.shape()[d] != 1 && out.shape()[d] != 1) return false;  // b varies over the batch
-    if (a.shape()[d] != out.shape()[d]) return false;             // a broadcasts
+    if (a.shape()[d] != out.shape()[d]) return false;            // a broadcasts
   }
   const int64_t M = a.size(-2), K = a.size(-1);
   if (!(a.stride(-1) == 1 || K == 1) || a.stride(-2) < K) return false;  // a must be row-major
@@ -33,9 +33,10 @@ GemmOperand transposed_operand(int64_t R, int64_t C, int64_t s0, int64_t s1) {
   if ((s0 == 1 || R == 1) && (s1 >= R || C == 1)) {  // column-major: memory is [R, C] col-major
     return {true, R, C, C == 1 ? R : s1};
   }
-  throw Internal(fmt::format("matmul: an operand of shape ({}, {}) with strides ({}, {}) is "
-                             "neither row- nor column-major",
-                             R, C, s0, s1));
+  throw Internal(
+      fmt::format("matmul: an operand of shape ({}, {}) with strides ({}, {}) is "
+                  "neither row- nor column-major",
+                  R, C, s0, s1));
 }
 
 GemmPlan plan_gemm(const Tensor& a, const Tensor& b, const Tensor& out) {

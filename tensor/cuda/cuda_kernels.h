@@ -52,19 +52,19 @@ struct Launch {
 void launch_copy(const Launch& l, const Indexer<2>& ix, int64_t numel, const void* src,
                  DType src_dtype, void* dst, DType dst_dtype);
 // Every element of dst = the `element_size`-byte pattern `bits` (the value already converted).
-void launch_fill(const Launch& l, const Indexer<1>& ix, int64_t numel, void* dst,
-                 int element_size, uint64_t bits);
+void launch_fill(const Launch& l, const Indexer<1>& ix, int64_t numel, void* dst, int element_size,
+                 uint64_t bits);
 void launch_arange(const Launch& l, int64_t numel, void* dst, DType dtype, double start,
                    double step);
 // dst (contiguous floating) from random.h's Philox stream at counter offset + i.
-void launch_random(const Launch& l, int64_t numel, void* dst, DType dtype,
-                   RandomDistribution dist, float a, float b, uint64_t seed, uint64_t offset);
+void launch_random(const Launch& l, int64_t numel, void* dst, DType dtype, RandomDistribution dist,
+                   float a, float b, uint64_t seed, uint64_t offset);
 // Operands: x, out.
-void launch_unary(const Launch& l, UnaryOp op, const Indexer<2>& ix, int64_t numel,
-                  const void* x, DType x_dtype, void* out, DType out_dtype);
+void launch_unary(const Launch& l, UnaryOp op, const Indexer<2>& ix, int64_t numel, const void* x,
+                  DType x_dtype, void* out, DType out_dtype);
 // Operands: a, b, out (a and b one dtype).
-void launch_binary(const Launch& l, BinaryOp op, const Indexer<3>& ix, int64_t numel,
-                   const void* a, const void* b, DType dtype, void* out, DType out_dtype);
+void launch_binary(const Launch& l, BinaryOp op, const Indexer<3>& ix, int64_t numel, const void* a,
+                   const void* b, DType dtype, void* out, DType out_dtype);
 // Operands: cond (bool), a, b, out.
 void launch_where(const Launch& l, const Indexer<4>& ix, int64_t numel, const void* cond,
                   const void* a, const void* b, void* out, DType dtype);
@@ -87,14 +87,13 @@ void launch_argmax_rows(const Launch& l, const void* x, DType dtype, int64_t* ou
 // ---- cuda_nn.cu ---------------------------------------------------------------------------------
 // Row-wise kernels over contiguous [R, C] tensors of one floating dtype.
 
-void launch_softmax(const Launch& l, const void* x, void* out, DType dtype, int64_t R,
-                    int64_t C, bool log);
+void launch_softmax(const Launch& l, const void* x, void* out, DType dtype, int64_t R, int64_t C,
+                    bool log);
 void launch_softmax_backward(const Launch& l, const void* grad_y, const void* y, void* grad_x,
                              DType dtype, int64_t R, int64_t C, bool log);
 // weight/bias may be null; mean may be null (rms_norm); mean/rstd f32 [R].
-void launch_norm(const Launch& l, const void* x, const void* weight, const void* bias,
-                 void* out, float* mean, float* rstd, DType dtype, int64_t R, int64_t C,
-                 float eps);
+void launch_norm(const Launch& l, const void* x, const void* weight, const void* bias, void* out,
+                 float* mean, float* rstd, DType dtype, int64_t R, int64_t C, float eps);
 // grad_x (may be null) from grad_y, x, weight (may be null), mean (null: rms_norm), rstd.
 void launch_norm_backward_input(const Launch& l, const void* grad_y, const void* x,
                                 const void* weight, const float* mean, const float* rstd,
@@ -107,8 +106,8 @@ void launch_norm_backward_params(const Launch& l, const void* grad_y, const void
                                  float* grad_bias, DType dtype, int64_t R, int64_t C,
                                  void* scratch);
 // out[n, :] = weight[indices[n], :]; weight [V, D] of any dtype (element_size bytes).
-void launch_embedding(const Launch& l, const void* weight, int element_size,
-                      const int64_t* indices, void* out, int64_t N, int64_t V, int64_t D);
+void launch_embedding(const Launch& l, const void* weight, int element_size, const int64_t* indices,
+                      void* out, int64_t N, int64_t V, int64_t D);
 // grad_weight [V, D] f32 += rows of grad [N, D] gathered by index, rows of one index summed in
 // the order of their positions (a stable sort of the indices first): deterministic.
 int64_t embedding_backward_scratch_bytes(int64_t N, int64_t V);
@@ -116,13 +115,11 @@ void launch_embedding_backward(const Launch& l, const void* grad, DType dtype,
                                const int64_t* indices, float* grad_weight, int64_t N, int64_t V,
                                int64_t D, void* scratch);
 // loss, lse f32 [R] from logits [R, C] and targets (i64 [R]).
-void launch_cross_entropy(const Launch& l, const void* logits, DType dtype,
-                          const int64_t* target, int64_t ignore_index, float* loss, float* lse,
-                          int64_t R, int64_t C);
+void launch_cross_entropy(const Launch& l, const void* logits, DType dtype, const int64_t* target,
+                          int64_t ignore_index, float* loss, float* lse, int64_t R, int64_t C);
 void launch_cross_entropy_backward(const Launch& l, const float* grad_loss, const void* logits,
                                    DType dtype, const int64_t* target, const float* lse,
-                                   int64_t ignore_index, void* grad_logits, int64_t R,
-                                   int64_t C);
+                                   int64_t ignore_index, void* grad_logits, int64_t R, int64_t C);
 
 // ---- cuda_optim.cu ------------------------------------------------------------------------------
 
@@ -135,7 +132,7 @@ struct AdamWSlice {
   int64_t numel;
 };
 struct AdamWScalars {
-  float lr_decay;      // 1 - lr * weight_decay
+  float lr_decay;  // 1 - lr * weight_decay
   float beta1, beta2;
   float step_size;     // lr / (1 - beta1^t)
   float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)

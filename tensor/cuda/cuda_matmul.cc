@@ -59,10 +59,10 @@ class MatrixLayout {
       check_cublas(cublasLtMatrixLayoutSetAttribute(layout_, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
                                                     &batch, sizeof(batch)),
                    "cublasLtMatrixLayoutSetAttribute (batch count)", device);
-      check_cublas(cublasLtMatrixLayoutSetAttribute(
-                       layout_, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride,
-                       sizeof(batch_stride)),
-                   "cublasLtMatrixLayoutSetAttribute (batch stride)", device);
+      check_cublas(
+          cublasLtMatrixLayoutSetAttribute(layout_, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                           &batch_stride, sizeof(batch_stride)),
+          "cublasLtMatrixLayoutSetAttribute (batch stride)", device);
     }
   }
   ~MatrixLayout() { cublasLtMatrixLayoutDestroy(layout_); }
@@ -155,13 +155,17 @@ DeviceLt& device_lt(int device) {
 
 cudaDataType cuda_type(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kBF16: return CUDA_R_16BF;
-    case DType::kF16: return CUDA_R_16F;
-    default: break;
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    default:
+      break;
   }
-  throw InvalidArgument(fmt::format("the CUDA matmul takes f32, bf16 and f16, got {}",
-                                    dtype_name(dtype)));
+  throw InvalidArgument(
+      fmt::format("the CUDA matmul takes f32, bf16 and f16, got {}", dtype_name(dtype)));
 }
 
 // The largest power of two (up to 256) dividing the address and, for batches, the batch stride.
@@ -190,8 +194,12 @@ void check_int32(int64_t v, const char* what) {
 
 void run_gemm(const Launch& l, const Gemm& g) {
   const GemmPlan& p = g.plan;
-  for (auto [v, what] : {std::pair{p.m, "N"}, {p.n, "M"}, {p.k, "K"}, {p.A.ld, "a leading dim"},
-                         {p.B.ld, "a leading dim"}, {p.ldd, "the output's leading dim"},
+  for (auto [v, what] : {std::pair{p.m, "N"},
+                         {p.n, "M"},
+                         {p.k, "K"},
+                         {p.A.ld, "a leading dim"},
+                         {p.B.ld, "a leading dim"},
+                         {p.ldd, "the output's leading dim"},
                          {p.batch, "the batch count"}}) {
     check_int32(v, what);
   }
@@ -207,8 +215,8 @@ void run_gemm(const Launch& l, const Gemm& g) {
   const cublasOperation_t op_b = p.B.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
   desc.set(CUBLASLT_MATMUL_DESC_TRANSA, op_a, dev);
   desc.set(CUBLASLT_MATMUL_DESC_TRANSB, op_b, dev);
-  const cublasLtEpilogue_t epilogue = g.bias != nullptr ? CUBLASLT_EPILOGUE_BIAS
-                                                        : CUBLASLT_EPILOGUE_DEFAULT;
+  const cublasLtEpilogue_t epilogue =
+      g.bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   if (g.bias != nullptr) {
     desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue, dev);
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias, dev);
@@ -224,11 +232,30 @@ void run_gemm(const Launch& l, const Gemm& g) {
   const uint32_t align_bias = g.bias != nullptr ? alignment(g.bias, 0) : 256;
 
   DeviceLt& lt = device_lt(dev);
-  const GemmKey key = {static_cast<int64_t>(g.ab_dtype), static_cast<int64_t>(g.d_dtype),
-                       tf32, p.A.transpose, p.B.transpose, p.A.rows, p.A.cols, p.A.ld, p.B.rows,
-                       p.B.cols, p.B.ld, p.m, p.n, p.ldd, p.batch, p.stride_a, p.stride_b,
-                       p.stride_d, epilogue, static_cast<int64_t>(g.bias_dtype), align_a,
-                       align_b, align_d, align_bias};
+  const GemmKey key = {static_cast<int64_t>(g.ab_dtype),
+                       static_cast<int64_t>(g.d_dtype),
+                       tf32,
+                       p.A.transpose,
+                       p.B.transpose,
+                       p.A.rows,
+                       p.A.cols,
+                       p.A.ld,
+                       p.B.rows,
+                       p.B.cols,
+                       p.B.ld,
+                       p.m,
+                       p.n,
+                       p.ldd,
+                       p.batch,
+                       p.stride_a,
+                       p.stride_b,
+                       p.stride_d,
+                       epilogue,
+                       static_cast<int64_t>(g.bias_dtype),
+                       align_a,
+                       align_b,
+                       align_d,
+                       align_bias};
   CachedAlgo algo;
   if (!lt.find(key, &algo)) {
     Preference pref(dev);
@@ -256,9 +283,8 @@ void run_gemm(const Launch& l, const Gemm& g) {
   const Scratch workspace(static_cast<int64_t>(algo.workspace), Device::cuda(dev));
   const float alpha = 1.0f, beta = 0.0f;
   check_cublas(cublasLtMatmul(lt.handle(), desc.get(), &alpha, g.a, la.get(), g.b, lb.get(), &beta,
-                              g.d, ld.get(), g.d, ld.get(), &algo.algo,
-                              workspace.get(), algo.workspace,
-                              l.stream),
+                              g.d, ld.get(), g.d, ld.get(), &algo.algo, workspace.get(),
+                              algo.workspace, l.stream),
                "cublasLtMatmul", dev);
 }
 
@@ -270,8 +296,8 @@ void matmul_impl(const Tensor& a, const Tensor& b, const Tensor& out, const Tens
                dtype_name(out.dtype()));
   DeviceScope s(out.device());
   if (a.size(-1) == 0) {  // an empty sum: zeros (every floating dtype's zero is all-zero bits)
-    check_cuda(cudaMemsetAsync(out.data_ptr(), 0, out.nbytes(), s.launch.stream),
-               "cudaMemsetAsync", s.launch.device);
+    check_cuda(cudaMemsetAsync(out.data_ptr(), 0, out.nbytes(), s.launch.stream), "cudaMemsetAsync",
+               s.launch.device);
     return;
   }
   Gemm g;

@@ -41,7 +41,8 @@ __device__ void row_max_sum_exp(const T* xr, int64_t C, float* shared, float* ma
   }
   mx = block_max(mx, shared);
   float sum = 0.0f;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) sum = add(sum, fast_exp(sub(to_f32(xr[c]), mx)));
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+    sum = add(sum, fast_exp(sub(to_f32(xr[c]), mx)));
   *max_out = mx;
   *sum_out = block_sum(sum, shared);
 }
@@ -57,7 +58,8 @@ __global__ void softmax_kernel(const T* x, T* out, int64_t C, bool log) {
   row_max_sum_exp(xr, C, shared, &mx, &sum);
   if (log) {
     const float shift = add(mx, logf(sum));
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) o[c] = convert<T>(sub(to_f32(xr[c]), shift));
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+      o[c] = convert<T>(sub(to_f32(xr[c]), shift));
   } else {
     const float inv = div(1.0f, sum);
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
@@ -309,7 +311,8 @@ __global__ void cross_entropy_backward_kernel(const float* grad_loss, const T* l
     return;
   }
   const bool valid = t >= 0 && t < C;
-  if (!valid && threadIdx.x == 0) report_bad_index(errors, DeviceCheck::kCrossEntropyBackward, t, row, C);
+  if (!valid && threadIdx.x == 0)
+    report_bad_index(errors, DeviceCheck::kCrossEntropyBackward, t, row, C);
   const float g = grad_loss[row], l = lse[row];
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     float v = mul(fast_exp(sub(to_f32(xr[c]), l)), g);
@@ -344,11 +347,10 @@ struct SortScratch {
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 size_t cub_sort_bytes(int64_t N, int64_t V) {
   size_t bytes = 0;
-  cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const int64_t*>(nullptr),
-                                  static_cast<int64_t*>(nullptr),
-                                  static_cast<const int32_t*>(nullptr),
-                                  static_cast<int32_t*>(nullptr), static_cast<int>(N), 0,
-                                  bits_for(V));
+  cub::DeviceRadixSort::SortPairs(
+      nullptr, bytes, static_cast<const int64_t*>(nullptr), static_cast<int64_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(N), 0,
+      bits_for(V));
   return bytes;
 }
 SortScratch sort_scratch(void* base, int64_t N, int64_t V) {
@@ -440,8 +442,8 @@ void launch_norm_backward_params(const Launch& l, const void* grad_y, const void
   check_launch("norm_backward_params_combine", l.device);
 }
 
-void launch_embedding(const Launch& l, const void* weight, int element_size,
-                      const int64_t* indices, void* out, int64_t N, int64_t V, int64_t D) {
+void launch_embedding(const Launch& l, const void* weight, int element_size, const int64_t* indices,
+                      void* out, int64_t N, int64_t V, int64_t D) {
   if (N == 0 || D == 0) return;
   auto run = [&](auto tag) {
     using Bits = typename decltype(tag)::type;
@@ -449,11 +451,20 @@ void launch_embedding(const Launch& l, const void* weight, int element_size,
         static_cast<const Bits*>(weight), indices, static_cast<Bits*>(out), V, D, l.errors);
   };
   switch (element_size) {
-    case 1: run(TypeTag<uint8_t>{}); break;
-    case 2: run(TypeTag<uint16_t>{}); break;
-    case 4: run(TypeTag<uint32_t>{}); break;
-    case 8: run(TypeTag<uint64_t>{}); break;
-    default: throw_internal("embedding: element size " + std::to_string(element_size));
+    case 1:
+      run(TypeTag<uint8_t>{});
+      break;
+    case 2:
+      run(TypeTag<uint16_t>{});
+      break;
+    case 4:
+      run(TypeTag<uint32_t>{});
+      break;
+    case 8:
+      run(TypeTag<uint64_t>{});
+      break;
+    default:
+      throw_internal("embedding: element size " + std::to_string(element_size));
   }
   check_launch("embedding", l.device);
 }
@@ -478,15 +489,15 @@ void launch_embedding_backward(const Launch& l, const void* grad, DType dtype,
   // A stable sort by index: equal indices keep their positions' order. Only the bits a valid
   // index can have take part; an invalid index is reported by the kernel below.
   check_cuda(cub::DeviceRadixSort::SortPairs(s.temp, s.temp_bytes, indices, s.sorted_index,
-                                             s.position, s.sorted_position, static_cast<int>(N),
-                                             0, bits_for(V), l.stream),
+                                             s.position, s.sorted_position, static_cast<int>(N), 0,
+                                             bits_for(V), l.stream),
              "cub::DeviceRadixSort::SortPairs (embedding backward)", l.device);
   dispatch_floating(dtype, "embedding_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    embedding_backward_kernel<T><<<blocks(N, "embedding_backward"), row_threads(D, 256), 0,
-                                   l.stream>>>(static_cast<const T*>(grad), s.sorted_index,
-                                               s.sorted_position, grad_weight, N, V, D,
-                                               l.errors);
+    embedding_backward_kernel<T>
+        <<<blocks(N, "embedding_backward"), row_threads(D, 256), 0, l.stream>>>(
+            static_cast<const T*>(grad), s.sorted_index, s.sorted_position, grad_weight, N, V, D,
+            l.errors);
   });
   check_launch("embedding_backward", l.device);
 }
@@ -504,15 +515,14 @@ void launch_cross_entropy(const Launch& l, const void* logits, DType dtype, cons
 
 void launch_cross_entropy_backward(const Launch& l, const float* grad_loss, const void* logits,
                                    DType dtype, const int64_t* target, const float* lse,
-                                   int64_t ignore_index, void* grad_logits, int64_t R,
-                                   int64_t C) {
+                                   int64_t ignore_index, void* grad_logits, int64_t R, int64_t C) {
   if (R == 0 || C == 0) return;
   dispatch_floating(dtype, "cross_entropy_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    cross_entropy_backward_kernel<T><<<blocks(R, "cross_entropy_backward"), row_threads(C), 0,
-                                       l.stream>>>(grad_loss, static_cast<const T*>(logits),
-                                                   target, lse, ignore_index,
-                                                   static_cast<T*>(grad_logits), C, l.errors);
+    cross_entropy_backward_kernel<T>
+        <<<blocks(R, "cross_entropy_backward"), row_threads(C), 0, l.stream>>>(
+            grad_loss, static_cast<const T*>(logits), target, lse, ignore_index,
+            static_cast<T*>(grad_logits), C, l.errors);
   });
   check_launch("cross_entropy_backward", l.device);
 }

@@ -20,29 +20,41 @@ struct Combine {
   ReduceOp op;
   __device__ __forceinline__ C identity() const {
     switch (op) {
-      case ReduceOp::kProduct: return C(1);
+      case ReduceOp::kProduct:
+        return C(1);
       case ReduceOp::kMax:
-        if constexpr (std::is_floating_point_v<C>) return -INFINITY;
-        else return C(INT64_MIN);
+        if constexpr (std::is_floating_point_v<C>)
+          return -INFINITY;
+        else
+          return C(INT64_MIN);
       case ReduceOp::kMin:
-        if constexpr (std::is_floating_point_v<C>) return INFINITY;
-        else return C(INT64_MAX);
-      default: return C(0);
+        if constexpr (std::is_floating_point_v<C>)
+          return INFINITY;
+        else
+          return C(INT64_MAX);
+      default:
+        return C(0);
     }
   }
   // acc combined with v; max and min keep the first NaN (NaN propagates), as the CPU's.
   __device__ __forceinline__ C operator()(C acc, C v) const {
     switch (op) {
-      case ReduceOp::kProduct: return acc * v;
-      case ReduceOp::kMax: return (acc != acc || acc >= v) ? acc : v;
-      case ReduceOp::kMin: return (acc != acc || acc <= v) ? acc : v;
-      default: return acc + v;
+      case ReduceOp::kProduct:
+        return acc * v;
+      case ReduceOp::kMax:
+        return (acc != acc || acc >= v) ? acc : v;
+      case ReduceOp::kMin:
+        return (acc != acc || acc <= v) ? acc : v;
+      default:
+        return acc + v;
     }
   }
   __device__ __forceinline__ C finish(C acc, int64_t count) const {
     if (op != ReduceOp::kAvg) return acc;
-    if constexpr (std::is_floating_point_v<C>) return __fdiv_rn(acc, static_cast<float>(count));
-    else return acc / count;
+    if constexpr (std::is_floating_point_v<C>)
+      return __fdiv_rn(acc, static_cast<float>(count));
+    else
+      return acc / count;
   }
 };
 
@@ -80,22 +92,23 @@ __global__ void reduce_rows_kernel(ReduceOp op, const T* x, int64_t C, int64_t c
 
 // out[row] = the row's chunks combined in order.
 template <typename Acc, typename Out>
-__global__ void combine_chunks_kernel(ReduceOp op, const Acc* partial, int64_t rows,
-                                      int64_t chunks, int64_t count, Out* out,
-                                      int64_t chunk_stride, int64_t row_stride) {
+__global__ void combine_chunks_kernel(ReduceOp op, const Acc* partial, int64_t rows, int64_t chunks,
+                                      int64_t count, Out* out, int64_t chunk_stride,
+                                      int64_t row_stride) {
   const Combine<Acc> combine{op};
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (row >= rows) return;
   Acc acc = combine.identity();
-  for (int64_t k = 0; k < chunks; ++k) acc = combine(acc, partial[row * row_stride + k * chunk_stride]);
+  for (int64_t k = 0; k < chunks; ++k)
+    acc = combine(acc, partial[row * row_stride + k * chunk_stride]);
   out[row] = convert<Out>(combine.finish(acc, count));
 }
 
 // Blocks of 32 columns x 8 row lanes; block (tile, chunk) combines rows [chunk * kColChunk,
 // ...) of its 32 columns: each lane its rows in order, then the 8 lanes in order.
 template <typename T, typename Out>
-__global__ void reduce_cols_kernel(ReduceOp op, const T* x, int64_t R, int64_t C,
-                                   int64_t chunks, Compute<T>* partial, Out* out) {
+__global__ void reduce_cols_kernel(ReduceOp op, const T* x, int64_t R, int64_t C, int64_t chunks,
+                                   Compute<T>* partial, Out* out) {
   using Acc = Compute<T>;
   __shared__ Acc lanes[8][32];
   const Combine<Acc> combine{op};
@@ -106,7 +119,8 @@ __global__ void reduce_cols_kernel(ReduceOp op, const T* x, int64_t R, int64_t C
   const int64_t end = begin + kColChunk < R ? begin + kColChunk : R;
   Acc acc = combine.identity();
   if (c < C) {
-    for (int64_t r = begin + threadIdx.y; r < end; r += 8) acc = combine(acc, convert<Acc>(x[r * C + c]));
+    for (int64_t r = begin + threadIdx.y; r < end; r += 8)
+      acc = combine(acc, convert<Acc>(x[r * C + c]));
   }
   lanes[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
@@ -165,7 +179,8 @@ __global__ void argmax_rows_kernel(const T* x, int64_t C, int64_t* out) {
   }
   __syncthreads();
   if (threadIdx.x != 0) return;
-  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) better(v, i, shared_v[w], shared_i[w]);
+  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w)
+    better(v, i, shared_v[w], shared_i[w]);
   out[blockIdx.x] = i;
 }
 

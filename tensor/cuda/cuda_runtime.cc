@@ -8,7 +8,7 @@
 namespace tessel::cuda {
 namespace {
 
-constexpr int kPoolSize = 32;      // streams per device and priority class
+constexpr int kPoolSize = 32;        // streams per device and priority class
 constexpr int kPriorityClasses = 2;  // normal, high
 
 // Owns one CUDA stream.
@@ -58,10 +58,14 @@ class ErrorRecordMemory {
 
 const char* check_name(int check) {
   switch (static_cast<DeviceCheck>(check)) {
-    case DeviceCheck::kEmbedding: return "embedding";
-    case DeviceCheck::kEmbeddingBackward: return "embedding backward";
-    case DeviceCheck::kCrossEntropy: return "cross_entropy target";
-    case DeviceCheck::kCrossEntropyBackward: return "cross_entropy backward target";
+    case DeviceCheck::kEmbedding:
+      return "embedding";
+    case DeviceCheck::kEmbeddingBackward:
+      return "embedding backward";
+    case DeviceCheck::kCrossEntropy:
+      return "cross_entropy target";
+    case DeviceCheck::kCrossEntropyBackward:
+      return "cross_entropy backward target";
   }
   return "a kernel";
 }
@@ -73,10 +77,10 @@ struct CudaRuntime::DeviceState {
   int sm_count = 0;
   std::string name;
   int priorities[kPriorityClasses] = {0, 0};  // CUDA priority of each class
-  std::mutex mu;                                 // guards the pools' creation
+  std::mutex mu;                              // guards the pools' creation
   std::vector<std::unique_ptr<StreamHandle>> pools[kPriorityClasses];
   std::atomic<uint32_t> next[kPriorityClasses] = {0, 0};
-  std::unique_ptr<ErrorRecordMemory> errors;     // guarded by mu (created once)
+  std::unique_ptr<ErrorRecordMemory> errors;  // guarded by mu (created once)
   std::atomic<ErrorRecordMemory*> errors_ready{nullptr};
 };
 
@@ -89,8 +93,8 @@ int CudaRuntime::device_count() const {
     const cudaError_t status = cudaGetDeviceCount(&n);
     if (status != cudaSuccess) {
       cudaGetLastError();
-      unavailable_reason_ = fmt::format("{}: {}", cudaGetErrorName(status),
-                                        cudaGetErrorString(status));
+      unavailable_reason_ =
+          fmt::format("{}: {}", cudaGetErrorName(status), cudaGetErrorString(status));
       n = 0;
     } else if (n == 0) {
       unavailable_reason_ = "the driver reports no CUDA device";
@@ -225,9 +229,9 @@ void CudaRuntime::synchronize_event(void* event) {
 
 Nanoseconds CudaRuntime::event_elapsed(void* start, void* end) {
   float ms = 0;
-  check_cuda(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start),
-                                  static_cast<cudaEvent_t>(end)),
-             "cudaEventElapsedTime (both events must be complete)", current_device());
+  check_cuda(
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)),
+      "cudaEventElapsedTime (both events must be complete)", current_device());
   return Nanoseconds(static_cast<int64_t>(static_cast<double>(ms) * 1e6));
 }
 

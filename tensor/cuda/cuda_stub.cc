@@ -22,12 +22,12 @@ std::string unavailable_reason() {
          "without nvcc)";
 }
 std::string device_name(int index) {
-  throw Unavailable(fmt::format("device cuda:{} is not available: {}", index,
-                                unavailable_reason()));
+  throw Unavailable(
+      fmt::format("device cuda:{} is not available: {}", index, unavailable_reason()));
 }
 void set_device(int index) {
-  throw Unavailable(fmt::format("device cuda:{} is not available: {}", index,
-                                unavailable_reason()));
+  throw Unavailable(
+      fmt::format("device cuda:{} is not available: {}", index, unavailable_reason()));
 }
 void set_matmul_allow_tf32(bool allow) { g_allow_tf32.store(allow, std::memory_order_relaxed); }
 bool matmul_allow_tf32() { return g_allow_tf32.load(std::memory_order_relaxed); }

@@ -1,8 +1,8 @@
 #include "tessel/base/error.h"
 
-#include <cerrno>
-
 #include <gtest/gtest.h>
+
+#include <cerrno>
 
 namespace tessel {
 namespace {

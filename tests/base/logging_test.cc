@@ -1,13 +1,12 @@
 #include "tessel/base/logging.h"
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cstdio>
 #include <mutex>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tessel/base/error.h"
 
@@ -18,9 +17,8 @@ namespace {
 class LoggingTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    previous_ = set_log_sink([this](LogLevel, std::string_view line) {
-      lines_.emplace_back(line);
-    });
+    previous_ =
+        set_log_sink([this](LogLevel, std::string_view line) { lines_.emplace_back(line); });
     set_log_rank(-1);
   }
   void TearDown() override {
@@ -59,8 +57,8 @@ TEST(LogSpecTest, UnknownComponentListsTheValidOnes) {
   } catch (const InvalidArgument& e) {
     const std::string m = e.message();
     EXPECT_NE(m.find("unknown component 'dynamo'"), std::string::npos) << m;
-    for (auto name : {"base", "tensor", "kernels", "nn", "flight_recorder", "collectives",
-                      "mesh", "parallel", "launcher", "all"}) {
+    for (auto name : {"base", "tensor", "kernels", "nn", "flight_recorder", "collectives", "mesh",
+                      "parallel", "launcher", "all"}) {
       EXPECT_NE(m.find(name), std::string::npos) << "missing " << name << " in: " << m;
     }
   }

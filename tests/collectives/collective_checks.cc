@@ -1,9 +1,9 @@
 #include "collective_checks.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <numeric>
-
-#include <fmt/format.h>
 
 #include "tessel/collectives/internal/reduce.h"
 #include "tessel/tensor/ops.h"
@@ -14,12 +14,18 @@ namespace {
 double get(const Tensor& t, int64_t i) {
   const void* p = t.data_ptr();
   switch (t.dtype()) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kBF16: return static_cast<float>(static_cast<const BFloat16*>(p)[i]);
-    case DType::kF16: return static_cast<float>(static_cast<const Half*>(p)[i]);
-    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DType::kI32: return static_cast<const int32_t*>(p)[i];
-    case DType::kBool: return static_cast<const uint8_t*>(p)[i];
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kBF16:
+      return static_cast<float>(static_cast<const BFloat16*>(p)[i]);
+    case DType::kF16:
+      return static_cast<float>(static_cast<const Half*>(p)[i]);
+    case DType::kI64:
+      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DType::kI32:
+      return static_cast<const int32_t*>(p)[i];
+    case DType::kBool:
+      return static_cast<const uint8_t*>(p)[i];
   }
   return 0;
 }
@@ -27,12 +33,24 @@ double get(const Tensor& t, int64_t i) {
 void put(Tensor& t, int64_t i, double v) {
   void* p = t.data_ptr();
   switch (t.dtype()) {
-    case DType::kF32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
-    case DType::kBF16: static_cast<BFloat16*>(p)[i] = BFloat16(static_cast<float>(v)); return;
-    case DType::kF16: static_cast<Half*>(p)[i] = Half(static_cast<float>(v)); return;
-    case DType::kI64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); return;
-    case DType::kI32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); return;
-    case DType::kBool: static_cast<uint8_t*>(p)[i] = v != 0; return;
+    case DType::kF32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      return;
+    case DType::kBF16:
+      static_cast<BFloat16*>(p)[i] = BFloat16(static_cast<float>(v));
+      return;
+    case DType::kF16:
+      static_cast<Half*>(p)[i] = Half(static_cast<float>(v));
+      return;
+    case DType::kI64:
+      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+      return;
+    case DType::kI32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      return;
+    case DType::kBool:
+      static_cast<uint8_t*>(p)[i] = v != 0;
+      return;
   }
 }
 
@@ -52,9 +70,12 @@ double reduce_values(ReduceOp op, int size, int64_t i, DType dtype) {
   double acc = value(0, i);
   for (int r = 1; r < size; ++r) {
     const double v = value(r, i);
-    if (op == ReduceOp::kMax) acc = std::max(acc, v);
-    else if (op == ReduceOp::kMin) acc = std::min(acc, v);
-    else acc += v;
+    if (op == ReduceOp::kMax)
+      acc = std::max(acc, v);
+    else if (op == ReduceOp::kMin)
+      acc = std::min(acc, v);
+    else
+      acc += v;
   }
   if (op != ReduceOp::kAvg) return acc;
   if (dtype == DType::kI64 || dtype == DType::kI32) {
@@ -67,12 +88,18 @@ double reduce_values(ReduceOp op, int size, int64_t i, DType dtype) {
 double as_dtype(DType dtype, double v) {
   const float f = static_cast<float>(v);
   switch (dtype) {
-    case DType::kF32: return f;
-    case DType::kBF16: return static_cast<float>(BFloat16(f));
-    case DType::kF16: return static_cast<float>(Half(f));
-    case DType::kI64: return static_cast<double>(static_cast<int64_t>(v));
-    case DType::kI32: return static_cast<int32_t>(v);
-    case DType::kBool: return v != 0;
+    case DType::kF32:
+      return f;
+    case DType::kBF16:
+      return static_cast<float>(BFloat16(f));
+    case DType::kF16:
+      return static_cast<float>(Half(f));
+    case DType::kI64:
+      return static_cast<double>(static_cast<int64_t>(v));
+    case DType::kI32:
+      return static_cast<int32_t>(v);
+    case DType::kBool:
+      return v != 0;
   }
   return v;
 }
@@ -92,8 +119,8 @@ void expect_equal(const Tensor& t, const std::function<double(int64_t)>& expecte
     const double got = get(host, i);
     if (got != want) {
       throw CheckFailure(fmt::format("{} {} n={} on {} rank {}: element {} is {}, expected {}",
-                                     what, dtype_name(t.dtype()), t.numel(), t.device().str(),
-                                     rank, i, got, want));
+                                     what, dtype_name(t.dtype()), t.numel(), t.device().str(), rank,
+                                     i, got, want));
     }
   }
 }
@@ -106,30 +133,32 @@ std::vector<int64_t> acceptance_counts(bool large) {
   return counts;
 }
 
-void check_all_reduce(ProcessGroup& pg, DType dtype, int64_t count, ReduceOp op,
-                      Device device) {
+void check_all_reduce(ProcessGroup& pg, DType dtype, int64_t count, ReduceOp op, Device device) {
   const int rank = pg.rank();
-  Tensor t = filled(dtype, count, [&](int64_t i) {
-    return op == ReduceOp::kProduct ? product_value(rank, i) : value(rank, i);
-  }, device);
+  Tensor t = filled(
+      dtype, count,
+      [&](int64_t i) { return op == ReduceOp::kProduct ? product_value(rank, i) : value(rank, i); },
+      device);
   pg.all_reduce(t, {.op = op});
-  expect_equal(t, [&](int64_t i) { return reduce_values(op, pg.size(), i, dtype); },
-               fmt::format("all_reduce({})", reduce_op_name(op)), rank);
+  expect_equal(
+      t, [&](int64_t i) { return reduce_values(op, pg.size(), i, dtype); },
+      fmt::format("all_reduce({})", reduce_op_name(op)), rank);
 }
 
 void check_broadcast(ProcessGroup& pg, DType dtype, int64_t count, int root, Device device) {
-  Tensor t = filled(dtype, count, [&](int64_t i) { return value(pg.rank(), i); }, device);
+  Tensor t = filled(
+      dtype, count, [&](int64_t i) { return value(pg.rank(), i); }, device);
   pg.broadcast(t, {.root = root});
-  expect_equal(t, [&](int64_t i) { return value(root, i); }, "broadcast", pg.rank());
+  expect_equal(
+      t, [&](int64_t i) { return value(root, i); }, "broadcast", pg.rank());
 }
 
-void check_all_gather(ProcessGroup& pg, DType dtype, int64_t count, bool uneven,
-                      Device device) {
+void check_all_gather(ProcessGroup& pg, DType dtype, int64_t count, bool uneven, Device device) {
   std::vector<int64_t> counts;
   for (int r = 0; r < pg.size(); ++r) counts.push_back(uneven ? count + r : count);
   const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-  Tensor in = filled(dtype, counts[pg.rank()], [&](int64_t i) { return value(pg.rank(), i); },
-                     device);
+  Tensor in = filled(
+      dtype, counts[pg.rank()], [&](int64_t i) { return value(pg.rank(), i); }, device);
   Tensor out = zeros({total}, dtype, device);
   if (uneven) {
     pg.all_gather(in, out, {.counts = counts});
@@ -146,18 +175,19 @@ void check_all_gather(ProcessGroup& pg, DType dtype, int64_t count, bool uneven,
       uneven ? "all_gather(uneven)" : "all_gather", pg.rank());
 }
 
-void check_reduce_scatter(ProcessGroup& pg, DType dtype, int64_t count, bool uneven,
-                          ReduceOp op, Device device) {
+void check_reduce_scatter(ProcessGroup& pg, DType dtype, int64_t count, bool uneven, ReduceOp op,
+                          Device device) {
   std::vector<int64_t> counts;
   for (int r = 0; r < pg.size(); ++r) counts.push_back(uneven ? count + r : count);
   const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-  const int64_t offset =
-      std::accumulate(counts.begin(), counts.begin() + pg.rank(), int64_t{0});
-  Tensor in = filled(dtype, total, [&](int64_t i) { return value(pg.rank(), i); }, device);
+  const int64_t offset = std::accumulate(counts.begin(), counts.begin() + pg.rank(), int64_t{0});
+  Tensor in = filled(
+      dtype, total, [&](int64_t i) { return value(pg.rank(), i); }, device);
   Tensor out = zeros({counts[pg.rank()]}, dtype, device);
   pg.reduce_scatter(in, out, {.op = op, .counts = counts});
-  expect_equal(out, [&](int64_t i) { return reduce_values(op, pg.size(), offset + i, dtype); },
-               uneven ? "reduce_scatter(uneven)" : "reduce_scatter", pg.rank());
+  expect_equal(
+      out, [&](int64_t i) { return reduce_values(op, pg.size(), offset + i, dtype); },
+      uneven ? "reduce_scatter(uneven)" : "reduce_scatter", pg.rank());
 }
 
 void check_all_to_all(ProcessGroup& pg, DType dtype, int64_t count, Device device) {
@@ -175,13 +205,16 @@ void check_all_to_all(ProcessGroup& pg, DType dtype, int64_t count, Device devic
   for (int j = 0; j < size; ++j) {
     for (int64_t k = 0; k < send[j]; ++k) chunks.push_back(element(rank, j, k));
   }
-  Tensor in = filled(dtype, static_cast<int64_t>(chunks.size()),
-                     [&](int64_t i) { return chunks[static_cast<size_t>(i)]; }, device);
+  Tensor in = filled(
+      dtype, static_cast<int64_t>(chunks.size()),
+      [&](int64_t i) { return chunks[static_cast<size_t>(i)]; }, device);
   Tensor out = zeros({std::accumulate(recv.begin(), recv.end(), int64_t{0})}, dtype, device);
   pg.all_to_all(in, out, {.send_counts = send, .recv_counts = recv});
   expect_equal(
-      out, [&](int64_t i) { return element(static_cast<int>(i / (count + rank)), rank,
-                                           i % (count + rank)); },
+      out,
+      [&](int64_t i) {
+        return element(static_cast<int>(i / (count + rank)), rank, i % (count + rank));
+      },
       "all_to_all", rank);
 }
 
@@ -218,15 +251,17 @@ void check_all_to_all_views(ProcessGroup& pg, DType dtype, int64_t rows) {
   const std::vector<Tensor> received = outputs;
   pg.all_to_all(std::move(inputs), std::move(outputs));
   for (int j = 0; j < size; ++j) {
-    expect_equal(contiguous(received[j]), [&](int64_t k) { return element(j, rank, k); },
-                 fmt::format("all_to_all(views) from rank {}", j), rank);
+    expect_equal(
+        contiguous(received[j]), [&](int64_t k) { return element(j, rank, k); },
+        fmt::format("all_to_all(views) from rank {}", j), rank);
   }
 }
 
 void check_send_recv_ring(ProcessGroup& pg, DType dtype, int64_t count, Device device) {
   const int size = pg.size(), rank = pg.rank();
   const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
-  Tensor out = filled(dtype, count, [&](int64_t i) { return value(rank, i); }, device);
+  Tensor out = filled(
+      dtype, count, [&](int64_t i) { return value(rank, i); }, device);
   Tensor in = zeros({count}, dtype, device);
   // Sends may block until the peer posts its receive (gloo, MPI), so even ranks send first and
   // odd ranks receive first; an odd ring's two adjacent even ranks still unwind from rank 1.
@@ -237,7 +272,8 @@ void check_send_recv_ring(ProcessGroup& pg, DType dtype, int64_t count, Device d
     pg.recv(in, prev, {.tag = 5});
     pg.send(out, next, {.tag = 5});
   }
-  expect_equal(in, [&](int64_t i) { return value(prev, i); }, "send/recv ring", rank);
+  expect_equal(
+      in, [&](int64_t i) { return value(prev, i); }, "send/recv ring", rank);
 }
 
 void check_split(ProcessGroup& pg, int colors, bool with_no_color, Device device) {
@@ -276,15 +312,16 @@ void check_async_batch(ProcessGroup& pg, DType dtype, int64_t count, Device devi
   std::vector<Tensor> tensors;
   std::vector<Work> works;
   for (int k = 0; k < 8; ++k) {
-    tensors.push_back(
-        filled(dtype, count, [&](int64_t i) { return value(rank, i + k); }, device));
+    tensors.push_back(filled(
+        dtype, count, [&](int64_t i) { return value(rank, i + k); }, device));
     works.push_back(pg.all_reduce(tensors.back(), {.async = true}));
   }
   for (int k = 0; k < 8; ++k) {
     works[k].wait(std::chrono::seconds(60));
-    expect_equal(tensors[k],
-                 [&](int64_t i) { return reduce_values(ReduceOp::kSum, pg.size(), i + k, dtype); },
-                 fmt::format("async all_reduce #{}", k), rank);
+    expect_equal(
+        tensors[k],
+        [&](int64_t i) { return reduce_values(ReduceOp::kSum, pg.size(), i + k, dtype); },
+        fmt::format("async all_reduce #{}", k), rank);
   }
 }
 
@@ -305,8 +342,8 @@ void check_one_million(ProcessGroup& pg, Device device) {
 void check_everything(ProcessGroup& pg, const std::vector<int64_t>& counts, Device device) {
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kI64}) {
     for (int64_t count : counts) {
-      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin,
-                          ReduceOp::kProduct}) {
+      for (ReduceOp op :
+           {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kProduct}) {
         check_all_reduce(pg, dtype, count, op, device);
       }
       check_broadcast(pg, dtype, count, pg.size() - 1, device);

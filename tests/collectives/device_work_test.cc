@@ -253,9 +253,10 @@ TEST_F(DeviceWorkTest, DeviceErrorFailsTheWorkAndAbortsTheGroup) {
     w.synchronize(seconds(5));
     FAIL() << "a call whose device part failed returned from synchronize()";
   } catch (const PeerLost& e) {
-    EXPECT_TRUE(contains(e.what(),
-                         "all_reduce #1 on group 'lossy' (world ranks 0) (world rank 0; group rank 0 "
-                         "of 1): peer 1 went away"));
+    EXPECT_TRUE(
+        contains(e.what(),
+                 "all_reduce #1 on group 'lossy' (world ranks 0) (world rank 0; group rank 0 "
+                 "of 1): peer 1 went away"));
   }
   EXPECT_EQ(dumps, 1);
   EXPECT_TRUE(pg->aborted());

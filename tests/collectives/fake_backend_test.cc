@@ -5,7 +5,6 @@
 #include "tessel/collectives/fake/fake_backend.h"
 
 #include <gtest/gtest.h>
-
 #include <time.h>
 
 #include <chrono>
@@ -115,7 +114,7 @@ TEST(FakeTimeModelTest, AsyncCommunicationHidesBehindCompute) {
   auto pg = fake::create_process_group(0, 2, {.log = log, .latency = milliseconds(50)});
   Tensor a = zeros({4}), b = zeros({4});
   Work wa = pg->all_reduce(a, {.async = true});
-  Work wb = pg->all_reduce(b, {.async = true});  // queued behind the first: 100 ms in all
+  Work wb = pg->all_reduce(b, {.async = true});    // queued behind the first: 100 ms in all
   std::this_thread::sleep_for(milliseconds(200));  // the caller's "compute"
   Stopwatch exposed;
   wa.wait(seconds(30));

@@ -53,7 +53,8 @@ TEST(FileStoreTest, AddIsAtomicAcrossProcesses) {
         for (int i = 0; i < 50; ++i) store.add("counter", 1);
         store.set("done/" + std::to_string(rank), "1");
         store.wait({"done/0", "done/1", "done/2", "done/3"}, seconds(20));
-        if (store.get("counter") != "200") throw std::runtime_error("counter " + store.get("counter"));
+        if (store.get("counter") != "200")
+          throw std::runtime_error("counter " + store.get("counter"));
       },
       seconds(40));
   for (const auto& o : outcomes) EXPECT_TRUE(o.exited && o.exit_code == 0) << testing::describe(o);

@@ -1,5 +1,6 @@
 #include "fork_harness.h"
 
+#include <fmt/format.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -8,8 +9,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "tessel/base/error.h"
 

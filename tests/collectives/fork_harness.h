@@ -14,10 +14,10 @@ namespace tessel::testing {
 
 struct ProcessOutcome {
   int rank = 0;
-  bool exited = false;      // exited normally (exit_code valid)
+  bool exited = false;  // exited normally (exit_code valid)
   int exit_code = -1;
-  int signal = 0;           // the signal that ended it (0 when it exited)
-  bool timed_out = false;   // still running at the deadline and killed by the harness
+  int signal = 0;          // the signal that ended it (0 when it exited)
+  bool timed_out = false;  // still running at the deadline and killed by the harness
 };
 
 // A child exits 0 when fn returns, 1 when it throws (what() is printed to stderr with the rank).

@@ -2,6 +2,7 @@
 // SIGKILLed rank): each test forks a real Gloo job, injects one fault, gathers every live rank's
 // dump (through the store when a collective fails, by the API where the job ends) and asserts the
 // analyzer's verdict: the exact culprits, and that no healthy rank is blamed.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -10,8 +11,6 @@
 #include <fstream>
 #include <functional>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "fork_harness.h"
 #include "fr_fault_util.h"
@@ -81,8 +80,7 @@ void expect_exited_or_aborted_with_dumps(const JobResult& job) {
 }
 
 // The verdict names exactly `culprits`, and at least one finding of `kind` names them.
-void expect_culprits(const fr::Verdict& v, const std::vector<int>& culprits,
-                     fr::FindingKind kind) {
+void expect_culprits(const fr::Verdict& v, const std::vector<int>& culprits, fr::FindingKind kind) {
   EXPECT_EQ(v.status, fr::VerdictStatus::kCulpritFound) << fr::format_verdict(v);
   EXPECT_EQ(v.culprits, culprits) << fr::format_verdict(v);
   const bool found = std::any_of(v.findings.begin(), v.findings.end(), [&](const fr::Finding& f) {

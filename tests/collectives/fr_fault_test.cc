@@ -1,11 +1,10 @@
 // Flight recorder end to end with real processes: ranks over Gloo (forked, FileStore), one rank
 // misbehaves, the watchdog of a waiting rank asks every live rank to dump through the store, and
 // the analyzer must name exactly the culprit. More scenarios: fr_fault_scenarios_test.cc.
+#include <gtest/gtest.h>
 #include <signal.h>
 
 #include <filesystem>
-
-#include <gtest/gtest.h>
 
 #include "fork_harness.h"
 #include "fr_fault_util.h"

@@ -3,6 +3,9 @@
 // fr_fault_scenarios_test.cc): a fresh dump directory, joining a Gloo world whose ranks dump to
 // it, waiting until given ranks have dumped, an explicit (API) dump, and the analysis.
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -10,10 +13,6 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-#include <gtest/gtest.h>
 
 #include "store_test_util.h"
 #include "tessel/base/error.h"

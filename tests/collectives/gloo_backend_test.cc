@@ -4,6 +4,7 @@
 
 #include "tessel/collectives/gloo/gloo_backend.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -12,8 +13,6 @@
 #include <atomic>
 #include <filesystem>
 #include <functional>
-
-#include <fmt/format.h>
 
 #include "collective_checks.h"
 #include "fork_harness.h"
@@ -141,8 +140,7 @@ void expect_missing_rank_times_out_on(bool shared_memory, int size,
   auto outcomes = testing::run_processes(
       size,
       [&](int rank, const std::string& dir) {
-        auto pg = connect(rank, size, dir, timeout, GlooOptions{}.halving_max_bytes,
-                          shared_memory);
+        auto pg = connect(rank, size, dir, timeout, GlooOptions{}.halving_max_bytes, shared_memory);
         pg->barrier();  // seq 1: everyone is connected
         auto store = std::make_shared<FileStore>(dir);
         std::vector<std::string> checked;
@@ -277,8 +275,7 @@ TEST(GlooBackendFaultTest, RankKilledMidAllToAllGivesOthersAnError) {
   ASSERT_EQ(outcomes.size(), 3u);
   EXPECT_EQ(outcomes[2].signal, SIGKILL) << testing::describe(outcomes[2]);
   for (int r = 0; r < 2; ++r) {
-    EXPECT_TRUE(outcomes[r].exited && outcomes[r].exit_code == 0)
-        << testing::describe(outcomes[r]);
+    EXPECT_TRUE(outcomes[r].exited && outcomes[r].exit_code == 0) << testing::describe(outcomes[r]);
   }
 }
 
@@ -302,8 +299,7 @@ TEST(GlooBackendFaultTest, KilledRankGivesOthersPeerLost) {
   EXPECT_EQ(outcomes[2].signal, SIGKILL) << testing::describe(outcomes[2]);
   EXPECT_FALSE(outcomes[2].timed_out);
   for (int r = 0; r < 2; ++r) {
-    EXPECT_TRUE(outcomes[r].exited && outcomes[r].exit_code == 0)
-        << testing::describe(outcomes[r]);
+    EXPECT_TRUE(outcomes[r].exited && outcomes[r].exit_code == 0) << testing::describe(outcomes[r]);
   }
 }
 
@@ -355,7 +351,8 @@ TEST(GlooBackendInitTest, FileStoreDirectoryServesReruns) {
         try {
           init_process_group({.timeout = seconds(3), .gloo = {.hostname = "127.0.0.1"}});
         } catch (const Unavailable& e) {
-          if (rank == 0 && std::string(e.what()).find("an earlier run stopped") != std::string::npos) {
+          if (rank == 0 &&
+              std::string(e.what()).find("an earlier run stopped") != std::string::npos) {
             return;
           }
           throw;

@@ -5,6 +5,7 @@
 // (an error on both ends), a peer killed or absent mid-call on either transport, and no names
 // left in /dev/shm, even by a process that died during the set-up.
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -16,8 +17,6 @@
 #include <fstream>
 #include <set>
 #include <string>
-
-#include <fmt/format.h>
 
 #include "collective_checks.h"
 #include "fork_harness.h"
@@ -101,7 +100,8 @@ void check_column_exchange(ProcessGroup& pg, int64_t rows, int64_t cols, DType d
   Tensor in_f = empty({rows, cols * n});
   auto* p = in_f.data<float>();
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols * n; ++c) p[r * cols * n + c] = static_cast<float>(value(me, r, c, dtype));
+    for (int64_t c = 0; c < cols * n; ++c)
+      p[r * cols * n + c] = static_cast<float>(value(me, r, c, dtype));
   }
   copy_(in, in_f);
   Tensor out = empty({rows * n, cols}, dtype);
@@ -118,8 +118,8 @@ void check_column_exchange(ProcessGroup& pg, int64_t rows, int64_t cols, DType d
       for (int64_t c = 0; c < cols; ++c) {
         const float want = static_cast<float>(value(j, r, me * cols + c, dtype));
         const float have = g[(j * rows + r) * cols + c];
-        check(have == want, fmt::format("rank {}: from rank {} at ({}, {}): {} != {}", me, j, r,
-                                        c, have, want));
+        check(have == want,
+              fmt::format("rank {}: from rank {} at ({}, {}): {} != {}", me, j, r, c, have, want));
       }
     }
   }
@@ -148,7 +148,9 @@ std::vector<Tensor> column_blocks(const Tensor& matrix, int n) {
 // rank to itself.
 void check_uneven(ProcessGroup& pg) {
   const int n = pg.size(), me = pg.rank();
-  auto count = [&](int from, int to) -> int64_t { return from == to && from % 2 ? 0 : 1000 * (from + 1) + to; };
+  auto count = [&](int from, int to) -> int64_t {
+    return from == to && from % 2 ? 0 : 1000 * (from + 1) + to;
+  };
   std::vector<int64_t> send, recv;
   int64_t send_total = 0, recv_total = 0;
   for (int j = 0; j < n; ++j) {
@@ -161,7 +163,8 @@ void check_uneven(ProcessGroup& pg) {
   auto* p = in.data<int64_t>();
   int64_t at = 0;
   for (int j = 0; j < n; ++j) {
-    for (int64_t k = 0; k < send[static_cast<size_t>(j)]; ++k) p[at++] = me * 1'000'000 + j * 10'000 + k;
+    for (int64_t k = 0; k < send[static_cast<size_t>(j)]; ++k)
+      p[at++] = me * 1'000'000 + j * 10'000 + k;
   }
   pg.all_to_all(in, out, {.send_counts = send, .recv_counts = recv});
   const auto* q = out.data<int64_t>();
@@ -264,10 +267,10 @@ void check_reductions(ProcessGroup& pg) {
 
 void check_everything(ProcessGroup& pg) {
   check_reductions(pg);
-  check_column_exchange(pg, 3, 5, DType::kF32);         // a few odd-sized rows
-  check_column_exchange(pg, 40000, 12, DType::kF32);    // 1.8 MiB per peer: the rings wrap
-  check_column_exchange(pg, 20001, 33, DType::kBF16);   // odd rows of 66 bytes
-  check_column_exchange(pg, 0, 4, DType::kF32);         // nothing at all
+  check_column_exchange(pg, 3, 5, DType::kF32);        // a few odd-sized rows
+  check_column_exchange(pg, 40000, 12, DType::kF32);   // 1.8 MiB per peer: the rings wrap
+  check_column_exchange(pg, 20001, 33, DType::kBF16);  // odd rows of 66 bytes
+  check_column_exchange(pg, 0, 4, DType::kF32);        // nothing at all
   // Matrices larger than a core's cache: the sends and the own block leave in one pass over
   // the rows, and rows of 66 bytes straddle the rings' ends.
   check_column_exchange(pg, 70001, 16, DType::kF32);
@@ -292,12 +295,12 @@ TEST_F(GlooShmTest, PairsOnOneHostShareMemoryAndTheRestUseTcp) {
         auto pg = connect(rank, 4, dir, {.host_id = fmt::format("host{}", rank / 2)});
         check(mapped_segments() == 0, "segments mapped before any all_to_all");
         check_all_gather(*pg);  // the first call that moves data sets the pairs up
-        check(mapped_segments() == 2, fmt::format("rank {} maps {} segments after all_gather",
-                                                  rank, mapped_segments()));
+        check(mapped_segments() == 2,
+              fmt::format("rank {} maps {} segments after all_gather", rank, mapped_segments()));
         check_everything(*pg);
         // Its own segment and its partner's.
-        check(mapped_segments() == 2, fmt::format("rank {} maps {} segments, expected 2", rank,
-                                                  mapped_segments()));
+        check(mapped_segments() == 2,
+              fmt::format("rank {} maps {} segments, expected 2", rank, mapped_segments()));
         pg->barrier();
         const auto left = names_of({static_cast<int>(::getpid())});
         check(left.empty(), fmt::format("rank {} left {} in /dev/shm", rank, left.size()));
@@ -313,8 +316,8 @@ TEST_F(GlooShmTest, AllRanksOfThisHostShareMemoryAndSplitsToo) {
       [](int rank, const std::string& dir) {
         auto pg = connect(rank, 3, dir, {});
         check_everything(*pg);
-        check(mapped_segments() == 3, fmt::format("rank {} maps {} segments, expected 3", rank,
-                                                  mapped_segments()));
+        check(mapped_segments() == 3,
+              fmt::format("rank {} maps {} segments, expected 3", rank, mapped_segments()));
         auto sub = pg->split(rank == 2 ? 1 : 0, rank);
         check_everything(*sub);
         const int expected = rank == 2 ? 3 : 5;  // rank 2 is alone in its sub-group
@@ -372,10 +375,10 @@ TEST_F(GlooShmTest, CountsThatDisagreeFailOnBothEnds) {
       [](int rank, const std::string& dir) {
         auto pg = connect(rank, 2, dir, {}, seconds(20));
         // Rank 0 sends rank 1 ten elements; rank 1 expects twelve. The other direction agrees.
-        const std::vector<int64_t> send = rank == 0 ? std::vector<int64_t>{4, 10}
-                                                    : std::vector<int64_t>{4, 4};
-        const std::vector<int64_t> recv = rank == 0 ? std::vector<int64_t>{4, 4}
-                                                    : std::vector<int64_t>{12, 4};
+        const std::vector<int64_t> send =
+            rank == 0 ? std::vector<int64_t>{4, 10} : std::vector<int64_t>{4, 4};
+        const std::vector<int64_t> recv =
+            rank == 0 ? std::vector<int64_t>{4, 4} : std::vector<int64_t>{12, 4};
         Tensor in = zeros({rank == 0 ? 14 : 8}), out = zeros({rank == 0 ? 8 : 16});
         const Stopwatch watch;
         try {
@@ -384,8 +387,8 @@ TEST_F(GlooShmTest, CountsThatDisagreeFailOnBothEnds) {
         } catch (const CommError& e) {
           const std::string text = e.what();
           const std::string expected = "rank 0 sends 40 bytes to rank 1, which expects 48";
-          check(text.find(expected) != std::string::npos, "rank " + std::to_string(rank) +
-                                                              " got: " + text);
+          check(text.find(expected) != std::string::npos,
+                "rank " + std::to_string(rank) + " got: " + text);
         }
         check(watch.elapsed() < seconds(20), "the mismatch was found only at the timeout");
       },
@@ -452,7 +455,8 @@ TEST_F(GlooShmTest, AbsentRankIsNamedOnEitherTransport) {
             pg->all_to_all(ins, outs);
             throw testing::CheckFailure("all_to_all returned without rank 2");
           } catch (const Timeout& e) {
-            check(std::string(e.what()).find("not arrived: world rank 2 (group rank 2)") != std::string::npos,
+            check(std::string(e.what()).find("not arrived: world rank 2 (group rank 2)") !=
+                      std::string::npos,
                   fmt::format("shm={} rank {}: {}", shm, rank, e.what()));
           }
           store.set("checked/" + std::to_string(rank), "1");
@@ -506,7 +510,8 @@ TEST_F(GlooShmTest, NamesOfDeadProcessesAreSwept) {
   if (child == 0) ::_exit(0);
   ASSERT_GT(child, 0);
   ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // its pid is now unused
-  const std::string prefix = fmt::format("/dev/shm/tessel-a2a-{:x}-", internal::this_pid_namespace());
+  const std::string prefix =
+      fmt::format("/dev/shm/tessel-a2a-{:x}-", internal::this_pid_namespace());
   const std::string dead = fmt::format("{}{}-00000000deadbeef", prefix, child);
   const std::string alive = fmt::format("{}{}-00000000a11ba11b", prefix, ::getpid());
   std::ofstream(dead) << "left behind";

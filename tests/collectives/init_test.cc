@@ -11,11 +11,22 @@
 namespace tessel {
 namespace {
 
-const char* kVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-                       "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                       "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS",
-                       "SLURM_LOCALID", "TESSEL_STORE_ADDR", "TESSEL_STORE_DIR",
-                       "TESSEL_PG_BACKEND", "TESSEL_STORE_TOKEN", "TESSEL_STORE_TOKEN_FILE"};
+const char* kVars[] = {"RANK",
+                       "WORLD_SIZE",
+                       "LOCAL_RANK",
+                       "MASTER_ADDR",
+                       "MASTER_PORT",
+                       "OMPI_COMM_WORLD_RANK",
+                       "OMPI_COMM_WORLD_SIZE",
+                       "OMPI_COMM_WORLD_LOCAL_RANK",
+                       "SLURM_PROCID",
+                       "SLURM_NTASKS",
+                       "SLURM_LOCALID",
+                       "TESSEL_STORE_ADDR",
+                       "TESSEL_STORE_DIR",
+                       "TESSEL_PG_BACKEND",
+                       "TESSEL_STORE_TOKEN",
+                       "TESSEL_STORE_TOKEN_FILE"};
 
 class InitTest : public ::testing::Test {
  protected:

@@ -1,8 +1,8 @@
 #include "tessel/collectives/memory_store.h"
 
-#include <thread>
-
 #include <gtest/gtest.h>
+
+#include <thread>
 
 #include "tessel/base/error.h"
 

@@ -13,7 +13,8 @@ namespace tessel {
 namespace {
 
 std::shared_ptr<ProcessGroup> world() {
-  static std::shared_ptr<ProcessGroup> group = mpi_create_world({.timeout = std::chrono::seconds(60)});
+  static std::shared_ptr<ProcessGroup> group =
+      mpi_create_world({.timeout = std::chrono::seconds(60)});
   return group;
 }
 
@@ -29,9 +30,7 @@ TEST_F(MpiBackendTest, EveryCollectiveMatchesLocalExpectation) {
   testing::check_everything(*world(), testing::acceptance_counts(/*large=*/false));
 }
 
-TEST_F(MpiBackendTest, OneMillionElements) {
-  testing::check_one_million(*world());
-}
+TEST_F(MpiBackendTest, OneMillionElements) { testing::check_one_million(*world()); }
 
 TEST_F(MpiBackendTest, SplitsIntoOddColours) {
   testing::check_split(*world(), 3, /*with_no_color=*/false);

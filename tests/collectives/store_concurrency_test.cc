@@ -1,17 +1,17 @@
 // The gRPC store under many concurrent blocking calls, and when its server stops or cannot be
 // reached: thousands of parked waits on a few threads; clear errors, never a hang.
-#include <atomic>
-#include <cstdio>
-#include <condition_variable>
-#include <mutex>
-#include <thread>
-
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "store_test_util.h"
 #include "tessel/base/error.h"
 #include "tessel/collectives/grpc/store_service.h"
-#include "store_test_util.h"
 
 namespace tessel {
 namespace {
@@ -54,12 +54,11 @@ TEST(StoreConcurrencyTest, TwoThousandParkedWaitsUseFewThreads) {
     call->request.set_timeout_ns(Nanoseconds(45s).count());
     call->request.set_want_values(true);
     AsyncGet* raw = call.get();
-    stub->async()->Get(&raw->context, &raw->request, &raw->response,
-                       [&, raw](grpc::Status status) {
-                         raw->status = std::move(status);
-                         std::lock_guard lock(mutex);
-                         if (++done == kCalls) all_done.notify_all();
-                       });
+    stub->async()->Get(&raw->context, &raw->request, &raw->response, [&, raw](grpc::Status status) {
+      raw->status = std::move(status);
+      std::lock_guard lock(mutex);
+      if (++done == kCalls) all_done.notify_all();
+    });
     calls.push_back(std::move(call));
   }
   ASSERT_TRUE(wait_until([&] { return server.stats().waiters == kCalls; }))
@@ -94,7 +93,7 @@ TEST(StoreConcurrencyTest, CancelledCallLeavesNothingParked) {
   context.set_deadline(std::chrono::system_clock::now() + 200ms);  // gives up long before
   storepb::GetRequest request;
   request.add_keys("never");
-  request.set_timeout_ns(Nanoseconds(60s).count());                  // the server would
+  request.set_timeout_ns(Nanoseconds(60s).count());  // the server would
   storepb::GetResponse response;
   EXPECT_EQ(stub->Get(&context, request, &response).error_code(),
             grpc::StatusCode::DEADLINE_EXCEEDED);

@@ -1,6 +1,7 @@
 // The gRPC store with real processes: clients in several processes against one server, a
 // server process that is killed, a client process with the wrong token. Child processes are
 // this binary re-executed (fork + exec, so no gRPC state crosses a fork) with --store-child.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,11 +10,9 @@
 #include <cstring>
 #include <thread>
 
-#include <gtest/gtest.h>
-
+#include "store_test_util.h"
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
-#include "store_test_util.h"
 
 namespace tessel {
 namespace {
@@ -76,8 +75,8 @@ class ChildProcess {
   // The exit code, waiting up to timeout; -1 when the child is still running then.
   int wait_exit(std::chrono::nanoseconds timeout) {
     int status = 0;
-    const bool exited = wait_until(
-        [&] { return ::waitpid(pid_, &status, WNOHANG) == pid_; }, timeout);
+    const bool exited =
+        wait_until([&] { return ::waitpid(pid_, &status, WNOHANG) == pid_; }, timeout);
     if (!exited) return -1;
     reaped_ = true;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

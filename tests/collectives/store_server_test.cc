@@ -1,23 +1,22 @@
 // The Store served over gRPC: every operation on loopback, in-process and through PrefixStore;
 // the token; size limits; timeouts; the worker environment.
 #include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
-#include <limits>
 #include <fstream>
+#include <limits>
 #include <thread>
 
-#include <grpcpp/grpcpp.h>
-#include <gtest/gtest.h>
-
+#include "store_test_util.h"
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
 #include "tessel/collectives/grpc/store_service.h"
-#include "store_test_util.h"
 
 namespace tessel {
 namespace {
@@ -87,8 +86,8 @@ TEST_P(StoreOverGrpcTest, AddCountsAcrossClients) {
 }
 
 TEST_P(StoreOverGrpcTest, CompareSetSwapsOnlyOnMatch) {
-  EXPECT_EQ(store_->compare_set("k", "", "first"), "first");     // missing key, empty expected
-  EXPECT_EQ(store_->compare_set("k", "wrong", "x"), "first");    // mismatch: current value
+  EXPECT_EQ(store_->compare_set("k", "", "first"), "first");   // missing key, empty expected
+  EXPECT_EQ(store_->compare_set("k", "wrong", "x"), "first");  // mismatch: current value
   EXPECT_EQ(store_->compare_set("k", "first", "second"), "second");
   EXPECT_EQ(store_->get("k", 1s), "second");
   EXPECT_EQ(store_->compare_set("absent", "something", "x"), "");  // missing, non-empty expected
@@ -154,9 +153,12 @@ INSTANTIATE_TEST_SUITE_P(Transports, StoreOverGrpcTest,
                                            Transport::kPrefixed),
                          [](const auto& info) {
                            switch (info.param) {
-                             case Transport::kLoopback: return std::string("Loopback");
-                             case Transport::kInProcess: return std::string("InProcess");
-                             case Transport::kPrefixed: return std::string("Prefixed");
+                             case Transport::kLoopback:
+                               return std::string("Loopback");
+                             case Transport::kInProcess:
+                               return std::string("InProcess");
+                             case Transport::kPrefixed:
+                               return std::string("Prefixed");
                            }
                            return std::string();
                          });
@@ -245,7 +247,8 @@ TEST(StoreAuthTest, CallWithoutTokenIsUnauthenticated) {
 TEST(StoreAuthTest, WrongTokenIsRefusedWithoutEchoingIt) {
   StoreServer server(loopback_server_options());
   const std::string wrong = std::string(kTestToken) + "x";
-  for (const std::string& token : {wrong, std::string(kTestToken).substr(1), std::string("zq-wrong-zq")}) {
+  for (const std::string& token :
+       {wrong, std::string(kTestToken).substr(1), std::string("zq-wrong-zq")}) {
     try {
       StoreClient client(client_options_for(server.address(), token));  // its first call fails
       client.set("k", "v");
@@ -295,12 +298,14 @@ TEST(StoreLimitsTest, KeyAndValueSizes) {
   store.client->set("12345678", std::string(16, 'v'));  // exactly at both limits
   expect_error_naming<InvalidArgument>([&] { store.client->set("123456789", "v"); },
                                        "max_key_bytes limit is 8");
-  expect_error_naming<InvalidArgument>(
-      [&] { store.client->set("k", std::string(17, 'v')); }, "max_value_bytes limit is 16");
+  expect_error_naming<InvalidArgument>([&] { store.client->set("k", std::string(17, 'v')); },
+                                       "max_value_bytes limit is 16");
   expect_error_naming<InvalidArgument>(
       [&] { store.client->compare_set("k", "", std::string(17, 'v')); }, "max_value_bytes");
   expect_error_naming<InvalidArgument>(
-      [&] { store.client->multi_set({"a", "b"}, {"1", std::string(17, 'v')}); },
+      [&] {
+        store.client->multi_set({"a", "b"}, {"1", std::string(17, 'v')});
+      },
       "max_value_bytes");
   expect_error_naming<InvalidArgument>([&] { store.client->get("123456789", 1s); },
                                        "max_key_bytes");
@@ -316,10 +321,16 @@ TEST(StoreLimitsTest, NumberOfKeys) {
   store.client->add("c", 1);
   store.client->set("a", "overwrite is fine");
   expect_error_naming<CommError>([&] { store.client->set("d", "1"); }, "max_keys limit");
-  expect_error_naming<CommError>([&] { store.client->multi_set({"a", "e"}, {"1", "2"}); },
-                                 "max_keys limit");
+  expect_error_naming<CommError>(
+      [&] {
+        store.client->multi_set({"a", "e"}, {"1", "2"});
+      },
+      "max_keys limit");
   expect_error_naming<InvalidArgument>(
-      [&] { store.client->check({"1", "2", "3", "4", "5"}); }, "max_keys_per_call limit is 4");
+      [&] {
+        store.client->check({"1", "2", "3", "4", "5"});
+      },
+      "max_keys_per_call limit is 4");
   EXPECT_TRUE(store.client->delete_key("c"));
   store.client->set("d", "1");  // room again
   EXPECT_EQ(store.server->stats().keys, 3u);
@@ -335,8 +346,7 @@ TEST(StoreLimitsTest, OutstandingWaits) {
     waiters.emplace_back([&, i] { got[i] = store.client->get("gate", 30s); });
   }
   ASSERT_TRUE(wait_until([&] { return store.server->stats().waiters >= 2; }));
-  expect_error_naming<CommError>([&] { store.client->wait({"gate"}, 30s); },
-                                 "max_waiters limit");
+  expect_error_naming<CommError>([&] { store.client->wait({"gate"}, 30s); }, "max_waiters limit");
   // Calls that need not wait are still served at the limit.
   store.client->set("here", "1");
   EXPECT_EQ(store.client->get("here", 30s), "1");
@@ -521,7 +531,8 @@ TEST_F(StoreTlsTest, MutualTlsRequiresAClientCertificate) {
   options.tls = {file("server.crt"), file("server.key"), file("ca.crt")};
   StoreServer server(options);
   EXPECT_THROW(StoreClient(client(server.address(), {"", "", file("ca.crt")})), CommError);
-  StoreClient good(client(server.address(), {file("client.crt"), file("client.key"), file("ca.crt")}));
+  StoreClient good(
+      client(server.address(), {file("client.crt"), file("client.key"), file("ca.crt")}));
   good.set("k", "v");
   EXPECT_EQ(good.get("k"), "v");
 }

@@ -1,11 +1,11 @@
 // StoreTable, the data structure behind StoreServer: when parked waiters finish, and how.
 #include "tessel/collectives/grpc/store_table.h"
 
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
-
-#include <gtest/gtest.h>
 
 #include "tessel/base/error.h"
 

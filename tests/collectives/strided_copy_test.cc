@@ -31,7 +31,9 @@ std::vector<ViewCase> cases() {
       {"rows", [](const Tensor& b) { return narrow(b, 0, 1, 3); }, {6, 8}},
       {"transposed", [](const Tensor& b) { return transpose(b, 0, 1); }, {5, 7}},
       {"permuted 3-D, narrowed",
-       [](const Tensor& b) { return narrow(permute(b, {2, 0, 1}), 1, 1, 2); },
+       [](const Tensor& b) {
+         return narrow(permute(b, {2, 0, 1}), 1, 1, 2);
+       },
        {4, 3, 5}},
       {"middle dimension narrowed", [](const Tensor& b) { return narrow(b, 1, 1, 2); }, {3, 4, 5}},
       {"size-1 dimensions", [](const Tensor& b) { return narrow(b, 2, 3, 1); }, {1, 6, 5}},
@@ -39,9 +41,11 @@ std::vector<ViewCase> cases() {
       {"scalar", [](const Tensor& b) { return select(b, 0, 2); }, {4}},
       {"empty", [](const Tensor& b) { return narrow(b, 1, 2, 0); }, {3, 4}},
       // Larger than half a core's cache: prefetched rows, streaming stores where aligned.
-      {"column block of a large matrix", [](const Tensor& b) { return narrow(b, 1, 32, 32); },
+      {"column block of a large matrix",
+       [](const Tensor& b) { return narrow(b, 1, 32, 32); },
        {20000, 64}},
-      {"odd column block of a large matrix", [](const Tensor& b) { return narrow(b, 1, 5, 19); },
+      {"odd column block of a large matrix",
+       [](const Tensor& b) { return narrow(b, 1, 5, 19); },
        {9001, 37}},
   };
 }
@@ -76,9 +80,8 @@ TEST_P(StridedCopyTest, PackMatchesContiguousInAnyRanges) {
       for (bool stream : {false, true}) {
         std::vector<uint8_t> got(want.size(), 0xee);
         for (const auto& [first, count] : ranges(v.numel(), piece)) {
-          internal::pack_elements(v, first, count,
-                                  got.data() + first * static_cast<int64_t>(v.element_size()),
-                                  stream);
+          internal::pack_elements(
+              v, first, count, got.data() + first * static_cast<int64_t>(v.element_size()), stream);
         }
         EXPECT_EQ(got, want) << c.name << ", pieces of " << piece << ", stream " << stream;
       }

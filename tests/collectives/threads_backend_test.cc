@@ -61,11 +61,14 @@ TEST(ThreadsBackendTest, AsyncWorkCompletesInIssueOrder) {
 TEST(ThreadsBackendTest, RecordsEveryCallInTheFlightRecorder) {
   auto& recorder = fr::FlightRecorder::global();
   const uint64_t before = recorder.recorded();
-  threads::run_ranks(2, [](ProcessGroup& pg) {
-    Tensor t = from_vector<float>({1, 2, 3});
-    pg.all_reduce(t, {.op = ReduceOp::kMax});
-    pg.broadcast(t, {.root = 1});
-  }, ProcessGroupOptions{.name = "fr-check", .id = 4242});
+  threads::run_ranks(
+      2,
+      [](ProcessGroup& pg) {
+        Tensor t = from_vector<float>({1, 2, 3});
+        pg.all_reduce(t, {.op = ReduceOp::kMax});
+        pg.broadcast(t, {.root = 1});
+      },
+      ProcessGroupOptions{.name = "fr-check", .id = 4242});
   EXPECT_EQ(recorder.recorded() - before, 4u);
   int all_reduce = 0, broadcast = 0;
   for (const auto& e : recorder.snapshot()) {
@@ -90,16 +93,19 @@ TEST(ThreadsBackendTest, RecordsEveryCallInTheFlightRecorder) {
 }
 
 TEST(ThreadsBackendTest, RecordsPointToPointWithPeerAndP2pSeq) {
-  threads::run_ranks(2, [](ProcessGroup& pg) {
-    Tensor t = from_vector<int64_t>({1, 2});
-    for (int i = 0; i < 2; ++i) {
-      if (pg.rank() == 0) {
-        pg.send(t, 1, {.tag = 3});
-      } else {
-        pg.recv(t, 0, {.tag = 3});
-      }
-    }
-  }, ProcessGroupOptions{.name = "p2p", .id = 4343});
+  threads::run_ranks(
+      2,
+      [](ProcessGroup& pg) {
+        Tensor t = from_vector<int64_t>({1, 2});
+        for (int i = 0; i < 2; ++i) {
+          if (pg.rank() == 0) {
+            pg.send(t, 1, {.tag = 3});
+          } else {
+            pg.recv(t, 0, {.tag = 3});
+          }
+        }
+      },
+      ProcessGroupOptions{.name = "p2p", .id = 4343});
   std::vector<uint64_t> send_seqs, recv_seqs;
   for (const auto& e : fr::FlightRecorder::global().snapshot()) {
     if (e.group_id != 4343) continue;
@@ -168,8 +174,8 @@ TEST(ThreadsBackendTest, DestroyingAFailedGroupFailsItsQueuedCallsUnrun) {
   std::vector<Tensor> tensors(6, from_vector<float>({1}));
   std::vector<Work> works;
   for (auto& t : tensors) {  // rank 1 never calls
-    works.push_back(groups[0]->all_reduce(t, {.timeout = std::chrono::milliseconds(200),
-                                              .async = true}));
+    works.push_back(
+        groups[0]->all_reduce(t, {.timeout = std::chrono::milliseconds(200), .async = true}));
   }
   EXPECT_THROW(works[0].wait(std::chrono::seconds(30)), Timeout);
   groups[0].reset();  // the destructor drains the queue
@@ -206,12 +212,15 @@ TEST(ThreadsBackendTest, RejectsMismatchedSizesWithClearMessages) {
 // The list form of all_to_all takes views; it is one recorded collective with the group's next
 // seq, its totals as shapes, and bad lists fail on the caller with the bad value named.
 TEST(ThreadsBackendTest, AllToAllOverViewsIsRecordedAndChecked) {
-  threads::run_ranks(2, [](ProcessGroup& pg) {
-    Tensor in = zeros({3, 4}), out = zeros({3, 4});
-    pg.barrier();
-    pg.all_to_all({narrow(in, 1, 0, 2), narrow(in, 1, 2, 2)},
-                  {narrow(out, 1, 0, 2), narrow(out, 1, 2, 2)});
-  }, ProcessGroupOptions{.name = "views", .id = 4444});
+  threads::run_ranks(
+      2,
+      [](ProcessGroup& pg) {
+        Tensor in = zeros({3, 4}), out = zeros({3, 4});
+        pg.barrier();
+        pg.all_to_all({narrow(in, 1, 0, 2), narrow(in, 1, 2, 2)},
+                      {narrow(out, 1, 0, 2), narrow(out, 1, 2, 2)});
+      },
+      ProcessGroupOptions{.name = "views", .id = 4444});
   int seen = 0;
   for (const auto& e : fr::FlightRecorder::global().snapshot()) {
     if (e.group_id != 4444 || e.op != fr::OpType::kAllToAll) continue;
@@ -234,12 +243,14 @@ TEST(ThreadsBackendTest, AllToAllOverViewsIsRecordedAndChecked) {
       EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
     }
   };
-  expect_message([&] { pg.all_to_all(std::vector<Tensor>{a}, {a, b}); },
-                 "1 inputs and 2 outputs given");
+  expect_message(
+      [&] {
+        pg.all_to_all(std::vector<Tensor>{a}, {a, b});
+      },
+      "1 inputs and 2 outputs given");
   expect_message([&] { pg.all_to_all({a, b}, {a, i}); }, "output 1 is i64");
   expect_message([&] { pg.all_to_all({a, b}, {c, b}); }, "sends itself 4 elements but receives 5");
-  expect_message([&] { pg.all_to_all({a, b}, {a, b}, {.send_counts = {4, 4}}); },
-                 "must be empty");
+  expect_message([&] { pg.all_to_all({a, b}, {a, b}, {.send_counts = {4, 4}}); }, "must be empty");
 }
 
 TEST(ThreadsBackendTest, RunRanksPropagatesTheFirstFailure) {

@@ -61,8 +61,8 @@ TEST(ThreadsCudaTest, OrdersAfterTheCallersCurrentStream) {
       const double want = 3.0 * round + 3.0;  // (0 + 1 + 2) + 3 * round
       const std::vector<float> got = to_vector<float>(narrow(t, 0, (1 << 20) - 1, 1));
       if (got[0] != want) {
-        throw testing::CheckFailure(fmt::format("round {}: the last element is {}, expected {}",
-                                                round, got[0], want));
+        throw testing::CheckFailure(
+            fmt::format("round {}: the last element is {}, expected {}", round, got[0], want));
       }
     }
   });

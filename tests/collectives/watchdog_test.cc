@@ -83,7 +83,8 @@ TEST_F(WatchdogTest, FailsHungWorkNamingGroupOpSeqAndMissingRanks) {
   });
   auto backend = std::make_unique<HangingBackend>();
   auto pg = std::make_shared<ProcessGroup>(
-      std::move(backend), ProcessGroupOptions{.name = "hang", .id = 77, .timeout = milliseconds(200)},
+      std::move(backend),
+      ProcessGroupOptions{.name = "hang", .id = 77, .timeout = milliseconds(200)},
       std::vector<int>{0, 1});
   Tensor t = zeros({4});
   Work w = pg->all_reduce(t, {.async = true});
@@ -97,7 +98,8 @@ TEST_F(WatchdogTest, FailsHungWorkNamingGroupOpSeqAndMissingRanks) {
     FAIL() << "expected Timeout";
   } catch (const Timeout& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("all_reduce #1 on group 'hang' (world ranks 0,1)"), std::string::npos) << what;
+    EXPECT_NE(what.find("all_reduce #1 on group 'hang' (world ranks 0,1)"), std::string::npos)
+        << what;
     EXPECT_NE(what.find("not arrived: world rank 1 (group rank 1)"), std::string::npos) << what;
   }
   EXPECT_FALSE(pg->aborted());  // policy raise
@@ -116,7 +118,8 @@ TEST_F(WatchdogTest, AbortCommunicatorPolicyAbortsTheGroup) {
   auto backend = std::make_unique<HangingBackend>();
   HangingBackend* raw = backend.get();
   auto pg = std::make_shared<ProcessGroup>(
-      std::move(backend), ProcessGroupOptions{.name = "hang2", .id = 78, .timeout = milliseconds(100)},
+      std::move(backend),
+      ProcessGroupOptions{.name = "hang2", .id = 78, .timeout = milliseconds(100)},
       std::vector<int>{0, 1});
   Work w = pg->barrier({.async = true});
   EXPECT_THROW(w.wait(seconds(20)), Timeout);

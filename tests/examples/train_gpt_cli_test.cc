@@ -2,6 +2,7 @@
 // line on stderr that names the flag and the value, and the documented exit status (64 usage,
 // 65 a value that cannot work); and docs/training.md's flag table lists exactly the flags and
 // defaults of train_gpt --help, so the two cannot drift apart.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -15,8 +16,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 namespace {
 
@@ -37,8 +36,8 @@ std::string slurp(const fs::path& path) {
 Result run_train_gpt(const std::vector<std::string>& args) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("train_gpt_cli_{}", ::getpid());
   fs::create_directories(dir);
-  std::string command = fmt::format("cd '{}' && env -u RANK -u WORLD_SIZE '{}'", dir.string(),
-                                    TRAIN_GPT_PATH);
+  std::string command =
+      fmt::format("cd '{}' && env -u RANK -u WORLD_SIZE '{}'", dir.string(), TRAIN_GPT_PATH);
   for (const std::string& a : args) command += " '" + a + "'";
   command += " >out.txt 2>err.txt";
   const int raw = std::system(command.c_str());

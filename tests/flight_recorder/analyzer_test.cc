@@ -163,8 +163,7 @@ Expectation expected_mesh(std::string_view scenario, const MeshCase& c) {
   return {};
 }
 
-class MeshScenarioTest
-    : public ::testing::TestWithParam<std::tuple<std::string_view, MeshCase>> {};
+class MeshScenarioTest : public ::testing::TestWithParam<std::tuple<std::string_view, MeshCase>> {};
 
 TEST_P(MeshScenarioTest, NamesExactlyTheRanksAtFault) {
   const auto [scenario, c] = GetParam();
@@ -184,8 +183,8 @@ TEST_P(MeshScenarioTest, NamesExactlyTheRanksAtFault) {
   EXPECT_TRUE(v.inconclusive.empty());
   for (const Finding& f : v.findings) {  // a rank that only waits is never blamed
     for (int r : f.culprits) {
-      EXPECT_TRUE(r == c.culprit || (scenario.find("swap") != std::string_view::npos &&
-                                     r == c.partner))
+      EXPECT_TRUE(r == c.culprit ||
+                  (scenario.find("swap") != std::string_view::npos && r == c.partner))
           << "rank " << r << " blamed";
     }
   }
@@ -206,8 +205,8 @@ std::vector<std::string_view> mesh_scenarios() {
 
 std::string mesh_case_name(const ::testing::TestParamInfo<MeshScenarioTest::ParamType>& info) {
   const MeshCase c = std::get<1>(info.param);
-  return fmt::format("{}_{}x{}_culprit{}_partner{}", std::get<0>(info.param), c.dp, c.tp,
-                     c.culprit, c.partner);
+  return fmt::format("{}_{}x{}_culprit{}_partner{}", std::get<0>(info.param), c.dp, c.tp, c.culprit,
+                     c.partner);
 }
 
 INSTANTIATE_TEST_SUITE_P(MeshScenarios, MeshScenarioTest,

@@ -129,8 +129,8 @@ TEST(RankFoldTest, ScopedThreadsCollectivesStayOutOfTheStepCounts) {
   EXPECT_EQ(count_at(h->steps, 0), 1);
   EXPECT_EQ(count_at(h->steps, 1), 1);  // not 2: the writer's all_gather is not the step's
   EXPECT_EQ(count_at(h->steps, 2), 1);
-  const auto gathered = std::find_if(r.held.begin(), r.held.end(),
-                                     [](const HeldEntry& e) { return e.seq == 3; });
+  const auto gathered =
+      std::find_if(r.held.begin(), r.held.end(), [](const HeldEntry& e) { return e.seq == 3; });
   ASSERT_NE(gathered, r.held.end());
   EXPECT_EQ(digest.call(gathered->call).purpose, "checkpoint writer");
 }

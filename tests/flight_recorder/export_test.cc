@@ -68,7 +68,7 @@ TEST(ExportTest, TracksHaveSmallThreadIdsAndNames) {
   synth_write("healthy", o, dir.path());
   const DumpSet set = read_dump_dir(dir.path());
   const auto j = nlohmann::json::parse(export_perfetto(set));
-  std::map<std::pair<int, int64_t>, std::string> names;     // (pid, tid) -> track name
+  std::map<std::pair<int, int64_t>, std::string> names;      // (pid, tid) -> track name
   std::map<std::pair<int, std::string>, int64_t> group_tid;  // (pid, group) -> tid
   for (const auto& e : j["traceEvents"]) {
     if (e["ph"] == "M" && e["name"] == "thread_name") {

@@ -26,13 +26,18 @@ struct Case {
 // the unmatched send leaves no trace: healthy, as far as the dumps can tell.
 const Case kCases[] = {
     {"healthy", VerdictStatus::kHealthy, {}, {}, "verdict: HEALTHY"},
-    {"skip", VerdictStatus::kCulpritFound, {1}, {},
+    {"skip",
+     VerdictStatus::kCulpritFound,
+     {1},
+     {},
      "rank 1 did not join all_reduce #4 of group 'default_pg' (no step, f32[4]); ranks 0,2,3 "
      "wait in it"},
-    {"size_mismatch", VerdictStatus::kCulpritFound, {2}, {},
+    {"size_mismatch",
+     VerdictStatus::kCulpritFound,
+     {2},
+     {},
      "rank 2 passed 8 input / 8 output elements where the others passed 4 / 4"},
-    {"deadlock", VerdictStatus::kInconclusive, {}, {0, 1},
-     "ranks 0,1 each wait for the other"},
+    {"deadlock", VerdictStatus::kInconclusive, {}, {0, 1}, "ranks 0,1 each wait for the other"},
     {"killed", VerdictStatus::kCulpritFound, {3}, {}, "rank 3: no dump"},
     {"unmatched_send", VerdictStatus::kHealthy, {}, {}, "verdict: HEALTHY"},
 };
@@ -41,8 +46,8 @@ class PytorchDumpTest : public ::testing::TestWithParam<std::tuple<Case, std::st
 
 TEST_P(PytorchDumpTest, FixtureGivesTheVerdictOfItsFault) {
   const auto& [c, format] = GetParam();
-  const DumpSet set = read_dump_dir(
-      std::string(PYTORCH_FIXTURES) + "/" + c.scenario + "/" + format, /*world_size_hint=*/4);
+  const DumpSet set = read_dump_dir(std::string(PYTORCH_FIXTURES) + "/" + c.scenario + "/" + format,
+                                    /*world_size_hint=*/4);
   EXPECT_TRUE(set.problems.empty()) << set.problems.front().message;
   EXPECT_EQ(set.world_size, 4);
   const Verdict v = analyze(set);
@@ -53,12 +58,13 @@ TEST_P(PytorchDumpTest, FixtureGivesTheVerdictOfItsFault) {
   EXPECT_NE(text.find(c.words), std::string::npos) << c.words << "\n" << text;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Fixtures, PytorchDumpTest,
-    ::testing::Combine(::testing::ValuesIn(kCases), ::testing::Values("json", "pickle")),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param).scenario) + "_" + std::get<1>(info.param);
-    });
+INSTANTIATE_TEST_SUITE_P(Fixtures, PytorchDumpTest,
+                         ::testing::Combine(::testing::ValuesIn(kCases),
+                                            ::testing::Values("json", "pickle")),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param).scenario) + "_" +
+                                  std::get<1>(info.param);
+                         });
 
 // Dumps written after a collective timed out (write_timeout_fixtures.py, in the recorder's
 // format): PyTorch retires the timed-out entry as it retires a finished one, so without the
@@ -75,25 +81,57 @@ struct TimeoutCase {
 const TimeoutCase kTimeoutCases[] = {
     // Two ranks: as many issued #4 as did not, so the analyzer blames neither (as it does when
     // no timeout fired); what it must not say is HEALTHY.
-    {"timeout_w2_r1", 2, VerdictStatus::kInconclusive, {}, {0, 1},
+    {"timeout_w2_r1",
+     2,
+     VerdictStatus::kInconclusive,
+     {},
+     {0, 1},
      "rank 0 waits in all_reduce #4 of group 'default_pg' (no step, f32[4]) while rank 1 never "
      "issued it"},
-    {"timeout_w3_r0", 3, VerdictStatus::kCulpritFound, {0}, {},
+    {"timeout_w3_r0",
+     3,
+     VerdictStatus::kCulpritFound,
+     {0},
+     {},
      "rank 0 did not join all_reduce #4 of group 'default_pg' (no step, f32[4]); ranks 1,2 "
      "wait in it"},
-    {"timeout_w4_r3", 4, VerdictStatus::kCulpritFound, {3}, {},
+    {"timeout_w4_r3",
+     4,
+     VerdictStatus::kCulpritFound,
+     {3},
+     {},
      "rank 3 did not join all_reduce #4 of group 'default_pg' (no step, f32[4]); ranks 0-2 "
      "wait in it"},
-    {"timeout_w8_r5", 8, VerdictStatus::kCulpritFound, {5}, {},
+    {"timeout_w8_r5",
+     8,
+     VerdictStatus::kCulpritFound,
+     {5},
+     {},
      "rank 5 did not join all_reduce #4 of group 'default_pg' (no step, f32[4]); ranks "
      "0-4,6,7 wait in it"},
-    {"timeout_stamped", 4, VerdictStatus::kCulpritFound, {2}, {},
+    {"timeout_stamped",
+     4,
+     VerdictStatus::kCulpritFound,
+     {2},
+     {},
      "rank 2 did not join all_reduce #4 of group 'default_pg'"},
-    {"timeout_mesh", 4, VerdictStatus::kCulpritFound, {3}, {},
+    {"timeout_mesh",
+     4,
+     VerdictStatus::kCulpritFound,
+     {3},
+     {},
      "rank 3 did not join all_reduce #3 of group 'mesh_tp'"},
-    {"timeout_continued", 4, VerdictStatus::kCulpritFound, {1}, {},
+    {"timeout_continued",
+     4,
+     VerdictStatus::kCulpritFound,
+     {1},
+     {},
      "rank 1 did not join all_reduce #3 of group 'default_pg'"},
-    {"timeout_p2p", 3, VerdictStatus::kCulpritFound, {1}, {},
+    {"timeout_p2p",
+     3,
+     VerdictStatus::kCulpritFound,
+     {1},
+     {},
      "[unmatched_send] send #2 from rank 0 to rank 1 in group 'default_pg' has no matching recv: "
      "rank 1 never posted it"},
     {"timeout_healthy", 8, VerdictStatus::kHealthy, {}, {}, "verdict: HEALTHY"},
@@ -101,8 +139,7 @@ const TimeoutCase kTimeoutCases[] = {
     {"timeout_p2p_healthy", 2, VerdictStatus::kHealthy, {}, {}, "verdict: HEALTHY"},
 };
 
-class PytorchTimeoutTest
-    : public ::testing::TestWithParam<std::tuple<TimeoutCase, std::string>> {};
+class PytorchTimeoutTest : public ::testing::TestWithParam<std::tuple<TimeoutCase, std::string>> {};
 
 TEST_P(PytorchTimeoutTest, RankThatNeverEnteredIsTheOnlyCulprit) {
   const auto& [c, format] = GetParam();
@@ -118,12 +155,13 @@ TEST_P(PytorchTimeoutTest, RankThatNeverEnteredIsTheOnlyCulprit) {
   EXPECT_NE(text.find(c.words), std::string::npos) << c.words << "\n" << text;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Fixtures, PytorchTimeoutTest,
-    ::testing::Combine(::testing::ValuesIn(kTimeoutCases), ::testing::Values("json", "pickle")),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param).scenario) + "_" + std::get<1>(info.param);
-    });
+INSTANTIATE_TEST_SUITE_P(Fixtures, PytorchTimeoutTest,
+                         ::testing::Combine(::testing::ValuesIn(kTimeoutCases),
+                                            ::testing::Values("json", "pickle")),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param).scenario) + "_" +
+                                  std::get<1>(info.param);
+                         });
 
 TraceEntry collective(uint64_t record_id, uint64_t group, uint64_t seq) {
   TraceEntry e;
@@ -213,11 +251,18 @@ void expect_refused(const std::string& bytes, const std::string& words) {
 
 TEST(PickleTest, ReadsPlainValuesAndRefusesEverythingElse) {
   // {'a': [1, -2, 'x', None, True], 'b': (3,)} as protocol 2.
-  const std::string ok("\x80\x02\x7d\x71\x00\x28\x58\x01\x00\x00\x00\x61\x71\x01\x5d\x71\x02\x28\x4b\x01\x4a\xfe\xff\xff\xff\x58\x01\x00\x00\x00\x78\x71\x03\x4e\x88\x65\x58\x01\x00\x00\x00\x62\x71\x04\x4b\x03\x85\x71\x05\x75\x2e", 51);
+  const std::string ok(
+      "\x80\x02\x7d\x71\x00\x28\x58\x01\x00\x00\x00\x61\x71\x01\x5d\x71\x02\x28\x4b\x01\x4a\xfe\xff"
+      "\xff\xff\x58\x01\x00\x00\x00\x78\x71\x03\x4e\x88\x65\x58\x01\x00\x00\x00\x62\x71\x04\x4b\x03"
+      "\x85\x71\x05\x75\x2e",
+      51);
   const auto j = internal::unpickle(ok, "dump_0");
   EXPECT_EQ(j.dump(), R"({"a":[1,-2,"x",null,true],"b":[3]})");
   // GLOBAL (builds a Python object): never.
-  expect_refused(std::string("\x80\x02" "cos\nsystem\n", 13), "opcode 0x63 is not supported");
+  expect_refused(std::string("\x80\x02"
+                             "cos\nsystem\n",
+                             13),
+                 "opcode 0x63 is not supported");
   expect_refused(std::string("\x80\x02}q\x00(X\x09\x00\x00\x00ab", 12), "truncated");
   expect_refused(std::string("\x80\x02K\x01K\x02.", 7), "STOP with 2 values");
 }

@@ -69,8 +69,8 @@ TEST(RecorderTest, StepBelongsToItsThreadAndScopesNameTheirPurpose) {
   const auto entries = fr.snapshot();
   ASSERT_EQ(entries.size(), 6u);
   const std::vector<int64_t> steps = {12, -1, -1, 40, -1, 12};
-  const std::vector<std::string> purposes = {"", "", "checkpoint writer",
-                                             "a purpose longer than t", "checkpoint writer", ""};
+  const std::vector<std::string> purposes = {
+      "", "", "checkpoint writer", "a purpose longer than t", "checkpoint writer", ""};
   for (size_t i = 0; i < entries.size(); ++i) {
     EXPECT_EQ(entries[i].step, steps[i]) << i;
     EXPECT_EQ(std::string(entries[i].purpose), purposes[i]) << i;

@@ -1,5 +1,7 @@
 // Dumps that cannot mix: the run id in every dump, the per-job default dump folder, ring files
 // named by run id and rank, and a folder holding two jobs' dumps refused (reader and CLI).
+#include "tessel/flight_recorder/run_id.h"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -14,7 +16,6 @@
 #include "tessel/flight_recorder/dumper.h"
 #include "tessel/flight_recorder/reader.h"
 #include "tessel/flight_recorder/recorder.h"
-#include "tessel/flight_recorder/run_id.h"
 #include "test_util.h"
 
 namespace tessel::fr {
@@ -128,8 +129,10 @@ TEST(RunIdTest, TwoJobsInOneFolderAreRefusedNamingRunIdsAndFiles) {
     FAIL() << "two jobs' dumps were combined";
   } catch (const InvalidArgument& e) {
     const std::string m = e.message();
-    for (const char* words : {"2 different jobs", "run id 'jobA' (ranks 0,1: tessel_fr_rank0.json, "
-                              "tessel_fr_rank1.json)", "run id 'jobB' (rank 2: tessel_fr_rank2.json)"}) {
+    for (const char* words : {"2 different jobs",
+                              "run id 'jobA' (ranks 0,1: tessel_fr_rank0.json, "
+                              "tessel_fr_rank1.json)",
+                              "run id 'jobB' (rank 2: tessel_fr_rank2.json)"}) {
       EXPECT_NE(m.find(words), std::string::npos) << words << "\n" << m;
     }
   }
@@ -138,8 +141,10 @@ TEST(RunIdTest, TwoJobsInOneFolderAreRefusedNamingRunIdsAndFiles) {
   EXPECT_NE(err.find("run id 'jobB' (rank 2: tessel_fr_rank2.json)"), std::string::npos) << err;
   // --skip-bad does not combine them either, nor does export.
   EXPECT_EQ(run_trace("analyze --skip-bad " + dir.path().string()).first, 3);
-  EXPECT_EQ(run_trace("export " + dir.path().string() + " --perfetto " +
-                      (dir.path() / "t.json").string()).first, 3);
+  EXPECT_EQ(
+      run_trace("export " + dir.path().string() + " --perfetto " + (dir.path() / "t.json").string())
+          .first,
+      3);
 }
 
 TEST(RunIdTest, DumpsWithoutARunIdAreNotRefusedOnThatGround) {

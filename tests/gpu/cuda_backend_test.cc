@@ -20,11 +20,11 @@
 namespace tessel {
 namespace {
 
-#define TESSEL_REQUIRE_CUDA()                                                    \
-  do {                                                                           \
-    if (cuda::device_count() == 0) {                                             \
-      GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();          \
-    }                                                                            \
+#define TESSEL_REQUIRE_CUDA()                                           \
+  do {                                                                  \
+    if (cuda::device_count() == 0) {                                    \
+      GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason(); \
+    }                                                                   \
   } while (0)
 
 const Device kGpu = Device::cuda(0);
@@ -44,7 +44,8 @@ void expect_contains(const std::string& text, const std::string& part) {
   EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
 }
 
-// ---- Without a device: the text of CUDA errors ----------------------------------------------------
+// ---- Without a device: the text of CUDA errors
+// ----------------------------------------------------
 
 TEST(CudaErrorTextTest, NamesTheCallTheDeviceAndTheKernelsLaunchedLast) {
   // Record two launches (check_launch throws here when no driver is present: ignore that).
@@ -60,17 +61,17 @@ TEST(CudaErrorTextTest, NamesTheCallTheDeviceAndTheKernelsLaunchedLast) {
   expect_contains(async, "cudaErrorIllegalAddress");
   expect_contains(async, "kernel_two, kernel_one");
   expect_contains(async, "CUDA_LAUNCH_BLOCKING=1");
-  expect_contains(error_of<OutOfMemory>([] {
-                    cuda::throw_cuda_error(cudaErrorMemoryAllocation, "cudaMalloc", 1);
-                  }),
+  expect_contains(error_of<OutOfMemory>(
+                      [] { cuda::throw_cuda_error(cudaErrorMemoryAllocation, "cudaMalloc", 1); }),
                   "cudaMalloc failed on cuda:1");
-  expect_contains(error_of<Unavailable>([] {
-                    cuda::throw_cuda_error(cudaErrorNoKernelImageForDevice, "launch of kernel k", 0);
-                  }),
-                  "this build has code for CUDA architectures");
+  expect_contains(
+      error_of<Unavailable>(
+          [] { cuda::throw_cuda_error(cudaErrorNoKernelImageForDevice, "launch of kernel k", 0); }),
+      "this build has code for CUDA architectures");
 }
 
-// ---- Streams and events ---------------------------------------------------------------------------
+// ---- Streams and events
+// ---------------------------------------------------------------------------
 
 TEST(CudaRuntimeTest, StreamsEventsAndTiming) {
   TESSEL_REQUIRE_CUDA();
@@ -97,7 +98,8 @@ TEST(CudaRuntimeTest, StreamsEventsAndTiming) {
   synchronize(kGpu);
 }
 
-// ---- The caching allocator ------------------------------------------------------------------------
+// ---- The caching allocator
+// ------------------------------------------------------------------------
 
 TEST(CudaAllocatorTest, StatisticsFollowTensors) {
   TESSEL_REQUIRE_CUDA();
@@ -175,7 +177,8 @@ TEST(CudaAllocatorTest, OutOfMemoryNamesTheRequestAndTheState) {
   EXPECT_EQ(item(sum(fine)), 16.0);
 }
 
-// ---- Copies ---------------------------------------------------------------------------------------
+// ---- Copies
+// ---------------------------------------------------------------------------------------
 
 TEST(CudaCopyTest, PinnedNonBlockingRoundTripAndDtypes) {
   TESSEL_REQUIRE_CUDA();
@@ -193,7 +196,8 @@ TEST(CudaCopyTest, PinnedNonBlockingRoundTripAndDtypes) {
   EXPECT_GT(pinned_memory_stats().allocated_bytes, 0);
 }
 
-// ---- Bad values found by kernels ------------------------------------------------------------------
+// ---- Bad values found by kernels
+// ------------------------------------------------------------------
 
 TEST(CudaDeviceErrorTest, BadIndicesSurfaceAtTheNextSynchronisation) {
   TESSEL_REQUIRE_CUDA();
@@ -211,7 +215,8 @@ TEST(CudaDeviceErrorTest, BadIndicesSurfaceAtTheNextSynchronisation) {
   EXPECT_EQ(item(sum(ones({4}, DType::kF32, kGpu))), 4.0);  // the device still works
 }
 
-// ---- Random numbers: the CPU's stream -------------------------------------------------------------
+// ---- Random numbers: the CPU's stream
+// -------------------------------------------------------------
 
 TEST(CudaRandomTest, DrawsAndDropoutMasksEqualTheCpusBitForBit) {
   TESSEL_REQUIRE_CUDA();

@@ -4,14 +4,12 @@
 // restores "device 0" on a thread that never chose a device. Its own program, so the process
 // starts without contexts. The guard's tests need two GPUs and skip, printing why, with fewer;
 // the error of a missing device is checked in every CUDA build.
-#include <gtest/gtest.h>
-
 #include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <string>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "tessel/base/error.h"
 #include "tessel/tensor/cuda/cuda.h"

@@ -26,18 +26,23 @@
 namespace tessel {
 namespace {
 
-#define TESSEL_REQUIRE_CUDA()                                                    \
-  do {                                                                           \
-    if (cuda::device_count() == 0) {                                             \
-      GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();          \
-    }                                                                            \
+#define TESSEL_REQUIRE_CUDA()                                           \
+  do {                                                                  \
+    if (cuda::device_count() == 0) {                                    \
+      GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason(); \
+    }                                                                   \
   } while (0)
 
 const Device kGpu = Device::cuda(0);
 
 nn::GptConfig small_config(double dropout) {
-  return {.vocab_size = 320, .block_size = 64, .n_layer = 2, .n_head = 4, .n_embd = 128,
-          .dropout = dropout, .seed = 5};
+  return {.vocab_size = 320,
+          .block_size = 64,
+          .n_layer = 2,
+          .n_head = 4,
+          .n_embd = 128,
+          .dropout = dropout,
+          .seed = 5};
 }
 
 std::pair<Tensor, Tensor> batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
@@ -81,8 +86,8 @@ void expect_close(const Result& gpu, const Result& cpu, double loss_rtol, double
   ASSERT_EQ(gpu.grads.size(), cpu.grads.size());
   for (const auto& [name, g] : cpu.grads) {
     const double diff = norm(sub(gpu.grads.at(name), g)), size = norm(g);
-    EXPECT_LE(diff, grad_rtol * size + 1e-12) << name << ": |gpu - cpu| " << diff << ", |cpu| "
-                                              << size;
+    EXPECT_LE(diff, grad_rtol * size + 1e-12)
+        << name << ": |gpu - cpu| " << diff << ", |cpu| " << size;
   }
 }
 
@@ -130,7 +135,8 @@ TEST(CudaGptTest, TrainingStepsFollowTheCpu) {
     return losses;
   };
   const std::vector<double> gpu = train(kGpu), cpu = train(Device::cpu());
-  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(gpu[i], cpu[i], 1e-4 * cpu[i]) << "step " << i;
+  for (size_t i = 0; i < cpu.size(); ++i)
+    EXPECT_NEAR(gpu[i], cpu[i], 1e-4 * cpu[i]) << "step " << i;
 }
 
 TEST(CudaGptTest, PlainAttentionOnCudaMatchesTheCpu) {

@@ -1,8 +1,8 @@
 // Checks that CUDA code built here launches and computes on a GPU. Skips with the reason where
 // tessel was built without CUDA or no device is visible.
-#include <vector>
-
 #include <gtest/gtest.h>
+
+#include <vector>
 
 #ifdef TESSEL_TEST_HAVE_CUDA
 #include <cuda_runtime.h>

@@ -8,9 +8,9 @@
 #include "tessel/tensor/cuda/cuda.h"
 
 // Skips the calling test unless a CUDA device is visible, printing why.
-#define TESSEL_REQUIRE_CUDA()                                                      \
-  do {                                                                             \
-    if (::tessel::cuda::device_count() == 0) {                                     \
-      GTEST_SKIP() << "no CUDA device: " << ::tessel::cuda::unavailable_reason();  \
-    }                                                                              \
+#define TESSEL_REQUIRE_CUDA()                                                     \
+  do {                                                                            \
+    if (::tessel::cuda::device_count() == 0) {                                    \
+      GTEST_SKIP() << "no CUDA device: " << ::tessel::cuda::unavailable_reason(); \
+    }                                                                             \
   } while (0)

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "attention_test_util.h"
-#include "tessel/kernels/attention/attention_math.h"
 #include "tessel/base/error.h"
+#include "tessel/kernels/attention/attention_math.h"
 #include "tessel/kernels/attention/cpu/flash_cpu.h"
 
 namespace tessel::kernels::attention {
@@ -25,7 +25,7 @@ struct Bf16Case {
   bool causal;
   double dropout;
   CpuIsa isa;
-  bool bf16_dot_products = true;  // false: bf16 converted to f32, f32 FMAs
+  bool bf16_dot_products = true;    // false: bf16 converted to f32, f32 FMAs
   MaskKind mask = MaskKind::kNone;  // applied on top of causal and dropout
 };
 
@@ -67,8 +67,8 @@ TEST_P(FlashCpuBf16Test, ErrorAtMostTwiceMathBf16Error) {
   for (int t = 0; t < 4; ++t) {
     const double math_err = max_abs_diff(maths[t]->values(), refs[t]->values());
     const double flash_err = max_abs_diff(flashes[t]->values(), refs[t]->values());
-    EXPECT_LE(flash_err, 2 * math_err + 1e-5) << names[t] << ": flash " << flash_err
-                                              << " vs math bf16 " << math_err;
+    EXPECT_LE(flash_err, 2 * math_err + 1e-5)
+        << names[t] << ": flash " << flash_err << " vs math bf16 " << math_err;
   }
 }
 
@@ -106,8 +106,8 @@ std::vector<Bf16Case> mask_sweep() {
     for (int m = 0; m < static_cast<int>(MaskKind::kCount); ++m) {
       const auto* s = shapes[(m + m / 4) % 4];
       const int64_t b = 1 + m % 2, hkv = 1 + m % 2, hq = hkv * (1 + (m + 1) % 2);
-      cases.push_back({b, hq, hkv, s[0], s[1], s[2], false, 0, isa, true,
-                       static_cast<MaskKind>(m)});
+      cases.push_back(
+          {b, hq, hkv, s[0], s[1], s[2], false, 0, isa, true, static_cast<MaskKind>(m)});
     }
   }
   return cases;

@@ -12,8 +12,8 @@
 namespace tessel::kernels::attention {
 namespace {
 
-using testing::KernelCase;
 using testing::Inputs;
+using testing::KernelCase;
 using testing::MaskKind;
 using testing::Results;
 using testing::Which;
@@ -73,21 +73,27 @@ TEST(CudnnSdpaTest, DeclinedMasksNameWhatCudnnSupports) {
     change(c);
     return cudnn_sdpa_unsupported_reason(c);
   };
-  EXPECT_NE(reason_with([](AttentionProblem& c) { c.mask.q_document_ids.assign(64, 0); })
-                .find("cudnn supports causal masks and sliding windows"),
+  EXPECT_NE(reason_with([](AttentionProblem& c) {
+              c.mask.q_document_ids.assign(64, 0);
+            }).find("cudnn supports causal masks and sliding windows"),
             std::string::npos);
-  EXPECT_NE(reason_with([](AttentionProblem& c) { c.dropout = {0.1, 1, 2}; }).find("dropout"),
+  EXPECT_NE(reason_with([](AttentionProblem& c) {
+              c.dropout = {0.1, 1, 2};
+            }).find("dropout"),
             std::string::npos);
-  EXPECT_NE(reason_with([](AttentionProblem& c) { c.mask.window_left = 8; })
-                .find("needs causal or window_right"),
+  EXPECT_NE(reason_with([](AttentionProblem& c) {
+              c.mask.window_left = 8;
+            }).find("needs causal or window_right"),
             std::string::npos);
   const Tensor f32 = testing::on_gpu(randn({1, 2, 64, 64}, gen), DType::kF32);
-  EXPECT_NE(reason_with([&](AttentionProblem& c) { c.q = c.k = c.v = testing::view_of(f32); })
-                .find("cudnn supports bf16 and f16"),
+  EXPECT_NE(reason_with([&](AttentionProblem& c) {
+              c.q = c.k = c.v = testing::view_of(f32);
+            }).find("cudnn supports bf16 and f16"),
             std::string::npos);
   const Tensor wide = testing::on_gpu(randn({1, 2, 64, 256}, gen), DType::kBF16);
-  EXPECT_NE(reason_with([&](AttentionProblem& c) { c.q = c.k = c.v = testing::view_of(wide); })
-                .find("head dims 8 to 128"),
+  EXPECT_NE(reason_with([&](AttentionProblem& c) {
+              c.q = c.k = c.v = testing::view_of(wide);
+            }).find("head dims 8 to 128"),
             std::string::npos);
 }
 

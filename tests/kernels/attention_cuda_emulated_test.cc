@@ -10,6 +10,7 @@
 // The kernel files are included here as C++: their CTA algorithms are plain templates over the
 // primitives, and their __global__ kernels and launchers are compiled only by nvcc.
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -17,15 +18,13 @@
 #include <string>
 #include <vector>
 
-#include <fmt/format.h>
-
 #include "attention_cuda_emulator.h"
 #include "attention_test_util.h"
 #include "tessel/kernels/attention/attention_math.h"
 #include "tessel/kernels/attention/cuda/flash_cuda_backward.cu"
 #include "tessel/kernels/attention/cuda/flash_cuda_forward.cu"
-#include "tessel/kernels/attention/cuda/math_cuda.cu"
 #include "tessel/kernels/attention/cuda/flash_cuda_plan.h"
+#include "tessel/kernels/attention/cuda/math_cuda.cu"
 
 namespace tessel::kernels::attention::cuda {
 namespace {
@@ -185,8 +184,10 @@ struct Inputs {
   AttentionProblem p;
 
   explicit Inputs(const Case& c)
-      : q(c.dtype, c.b, c.hq, c.sq, c.d), k(c.dtype, c.b, c.hkv, c.sk, c.d),
-        v(c.dtype, c.b, c.hkv, c.sk, c.d), dout(c.dtype, c.b, c.hq, c.sq, c.d) {
+      : q(c.dtype, c.b, c.hq, c.sq, c.d),
+        k(c.dtype, c.b, c.hkv, c.sk, c.d),
+        v(c.dtype, c.b, c.hkv, c.sk, c.d),
+        dout(c.dtype, c.b, c.hq, c.sq, c.d) {
     q.fill_normal(1);
     k.fill_normal(2);
     v.fill_normal(3);
@@ -252,7 +253,8 @@ TEST_P(FlashCudaEmulatedBackwardTest, GradientsMatchMath) {
   rp.q = qf.view();
   rp.k = kf.view();
   rp.v = vf.view();
-  testing::Buffer ref_dq(DType::kF32, c.b, c.hq, c.sq, c.d), ref_dk(DType::kF32, c.b, c.hkv, c.sk, c.d);
+  testing::Buffer ref_dq(DType::kF32, c.b, c.hq, c.sq, c.d),
+      ref_dk(DType::kF32, c.b, c.hkv, c.sk, c.d);
   testing::Buffer ref_dv = ref_dk;
   math_attention_backward(rp, dof.view(), ref_dq.view(), ref_dk.view(), ref_dv.view(),
                           {.f64_accumulate = true});
@@ -262,7 +264,8 @@ TEST_P(FlashCudaEmulatedBackwardTest, GradientsMatchMath) {
   double bounds[3];
   if (c.dtype == DType::kBF16) {
     // FlashAttention's rule against the math backend in bf16 (bf16 intermediates).
-    testing::Buffer m_dq(DType::kBF16, c.b, c.hq, c.sq, c.d), m_dk(DType::kBF16, c.b, c.hkv, c.sk, c.d);
+    testing::Buffer m_dq(DType::kBF16, c.b, c.hq, c.sq, c.d),
+        m_dk(DType::kBF16, c.b, c.hkv, c.sk, c.d);
     testing::Buffer m_dv = m_dk;
     math_attention_backward(p, dout.view(), m_dq.view(), m_dk.view(), m_dv.view(),
                             {.round_intermediates = true});
@@ -325,12 +328,12 @@ std::vector<std::tuple<Case, bool>> backward_cases() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Sweep, FlashCudaEmulatedBackwardTest, ::testing::ValuesIn(backward_cases()),
-    [](const ::testing::TestParamInfo<std::tuple<Case, bool>>& info) {
-      return kernel_case_name({std::get<0>(info.param), info.index}) +
-             (std::get<1>(info.param) ? "_deterministic" : "_atomic");
-    });
+INSTANTIATE_TEST_SUITE_P(Sweep, FlashCudaEmulatedBackwardTest,
+                         ::testing::ValuesIn(backward_cases()),
+                         [](const ::testing::TestParamInfo<std::tuple<Case, bool>>& info) {
+                           return kernel_case_name({std::get<0>(info.param), info.index}) +
+                                  (std::get<1>(info.param) ? "_deterministic" : "_atomic");
+                         });
 
 // ---- The emulator's model of cp.async -------------------------------------------------------
 
@@ -504,8 +507,10 @@ TEST_P(MathCudaHostTest, ForwardAndBackwardMatchCpuMath) {
     return f32 ? b32.f32 : b16.values();
   };
   const std::pair<std::vector<float>, const testing::Buffer*> results[] = {
-      {values(out32, out16), &r_out}, {values(dq32, dq16), &r_dq},
-      {values(dk32, dk16), &r_dk},    {values(dv32, dv16), &r_dv}};
+      {values(out32, out16), &r_out},
+      {values(dq32, dq16), &r_dq},
+      {values(dk32, dk16), &r_dk},
+      {values(dv32, dv16), &r_dv}};
   const char* names[] = {"out", "dq", "dk", "dv"};
   for (int t = 0; t < 4; ++t) {
     const double scale = std::max(1.0, testing::max_abs(results[t].second->f32));

@@ -245,7 +245,8 @@ namespace emulator {
 void run_grid(const int (&grid)[3], int threads, int smem_bytes,
               const std::function<void(int, int, int, char*)>& body) {
   if (threads % 32 != 0) throw std::logic_error("threads must be a multiple of 32");
-  auto* smem = static_cast<char*>(std::aligned_alloc(1024, ((smem_bytes + 1023) / 1024 + 1) * 1024));
+  auto* smem =
+      static_cast<char*>(std::aligned_alloc(1024, ((smem_bytes + 1023) / 1024 + 1) * 1024));
   std::unique_ptr<char, decltype(&std::free)> smem_owner(smem, &std::free);
   for (int bz = 0; bz < grid[2]; ++bz) {
     for (int by = 0; by < grid[1]; ++by) {

@@ -13,14 +13,14 @@
 namespace tessel::kernels::attention {
 namespace {
 
-using testing::KernelCase;
-using testing::Inputs;
-using testing::MaskKind;
-using testing::Results;
-using testing::Which;
 using testing::bounds;
 using testing::expect_within;
+using testing::Inputs;
+using testing::KernelCase;
+using testing::MaskKind;
+using testing::Results;
 using testing::run;
+using testing::Which;
 
 class FlashCudaTest : public ::testing::TestWithParam<KernelCase> {};
 

@@ -54,7 +54,8 @@ void long_sequence(SdpaBackend backend) {
     double m = -INFINITY, sum = 0;
     for (int64_t j = 0; j <= i; ++j) {
       double dot = 0;
-      for (int64_t d = 0; d < D; ++d) dot += double(qv[(h * S + i) * D + d]) * kv[(h * S + j) * D + d];
+      for (int64_t d = 0; d < D; ++d)
+        dot += double(qv[(h * S + i) * D + d]) * kv[(h * S + j) * D + d];
       s[j] = dot * scale;
       m = std::max(m, s[j]);
     }

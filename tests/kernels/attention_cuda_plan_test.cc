@@ -154,8 +154,7 @@ TEST(FlashCudaPlanTest, UnsupportedLayoutsNameWhatIsSupported) {
   EXPECT_NE(reason(DType::kBF16, 20, gpu).find("multiples of 8"), std::string::npos);
   EXPECT_NE(reason(DType::kBF16, 64, Device::cpu()).find("flash_cuda runs CUDA tensors"),
             std::string::npos);
-  EXPECT_NE(reason(DType::kBF16, 64, gpu, 2).find("contiguous last dimension"),
-            std::string::npos);
+  EXPECT_NE(reason(DType::kBF16, 64, gpu, 2).find("contiguous last dimension"), std::string::npos);
   // make_flash_plan refuses the same with InvalidArgument.
   testing::Qkv in(DType::kF32, 1, 1, 1, 4, 4, 8, 1);
   EXPECT_THROW(make_flash_plan(in.problem()), InvalidArgument);

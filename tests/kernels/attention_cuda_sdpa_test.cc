@@ -40,12 +40,13 @@ TEST(SdpaCudaTest, DispatchPicksByArchitectureAndLogsIt) {
   SdpaOptions opts;
   opts.causal = true;
   SdpaOutput r;
-  const std::vector<std::string> lines = debug_log([&] { r = scaled_dot_product_attention(q, q, q, opts); });
+  const std::vector<std::string> lines =
+      debug_log([&] { r = scaled_dot_product_attention(q, q, q, opts); });
   EXPECT_EQ(r.backend, expected_default());
   ASSERT_FALSE(lines.empty());
-  EXPECT_NE(lines.back().find(std::string(sdpa_backend_name(r.backend)) +
-                              " for bf16 q (2, 4, 256, 64)"),
-            std::string::npos)
+  EXPECT_NE(
+      lines.back().find(std::string(sdpa_backend_name(r.backend)) + " for bf16 q (2, 4, 256, 64)"),
+      std::string::npos)
       << lines.back();
   // Documents: cuDNN declines them, flash_cuda runs them.
   opts.document_ids = from_vector<int64_t>(std::vector<int64_t>(256, 0), {256});
@@ -117,8 +118,8 @@ TEST(SdpaCudaTest, ForcedBackendsThatCannotRunACallSayWhatTheySupport) {
 // attention goes to a fused kernel, none to math.
 TEST(SdpaCudaTest, GptOnCudaRunsItsAttentionOnTheFusedKernels) {
   TESSEL_SKIP_WITHOUT_CUDA();
-  const nn::GptConfig config{.vocab_size = 64, .block_size = 128, .n_layer = 2, .n_head = 4,
-                             .n_embd = 256, .seed = 5};
+  const nn::GptConfig config{
+      .vocab_size = 64, .block_size = 128, .n_layer = 2, .n_head = 4, .n_embd = 256, .seed = 5};
   std::vector<int64_t> tokens(2 * 128);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>(i * 7 % 64);
   const Tensor x = to(from_vector<int64_t>(tokens, {2, 128}), kGpu);

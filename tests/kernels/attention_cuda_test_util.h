@@ -3,14 +3,13 @@
 // to the device in a dtype, results brought back as floats, and the error bounds (FlashAttention's
 // rule for bf16: at most twice the error of plain bf16 attention against an f32 reference).
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "attention_test_util.h"
 #include "tessel/base/error.h"
@@ -36,10 +35,10 @@ inline std::string cuda_unusable_reason() {
   return {};
 }
 
-#define TESSEL_SKIP_WITHOUT_CUDA()                                              \
-  do {                                                                          \
+#define TESSEL_SKIP_WITHOUT_CUDA()                                                         \
+  do {                                                                                     \
     const std::string why = ::tessel::kernels::attention::testing::cuda_unusable_reason(); \
-    if (!why.empty()) GTEST_SKIP() << why;                                      \
+    if (!why.empty()) GTEST_SKIP() << why;                                                 \
   } while (0)
 
 inline const Device kGpu = Device::cuda(0);
@@ -112,7 +111,8 @@ struct Inputs {
 
 // Runs one backend on copies of the inputs in `dtype` (on the GPU or the CPU).
 inline Results run(Which which, const Inputs& in, DType dtype, bool deterministic = false) {
-  const bool gpu = which == Which::kFlashCuda || which == Which::kMathCuda || which == Which::kCudnn;
+  const bool gpu =
+      which == Which::kFlashCuda || which == Which::kMathCuda || which == Which::kCudnn;
   auto place = [&](const Tensor& t) { return gpu ? on_gpu(t, dtype) : to(t, dtype); };
   const Tensor q = place(in.q), k = place(in.k), v = place(in.v), dout = place(in.dout);
   const Tensor out = empty_like(q), dq = empty_like(q), dk = empty_like(k), dv = empty_like(v);
@@ -126,13 +126,11 @@ inline Results run(Which which, const Inputs& in, DType dtype, bool deterministi
   switch (which) {
     case Which::kFlashCuda:
       flash_cuda_forward(p, o, lse.data<float>());
-      flash_cuda_backward(p, o, g, lse.data<float>(), view_of(dq), view_of(dk),
-                          view_of(dv));
+      flash_cuda_backward(p, o, g, lse.data<float>(), view_of(dq), view_of(dk), view_of(dv));
       break;
     case Which::kCudnn:
       cudnn_sdpa_forward(p, o, lse.data<float>());
-      cudnn_sdpa_backward(p, o, g, lse.data<float>(), view_of(dq), view_of(dk),
-                          view_of(dv));
+      cudnn_sdpa_backward(p, o, g, lse.data<float>(), view_of(dq), view_of(dk), view_of(dv));
       break;
     case Which::kMathCuda:
       math_cuda_forward(p, o, lse.data<float>());
@@ -140,19 +138,16 @@ inline Results run(Which which, const Inputs& in, DType dtype, bool deterministi
       break;
     case Which::kFlashCpu:
       flash_cpu_forward(p, o, lse.data<float>());
-      flash_cpu_backward(p, o, g, lse.data<float>(), view_of(dq), view_of(dk),
-                         view_of(dv));
+      flash_cpu_backward(p, o, g, lse.data<float>(), view_of(dq), view_of(dk), view_of(dv));
       break;
     case Which::kMathCpuBf16: {
       const MathOptions plain{.round_intermediates = true};
       math_attention_forward(p, o, lse.data<float>(), plain);
-      math_attention_backward(p, g, view_of(dq), view_of(dk),
-                              view_of(dv), plain);
+      math_attention_backward(p, g, view_of(dq), view_of(dk), view_of(dv), plain);
       break;
     }
   }
-  return {values(out), values(lse), values(dq), values(dk),
-          values(dv)};
+  return {values(out), values(lse), values(dq), values(dk), values(dv)};
 }
 
 // Per tensor (out, dq, dk, dv): the largest error a 16-bit backend may have against the f32
@@ -171,7 +166,7 @@ inline std::vector<double> bounds(const Inputs& in, DType dtype, const Results& 
 }
 
 inline void expect_within(const Results& got, const Results& ref, const std::vector<double>& bound,
-                   const char* who) {
+                          const char* who) {
   const std::vector<float>* gots[] = {&got.out, &got.dq, &got.dk, &got.dv};
   const std::vector<float>* refs[] = {&ref.out, &ref.dq, &ref.dk, &ref.dv};
   const char* names[] = {"out", "dq", "dk", "dv"};

@@ -27,8 +27,10 @@ class AttentionErrorsTest : public ::testing::Test {
     std::vector<float> lse(64);
     for (int backend = 0; backend < 2; ++backend) {
       try {
-        if (backend == 0) flash_cpu_forward(p, out.view(), lse.data());
-        else math_attention_forward(p, out.view(), lse.data());
+        if (backend == 0)
+          flash_cpu_forward(p, out.view(), lse.data());
+        else
+          math_attention_forward(p, out.view(), lse.data());
         ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
       } catch (const ErrorType& e) {
         EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();

@@ -17,9 +17,9 @@ namespace {
 
 using testing::Buffer;
 using testing::configure_mask;
-using testing::MaskKind;
-using testing::mask_kind_name;
 using testing::fill_normal;
+using testing::mask_kind_name;
+using testing::MaskKind;
 using testing::max_abs;
 using testing::max_abs_diff;
 
@@ -57,8 +57,7 @@ TEST_P(FlashCpuSweepTest, MatchesMathForwardAndBackward) {
   std::vector<float> lse(lse_ref.size());
   const FlashCpuOptions opts{.isa = c.isa, .threads = c.threads};
   flash_cpu_forward(p, out.view(), lse.data(), opts);
-  flash_cpu_backward(p, out.view(), dout.view(), lse.data(), dq.view(), dk.view(), dv.view(),
-                     opts);
+  flash_cpu_backward(p, out.view(), dout.view(), lse.data(), dq.view(), dk.view(), dv.view(), opts);
 
   // f32 with f32 accumulation against f64: errors scale with the magnitudes and sqrt(S).
   const double tol = 2e-5 * std::sqrt(double(std::max<int64_t>(c.sk, 1)));
@@ -118,8 +117,7 @@ std::vector<Case> sweep_cases() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(Sweep, FlashCpuSweepTest, ::testing::ValuesIn(sweep_cases()),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(Sweep, FlashCpuSweepTest, ::testing::ValuesIn(sweep_cases()), case_name);
 
 TEST(FlashCpuTest, ArbitraryStridesAndBlockSizes) {
   // q laid out as (B, S, H, D) and read through (B, H, S, D) strides; v with D strided by 2.
@@ -148,8 +146,7 @@ TEST(FlashCpuTest, ArbitraryStridesAndBlockSizes) {
   std::vector<float> lse(B * H * S);
   const FlashCpuOptions opts{.threads = 3, .block_q = 5, .block_kv = 16};
   flash_cpu_forward(p, out.view(), lse.data(), opts);
-  flash_cpu_backward(p, out.view(), dout.view(), lse.data(), dq.view(), dk.view(), dv.view(),
-                     opts);
+  flash_cpu_backward(p, out.view(), dout.view(), lse.data(), dq.view(), dk.view(), dv.view(), opts);
   EXPECT_LE(max_abs_diff(out.values(), out_ref.values()), 1e-5);
   EXPECT_LE(max_abs_diff(dq.values(), dq_ref.values()), 1e-4);
   EXPECT_LE(max_abs_diff(dk.values(), dk_ref.values()), 1e-4);

@@ -57,7 +57,8 @@ TEST(FlashCpuLongTest, Seq32kForwardBackwardStaysLinearInMemory) {
   flash_cpu_backward(p, out.view(), dout.view(), lse.data(), dq.view(), dk.view(), dv.view());
   const int64_t hwm_after = status_kib("VmHWM");
   // Without a reset the earlier peak may hide ours; the bound still holds for the larger one.
-  const int64_t extra_mib = (hwm_after - (reset ? rss_before : std::min(rss_before, hwm_before))) / 1024;
+  const int64_t extra_mib =
+      (hwm_after - (reset ? rss_before : std::min(rss_before, hwm_before))) / 1024;
   RecordProperty("peak_extra_mib", std::to_string(extra_mib));
   std::printf("peak extra memory: %lld MiB (an S x S f32 matrix: 4096 MiB)\n",
               static_cast<long long>(extra_mib));

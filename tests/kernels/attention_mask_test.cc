@@ -1,12 +1,12 @@
 // MaskEvaluator: element visibility against hand-derived expectations, and tile classes that
 // agree with the elements they cover.
 
+#include "tessel/kernels/attention/attention_mask.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
 #include <vector>
-
-#include "tessel/kernels/attention/attention_mask.h"
 
 namespace tessel::kernels::attention {
 namespace {

@@ -1,6 +1,8 @@
 // The math reference itself: its gradients against central finite differences of its forward
 // (in f64), with and without dropout, and the dropout mask's statistics.
 
+#include "tessel/kernels/attention/attention_math.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +10,6 @@
 
 #include "attention_test_util.h"
 #include "tessel/kernels/attention/attention_dropout.h"
-#include "tessel/kernels/attention/attention_math.h"
 
 namespace tessel::kernels::attention {
 namespace {

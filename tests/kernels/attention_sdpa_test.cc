@@ -19,8 +19,8 @@ namespace {
 
 // Composed reference: softmax(q k^T * scale + mask) v, k/v repeated over GQA groups.
 // `visible` (S_q, S_k) bool-like f32 (1 visible), broadcast over batch and heads.
-Tensor composed_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                          const Tensor& visible, double scale) {
+Tensor composed_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& visible,
+                          double scale) {
   const int64_t group = q.size(1) / k.size(1);
   std::vector<Tensor> ks, vs;
   for (int64_t h = 0; h < q.size(1); ++h) {
@@ -95,7 +95,8 @@ TEST(SdpaTest, DocumentsMatchComposedOps) {
 
 TEST(SdpaTest, DispatcherPicksFlashAndScopesForce) {
   Generator gen(5);
-  Tensor q = randn({1, 2, 9, 16}, gen), k = randn({1, 2, 9, 16}, gen), v = randn({1, 2, 9, 16}, gen);
+  Tensor q = randn({1, 2, 9, 16}, gen), k = randn({1, 2, 9, 16}, gen),
+         v = randn({1, 2, 9, 16}, gen);
   EXPECT_EQ(scaled_dot_product_attention(q, k, v).backend, SdpaBackend::kFlashCpu);
   SdpaOutput flash = scaled_dot_product_attention(q, k, v);
   {
@@ -112,7 +113,8 @@ TEST(SdpaTest, DispatcherPicksFlashAndScopesForce) {
         ADD_FAILURE() << "expected Unavailable";
       } catch (const Unavailable& e) {
         EXPECT_NE(std::string(e.what()).find("flash_cpu: excluded by an SdpaBackendScope"),
-                  std::string::npos) << e.what();
+                  std::string::npos)
+            << e.what();
       }
     }
     EXPECT_EQ(scaled_dot_product_attention(q, k, v).backend, SdpaBackend::kMath);
@@ -169,9 +171,8 @@ TEST(SdpaTest, Bf16ThroughAutograd) {
   backward(sum(to(out, DType::kF32)));
   EXPECT_EQ(q.grad().dtype(), DType::kBF16);
   // Same call in f32 for comparison: bf16 rounding only.
-  const Tensor ref = scaled_dot_product_attention(to(detach(q), DType::kF32),
-                                                  to(detach(k), DType::kF32),
-                                                  to(detach(v), DType::kF32), opts);
+  const Tensor ref = scaled_dot_product_attention(
+      to(detach(q), DType::kF32), to(detach(k), DType::kF32), to(detach(v), DType::kF32), opts);
   EXPECT_LT(max_diff(out, ref), 2e-2);
 }
 

@@ -2,6 +2,9 @@
 // Helpers for the attention tests: random (B, H, S, D) buffers, views over them, and error
 // measures.
 
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -9,9 +12,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
-#include <gtest/gtest.h>
 
 #include "tessel/kernels/attention/attention_problem.h"
 #include "tessel/tensor/dtype.h"
@@ -27,7 +27,10 @@ struct Buffer {
 
   Buffer(DType dt, int64_t b, int64_t h, int64_t s, int64_t d) : dtype(dt), sizes{b, h, s, d} {
     const auto n = static_cast<size_t>(b * h * s * d);
-    if (dt == DType::kF32) f32.assign(n, 0.0f); else bf16.assign(n, 0);
+    if (dt == DType::kF32)
+      f32.assign(n, 0.0f);
+    else
+      bf16.assign(n, 0);
   }
   int64_t numel() const { return sizes[0] * sizes[1] * sizes[2] * sizes[3]; }
   void* data() { return dtype == DType::kF32 ? static_cast<void*>(f32.data()) : bf16.data(); }
@@ -39,7 +42,10 @@ struct Buffer {
     return static_cast<float>(x);
   }
   void set(int64_t i, float x) {
-    if (dtype == DType::kF32) f32[i] = x; else bf16[i] = BFloat16::from_float(x);
+    if (dtype == DType::kF32)
+      f32[i] = x;
+    else
+      bf16[i] = BFloat16::from_float(x);
   }
   std::vector<float> values() const {
     std::vector<float> out(numel());
@@ -107,23 +113,43 @@ inline double max_abs(const std::vector<float>& a) {
 
 // The mask kinds the sweeps cover.
 enum class MaskKind {
-  kNone, kCausalTopLeft, kCausalBottomRight, kWindow, kWindowBottomRight, kPrefixLm,
-  kDocuments, kMaskFn, kFullyMaskedRows, kDropout, kCount
+  kNone,
+  kCausalTopLeft,
+  kCausalBottomRight,
+  kWindow,
+  kWindowBottomRight,
+  kPrefixLm,
+  kDocuments,
+  kMaskFn,
+  kFullyMaskedRows,
+  kDropout,
+  kCount
 };
 
 inline const char* mask_kind_name(MaskKind k) {
   switch (k) {
-    case MaskKind::kNone: return "None";
-    case MaskKind::kCausalTopLeft: return "CausalTopLeft";
-    case MaskKind::kCausalBottomRight: return "CausalBottomRight";
-    case MaskKind::kWindow: return "Window";
-    case MaskKind::kWindowBottomRight: return "WindowBottomRight";
-    case MaskKind::kPrefixLm: return "PrefixLm";
-    case MaskKind::kDocuments: return "Documents";
-    case MaskKind::kMaskFn: return "MaskFn";
-    case MaskKind::kFullyMaskedRows: return "FullyMaskedRows";
-    case MaskKind::kDropout: return "Dropout";
-    case MaskKind::kCount: break;
+    case MaskKind::kNone:
+      return "None";
+    case MaskKind::kCausalTopLeft:
+      return "CausalTopLeft";
+    case MaskKind::kCausalBottomRight:
+      return "CausalBottomRight";
+    case MaskKind::kWindow:
+      return "Window";
+    case MaskKind::kWindowBottomRight:
+      return "WindowBottomRight";
+    case MaskKind::kPrefixLm:
+      return "PrefixLm";
+    case MaskKind::kDocuments:
+      return "Documents";
+    case MaskKind::kMaskFn:
+      return "MaskFn";
+    case MaskKind::kFullyMaskedRows:
+      return "FullyMaskedRows";
+    case MaskKind::kDropout:
+      return "Dropout";
+    case MaskKind::kCount:
+      break;
   }
   return "?";
 }
@@ -145,8 +171,11 @@ inline void configure_mask(MaskKind kind, int64_t batch, int64_t sq, int64_t sk,
                            AttentionProblem& p) {
   AttentionMask& m = p.mask;
   switch (kind) {
-    case MaskKind::kNone: break;
-    case MaskKind::kCausalTopLeft: m.causal = true; break;
+    case MaskKind::kNone:
+      break;
+    case MaskKind::kCausalTopLeft:
+      m.causal = true;
+      break;
     case MaskKind::kCausalBottomRight:
       m.causal = true;
       m.alignment = MaskAlignment::kBottomRight;
@@ -192,7 +221,8 @@ inline void configure_mask(MaskKind kind, int64_t batch, int64_t sq, int64_t sk,
       m.causal = true;
       p.dropout = {0.2, 1234, 77};
       break;
-    case MaskKind::kCount: break;
+    case MaskKind::kCount:
+      break;
   }
 }
 

@@ -1,9 +1,8 @@
 #include "tessel/launcher/hang_dump.h"
 
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
-
-#include <gtest/gtest.h>
 
 #include <fstream>
 #include <memory>
@@ -57,15 +56,16 @@ TEST(HangDumpTest, GathersEveryDumpAndRunsTheTraceTool) {
     }
     StoreDumpChannel channel(store);
     const std::string dumps = dir + "/dumps_" + std::to_string(world);
-    HangReport report = gather_flight_recorder_dumps(channel, world, 4, "timeout", dumps, 10s, tool);
+    HangReport report =
+        gather_flight_recorder_dumps(channel, world, 4, "timeout", dumps, 10s, tool);
     dumpers.clear();
     EXPECT_EQ(report.gathered.size(), static_cast<size_t>(world));
     EXPECT_TRUE(report.missing.empty());
     EXPECT_EQ(report.trace_status, 0);
     EXPECT_EQ(report.verdict, "verdict: " + std::to_string(world) + " dumps\n");
     for (int r = 0; r < world; ++r) {
-      const fr::RankDump d =
-          fr::parse_dump(testing::read_file(dumps + "/tessel_fr_rank" + std::to_string(r) + ".json"), "r");
+      const fr::RankDump d = fr::parse_dump(
+          testing::read_file(dumps + "/tessel_fr_rank" + std::to_string(r) + ".json"), "r");
       EXPECT_EQ(d.rank, r);
       EXPECT_EQ(d.world_size, world);
       EXPECT_EQ(d.trigger, fr::DumpTrigger::kStoreRequest);
@@ -80,7 +80,8 @@ TEST(HangDumpTest, MissingRanksAreNamedAndBounded) {
   auto store = std::make_shared<MemoryStore>();
   std::vector<std::unique_ptr<SimulatedRank>> dumpers;
   dumpers.push_back(std::make_unique<SimulatedRank>(store, 0, 3, dir + "/ranks"));
-  dumpers.push_back(std::make_unique<SimulatedRank>(store, 2, 3, dir + "/ranks"));  // rank 1 hung hard
+  dumpers.push_back(
+      std::make_unique<SimulatedRank>(store, 2, 3, dir + "/ranks"));  // rank 1 hung hard
   StoreDumpChannel channel(store);
   HangReport report =
       gather_flight_recorder_dumps(channel, 3, 0, "hang", dir + "/d", 300ms, "/bin/true");

@@ -107,10 +107,14 @@ void expect_exactly_the_culprit(const fr::Verdict& v, const Scenario& s) {
 
 TEST(HangVerdictTest, PlainProgramsWithoutALauncherNameOnlyTheRankAtFault) {
   const std::vector<Scenario> cases = {
-      {"none", "stop", 1},           {"none", "late", 1},
-      {"exit1", "stop", 2},          {"exit124", "late", 0, "world", 4},
-      {"abort", "late", 2, "tp", 4}, {"none", "stop", 3, "dp", 4},
-      {"exit124", "skip", 2, "dp", 4}, {"none", "leave", 3, "tp", 4},
+      {"none", "stop", 1},
+      {"none", "late", 1},
+      {"exit1", "stop", 2},
+      {"exit124", "late", 0, "world", 4},
+      {"abort", "late", 2, "tp", 4},
+      {"none", "stop", 3, "dp", 4},
+      {"exit124", "skip", 2, "dp", 4},
+      {"none", "leave", 3, "tp", 4},
       {"exit1", "skip", 6, "tp", 8},
   };
   for (const Scenario& s : cases) {

@@ -33,7 +33,11 @@ TEST(HostileLoadTest, JobSurvivesHugeAndFloodingWrongTokenRequests) {
   std::smatch m;
   const std::regex store_line(R"(\] store (127\.0\.0\.1:\d+))");
   ASSERT_TRUE(testing::wait_until(
-      [&] { const std::string out = job.out(); return std::regex_search(out, m, store_line); }, 30s))
+      [&] {
+        const std::string out = job.out();
+        return std::regex_search(out, m, store_line);
+      },
+      30s))
       << job.err();
   const std::string out = job.out();
   std::regex_search(out, m, store_line);
@@ -42,10 +46,12 @@ TEST(HostileLoadTest, JobSurvivesHugeAndFloodingWrongTokenRequests) {
   const long before_kib = peak_rss_kib(job.pid());
   { std::ofstream(dir + "/attack") << "1"; }
   ChildProcess big({HOSTILE_CLIENT_PATH, "--target", target, "--big", "8", "--big-mib", "250",
-                    "--seconds", "20"}, {}, dir + "/big");
+                    "--seconds", "20"},
+                   {}, dir + "/big");
   EXPECT_EQ(big.wait(60s), 0) << big.out() << big.err();
   ChildProcess flood({HOSTILE_CLIENT_PATH, "--target", target, "--flood", "2000", "--calls",
-                      "10:40", "--seconds", "20"}, {}, dir + "/flood");
+                      "10:40", "--seconds", "20"},
+                     {}, dir + "/flood");
   EXPECT_EQ(flood.wait(90s), 0) << flood.out() << flood.err();
   std::remove((dir + "/attack").c_str());
   const long peak_kib = peak_rss_kib(job.pid());

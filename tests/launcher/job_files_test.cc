@@ -8,10 +8,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include "child_process.h"
 #include "tessel/collectives/memory_store.h"
 #include "tessel/flight_recorder/reader.h"
 #include "tessel/flight_recorder/recorder.h"
-#include "child_process.h"
 
 namespace tessel::launcher {
 namespace {

@@ -38,19 +38,19 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
-#include <chrono>
 #include <string>
 #include <vector>
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/init.h"
+#include "tessel/collectives/store_client.h"
 #include "tessel/flight_recorder/recorder.h"
 #include "tessel/mesh/device_mesh.h"
-#include "tessel/collectives/store_client.h"
 
 extern char** environ;
 
@@ -154,7 +154,9 @@ int main(int argc, char** argv) {
     for (auto [phase, v] : {std::pair{"quiet", &quiet}, {"attack", &attack}}) {
       std::sort(v->begin(), v->end());
       const auto at = [&](double q) {
-        return v->empty() ? 0LL : (*v)[static_cast<size_t>(q * static_cast<double>(v->size() - 1))] / 1000;
+        return v->empty()
+                   ? 0LL
+                   : (*v)[static_cast<size_t>(q * static_cast<double>(v->size() - 1))] / 1000;
       };
       std::printf("probe %s n=%zu p50=%lld p99=%lld max=%lld\n", phase, v->size(), at(0.5),
                   at(0.99), v->empty() ? 0LL : v->back() / 1000);
@@ -165,10 +167,11 @@ int main(int argc, char** argv) {
     if (rank != std::atoi(argv[2])) sleep_forever();
     FILE* f = std::fopen(std::getenv("TORCHELASTIC_ERROR_FILE"), "w");
     if (f == nullptr) return 2;
-    std::fprintf(f, "{\"message\": {\"message\": \"ValueError: the loss is nan\", "
-                    "\"extraInfo\": {\"py_callstack\": \"Traceback (most recent call last):\\n  "
-                    "File \\\"train.py\\\", line 7, in <module>\\nValueError: the loss is nan\", "
-                    "\"timestamp\": \"1700000000\"}}}\n");
+    std::fprintf(f,
+                 "{\"message\": {\"message\": \"ValueError: the loss is nan\", "
+                 "\"extraInfo\": {\"py_callstack\": \"Traceback (most recent call last):\\n  "
+                 "File \\\"train.py\\\", line 7, in <module>\\nValueError: the loss is nan\", "
+                 "\"timestamp\": \"1700000000\"}}}\n");
     std::fclose(f);
     return 1;
   }

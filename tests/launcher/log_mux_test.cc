@@ -1,9 +1,8 @@
 #include "tessel/launcher/log_mux.h"
 
 #include <fcntl.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <string>
 #include <vector>

@@ -2,10 +2,9 @@
 // a private "switch" namespace holding a bridge, on 10.77.1.0/24. Nothing is created in the
 // root namespace; everything is deleted when the test ends. Needs root and `ip netns`;
 // skipped with the reason otherwise.
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <array>
@@ -115,11 +114,23 @@ class NetnsTest : public ::testing::Test {
   ChildProcess& start_node(int i, std::vector<std::string> flags, std::vector<std::string> worker,
                            std::vector<std::string> env = {}) {
     const bool nnodes_given = std::find(flags.begin(), flags.end(), "--nnodes") != flags.end();
-    std::vector<std::string> argv{"ip", "netns", "exec", cluster_->ns(i), kRun,
-                                  "--nnodes", nnodes_given ? flags[1] : "3", "--nproc-per-node", "2",
-                                  "--rdzv-endpoint", NetnsCluster::addr(0) + ":" + std::to_string(kPort),
-                                  "--node-rank", std::to_string(i), "--rdzv-token-file", token_file_,
-                                  "--log-dir", dir_ + "/node" + std::to_string(i)};
+    std::vector<std::string> argv{"ip",
+                                  "netns",
+                                  "exec",
+                                  cluster_->ns(i),
+                                  kRun,
+                                  "--nnodes",
+                                  nnodes_given ? flags[1] : "3",
+                                  "--nproc-per-node",
+                                  "2",
+                                  "--rdzv-endpoint",
+                                  NetnsCluster::addr(0) + ":" + std::to_string(kPort),
+                                  "--node-rank",
+                                  std::to_string(i),
+                                  "--rdzv-token-file",
+                                  token_file_,
+                                  "--log-dir",
+                                  dir_ + "/node" + std::to_string(i)};
     argv.insert(argv.end(), flags.begin() + (nnodes_given ? 2 : 0), flags.end());
     argv.push_back(kWorker);
     argv.insert(argv.end(), worker.begin(), worker.end());
@@ -131,13 +142,29 @@ class NetnsTest : public ::testing::Test {
   // no --log-dir), on a host named node<i> that maps to 127.0.1.1.
   ChildProcess& start_docs_node(int i, std::vector<std::string> worker) {
     cluster_->debian_hosts(i);
-    std::vector<std::string> argv{"ip", "netns", "exec", cluster_->ns(i), "unshare", "--uts",
-                                  "sh", "-c", "hostname node" + std::to_string(i) +
-                                  " && exec \"$0\" \"$@\"", kRun,
-                                  "--nnodes", "3", "--nproc-per-node", "2",
-                                  "--rdzv-endpoint", NetnsCluster::addr(0) + ":" + std::to_string(kPort),
-                                  "--rdzv-id", "exp7", "--rdzv-token-file", token_file_,
-                                  "--max-restarts", "3", kWorker};
+    std::vector<std::string> argv{"ip",
+                                  "netns",
+                                  "exec",
+                                  cluster_->ns(i),
+                                  "unshare",
+                                  "--uts",
+                                  "sh",
+                                  "-c",
+                                  "hostname node" + std::to_string(i) + " && exec \"$0\" \"$@\"",
+                                  kRun,
+                                  "--nnodes",
+                                  "3",
+                                  "--nproc-per-node",
+                                  "2",
+                                  "--rdzv-endpoint",
+                                  NetnsCluster::addr(0) + ":" + std::to_string(kPort),
+                                  "--rdzv-id",
+                                  "exp7",
+                                  "--rdzv-token-file",
+                                  token_file_,
+                                  "--max-restarts",
+                                  "3",
+                                  kWorker};
     argv.insert(argv.end(), worker.begin(), worker.end());
     nodes_.push_back(std::make_unique<ChildProcess>(argv, std::vector<std::string>{},
                                                     dir_ + "/out" + std::to_string(i)));
@@ -159,7 +186,8 @@ TEST_F(NetnsTest, ThreeNodesOfTwoWorkersFormAndExitZero) {
   std::set<int> ranks;
   const std::regex re(R"(^\[(\d):(\d)\] all_reduce rank (\d) of 6 sum 21$)");
   for (int i = 0; i < 3; ++i) {
-    ASSERT_EQ(nodes_[static_cast<size_t>(i)]->wait(60s), 0) << nodes_[static_cast<size_t>(i)]->err();
+    ASSERT_EQ(nodes_[static_cast<size_t>(i)]->wait(60s), 0)
+        << nodes_[static_cast<size_t>(i)]->err();
     std::istringstream in(nodes_[static_cast<size_t>(i)]->out());
     std::string line;
     std::smatch m;
@@ -183,7 +211,8 @@ TEST_F(NetnsTest, KillingOneAgentStopsTheOthersWithinTheHeartbeatBound) {
   const auto killed_at = std::chrono::steady_clock::now();
   nodes_[2]->signal(SIGKILL);
   for (int i : {0, 1}) {
-    EXPECT_EQ(nodes_[static_cast<size_t>(i)]->wait(30s), 1) << nodes_[static_cast<size_t>(i)]->err();
+    EXPECT_EQ(nodes_[static_cast<size_t>(i)]->wait(30s), 1)
+        << nodes_[static_cast<size_t>(i)]->err();
     EXPECT_NE(nodes_[static_cast<size_t>(i)]->err().find("node lost"), std::string::npos);
   }
   const auto took = std::chrono::steady_clock::now() - killed_at;
@@ -198,14 +227,15 @@ TEST_F(NetnsTest, KillingOneAgentStopsTheOthersWithinTheHeartbeatBound) {
 TEST_F(NetnsTest, CutLinkIsDetectedWithinIntervalTimesMisses) {
   // The cut node stops its workers within the bound, then waits --rdzv-connect-timeout for
   // the link to come back before it gives up.
-  const std::vector<std::string> flags = {"--monitor-interval", "100ms", "--heartbeat-misses", "5",
-                                          "--rdzv-connect-timeout", "2s"};
+  const std::vector<std::string> flags = {
+      "--monitor-interval", "100ms", "--heartbeat-misses", "5", "--rdzv-connect-timeout", "2s"};
   for (int i = 0; i < 3; ++i) start_node(i, flags, {"sleep"}, {"LAUNCH_TEST_MARKER=" + dir_});
   ASSERT_TRUE(testing::wait_until(
       [&] { return testing::pids_with_env("LAUNCH_TEST_MARKER=" + dir_).size() >= 9; }, 30s));
   cluster_->cut(2);
   for (int i : {0, 1}) {
-    EXPECT_EQ(nodes_[static_cast<size_t>(i)]->wait(30s), 1) << nodes_[static_cast<size_t>(i)]->err();
+    EXPECT_EQ(nodes_[static_cast<size_t>(i)]->wait(30s), 1)
+        << nodes_[static_cast<size_t>(i)]->err();
     EXPECT_NE(nodes_[static_cast<size_t>(i)]->err().find("no heartbeat"), std::string::npos)
         << nodes_[static_cast<size_t>(i)]->err();
   }
@@ -217,11 +247,23 @@ TEST_F(NetnsTest, CutLinkIsDetectedWithinIntervalTimesMisses) {
 
 TEST_F(NetnsTest, ClientWithoutTheTokenIsRefused) {
   ChildProcess& host = start_node(0, {"--rdzv-timeout", "20s"}, {"sleep"});
-  const std::string wrong = write_token_file(dir_ + "/..", "wrong-token-" + std::to_string(getpid()));
-  std::vector<std::string> argv{"ip", "netns", "exec", cluster_->ns(1), kRun, "--nnodes", "3",
-                                "--rdzv-endpoint", NetnsCluster::addr(0) + ":" + std::to_string(kPort),
-                                "--rdzv-token-file", wrong, "--rdzv-connect-timeout", "10s",
-                                kWorker, "sleep"};
+  const std::string wrong =
+      write_token_file(dir_ + "/..", "wrong-token-" + std::to_string(getpid()));
+  std::vector<std::string> argv{"ip",
+                                "netns",
+                                "exec",
+                                cluster_->ns(1),
+                                kRun,
+                                "--nnodes",
+                                "3",
+                                "--rdzv-endpoint",
+                                NetnsCluster::addr(0) + ":" + std::to_string(kPort),
+                                "--rdzv-token-file",
+                                wrong,
+                                "--rdzv-connect-timeout",
+                                "10s",
+                                kWorker,
+                                "sleep"};
   ChildProcess intruder(argv, {}, dir_ + "/intruder");
   EXPECT_EQ(intruder.wait(30s), 77) << intruder.err();
   EXPECT_NE(intruder.err().find("UNAUTHENTICATED"), std::string::npos) << intruder.err();
@@ -264,7 +306,8 @@ std::vector<std::array<int, 3>> attempts(const std::string& out) {
   const std::regex re(R"(^\[\d+:\d+\] attempt (\d+) world (\d+) rank (\d+)$)");
   std::smatch m;
   while (std::getline(in, line)) {
-    if (std::regex_match(line, m, re)) seen.push_back({std::stoi(m[1]), std::stoi(m[2]), std::stoi(m[3])});
+    if (std::regex_match(line, m, re))
+      seen.push_back({std::stoi(m[1]), std::stoi(m[2]), std::stoi(m[3])});
   }
   return seen;
 }
@@ -287,9 +330,10 @@ TEST_F(NetnsTest, FailureOnOneNodeRestartsTheWholeJob) {
 }
 
 TEST_F(NetnsTest, ElasticJobContinuesWithTheNodesLeft) {
-  const std::vector<std::string> flags = {"--nnodes", "2:3", "--max-restarts", "1",
-                                          "--last-call-timeout", "300ms"};
-  for (int i = 0; i < 3; ++i) start_node(i, flags, {"first-attempt-fails", "-1"}, {"LAUNCH_TEST_MARKER=" + dir_});
+  const std::vector<std::string> flags = {
+      "--nnodes", "2:3", "--max-restarts", "1", "--last-call-timeout", "300ms"};
+  for (int i = 0; i < 3; ++i)
+    start_node(i, flags, {"first-attempt-fails", "-1"}, {"LAUNCH_TEST_MARKER=" + dir_});
   ASSERT_TRUE(testing::wait_until(
       [&] { return testing::pids_with_env("LAUNCH_TEST_MARKER=" + dir_).size() >= 9; }, 30s));
   nodes_[2]->signal(SIGKILL);
@@ -363,10 +407,13 @@ TEST_F(NetnsTest, StoppedServerNodeIsNoticedWithinTheBoundAndTheJobRecovers) {
   nodes_[0]->signal(SIGSTOP);
   const auto stopped_at = std::chrono::steady_clock::now();
   // Nodes 1 and 2 keep only their agents (and each agent's orphan guard).
-  ASSERT_TRUE(testing::wait_until([&] { return processes_of(1) <= 2 && processes_of(2) <= 2; }, 20s));
-  const double noticed = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
-  std::printf("workers of the other nodes stopped %.3f s after the server node's agent was stopped\n",
-              noticed);
+  ASSERT_TRUE(
+      testing::wait_until([&] { return processes_of(1) <= 2 && processes_of(2) <= 2; }, 20s));
+  const double noticed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  std::printf(
+      "workers of the other nodes stopped %.3f s after the server node's agent was stopped\n",
+      noticed);
   const auto resume_at = stopped_at + 3s;
   std::this_thread::sleep_until(resume_at);
   nodes_[0]->signal(SIGCONT);
@@ -376,7 +423,8 @@ TEST_F(NetnsTest, StoppedServerNodeIsNoticedWithinTheBoundAndTheJobRecovers) {
     EXPECT_FALSE(attempts(node.out()).empty()) << node.out();
   }
   EXPECT_NE(nodes_[1]->err().find("rendezvous server"), std::string::npos) << nodes_[1]->err();
-  EXPECT_EQ(nodes_[1]->err().find("lost the rendezvous server"), std::string::npos) << nodes_[1]->err();
+  EXPECT_EQ(nodes_[1]->err().find("lost the rendezvous server"), std::string::npos)
+      << nodes_[1]->err();
 }
 
 // A node whose agent is stopped for 3 s says so when it runs again (not "lost the rendezvous
@@ -396,8 +444,10 @@ TEST_F(NetnsTest, StoppedNodeSaysItWasStoppedAndRejoins) {
     auto& node = *nodes_[static_cast<size_t>(i)];
     ASSERT_EQ(node.wait(60s), 0) << node.err();
   }
-  EXPECT_NE(nodes_[2]->err().find("this node did not run for"), std::string::npos) << nodes_[2]->err();
-  EXPECT_EQ(nodes_[2]->err().find("lost the rendezvous server"), std::string::npos) << nodes_[2]->err();
+  EXPECT_NE(nodes_[2]->err().find("this node did not run for"), std::string::npos)
+      << nodes_[2]->err();
+  EXPECT_EQ(nodes_[2]->err().find("lost the rendezvous server"), std::string::npos)
+      << nodes_[2]->err();
 }
 
 }  // namespace

@@ -34,8 +34,10 @@ TEST(OptionsTest, EverythingAfterProgramGoesToIt) {
 }
 
 TEST(OptionsTest, PetVariablesAreDefaultsThatFlagsOverride) {
-  Environment env{{"PET_NPROC_PER_NODE", "4"}, {"PET_MAX_RESTARTS", "5"},
-                  {"PET_NNODES", "2:3"}, {"PET_RDZV_ENDPOINT", "10.0.0.1:29400"}};
+  Environment env{{"PET_NPROC_PER_NODE", "4"},
+                  {"PET_MAX_RESTARTS", "5"},
+                  {"PET_NNODES", "2:3"},
+                  {"PET_RDZV_ENDPOINT", "10.0.0.1:29400"}};
   auto r = parse({"--max-restarts", "1", "prog"}, env);
   ASSERT_TRUE(r.options) << r.message;
   EXPECT_EQ(r.options->nproc_per_node, 4);
@@ -70,8 +72,10 @@ TEST(OptionsTest, BadInputHasDistinctExitStatuses) {
 }
 
 TEST(OptionsTest, UsesMpirunTopology) {
-  Environment env{{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "2"},
-                  {"MASTER_ADDR", "10.1.1.1"}, {"MASTER_PORT", "29500"}};
+  Environment env{{"OMPI_COMM_WORLD_SIZE", "4"},
+                  {"OMPI_COMM_WORLD_RANK", "2"},
+                  {"MASTER_ADDR", "10.1.1.1"},
+                  {"MASTER_PORT", "29500"}};
   auto r = parse({"prog"}, env);
   ASSERT_TRUE(r.options) << r.message;
   EXPECT_EQ(r.options->max_nodes, 4);
@@ -81,8 +85,11 @@ TEST(OptionsTest, UsesMpirunTopology) {
 }
 
 TEST(OptionsTest, UsesSlurmTopology) {
-  Environment env{{"SLURM_NNODES", "3"}, {"SLURM_NODEID", "1"}, {"SLURM_JOB_ID", "777"},
-                  {"MASTER_ADDR", "n1"}, {"MASTER_PORT", "1234"}};
+  Environment env{{"SLURM_NNODES", "3"},
+                  {"SLURM_NODEID", "1"},
+                  {"SLURM_JOB_ID", "777"},
+                  {"MASTER_ADDR", "n1"},
+                  {"MASTER_PORT", "1234"}};
   auto r = parse({"prog"}, env);
   ASSERT_TRUE(r.options) << r.message;
   EXPECT_EQ(r.options->max_nodes, 3);
@@ -127,9 +134,9 @@ TEST(OptionsTest, HelpListsEveryFlagWithItsDefault) {
   EXPECT_EQ(r.exit_status, 0);
   for (const char* flag :
        {"--nnodes", "--nproc-per-node", "--standalone", "--rdzv-endpoint", "--rdzv-id",
-        "--node-rank", "--max-restarts", "--monitor-interval", "--log-dir", "--redirects",
-        "--tee", "--local-ranks-filter", "--master-addr", "--master-port", "--rdzv-server",
-        "--dump-on-hang", "--rdzv-token-file"}) {
+        "--node-rank", "--max-restarts", "--monitor-interval", "--log-dir", "--redirects", "--tee",
+        "--local-ranks-filter", "--master-addr", "--master-port", "--rdzv-server", "--dump-on-hang",
+        "--rdzv-token-file"}) {
     EXPECT_NE(r.message.find(flag), std::string::npos) << flag;
   }
   EXPECT_NE(r.message.find("=1:1"), std::string::npos);

@@ -8,9 +8,9 @@
 //               exit124  catch Timeout -> exit 124 (as docs/diagnosing-hangs.md says), else 1
 //               abort    catch anything -> std::abort() in the handler
 //     FAULT     stop     at step 2 CULPRIT stops taking part (stays alive, sleeps)
-//               late     at step 2 CULPRIT sleeps a collective timeout and a second more, then goes on
-//               skip     at step 2 CULPRIT leaves out its collective on GROUP and goes on
-//               leave    CULPRIT leaves the loop one collective early (its last step's GROUP
+//               late     at step 2 CULPRIT sleeps a collective timeout and a second more, then goes
+//               on skip     at step 2 CULPRIT leaves out its collective on GROUP and goes on leave
+//               CULPRIT leaves the loop one collective early (its last step's GROUP
 //                        collective) and waits at the final world barrier
 //               crash    at step 2 CULPRIT dies of SIGSEGV before its collective
 //               exit     at step 2 CULPRIT exits 0 (leaves the job early)

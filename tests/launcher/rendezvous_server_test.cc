@@ -198,7 +198,8 @@ TEST(RendezvousServerTest, LostHeartbeatFailsTheRound) {
 
 TEST(RendezvousServerTest, ElasticRoundFormsAfterLastCallWithMinNodes) {
   RendezvousServer server(options(2, 4));
-  const auto r = join_all(server.address(), {join_request("a", "h1", 2), join_request("b", "h2", 2)});
+  const auto r =
+      join_all(server.address(), {join_request("a", "h1", 2), join_request("b", "h2", 2)});
   EXPECT_EQ(r[0].group_world_size(), 2);
   EXPECT_EQ(r[0].world_size(), 4);
 }

@@ -83,13 +83,13 @@ TEST(RootCauseTest, TheExitStatusFollowsHowTheCulpritEnded) {
     std::string where;
     int code, signal, status;
   };
-  for (const Case& c : {Case{"crashed", -1, SIGSEGV, 128 + SIGSEGV},
-                        Case{"no_dump", -1, SIGKILL, 128 + SIGKILL},
-                        Case{"exited", 0, 0, 1}, Case{"exited", 3, 0, 3}}) {
+  for (const Case& c :
+       {Case{"crashed", -1, SIGSEGV, 128 + SIGSEGV}, Case{"no_dump", -1, SIGKILL, 128 + SIGKILL},
+        Case{"exited", 0, 0, 1}, Case{"exited", 3, 0, 3}}) {
     SCOPED_TRACE(c.where);
-    const auto f = hang_root_cause(first_reaped(),
-                                   report_with(verdict_json("culprit_found", "1", c.where),
-                                               {exit_of(1, c.code, c.signal)}));
+    const auto f = hang_root_cause(
+        first_reaped(),
+        report_with(verdict_json("culprit_found", "1", c.where), {exit_of(1, c.code, c.signal)}));
     ASSERT_TRUE(f.has_value());
     EXPECT_EQ(f->rank(), 1);
     EXPECT_EQ(f->pid(), 201);
@@ -98,8 +98,8 @@ TEST(RootCauseTest, TheExitStatusFollowsHowTheCulpritEnded) {
 }
 
 TEST(RootCauseTest, AVerdictThatNamesNobodyKeepsTheFirstFailureAndSaysSo) {
-  const auto f = hang_root_cause(first_reaped(),
-                                 report_with(verdict_json("inconclusive", "", "in_compute")));
+  const auto f =
+      hang_root_cause(first_reaped(), report_with(verdict_json("inconclusive", "", "in_compute")));
   ASSERT_TRUE(f.has_value());
   EXPECT_EQ(f->rank(), 0);
   EXPECT_EQ(f->verdict(), "INCONCLUSIVE");

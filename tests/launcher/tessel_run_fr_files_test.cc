@@ -2,11 +2,10 @@
 // (<TESSEL_FR_DUMP_DIR or /tmp/tessel_fr/<run id>>), keep their rings in its rings/ folder named
 // by run id and rank, a SIGKILLed worker's ring becomes its dump in the verdict, and a job that
 // succeeded leaves no ring behind.
-#include <signal.h>
-#include <unistd.h>
-
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <filesystem>
 
@@ -31,15 +30,15 @@ std::vector<std::string> run_args(std::vector<std::string> flags, std::vector<st
 TEST(TesselRunFrFilesTest, RingsAreNamedByRunIdAndRankAndRemovedAfterSuccess) {
   const std::string dir = testing::make_temp_dir("frrings");
   const std::string id = "ringjob" + std::to_string(::getpid());
-  ChildProcess run(run_args({"--standalone", "--nproc-per-node", "2", "--rdzv-id", id,
-                             "--log-dir", dir + "/logs"},
+  ChildProcess run(run_args({"--standalone", "--nproc-per-node", "2", "--rdzv-id", id, "--log-dir",
+                             dir + "/logs"},
                             {"ring"}),
                    {"TESSEL_FR_DUMP_DIR=" + dir + "/fr"}, dir + "/run");
   ASSERT_EQ(run.wait(60s), 0) << run.err();
   for (int r = 0; r < 2; ++r) {
     const std::string ring = fmt::format("{}/fr/rings/tessel_fr_{}_rank{}.ring", dir, id, r);
-    EXPECT_NE(run.out().find(fmt::format("RING {} 1", ring)), std::string::npos)
-        << ring << "\n" << run.out();
+    EXPECT_NE(run.out().find(fmt::format("RING {} 1", ring)), std::string::npos) << ring << "\n"
+                                                                                 << run.out();
   }
   EXPECT_FALSE(fs::exists(dir + "/fr/rings")) << "rings left after a successful job";
   fs::remove_all(dir);
@@ -50,8 +49,8 @@ TEST(TesselRunFrFilesTest, RingsAreNamedByRunIdAndRankAndRemovedAfterSuccess) {
 TEST(TesselRunFrFilesTest, SigkilledWorkersRingIsRecoveredForTheVerdict) {
   const std::string dir = testing::make_temp_dir("frkill");
   const std::string id = "killjob" + std::to_string(::getpid());
-  ChildProcess run(run_args({"--standalone", "--nproc-per-node", "3", "--rdzv-id", id,
-                             "--log-dir", dir + "/logs", "--hang-dump-timeout", "30s"},
+  ChildProcess run(run_args({"--standalone", "--nproc-per-node", "3", "--rdzv-id", id, "--log-dir",
+                             dir + "/logs", "--hang-dump-timeout", "30s"},
                             {"fault", "kill", "1"}),
                    {"TESSEL_FR_DUMP_DIR=" + dir + "/fr"}, dir + "/run");
   EXPECT_EQ(run.wait(90s).value_or(-1), 128 + SIGKILL) << run.err();
@@ -79,8 +78,8 @@ TEST(TesselRunFrFilesTest, DefaultDumpFolderIsTheJobsOwn) {
   const std::string id = "crashjob" + std::to_string(::getpid());
   const std::string job_dir = "/tmp/tessel_fr/" + id;
   fs::remove_all(job_dir);
-  ChildProcess run(run_args({"--standalone", "--nproc-per-node", "3", "--rdzv-id", id,
-                             "--log-dir", dir + "/logs", "--hang-dump-timeout", "30s"},
+  ChildProcess run(run_args({"--standalone", "--nproc-per-node", "3", "--rdzv-id", id, "--log-dir",
+                             dir + "/logs", "--hang-dump-timeout", "30s"},
                             {"fault", "crash", "1"}),
                    {"TESSEL_FR_DUMP_DIR="}, dir + "/run");
   EXPECT_EQ(run.wait(90s).value_or(-1), 128 + SIGSEGV) << run.err();

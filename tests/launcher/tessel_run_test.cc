@@ -1,21 +1,19 @@
 // tessel-run end to end on one node: the worker environment against torchrun's specification,
 // isolation of concurrent jobs, no orphans after kill -9, failure propagation and reports,
 // restart limits, bad input, whole lines, signals.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 
-#include <fmt/format.h>
-#include <gtest/gtest.h>
-
 #include <filesystem>
 #include <fstream>
-#include <thread>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
+#include <thread>
 
 #include "child_process.h"
 
@@ -67,12 +65,17 @@ TEST_P(TesselRunEnvTest, MatchesTorchrunSpecification) {
   for (int r = 0; r < nproc; ++r) {
     auto& e = envs[r];
     const std::map<std::string, std::string> expected = {
-        {"RANK", std::to_string(r)},          {"LOCAL_RANK", std::to_string(r)},
-        {"GROUP_RANK", "0"},                  {"ROLE_RANK", std::to_string(r)},
+        {"RANK", std::to_string(r)},
+        {"LOCAL_RANK", std::to_string(r)},
+        {"GROUP_RANK", "0"},
+        {"ROLE_RANK", std::to_string(r)},
         {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
-        {"WORLD_SIZE", std::to_string(nproc)}, {"GROUP_WORLD_SIZE", "1"},
-        {"ROLE_WORLD_SIZE", std::to_string(nproc)}, {"ROLE_NAME", "default"},
-        {"TORCHELASTIC_RESTART_COUNT", "0"},  {"TORCHELASTIC_MAX_RESTARTS", "2"},
+        {"WORLD_SIZE", std::to_string(nproc)},
+        {"GROUP_WORLD_SIZE", "1"},
+        {"ROLE_WORLD_SIZE", std::to_string(nproc)},
+        {"ROLE_NAME", "default"},
+        {"TORCHELASTIC_RESTART_COUNT", "0"},
+        {"TORCHELASTIC_MAX_RESTARTS", "2"},
         {"TORCHELASTIC_RUN_ID", "job42"},
     };
     for (const auto& [k, v] : expected) EXPECT_EQ(e[k], v) << "rank " << r << " " << k;
@@ -106,10 +109,12 @@ INSTANTIATE_TEST_SUITE_P(Nproc, TesselRunEnvTest, ::testing::Values(1, 3));
 TEST(TesselRunTest, TwoStandaloneJobsDoNotCollide) {
   const std::string dir = testing::make_temp_dir("two");
   const std::string go = dir + "/go";
-  ChildProcess a(run_args({"--standalone", "--nproc-per-node", "2", "--log-dir", dir + "/a"},
-                          {"await", go}), {}, dir + "/a");
-  ChildProcess b(run_args({"--standalone", "--nproc-per-node", "2", "--log-dir", dir + "/b"},
-                          {"await", go}), {}, dir + "/b");
+  ChildProcess a(
+      run_args({"--standalone", "--nproc-per-node", "2", "--log-dir", dir + "/a"}, {"await", go}),
+      {}, dir + "/a");
+  ChildProcess b(
+      run_args({"--standalone", "--nproc-per-node", "2", "--log-dir", dir + "/b"}, {"await", go}),
+      {}, dir + "/b");
   // Both jobs' workers are up at the same time before either may finish.
   ASSERT_TRUE(testing::wait_until(
       [&] { return worker_envs(a.out()).size() == 2 && worker_envs(b.out()).size() == 2; }, 30s))
@@ -126,8 +131,9 @@ TEST(TesselRunTest, TwoStandaloneJobsDoNotCollide) {
 // Three workers on one node form a Gloo world through the store tessel-run hosts.
 TEST(TesselRunTest, WorkersAllReduceOverGlooThroughTheJobStore) {
   const std::string dir = testing::make_temp_dir("allreduce");
-  ChildProcess run(run_args({"--standalone", "--nproc-per-node", "3", "--log-dir", dir},
-                            {"all_reduce"}), {}, dir + "/run");
+  ChildProcess run(
+      run_args({"--standalone", "--nproc-per-node", "3", "--log-dir", dir}, {"all_reduce"}), {},
+      dir + "/run");
   ASSERT_EQ(run.wait(60s), 0) << run.err();
   for (int r = 0; r < 3; ++r) {
     EXPECT_NE(run.out().find(fmt::format("all_reduce rank {} of 3 sum 6", r)), std::string::npos)
@@ -163,9 +169,11 @@ TEST(TesselRunTest, EveryHangPathPrintsAVerdictWithoutWaitingForTheDead) {
   for (const Case& c :
        {Case{"hang", {"verdict: CULPRIT FOUND: rank 1\n", "[not_joined] rank 1"}, 124},
         Case{"crash", {"verdict: CULPRIT FOUND: rank 1\n", "crashed (SIGSEGV)"}, 128 + SIGSEGV},
-        Case{"kill", {"verdict: CULPRIT FOUND: rank 1\n", "rank 1: crashed (SIGKILL)"},
+        Case{"kill",
+             {"verdict: CULPRIT FOUND: rank 1\n", "rank 1: crashed (SIGKILL)"},
              128 + SIGKILL},
-        Case{"exit", {"verdict: CULPRIT FOUND: rank 1\n", "rank 1: exited with status 0, no dump"},
+        Case{"exit",
+             {"verdict: CULPRIT FOUND: rank 1\n", "rank 1: exited with status 0, no dump"},
              1}}) {
     const std::string dir = testing::make_temp_dir("hangpath_" + c.kind);
     const auto start = std::chrono::steady_clock::now();
@@ -204,18 +212,16 @@ TEST(TesselRunTest, MeshSkipIsNamedByTheLaunchersVerdict) {
 TEST(TesselRunTest, ArrivingNodeScalesTheJobUp) {
   const std::string dir = testing::make_temp_dir("scaleup");
   const std::string token = dir + "/token";
-  {
-    std::ofstream(token) << "scale-up-test-token";
-  }
+  { std::ofstream(token) << "scale-up-test-token"; }
   chmod(token.c_str(), 0600);
   const std::string go = dir + "/go";
   const std::string endpoint = fmt::format("127.0.0.1:{}", testing::free_port());
   auto node = [&](int rank) {
-    return run_args({"--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
-                     "--node-rank", std::to_string(rank), "--rdzv-token-file", token,
-                     "--last-call-timeout", "300ms", "--max-restarts", "0", "--log-dir",
-                     dir + "/node" + std::to_string(rank)},
-                    {"await", go});
+    return run_args(
+        {"--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-endpoint", endpoint, "--node-rank",
+         std::to_string(rank), "--rdzv-token-file", token, "--last-call-timeout", "300ms",
+         "--max-restarts", "0", "--log-dir", dir + "/node" + std::to_string(rank)},
+        {"await", go});
   };
   // "WORLD_SIZE=" values a node's workers printed, in order.
   auto world_sizes = [](const std::string& out) {
@@ -245,15 +251,19 @@ TEST(TesselRunTest, ArrivingNodeScalesTheJobUp) {
 TEST(TesselRunTest, KillNineOfTheAgentLeavesNoDescendant) {
   const std::string dir = testing::make_temp_dir("kill9");
   const std::string marker = "LAUNCH_TEST_MARKER=" + dir;
-  ChildProcess run(run_args({"--standalone", "--nproc-per-node", "3", "--log-dir", dir},
-                            {"grandchild", dir}), {marker}, dir + "/run");
+  ChildProcess run(
+      run_args({"--standalone", "--nproc-per-node", "3", "--log-dir", dir}, {"grandchild", dir}),
+      {marker}, dir + "/run");
   std::vector<pid_t> pids;
-  ASSERT_TRUE(testing::wait_until([&] {
-    for (int r = 0; r < 3; ++r) {
-      if (testing::read_file(dir + "/pids_" + std::to_string(r)).empty()) return false;
-    }
-    return true;
-  }, 30s)) << run.err();
+  ASSERT_TRUE(testing::wait_until(
+      [&] {
+        for (int r = 0; r < 3; ++r) {
+          if (testing::read_file(dir + "/pids_" + std::to_string(r)).empty()) return false;
+        }
+        return true;
+      },
+      30s))
+      << run.err();
   for (int r = 0; r < 3; ++r) {
     std::istringstream in(testing::read_file(dir + "/pids_" + std::to_string(r)));
     pid_t worker, grandchild;
@@ -281,9 +291,10 @@ long long read_ns(const std::string& path) {
 TEST(TesselRunTest, FailingWorkerStopsTheOthersWithinOneSecondAndIsTheRootCause) {
   const std::string dir = testing::make_temp_dir("fail");
   const int nproc = 4, bad = 2;
-  ChildProcess run(run_args({"--standalone", "--nproc-per-node", std::to_string(nproc),
-                             "--log-dir", dir},
-                            {"fail", std::to_string(bad), "1", dir}), {}, dir + "/run");
+  ChildProcess run(
+      run_args({"--standalone", "--nproc-per-node", std::to_string(nproc), "--log-dir", dir},
+               {"fail", std::to_string(bad), "1", dir}),
+      {}, dir + "/run");
   ASSERT_EQ(run.wait(30s), 1) << run.err();
   const std::string err = run.err();
   EXPECT_NE(err.find("rank 2 (local rank 2)"), std::string::npos) << err;
@@ -309,7 +320,8 @@ TEST(TesselRunTest, MaxRestartsHoldsAgainstCrashLoop) {
     const std::string dir = testing::make_temp_dir("crashloop");
     ChildProcess run(run_args({"--standalone", "--nproc-per-node", "2", "--max-restarts",
                                std::to_string(max_restarts), "--log-dir", dir},
-                              {"crash"}), {}, dir + "/run");
+                              {"crash"}),
+                     {}, dir + "/run");
     ASSERT_EQ(run.wait(60s), 1) << run.err();
     for (int a = 0; a <= max_restarts; ++a) {
       struct stat st {};
@@ -340,9 +352,13 @@ TEST(TesselRunTest, BadValuesTable) {
       {{"--standalone", "--nproc-per-node", "0"}, {}, 65, "--nproc-per-node 0"},
       {{"--standalone", "--master-port", "70000"}, {}, 65, "--master-port 70000"},
       {{"--standalone", "--master-port", "-1"}, {}, 65, "--master-port -1"},
-      {{"--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1", "--node-rank", "-2"}, {}, 65,
+      {{"--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1", "--node-rank", "-2"},
+       {},
+       65,
        "--node-rank -2"},
-      {{"--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1", "--node-rank", "2"}, {}, 65,
+      {{"--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1", "--node-rank", "2"},
+       {},
+       65,
        "--node-rank 2"},
       {{"--standalone", "--rdzv-timeout", "0"}, {}, 65, "--rdzv-timeout 0"},
       {{"--standalone", "--rdzv-connect-timeout", "0s"}, {}, 65, "--rdzv-connect-timeout 0s"},
@@ -360,12 +376,19 @@ TEST(TesselRunTest, BadValuesTable) {
       {{"--nnodes", "2"}, {}, 65, "--rdzv-endpoint"},
       {{"--standalone", "-m", "--no-python"}, {}, 65, "--no-python"},
       {{"--nnodes", "2", "--rdzv-endpoint", unreachable, "--rdzv-connect-timeout", "1s"},
-       {"TESSEL_RDZV_TOKEN=t"}, 69, unreachable},
+       {"TESSEL_RDZV_TOKEN=t"},
+       69,
+       unreachable},
       // (The token is checked before anything is sent: 192.0.2.1 is never contacted.)
-      {{"--nnodes", "2", "--rdzv-endpoint", "192.0.2.1:29400"}, {"TESSEL_RDZV_TOKEN="}, 77,
+      {{"--nnodes", "2", "--rdzv-endpoint", "192.0.2.1:29400"},
+       {"TESSEL_RDZV_TOKEN="},
+       77,
        "TESSEL_RDZV_TOKEN"},
       {{"--nnodes", "2", "--rdzv-endpoint", "192.0.2.1:29400", "--rdzv-token-file",
-        dir + "/no-such-token"}, {}, 77, "no-such-token"},
+        dir + "/no-such-token"},
+       {},
+       77,
+       "no-such-token"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
@@ -393,7 +416,8 @@ TEST(TesselRunTest, DuplicateNodeRankIsRefused) {
   auto node = [&](const std::string& tag) {
     return std::make_unique<ChildProcess>(
         run_args({"--nnodes", "3", "--rdzv-endpoint", endpoint, "--node-rank", "1",
-                  "--rdzv-timeout", "20s", "--log-dir", dir + "/" + tag}, {"env"}),
+                  "--rdzv-timeout", "20s", "--log-dir", dir + "/" + tag},
+                 {"env"}),
         std::vector<std::string>{}, dir + "/" + tag);
   };
   auto a = node("a");
@@ -416,7 +440,8 @@ TEST(TesselRunTest, PythonProgramsRunWithTheInterpreter) {
     std::ofstream(dir + "/train.py")
         << "import os, sys\nprint('py rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'],"
            " 'args', sys.argv[1:])\n";
-    std::ofstream(dir + "/tessel_probe_mod.py") << "import os\nprint('module rank', os.environ['RANK'])\n";
+    std::ofstream(dir + "/tessel_probe_mod.py")
+        << "import os\nprint('module rank', os.environ['RANK'])\n";
     std::ofstream(dir + "/direct.py") << "#!/bin/sh\necho direct $RANK\n";
   }
   chmod((dir + "/direct.py").c_str(), 0755);
@@ -432,7 +457,8 @@ TEST(TesselRunTest, PythonProgramsRunWithTheInterpreter) {
                         dir + "/run_path");
   ASSERT_EQ(run_path.wait(60s), 0) << run_path.err();
   EXPECT_NE(run_path.out().find("py rank 0 of 1 args ['x']"), std::string::npos) << run_path.out();
-  ChildProcess direct({kRun, "--standalone", "--no-python", dir + "/direct.py"}, {}, dir + "/direct");
+  ChildProcess direct({kRun, "--standalone", "--no-python", dir + "/direct.py"}, {},
+                      dir + "/direct");
   ASSERT_EQ(direct.wait(60s), 0) << direct.err();
   EXPECT_NE(direct.out().find("direct 0"), std::string::npos) << direct.out();
 }
@@ -440,13 +466,13 @@ TEST(TesselRunTest, PythonProgramsRunWithTheInterpreter) {
 // torchrun's other flags are accepted: with their meaning, or a one-line note.
 TEST(TesselRunTest, TorchrunFlagsAreAccepted) {
   const std::string dir = testing::make_temp_dir("torchrunflags");
-  ChildProcess run(run_args({"--standalone", "--rdzv-backend", "c10d", "--rdzv-conf",
-                             "join_timeout=30,read_timeout=10,use_libuv=1", "--role", "trainer",
-                             "--start-method", "fork", "--logs-specs", "x", "--local-addr",
-                             "127.0.0.1", "--log-line-prefix-template", "${role_name}:${rank}",
-                             "--log-dir", dir},
-                            {"env"}),
-                   {}, dir + "/run");
+  ChildProcess run(
+      run_args({"--standalone", "--rdzv-backend", "c10d", "--rdzv-conf",
+                "join_timeout=30,read_timeout=10,use_libuv=1", "--role", "trainer",
+                "--start-method", "fork", "--logs-specs", "x", "--local-addr", "127.0.0.1",
+                "--log-line-prefix-template", "${role_name}:${rank}", "--log-dir", dir},
+               {"env"}),
+      {}, dir + "/run");
   ASSERT_EQ(run.wait(60s), 0) << run.err();
   EXPECT_NE(run.out().find("trainer:0 ENV ROLE_NAME=trainer"), std::string::npos) << run.out();
   EXPECT_NE(run.err().find("note: --start-method fork"), std::string::npos) << run.err();
@@ -457,9 +483,9 @@ TEST(TesselRunTest, TorchrunFlagsAreAccepted) {
 // A worker's TORCHELASTIC_ERROR_FILE (torchrun's @record format) reaches the report.
 TEST(TesselRunTest, ErrorFileOfTheFailingWorkerIsReported) {
   const std::string dir = testing::make_temp_dir("errfile");
-  ChildProcess run(run_args({"--standalone", "--nproc-per-node", "2", "--log-dir", dir},
-                            {"error-file", "1"}),
-                   {}, dir + "/run");
+  ChildProcess run(
+      run_args({"--standalone", "--nproc-per-node", "2", "--log-dir", dir}, {"error-file", "1"}),
+      {}, dir + "/run");
   ASSERT_EQ(run.wait(60s), 1) << run.err();
   EXPECT_NE(run.err().find("ValueError: the loss is nan"), std::string::npos) << run.err();
   const auto report = nlohmann::json::parse(testing::read_file(dir + "/failure.json"));
@@ -473,8 +499,9 @@ TEST(TesselRunTest, StandaloneRunIdAndDefaultLogsAreCleaned) {
   ChildProcess run(run_args({"--standalone"}, {"env"}), {"TMPDIR=" + dir}, dir + "/run");
   ASSERT_EQ(run.wait(60s), 0) << run.err();
   auto env = worker_envs(run.out())[0];
-  EXPECT_TRUE(std::regex_match(env["TORCHELASTIC_RUN_ID"],
-                               std::regex("[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")))
+  EXPECT_TRUE(
+      std::regex_match(env["TORCHELASTIC_RUN_ID"],
+                       std::regex("[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")))
       << env["TORCHELASTIC_RUN_ID"];
   EXPECT_EQ(env["TORCHELASTIC_ERROR_FILE"].rfind(dir + "/tessel-run-", 0), 0u)
       << env["TORCHELASTIC_ERROR_FILE"];
@@ -509,9 +536,10 @@ TEST(TesselRunTest, NoTokenWhenEveryNodeIsThisHost) {
 TEST(TesselRunTest, LinesNeverInterleaveOrSplit) {
   const std::string dir = testing::make_temp_dir("lines");
   const int nproc = 3, lines = 300;
-  ChildProcess run(run_args({"--standalone", "--nproc-per-node", std::to_string(nproc),
-                             "--log-dir", dir}, {"lines", std::to_string(lines)}),
-                   {}, dir + "/run");
+  ChildProcess run(
+      run_args({"--standalone", "--nproc-per-node", std::to_string(nproc), "--log-dir", dir},
+               {"lines", std::to_string(lines)}),
+      {}, dir + "/run");
   ASSERT_EQ(run.wait(60s), 0) << run.err();
   const std::regex re("^\\[0:(\\d)\\] line (\\d+) rank (\\d) x{3000} end$");
   std::istringstream in(run.out());
@@ -532,8 +560,8 @@ TEST(TesselRunTest, LinesNeverInterleaveOrSplit) {
 TEST(TesselRunTest, SigtermIsForwardedAndTheJobExitsWithIt) {
   const std::string dir = testing::make_temp_dir("sigterm");
   const std::string marker = "LAUNCH_TEST_MARKER=" + dir;
-  ChildProcess run(run_args({"--standalone", "--nproc-per-node", "2", "--log-dir", dir},
-                            {"sleep"}), {marker}, dir + "/run");
+  ChildProcess run(run_args({"--standalone", "--nproc-per-node", "2", "--log-dir", dir}, {"sleep"}),
+                   {marker}, dir + "/run");
   ASSERT_TRUE(testing::wait_until([&] { return testing::pids_with_env(marker).size() >= 3; }, 30s));
   run.signal(SIGTERM);
   EXPECT_EQ(run.wait(30s), 128 + SIGTERM) << run.err();
@@ -553,7 +581,8 @@ TEST(TesselRunTest, Usr1IsForwardedAndASecondSigintKillsAtOnce) {
   const int nproc = 3;
   // Workers ignore SIGINT; only the second SIGINT (SIGKILL) can end them before the 120 s grace.
   ChildProcess run(run_args({"--standalone", "--nproc-per-node", std::to_string(nproc),
-                             "--signal-grace", "120s", "--log-dir", dir}, {"signals", dir}),
+                             "--signal-grace", "120s", "--log-dir", dir},
+                            {"signals", dir}),
                    {}, dir + "/run");
   ASSERT_TRUE(testing::wait_until([&] { return files_exist(dir, "ready_", nproc); }, 30s));
   run.signal(SIGUSR1);
@@ -574,12 +603,12 @@ TEST(TesselRunTest, CollectiveTimeoutOrDumpOnHangTriggersDumpGathering) {
     std::string code;
     bool triggers;
   };
-  for (const Case& c : {Case{{}, "124", true}, Case{{"--dump-on-hang"}, "1", true},
-                        Case{{}, "1", false}}) {
+  for (const Case& c :
+       {Case{{}, "124", true}, Case{{"--dump-on-hang"}, "1", true}, Case{{}, "1", false}}) {
     const std::string dir = testing::make_temp_dir("hangpath");
     // The test workers answer no dump request, so the gathering waits out its timeout.
-    std::vector<std::string> flags = {"--standalone", "--nproc-per-node", "2", "--log-dir", dir,
-                                      "--hang-dump-timeout", "1s"};
+    std::vector<std::string> flags = {
+        "--standalone", "--nproc-per-node", "2", "--log-dir", dir, "--hang-dump-timeout", "1s"};
     flags.insert(flags.end(), c.flags.begin(), c.flags.end());
     ChildProcess run(run_args(flags, {"fail", "1", c.code}), {}, dir + "/run");
     EXPECT_EQ(run.wait(60s), std::stoi(c.code)) << run.err();

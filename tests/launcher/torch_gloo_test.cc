@@ -40,8 +40,7 @@ TEST_F(TorchGlooTest, UnchangedProgramAllReducesOverGloo) {
   // Importing torch in three processes saturates a 2-core machine: a heartbeat bound of 5 s
   // (1 s x 5) keeps the agent's own heartbeats from looking lost meanwhile.
   ChildProcess run({TESSEL_RUN_PATH, "--standalone", "--nproc-per-node", "3", "--monitor-interval",
-                    "1s", "--log-dir",
-                    dir_ + "/logs", dir_ + "/train.py"},
+                    "1s", "--log-dir", dir_ + "/logs", dir_ + "/train.py"},
                    {"TESSEL_PYTHON=" + kPython}, dir_ + "/run");
   ASSERT_EQ(run.wait(120s), 0) << run.err();
   for (int r = 0; r < 3; ++r) {
@@ -60,8 +59,7 @@ TEST_F(TorchGlooTest, RecordedExceptionReachesTheReport) {
          "        raise ValueError('loss became nan at step 7')\n"
          "main()\n";
   ChildProcess run({TESSEL_RUN_PATH, "--standalone", "--nproc-per-node", "2", "--monitor-interval",
-                    "1s", "--log-dir",
-                    dir_ + "/logs", dir_ + "/fail.py"},
+                    "1s", "--log-dir", dir_ + "/logs", dir_ + "/fail.py"},
                    {"TESSEL_PYTHON=" + kPython}, dir_ + "/run");
   ASSERT_EQ(run.wait(120s), 1) << run.err();
   EXPECT_NE(run.err().find("TORCHELASTIC_ERROR_FILE"), std::string::npos) << run.err();

@@ -7,6 +7,8 @@
 //   base, tensor, flight_recorder <- collectives <- mesh <- parallel (also nn, kernels)
 //   collectives, flight_recorder <- launcher
 
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -15,8 +17,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace fs = std::filesystem;
 
@@ -107,7 +107,8 @@ std::vector<std::string> cmake_violations(std::istream& layers, const Graph& gra
     if (colon == std::string::npos) continue;
     const std::string folder = line.substr(0, colon);
     if (!graph.count(folder)) {
-      violations.push_back("CMake declares library '" + folder + "', which DESIGN.md does not have");
+      violations.push_back("CMake declares library '" + folder +
+                           "', which DESIGN.md does not have");
       continue;
     }
     const std::set<std::string> ok = allowed(graph, folder);
@@ -142,7 +143,8 @@ TEST(LayeringTest, CMakeDependenciesFollowTheGraph) {
 
 // The checker itself: a planted tree with one allowed include and three forbidden ones.
 TEST(LayeringTest, CatchesPlantedViolations) {
-  const fs::path root = fs::temp_directory_path() / ("tessel_layering_" + std::to_string(::getpid()));
+  const fs::path root =
+      fs::temp_directory_path() / ("tessel_layering_" + std::to_string(::getpid()));
   fs::remove_all(root);
   fs::create_directories(root / "tensor");
   fs::create_directories(root / "base");
@@ -157,8 +159,10 @@ TEST(LayeringTest, CatchesPlantedViolations) {
   fs::remove_all(root);
   ASSERT_EQ(violations.size(), 3u) << listing(violations);
   const std::string all = listing(violations);
-  EXPECT_NE(all.find("tensor/bad.h:2 includes tessel/nn/, but tensor may include only: base, tensor"),
-            std::string::npos) << all;
+  EXPECT_NE(
+      all.find("tensor/bad.h:2 includes tessel/nn/, but tensor may include only: base, tensor"),
+      std::string::npos)
+      << all;
   EXPECT_NE(all.find("base/bad.cc:1 includes tessel/tensor/"), std::string::npos) << all;
   EXPECT_NE(all.find("collectives/sneaky.cc:1 includes a path with \"../\""), std::string::npos)
       << all;

@@ -1,9 +1,9 @@
 // Meshes over fake worlds of up to 65,536 ranks in one process: each sampled rank builds its own
 // mesh on a fake group (no data moves) and its groups must hold exactly the ranks the coordinate
 // model says, with one split per dimension.
-#include <random>
-
 #include <gtest/gtest.h>
+
+#include <random>
 
 #include "tessel/collectives/fake/fake_backend.h"
 #include "tessel/flight_recorder/recorder.h"
@@ -60,24 +60,22 @@ TEST_P(DeviceMeshScaleTest, SampledRanksGetExactGroupsWithOneSplitPerDim) {
     ASSERT_EQ(mesh.splits_made(), static_cast<int64_t>(shape.size()));
     // Flatten the first and last dimensions (not adjacent for 3-D meshes): one more split.
     DeviceMesh flat = mesh.flatten({names.front(), names.back()}, "outer");
-    ASSERT_EQ(flat.group("outer")->global_ranks(),
-              model_group(r, shape, {0, shape.size() - 1}));
+    ASSERT_EQ(flat.group("outer")->global_ranks(), model_group(r, shape, {0, shape.size() - 1}));
     ASSERT_EQ(mesh.splits_made(), static_cast<int64_t>(shape.size()) + 1);
   }
   fr::FlightRecorder::global().set_enabled(true);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Worlds, DeviceMeshScaleTest,
-    ::testing::Values(ScaleCase{{64, 8, 128}, {"dp", "pp", "tp"}},
-                      ScaleCase{{8192, 8}, {"dp", "tp"}},
-                      ScaleCase{{16, 4, 4, 8}, {"pp", "dp", "cp", "tp"}},
-                      ScaleCase{{3, 5, 7}, {"pp", "dp", "tp"}}),
-    [](const ::testing::TestParamInfo<ScaleCase>& info) {
-      std::string name = "shape";
-      for (int64_t s : info.param.shape) name += "_" + std::to_string(s);
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Worlds, DeviceMeshScaleTest,
+                         ::testing::Values(ScaleCase{{64, 8, 128}, {"dp", "pp", "tp"}},
+                                           ScaleCase{{8192, 8}, {"dp", "tp"}},
+                                           ScaleCase{{16, 4, 4, 8}, {"pp", "dp", "cp", "tp"}},
+                                           ScaleCase{{3, 5, 7}, {"pp", "dp", "tp"}}),
+                         [](const ::testing::TestParamInfo<ScaleCase>& info) {
+                           std::string name = "shape";
+                           for (int64_t s : info.param.shape) name += "_" + std::to_string(s);
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace tessel

@@ -1,11 +1,11 @@
 #include "tessel/mesh/device_mesh.h"
 
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <map>
 #include <mutex>
 #include <set>
-
-#include <gtest/gtest.h>
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/threads/threads_backend.h"
@@ -90,7 +90,8 @@ TEST_P(DeviceMeshSweep, GroupsSumsFlattenAndCaching) {
     ASSERT_EQ(mesh.splits_made(), made);
     // Flatten everything: the whole world. That is a new layout (one new split) unless at most
     // one dimension has more than one rank, in which case it equals that dimension's group.
-    const auto nontrivial = std::count_if(shape.begin(), shape.end(), [](int64_t s) { return s > 1; });
+    const auto nontrivial =
+        std::count_if(shape.begin(), shape.end(), [](int64_t s) { return s > 1; });
     const int64_t flatten_splits = nontrivial >= 2 ? 1 : 0;
     DeviceMesh flat = mesh.flatten(names, "world");
     std::vector<int> everyone(static_cast<size_t>(world));
@@ -112,27 +113,27 @@ TEST_P(DeviceMeshSweep, GroupsSumsFlattenAndCaching) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Worlds, DeviceMeshSweep,
-    ::testing::Values(MeshCase{1, {1}}, MeshCase{2, {2}}, MeshCase{2, {1, 2}}, MeshCase{4, {2, 2}},
-                      MeshCase{4, {4, 1}}, MeshCase{6, {2, 3}}, MeshCase{6, {3, 2}},
-                      MeshCase{8, {2, 4}}, MeshCase{8, {2, 2, 2}}, MeshCase{12, {3, 4}},
-                      MeshCase{12, {2, 3, 2}}, MeshCase{16, {2, 2, 2, 2}},
-                      MeshCase{16, {4, 1, 2, 2}}),
-    [](const ::testing::TestParamInfo<MeshCase>& info) {
-      std::string name = "world" + std::to_string(info.param.world) + "_shape";
-      for (int64_t s : info.param.shape) name += "_" + std::to_string(s);
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Worlds, DeviceMeshSweep,
+                         ::testing::Values(MeshCase{1, {1}}, MeshCase{2, {2}}, MeshCase{2, {1, 2}},
+                                           MeshCase{4, {2, 2}}, MeshCase{4, {4, 1}},
+                                           MeshCase{6, {2, 3}}, MeshCase{6, {3, 2}},
+                                           MeshCase{8, {2, 4}}, MeshCase{8, {2, 2, 2}},
+                                           MeshCase{12, {3, 4}}, MeshCase{12, {2, 3, 2}},
+                                           MeshCase{16, {2, 2, 2, 2}}, MeshCase{16, {4, 1, 2, 2}}),
+                         [](const ::testing::TestParamInfo<MeshCase>& info) {
+                           std::string name = "world" + std::to_string(info.param.world) + "_shape";
+                           for (int64_t s : info.param.shape) name += "_" + std::to_string(s);
+                           return name;
+                         });
 
 TEST(DeviceMeshTest, JoinPutsViewsBackTogetherWithTheirGroups) {
   threads::run_ranks(8, [](ProcessGroup& pg) {
-    DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {2, 2, 2},
-                                       {"dp_replicate", "dp_shard", "tp"});
+    DeviceMesh mesh =
+        init_device_mesh(pg.shared_from_this(), {2, 2, 2}, {"dp_replicate", "dp_shard", "tp"});
     const DeviceMesh joined = mesh["dp_shard"].join(mesh["tp"]);
     EXPECT_EQ(joined, mesh.slice({"dp_shard", "tp"}));
-    EXPECT_EQ(joined.coordinate(), (std::vector<int64_t>{mesh.local_rank("dp_shard"),
-                                                         mesh.local_rank("tp")}));
+    EXPECT_EQ(joined.coordinate(),
+              (std::vector<int64_t>{mesh.local_rank("dp_shard"), mesh.local_rank("tp")}));
     EXPECT_EQ(joined.ranks(), mesh.slice({"dp_shard", "tp"}).ranks());
     const int64_t splits = mesh.splits_made();
     joined.group("tp");  // the family's group cache: tp's group, made once
@@ -234,16 +235,19 @@ TEST(DeviceMeshTest, AbortFailsBlockedCallsAndDestroyIsBounded) {
   std::atomic<int> timed_out{0};
   ProcessGroupOptions options;
   options.timeout = std::chrono::seconds(10);
-  EXPECT_ANY_THROW(threads::run_ranks(4, [&](ProcessGroup& pg) {
-    DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {4}, {"w"});
-    if (pg.rank() == 3) throw CommError("rank 3 leaves without destroying its mesh");
-    try {
-      mesh.destroy(std::chrono::milliseconds(300));
-    } catch (const Error&) {
-      timed_out++;
-      throw;
-    }
-  }, options));
+  EXPECT_ANY_THROW(threads::run_ranks(
+      4,
+      [&](ProcessGroup& pg) {
+        DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {4}, {"w"});
+        if (pg.rank() == 3) throw CommError("rank 3 leaves without destroying its mesh");
+        try {
+          mesh.destroy(std::chrono::milliseconds(300));
+        } catch (const Error&) {
+          timed_out++;
+          throw;
+        }
+      },
+      options));
   EXPECT_EQ(timed_out.load(), 3);
 }
 

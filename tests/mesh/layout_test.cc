@@ -1,9 +1,9 @@
 #include "tessel/mesh/layout.h"
 
+#include <gtest/gtest.h>
+
 #include <map>
 #include <set>
-
-#include <gtest/gtest.h>
 
 #include "tessel/base/error.h"
 
@@ -101,8 +101,7 @@ TEST_P(MeshLayoutSweep, FlattenAnyPairMatchesTheModel) {
       if (a == b) continue;
       const MeshLayout flat = layout.flatten({names[a], names[b]}, "f");
       EXPECT_EQ(flat.ndim(), layout.ndim() - 1);
-      EXPECT_EQ(layout_groups(flat.dim("f"), layout.root_size()),
-                expected_groups(shape, {a, b}))
+      EXPECT_EQ(layout_groups(flat.dim("f"), layout.root_size()), expected_groups(shape, {a, b}))
           << "flatten(" << names[a] << ", " << names[b] << ")";
     }
   }
@@ -117,12 +116,12 @@ TEST_P(MeshLayoutSweep, CoordinatesRoundTrip) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, MeshLayoutSweep,
-    ::testing::Values(Case{{1}, {"w"}}, Case{{6}, {"w"}}, Case{{2, 4}, {"dp", "tp"}},
-                      Case{{3, 4}, {"dp", "tp"}}, Case{{2, 3, 2}, {"pp", "dp", "tp"}},
-                      Case{{2, 1, 3, 2}, {"pp", "dp", "cp", "tp"}},
-                      Case{{4, 1}, {"dp", "tp"}}));
+INSTANTIATE_TEST_SUITE_P(Shapes, MeshLayoutSweep,
+                         ::testing::Values(Case{{1}, {"w"}}, Case{{6}, {"w"}},
+                                           Case{{2, 4}, {"dp", "tp"}}, Case{{3, 4}, {"dp", "tp"}},
+                                           Case{{2, 3, 2}, {"pp", "dp", "tp"}},
+                                           Case{{2, 1, 3, 2}, {"pp", "dp", "cp", "tp"}},
+                                           Case{{4, 1}, {"dp", "tp"}}));
 
 TEST(MeshLayoutTest, SliceKeepsRootOffsets) {
   const MeshLayout layout = MeshLayout::row_major({2, 3, 4}, {"pp", "dp", "tp"});
@@ -165,8 +164,7 @@ TEST(MeshLayoutTest, JoinOfSlicesIsTheSliceOfBoth) {
   const MeshLayout mesh = MeshLayout::row_major({2, 3, 2}, {"dp_replicate", "dp_shard", "tp"});
   EXPECT_EQ(mesh.slice({"dp_shard"}).join(mesh.slice({"tp"})).dims(),
             mesh.slice({"dp_shard", "tp"}).dims());
-  EXPECT_EQ(mesh.slice({"dp_replicate", "dp_shard"}).join(mesh.slice({"tp"})).dims(),
-            mesh.dims());
+  EXPECT_EQ(mesh.slice({"dp_replicate", "dp_shard"}).join(mesh.slice({"tp"})).dims(), mesh.dims());
   // Any order and non-adjacent dimensions: tp before dp_replicate.
   const MeshLayout odd = mesh.slice({"tp"}).join(mesh.slice({"dp_replicate"}));
   EXPECT_EQ(odd.names(), (std::vector<std::string>{"tp", "dp_replicate"}));
@@ -178,42 +176,56 @@ TEST(MeshLayoutTest, JoinOfSlicesIsTheSliceOfBoth) {
 
 TEST(MeshLayoutTest, JoinRefusesSharedNamesOverlapAndOtherRoots) {
   const MeshLayout mesh = MeshLayout::row_major({2, 4}, {"dp", "tp"});
-  EXPECT_NE(message([&] { mesh.slice({"tp"}).join(mesh.slice({"tp"})); })
-                .find("both have a dimension 'tp'"),
+  EXPECT_NE(message([&] {
+              mesh.slice({"tp"}).join(mesh.slice({"tp"}));
+            }).find("both have a dimension 'tp'"),
             std::string::npos);
   const MeshLayout flat = mesh.flatten({"dp", "tp"}, "world");
   EXPECT_NE(message([&] { flat.join(mesh.slice({"tp"})); }).find("the dimensions overlap"),
             std::string::npos);
   // Same size, overlapping digits: tp's low half twice.
   const MeshLayout split = mesh.unflatten("tp", {2, 2}, {"hi", "lo"});
-  const MeshLayout lo_again = MeshLayout::row_major({2, 4}, {"a", "b"}).unflatten(
-      "b", {2, 2}, {"x", "lo2"});
-  EXPECT_NE(message([&] { split.slice({"lo"}).join(lo_again.slice({"lo2"})); })
-                .find("the dimensions overlap"),
+  const MeshLayout lo_again =
+      MeshLayout::row_major({2, 4}, {"a", "b"}).unflatten("b", {2, 2}, {"x", "lo2"});
+  EXPECT_NE(message([&] {
+              split.slice({"lo"}).join(lo_again.slice({"lo2"}));
+            }).find("the dimensions overlap"),
             std::string::npos);
-  EXPECT_NE(message([&] { mesh.join(MeshLayout::row_major({4}, {"cp"})); })
-                .find("different roots"),
+  EXPECT_NE(message([&] { mesh.join(MeshLayout::row_major({4}, {"cp"})); }).find("different roots"),
             std::string::npos);
 }
 
 TEST(MeshLayoutTest, BadInputNamesTheProblem) {
-  EXPECT_NE(message([] { MeshLayout::row_major({2, 4}, {"dp"}); }).find("2 dimensions but 1"),
+  EXPECT_NE(message([] {
+              MeshLayout::row_major({2, 4}, {"dp"});
+            }).find("2 dimensions but 1"),
             std::string::npos);
-  EXPECT_NE(message([] { MeshLayout::row_major({2, 4}, {"dp", "dp"}); }).find("'dp' appears twice"),
+  EXPECT_NE(message([] {
+              MeshLayout::row_major({2, 4}, {"dp", "dp"});
+            }).find("'dp' appears twice"),
             std::string::npos);
-  EXPECT_NE(message([] { MeshLayout::row_major({2, 0}, {"dp", "tp"}); }).find("size 0"),
+  EXPECT_NE(message([] {
+              MeshLayout::row_major({2, 0}, {"dp", "tp"});
+            }).find("size 0"),
             std::string::npos);
   const MeshLayout layout = MeshLayout::row_major({2, 4}, {"dp", "tp"});
-  EXPECT_NE(message([&] { layout.slice({"pp"}); }).find("no dimension 'pp'; its dimensions are (dp, tp)"),
-            std::string::npos);
-  EXPECT_NE(message([&] { layout.flatten({"dp", "tp"}, "dp"); }).find("no error"),
+  EXPECT_NE(
+      message([&] { layout.slice({"pp"}); }).find("no dimension 'pp'; its dimensions are (dp, tp)"),
+      std::string::npos);
+  EXPECT_NE(message([&] {
+              layout.flatten({"dp", "tp"}, "dp");
+            }).find("no error"),
             std::string::npos);  // replacing one of its own names is fine
-  EXPECT_NE(message([&] { layout.unflatten("tp", {3, 2}, {"a", "b"}); }).find("multiply to 6"),
+  EXPECT_NE(message([&] {
+              layout.unflatten("tp", {3, 2}, {"a", "b"});
+            }).find("multiply to 6"),
             std::string::npos);
   const MeshLayout odd = MeshLayout::row_major({6}, {"w"});
   EXPECT_EQ(message([&] { odd.unflatten("w", {2, 3}, {"a", "b"}); }), "no error");
   const MeshLayout two = odd.unflatten("w", {2, 3}, {"a", "b"}).flatten({"b", "a"}, "ba");
-  EXPECT_NE(message([&] { two.unflatten("ba", {2, 3}, {"x", "y"}); }).find("does not divide"),
+  EXPECT_NE(message([&] {
+              two.unflatten("ba", {2, 3}, {"x", "y"});
+            }).find("does not divide"),
             std::string::npos);
 }
 

@@ -3,6 +3,7 @@
 // injected, gathers every live rank's dump (through the store when a collective fails, by the
 // API where the job ends) and asserts the verdict: the exact culprit set, that no rank that only
 // waits is blamed, and the words of the verdict.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -11,8 +12,6 @@
 #include <filesystem>
 #include <functional>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "tessel/collectives/gloo/gloo_backend.h"
 #include "tessel/mesh/device_mesh.h"
@@ -92,10 +91,12 @@ void expect_verdict(const MeshJob& job, const std::vector<int>& culprits, fr::Fi
   for (const auto& f : v.findings) {
     for (int w : f.waiting) {
       EXPECT_EQ(std::count(v.culprits.begin(), v.culprits.end(), w), 0)
-          << "rank " << w << " only waits\n" << job.text;
+          << "rank " << w << " only waits\n"
+          << job.text;
     }
   }
-  for (const auto& w : words) EXPECT_NE(job.text.find(w), std::string::npos) << w << "\n" << job.text;
+  for (const auto& w : words)
+    EXPECT_NE(job.text.find(w), std::string::npos) << w << "\n" << job.text;
 }
 
 #define TESSEL_REQUIRE_GLOO() \
@@ -117,14 +118,13 @@ void step_all_reduces(DeviceMesh& mesh, const std::vector<std::string>& dims,
 // counts say so.
 TEST(MeshFaultTest, TwoByTwoTpSkipBlamesOnlyTheSkipper) {
   TESSEL_REQUIRE_GLOO();
-  const auto job = run_mesh_job("2x2_skip", {{2, 2}, {"dp", "tp"}},
-                                [](int rank, DeviceMesh& mesh, ProcessGroup&) {
-                                  for (int s = 0; s < kSteps; ++s) {
-                                    fr::FlightRecorder::global().set_step(s);
-                                    step_all_reduces(mesh, {"tp", "dp"},
-                                                     rank == 1 && s == 2 ? "tp" : "");
-                                  }
-                                });
+  const auto job = run_mesh_job(
+      "2x2_skip", {{2, 2}, {"dp", "tp"}}, [](int rank, DeviceMesh& mesh, ProcessGroup&) {
+        for (int s = 0; s < kSteps; ++s) {
+          fr::FlightRecorder::global().set_step(s);
+          step_all_reduces(mesh, {"tp", "dp"}, rank == 1 && s == 2 ? "tp" : "");
+        }
+      });
   expect_verdict(job, {1}, fr::FindingKind::kNotJoined,
                  {"verdict: CULPRIT FOUND: rank 1\n",
                   "rank 1 issued 0 collectives on 'tp' in step 2, where 3 other members of 'tp' "
@@ -134,31 +134,31 @@ TEST(MeshFaultTest, TwoByTwoTpSkipBlamesOnlyTheSkipper) {
 // A 2x3 mesh: rank 4 skips a tp all_reduce of its three-rank group (split 2:1 against it).
 TEST(MeshFaultTest, TwoByThreeTpSkipBlamesOnlyTheSkipper) {
   TESSEL_REQUIRE_GLOO();
-  const auto job = run_mesh_job("2x3_skip", {{2, 3}, {"dp", "tp"}},
-                                [](int rank, DeviceMesh& mesh, ProcessGroup&) {
-                                  for (int s = 0; s < kSteps; ++s) {
-                                    fr::FlightRecorder::global().set_step(s);
-                                    step_all_reduces(mesh, {"tp", "dp"},
-                                                     rank == 4 && s == 1 ? "tp" : "");
-                                  }
-                                });
-  expect_verdict(job, {4}, fr::FindingKind::kNotJoined,
-                 {"verdict: CULPRIT FOUND: rank 4\n", "rank 4 issued 0 collectives on 'tp' in step 1"});
+  const auto job = run_mesh_job(
+      "2x3_skip", {{2, 3}, {"dp", "tp"}}, [](int rank, DeviceMesh& mesh, ProcessGroup&) {
+        for (int s = 0; s < kSteps; ++s) {
+          fr::FlightRecorder::global().set_step(s);
+          step_all_reduces(mesh, {"tp", "dp"}, rank == 4 && s == 1 ? "tp" : "");
+        }
+      });
+  expect_verdict(
+      job, {4}, fr::FindingKind::kNotJoined,
+      {"verdict: CULPRIT FOUND: rank 4\n", "rank 4 issued 0 collectives on 'tp' in step 1"});
 }
 
 // A 2x2x2 (dp, cp, tp) mesh: rank 5 skips its cp all_reduce in step 2.
 TEST(MeshFaultTest, TwoByTwoByTwoSkipBlamesOnlyTheSkipper) {
   TESSEL_REQUIRE_GLOO();
-  const auto job = run_mesh_job("2x2x2_skip", {{2, 2, 2}, {"dp", "cp", "tp"}},
-                                [](int rank, DeviceMesh& mesh, ProcessGroup&) {
-                                  for (int s = 0; s < kSteps; ++s) {
-                                    fr::FlightRecorder::global().set_step(s);
-                                    step_all_reduces(mesh, {"tp", "cp", "dp"},
-                                                     rank == 5 && s == 2 ? "cp" : "");
-                                  }
-                                });
-  expect_verdict(job, {5}, fr::FindingKind::kNotJoined,
-                 {"verdict: CULPRIT FOUND: rank 5\n", "rank 5 issued 0 collectives on 'cp' in step 2"});
+  const auto job = run_mesh_job(
+      "2x2x2_skip", {{2, 2, 2}, {"dp", "cp", "tp"}}, [](int rank, DeviceMesh& mesh, ProcessGroup&) {
+        for (int s = 0; s < kSteps; ++s) {
+          fr::FlightRecorder::global().set_step(s);
+          step_all_reduces(mesh, {"tp", "cp", "dp"}, rank == 5 && s == 2 ? "cp" : "");
+        }
+      });
+  expect_verdict(
+      job, {5}, fr::FindingKind::kNotJoined,
+      {"verdict: CULPRIT FOUND: rank 5\n", "rank 5 issued 0 collectives on 'cp' in step 2"});
 }
 
 // A flattened (dp, tp) dimension: rank 2 skips the all_reduce over dp_tp in step 1 and goes on
@@ -166,17 +166,17 @@ TEST(MeshFaultTest, TwoByTwoByTwoSkipBlamesOnlyTheSkipper) {
 // by the step counts.
 TEST(MeshFaultTest, FlattenedDimSkipBlamesOnlyTheSkipper) {
   TESSEL_REQUIRE_GLOO();
-  const auto job = run_mesh_job(
-      "flat_skip", {{2, 2}, {"dp", "tp"}}, [](int rank, DeviceMesh& mesh, ProcessGroup&) {
-        DeviceMesh flat = mesh.flatten({"dp", "tp"}, "dp_tp");
-        for (int s = 0; s < kSteps; ++s) {
-          fr::FlightRecorder::global().set_step(s);
-          step_all_reduces(mesh, {"tp"});
-          if (rank == 2 && s == 1) continue;
-          Tensor t = from_vector<float>({1.0f});
-          flat.group("dp_tp")->all_reduce(t);
-        }
-      });
+  const auto job = run_mesh_job("flat_skip", {{2, 2}, {"dp", "tp"}},
+                                [](int rank, DeviceMesh& mesh, ProcessGroup&) {
+                                  DeviceMesh flat = mesh.flatten({"dp", "tp"}, "dp_tp");
+                                  for (int s = 0; s < kSteps; ++s) {
+                                    fr::FlightRecorder::global().set_step(s);
+                                    step_all_reduces(mesh, {"tp"});
+                                    if (rank == 2 && s == 1) continue;
+                                    Tensor t = from_vector<float>({1.0f});
+                                    flat.group("dp_tp")->all_reduce(t);
+                                  }
+                                });
   expect_verdict(job, {2}, fr::FindingKind::kDeadlock,
                  {"verdict: CULPRIT FOUND: rank 2\n",
                   "rank 2 issued 0 collectives on 'dp_tp' in step 1, where 3 other members"});
@@ -186,8 +186,8 @@ TEST(MeshFaultTest, FlattenedDimSkipBlamesOnlyTheSkipper) {
 // rank 5 in step 1. Rank 5 ends up in a recv that rank 4 never matched.
 TEST(MeshFaultTest, P2pRingOnASubGroupBlamesTheSenderThatSkipped) {
   TESSEL_REQUIRE_GLOO();
-  const auto job = run_mesh_job(
-      "ring", {{2, 3}, {"dp", "tp"}}, [](int rank, DeviceMesh& mesh, ProcessGroup&) {
+  const auto job =
+      run_mesh_job("ring", {{2, 3}, {"dp", "tp"}}, [](int rank, DeviceMesh& mesh, ProcessGroup&) {
         auto tp = mesh.group("tp");
         const int me = tp->rank(), next = (me + 1) % 3, prev = (me + 2) % 3;
         for (int s = 0; s < kSteps; ++s) {
@@ -212,8 +212,8 @@ TEST(MeshFaultTest, P2pRingOnASubGroupBlamesTheSenderThatSkipped) {
 // sides with rank 2.
 TEST(MeshFaultTest, ReorderedAsyncWorkIsAMismatchOfTheReorderingRank) {
   TESSEL_REQUIRE_GLOO();
-  const auto job = run_mesh_job(
-      "async", {{2, 2}, {"dp", "tp"}}, [](int rank, DeviceMesh& mesh, ProcessGroup&) {
+  const auto job =
+      run_mesh_job("async", {{2, 2}, {"dp", "tp"}}, [](int rank, DeviceMesh& mesh, ProcessGroup&) {
         auto tp = mesh.group("tp");
         for (int s = 0; s < kSteps; ++s) {
           fr::FlightRecorder::global().set_step(s);
@@ -241,8 +241,8 @@ TEST(MeshFaultTest, ReorderedAsyncWorkIsAMismatchOfTheReorderingRank) {
 TEST(MeshFaultTest, RankSpinningInComputeIsNamed) {
   TESSEL_REQUIRE_GLOO();
   const fs::path dir = testing::fresh_fr_dir("mesh_spin_flag");
-  const auto job = run_mesh_job(
-      "spin", {{2, 2}, {"dp", "tp"}}, [&](int rank, DeviceMesh& mesh, ProcessGroup&) {
+  const auto job =
+      run_mesh_job("spin", {{2, 2}, {"dp", "tp"}}, [&](int rank, DeviceMesh& mesh, ProcessGroup&) {
         for (int s = 0; s < kSteps; ++s) {
           fr::FlightRecorder::global().set_step(s);
           if (rank == 2 && s == 2) {
@@ -269,17 +269,18 @@ TEST(MeshFaultTest, RankSpinningInComputeIsNamed) {
 // Rank 3 crashes (SIGSEGV) in compute in step 2: its fatal-signal dump says so.
 TEST(MeshFaultTest, CrashedRankIsNamedFromItsFatalSignalDump) {
   TESSEL_REQUIRE_GLOO();
-  const auto job = run_mesh_job("crash", {{2, 2}, {"dp", "tp"}},
-                                [](int rank, DeviceMesh& mesh, ProcessGroup&) {
-                                  for (int s = 0; s < kSteps; ++s) {
-                                    fr::FlightRecorder::global().set_step(s);
-                                    if (rank == 3 && s == 2) ::raise(SIGSEGV);
-                                    step_all_reduces(mesh, {"tp", "dp"});
-                                  }
-                                });
+  const auto job =
+      run_mesh_job("crash", {{2, 2}, {"dp", "tp"}}, [](int rank, DeviceMesh& mesh, ProcessGroup&) {
+        for (int s = 0; s < kSteps; ++s) {
+          fr::FlightRecorder::global().set_step(s);
+          if (rank == 3 && s == 2) ::raise(SIGSEGV);
+          step_all_reduces(mesh, {"tp", "dp"});
+        }
+      });
   EXPECT_EQ(job.outcomes[3].signal, SIGSEGV) << testing::describe(job.outcomes[3]);
-  expect_verdict(job, {3}, fr::FindingKind::kCrashed,
-                 {"verdict: CULPRIT FOUND: rank 3\n", "rank 3: crashed (SIGSEGV) in compute after"});
+  expect_verdict(
+      job, {3}, fr::FindingKind::kCrashed,
+      {"verdict: CULPRIT FOUND: rank 3\n", "rank 3: crashed (SIGSEGV) in compute after"});
 }
 
 // Rank 1 leaves the job early with status 0 (no dump): the others wait for it in tp and dp.
@@ -322,13 +323,13 @@ TEST(MeshFaultTest, SlowRankWithinTheTimeoutIsHealthy) {
 // step while rank 0 kept its: that settles the 1:1 wait.
 TEST(MeshFaultTest, TwoRankSkipIsSettledByTheSkippersOwnRhythm) {
   TESSEL_REQUIRE_GLOO();
-  const auto job = run_mesh_job("two_rank", {{2}, {"dp"}},
-                                [](int rank, DeviceMesh& mesh, ProcessGroup&) {
-                                  for (int s = 0; s < 6; ++s) {
-                                    fr::FlightRecorder::global().set_step(s);
-                                    step_all_reduces(mesh, {"dp"}, rank == 1 && s == 2 ? "dp" : "");
-                                  }
-                                });
+  const auto job =
+      run_mesh_job("two_rank", {{2}, {"dp"}}, [](int rank, DeviceMesh& mesh, ProcessGroup&) {
+        for (int s = 0; s < 6; ++s) {
+          fr::FlightRecorder::global().set_step(s);
+          step_all_reduces(mesh, {"dp"}, rank == 1 && s == 2 ? "dp" : "");
+        }
+      });
   expect_verdict(job, {1}, fr::FindingKind::kNotJoined,
                  {"verdict: CULPRIT FOUND: rank 1\n",
                   "rank 1 issued 0 collectives on 'dp' in step 2, where it issued 1 in each of its "
@@ -339,16 +340,14 @@ TEST(MeshFaultTest, TwoRankSkipIsSettledByTheSkippersOwnRhythm) {
 // all_reduce in step 2. Both are named, and nobody else.
 TEST(MeshFaultTest, TwoSkipsInDifferentDimensionsNameBothRanks) {
   TESSEL_REQUIRE_GLOO();
-  const auto job = run_mesh_job("two_skips", {{2, 4}, {"dp", "tp"}},
-                                [](int rank, DeviceMesh& mesh, ProcessGroup&) {
-                                  for (int s = 0; s < kSteps; ++s) {
-                                    fr::FlightRecorder::global().set_step(s);
-                                    const std::string skip = rank == 1 && s == 1   ? "tp"
-                                                             : rank == 6 && s == 2 ? "dp"
-                                                                                   : "";
-                                    step_all_reduces(mesh, {"tp", "dp"}, skip);
-                                  }
-                                });
+  const auto job = run_mesh_job(
+      "two_skips", {{2, 4}, {"dp", "tp"}}, [](int rank, DeviceMesh& mesh, ProcessGroup&) {
+        for (int s = 0; s < kSteps; ++s) {
+          fr::FlightRecorder::global().set_step(s);
+          const std::string skip = rank == 1 && s == 1 ? "tp" : rank == 6 && s == 2 ? "dp" : "";
+          step_all_reduces(mesh, {"tp", "dp"}, skip);
+        }
+      });
   const fr::Verdict& v = job.verdict;
   EXPECT_EQ(v.status, fr::VerdictStatus::kCulpritFound) << job.text;
   EXPECT_EQ(v.culprits, (std::vector<int>{1, 6})) << job.text;
@@ -358,14 +357,13 @@ TEST(MeshFaultTest, TwoSkipsInDifferentDimensionsNameBothRanks) {
 // even split, no majority; each skipper broke its own rhythm while its peer kept its own.
 TEST(MeshFaultTest, SkipsInBothSiblingGroupsNameBothSkippers) {
   TESSEL_REQUIRE_GLOO();
-  const auto job = run_mesh_job("both_tp", {{2, 2}, {"dp", "tp"}},
-                                [](int rank, DeviceMesh& mesh, ProcessGroup&) {
-                                  for (int s = 0; s < 6; ++s) {
-                                    fr::FlightRecorder::global().set_step(s);
-                                    step_all_reduces(mesh, {"tp", "dp"},
-                                                     (rank == 1 || rank == 3) && s == 2 ? "tp" : "");
-                                  }
-                                });
+  const auto job = run_mesh_job(
+      "both_tp", {{2, 2}, {"dp", "tp"}}, [](int rank, DeviceMesh& mesh, ProcessGroup&) {
+        for (int s = 0; s < 6; ++s) {
+          fr::FlightRecorder::global().set_step(s);
+          step_all_reduces(mesh, {"tp", "dp"}, (rank == 1 || rank == 3) && s == 2 ? "tp" : "");
+        }
+      });
   const fr::Verdict& v = job.verdict;
   EXPECT_EQ(v.status, fr::VerdictStatus::kCulpritFound) << job.text;
   EXPECT_EQ(v.culprits, (std::vector<int>{1, 3})) << job.text;
@@ -408,14 +406,14 @@ TEST(MeshFaultTest, MismatchInATwoRankGroupIsSettledBySiblings) {
 // A 2x4 mesh: rank 6 issues one tp all_reduce more than the others at the end of the job.
 TEST(MeshFaultTest, ExtraCollectiveOnASubGroupIsNamed) {
   TESSEL_REQUIRE_GLOO();
-  const auto job = run_mesh_job("extra", {{2, 4}, {"dp", "tp"}},
-                                [](int rank, DeviceMesh& mesh, ProcessGroup&) {
-                                  for (int s = 0; s < kSteps; ++s) {
-                                    fr::FlightRecorder::global().set_step(s);
-                                    step_all_reduces(mesh, {"tp", "dp"});
-                                  }
-                                  if (rank == 6) step_all_reduces(mesh, {"tp"});
-                                });
+  const auto job =
+      run_mesh_job("extra", {{2, 4}, {"dp", "tp"}}, [](int rank, DeviceMesh& mesh, ProcessGroup&) {
+        for (int s = 0; s < kSteps; ++s) {
+          fr::FlightRecorder::global().set_step(s);
+          step_all_reduces(mesh, {"tp", "dp"});
+        }
+        if (rank == 6) step_all_reduces(mesh, {"tp"});
+      });
   expect_verdict(job, {6}, fr::FindingKind::kExtraCollective,
                  {"verdict: CULPRIT FOUND: rank 6\n", "rank 6 issued all_reduce #5 of group 'tp'"});
 }

@@ -31,8 +31,8 @@ void free_between_uses(Module& m) {
   auto gather = [state] {
     NoGradGuard no_grad;
     for (size_t i = 0; i < state->params.size(); ++i) {
-      state->params[i].storage().refill();          // same storage: saved tensors see it
-      copy_(state->params[i], state->kept[i]);       // FSDP: all-gather into it
+      state->params[i].storage().refill();      // same storage: saved tensors see it
+      copy_(state->params[i], state->kept[i]);  // FSDP: all-gather into it
     }
   };
   auto release = [state] {

@@ -4,14 +4,14 @@
 
 #include "tessel/nn/gpt.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tessel/base/error.h"
 #include "tessel/kernels/attention/sdpa.h"
@@ -26,10 +26,11 @@ namespace {
 
 using Vec = std::vector<double>;
 
-// ---- The reference model (double precision loops) ------------------------------------------------
+// ---- The reference model (double precision loops)
+// ------------------------------------------------
 
-void layernorm_forward(Vec& out, Vec& mean, Vec& rstd, const Vec& in, const Vec& w,
-                       const Vec& b, int N, int C) {
+void layernorm_forward(Vec& out, Vec& mean, Vec& rstd, const Vec& in, const Vec& w, const Vec& b,
+                       int N, int C) {
   for (int n = 0; n < N; ++n) {
     const double* x = &in[n * C];
     double m = 0, v = 0;
@@ -44,8 +45,8 @@ void layernorm_forward(Vec& out, Vec& mean, Vec& rstd, const Vec& in, const Vec&
   }
 }
 
-void layernorm_backward(Vec& din, Vec& dw, Vec& db, const Vec& dout, const Vec& in,
-                        const Vec& w, const Vec& mean, const Vec& rstd, int N, int C) {
+void layernorm_backward(Vec& din, Vec& dw, Vec& db, const Vec& dout, const Vec& in, const Vec& w,
+                        const Vec& mean, const Vec& rstd, int N, int C) {
   for (int n = 0; n < N; ++n) {
     double dnorm_mean = 0, dnorm_norm_mean = 0;
     for (int c = 0; c < C; ++c) {
@@ -122,8 +123,8 @@ void attention_forward(Vec& out, Vec& att, const Vec& qkv, int B, int T, int C, 
   }
 }
 
-void attention_backward(Vec& dqkv, const Vec& dout, const Vec& qkv, const Vec& att, int B,
-                        int T, int C, int NH) {
+void attention_backward(Vec& dqkv, const Vec& dout, const Vec& qkv, const Vec& att, int B, int T,
+                        int C, int NH) {
   const int hs = C / NH;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   Vec datt(T), dpre(T);
@@ -195,8 +196,8 @@ RefResult reference_gpt(const GptConfig& cfg, const std::map<std::string, Vec>& 
 
   // Forward, keeping every activation.
   struct Layer {
-    Vec in, ln1, ln1_mean, ln1_rstd, qkv, att, atty, attproj, resid2, ln2, ln2_mean, ln2_rstd,
-        fch, fch_gelu, fcproj;
+    Vec in, ln1, ln1_mean, ln1_rstd, qkv, att, atty, attproj, resid2, ln2, ln2_mean, ln2_rstd, fch,
+        fch_gelu, fcproj;
   };
   std::vector<Layer> acts(L);
   Vec x(N * C);
@@ -213,8 +214,8 @@ RefResult reference_gpt(const GptConfig& cfg, const std::map<std::string, Vec>& 
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, P(layer(l, "ln_1.weight")),
                       P(layer(l, "ln_1.bias")), N, C);
     a.qkv.resize(N * 3 * C);
-    matmul_forward(a.qkv, a.ln1, P(layer(l, "attn.c_attn.weight")),
-                   P(layer(l, "attn.c_attn.bias")), N, C, 3 * C);
+    matmul_forward(a.qkv, a.ln1, P(layer(l, "attn.c_attn.weight")), P(layer(l, "attn.c_attn.bias")),
+                   N, C, 3 * C);
     a.att.resize(B * NH * T * T), a.atty.resize(N * C);
     attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
     a.attproj.resize(N * C);
@@ -226,8 +227,8 @@ RefResult reference_gpt(const GptConfig& cfg, const std::map<std::string, Vec>& 
     layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.resid2, P(layer(l, "ln_2.weight")),
                       P(layer(l, "ln_2.bias")), N, C);
     a.fch.resize(N * 4 * C), a.fch_gelu.resize(N * 4 * C);
-    matmul_forward(a.fch, a.ln2, P(layer(l, "mlp.c_fc.weight")), P(layer(l, "mlp.c_fc.bias")),
-                   N, C, 4 * C);
+    matmul_forward(a.fch, a.ln2, P(layer(l, "mlp.c_fc.weight")), P(layer(l, "mlp.c_fc.bias")), N, C,
+                   4 * C);
     for (int i = 0; i < N * 4 * C; ++i) a.fch_gelu[i] = gelu(a.fch[i]);
     a.fcproj.resize(N * C);
     matmul_forward(a.fcproj, a.fch_gelu, P(layer(l, "mlp.c_proj.weight")),
@@ -275,8 +276,8 @@ RefResult reference_gpt(const GptConfig& cfg, const std::map<std::string, Vec>& 
     matmul_backward(datty, G(layer(l, "attn.c_proj.weight")), &G(layer(l, "attn.c_proj.bias")),
                     dresid2, a.atty, P(layer(l, "attn.c_proj.weight")), N, C, C);
     attention_backward(dqkv, datty, a.qkv, a.att, B, T, C, NH);
-    matmul_backward(dln1, G(layer(l, "attn.c_attn.weight")), &G(layer(l, "attn.c_attn.bias")),
-                    dqkv, a.ln1, P(layer(l, "attn.c_attn.weight")), N, C, 3 * C);
+    matmul_backward(dln1, G(layer(l, "attn.c_attn.weight")), &G(layer(l, "attn.c_attn.bias")), dqkv,
+                    a.ln1, P(layer(l, "attn.c_attn.weight")), N, C, 3 * C);
     layernorm_backward(din, G(layer(l, "ln_1.weight")), G(layer(l, "ln_1.bias")), dln1, a.in,
                        P(layer(l, "ln_1.weight")), a.ln1_mean, a.ln1_rstd, N, C);
     dx = din;
@@ -290,7 +291,8 @@ RefResult reference_gpt(const GptConfig& cfg, const std::map<std::string, Vec>& 
   return r;
 }
 
-// ---- Tests -----------------------------------------------------------------------------------------
+// ---- Tests
+// -----------------------------------------------------------------------------------------
 
 Vec to_double(const Tensor& t) {
   const std::vector<float> f = to_vector<float>(t);
@@ -304,8 +306,7 @@ StateDict random_state(const GPT& model, uint32_t seed) {
   StateDict state;
   for (const auto& [name, t] : model.state_dict()) {
     std::vector<float> v(static_cast<size_t>(t.numel()));
-    const bool norm_weight = name.find(".ln_") != std::string::npos &&
-                             name.ends_with(".weight");
+    const bool norm_weight = name.find(".ln_") != std::string::npos && name.ends_with(".weight");
     for (float& x : v) x = norm_weight ? 1.0f + 0.3f * dist(rng) : 0.3f * dist(rng);
     state.emplace(name, from_vector<float>(v, t.shape()));
   }
@@ -313,8 +314,8 @@ StateDict random_state(const GPT& model, uint32_t seed) {
 }
 
 // n tokens and n targets drawn from the vocabulary.
-std::pair<std::vector<int64_t>, std::vector<int64_t>> random_tokens(const GptConfig& cfg,
-                                                                    int64_t n, uint32_t seed) {
+std::pair<std::vector<int64_t>, std::vector<int64_t>> random_tokens(const GptConfig& cfg, int64_t n,
+                                                                    uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int64_t> tokens(n), targets(n);
   for (auto& x : tokens) x = static_cast<int64_t>(rng() % cfg.vocab_size);
@@ -405,12 +406,22 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, GptReferenceTest,
     testing::Values(
         // T below block_size: the unused position rows must get zero gradient.
-        GptCase{2, 5, {.vocab_size = 13, .block_size = 7, .n_layer = 2, .n_head = 2,
-                       .n_embd = 8, .seed = 1}},
-        GptCase{1, 1, {.vocab_size = 5, .block_size = 3, .n_layer = 1, .n_head = 1,
-                       .n_embd = 4, .seed = 2}},
-        GptCase{3, 4, {.vocab_size = 17, .block_size = 4, .n_layer = 3, .n_head = 3,
-                       .n_embd = 12, .seed = 3}}),
+        GptCase{
+            2,
+            5,
+            {.vocab_size = 13, .block_size = 7, .n_layer = 2, .n_head = 2, .n_embd = 8, .seed = 1}},
+        GptCase{
+            1,
+            1,
+            {.vocab_size = 5, .block_size = 3, .n_layer = 1, .n_head = 1, .n_embd = 4, .seed = 2}},
+        GptCase{3,
+                4,
+                {.vocab_size = 17,
+                 .block_size = 4,
+                 .n_layer = 3,
+                 .n_head = 3,
+                 .n_embd = 12,
+                 .seed = 3}}),
     [](const auto& info) {
       return fmt::format("B{}_T{}_L{}_H{}_C{}", info.param.B, info.param.T,
                          info.param.config.n_layer, info.param.config.n_head,
@@ -420,8 +431,8 @@ INSTANTIATE_TEST_SUITE_P(
 // Mixed-precision training: AdamW on f32 master weights with forward under bf16 autocast
 // memorises a batch as f32 training does, and parameters and optimizer state stay f32.
 TEST(GptAutocastTest, TrainsLikeF32OnF32MasterWeightsAndOptimizerState) {
-  const GptConfig cfg{.vocab_size = 32, .block_size = 16, .n_layer = 2, .n_head = 2,
-                      .n_embd = 32, .seed = 5};
+  const GptConfig cfg{
+      .vocab_size = 32, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 32, .seed = 5};
   const int64_t B = 4, T = 16;
   const auto [tokens, targets] = random_tokens(cfg, B * T, 3);
   const Tensor x = from_vector<int64_t>(tokens, {B, T}), y = from_vector<int64_t>(targets, {B, T});
@@ -460,11 +471,10 @@ TEST(GptAutocastTest, TrainsLikeF32OnF32MasterWeightsAndOptimizerState) {
 TEST(GptTest, NamesFollowTheGpt2LayoutWithATiedHead) {
   GPT model({.vocab_size = 11, .block_size = 4, .n_layer = 2, .n_head = 2, .n_embd = 8});
   const StateDict state = model.state_dict();
-  for (const char* name :
-       {"transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight",
-        "transformer.h.1.attn.c_attn.weight", "transformer.h.1.attn.c_proj.bias",
-        "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_proj.weight",
-        "transformer.ln_f.bias"}) {
+  for (const char* name : {"transformer.wte.weight", "transformer.wpe.weight",
+                           "transformer.h.0.ln_1.weight", "transformer.h.1.attn.c_attn.weight",
+                           "transformer.h.1.attn.c_proj.bias", "transformer.h.0.mlp.c_fc.weight",
+                           "transformer.h.0.mlp.c_proj.weight", "transformer.ln_f.bias"}) {
     EXPECT_EQ(state.count(name), 1u) << name;
   }
   EXPECT_EQ(state.count("lm_head.weight"), 0u);  // tied to wte
@@ -472,14 +482,14 @@ TEST(GptTest, NamesFollowTheGpt2LayoutWithATiedHead) {
   // 2 embeddings + per block (2 norms x 2 + 4 linears x 2) + final norm x 2.
   EXPECT_EQ(state.size(), 2u + 2u * 12u + 2u);
   const int64_t C = 8;
-  EXPECT_EQ(model.num_parameters(),
-            11 * C + 4 * C + 2 * (4 * C + 3 * C * C + 3 * C + C * C + C + 8 * C * C + 5 * C) +
-                2 * C);
+  EXPECT_EQ(
+      model.num_parameters(),
+      11 * C + 4 * C + 2 * (4 * C + 3 * C * C + 3 * C + C * C + C + 8 * C * C + 5 * C) + 2 * C);
 }
 
 TEST(GptTest, SameSeedSameModel) {
-  const GptConfig cfg{.vocab_size = 11, .block_size = 4, .n_layer = 1, .n_head = 2,
-                      .n_embd = 8, .seed = 5};
+  const GptConfig cfg{
+      .vocab_size = 11, .block_size = 4, .n_layer = 1, .n_head = 2, .n_embd = 8, .seed = 5};
   GPT a(cfg), b(cfg);
   for (const auto& [name, t] : a.state_dict()) {
     EXPECT_EQ(to_vector<float>(t), to_vector<float>(b.state_dict().at(name))) << name;
@@ -489,8 +499,8 @@ TEST(GptTest, SameSeedSameModel) {
 TEST(GptTest, RejectsBadInput) {
   GPT model({.vocab_size = 11, .block_size = 4, .n_layer = 1, .n_head = 2, .n_embd = 8});
   EXPECT_THROW(model(zeros({1, 5}, DType::kI64)), InvalidArgument);  // longer than block_size
-  EXPECT_THROW(model(zeros({1, 3})), InvalidArgument);              // float tokens
-  EXPECT_THROW(model(full({1, 3}, 11, DType::kI64)), OutOfRange);   // outside the vocabulary
+  EXPECT_THROW(model(zeros({1, 3})), InvalidArgument);               // float tokens
+  EXPECT_THROW(model(full({1, 3}, 11, DType::kI64)), OutOfRange);    // outside the vocabulary
   EXPECT_THROW(GPT({.n_head = 3, .n_embd = 8}), InvalidArgument);
 }
 
@@ -499,8 +509,8 @@ TEST(GptTest, RejectsBadInput) {
 TEST(GptMetaTest, BillionParameterModelAllocatesNothingAndAShardAQuarter) {
   empty_cache(Device::cpu());
   const int64_t before = memory_stats(Device::cpu()).allocated_bytes;
-  const GptConfig config{.vocab_size = 50304, .block_size = 1024, .n_layer = 20, .n_head = 16,
-                         .n_embd = 2048};
+  const GptConfig config{
+      .vocab_size = 50304, .block_size = 1024, .n_layer = 20, .n_head = 16, .n_embd = 2048};
   std::unique_ptr<GPT> model;
   {
     DefaultDeviceGuard meta(Device::meta());
@@ -528,8 +538,8 @@ TEST(GptMetaTest, BillionParameterModelAllocatesNothingAndAShardAQuarter) {
 
 // A model built on the meta device, given memory and initialised, equals one built directly.
 TEST(GptMetaTest, ToEmptyThenInitWeightsEqualsADirectBuild) {
-  const GptConfig config{.vocab_size = 13, .block_size = 8, .n_layer = 2, .n_head = 2,
-                         .n_embd = 8, .seed = 5};
+  const GptConfig config{
+      .vocab_size = 13, .block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 8, .seed = 5};
   GPT direct(config);
   std::unique_ptr<GPT> later;
   {
@@ -550,7 +560,8 @@ TEST(SdpaTest, MatchesLoopsAndRejectsBadShapes) {
   // Non-causal with an explicit scale and Sq != Sk, against a direct loop.
   const int B = 1, H = 2, Sq = 3, Sk = 4, D = 2;
   Generator gen(3);
-  Tensor q = randn({B, H, Sq, D}, gen), k = randn({B, H, Sk, D}, gen), v = randn({B, H, Sk, D}, gen);
+  Tensor q = randn({B, H, Sq, D}, gen), k = randn({B, H, Sk, D}, gen),
+         v = randn({B, H, Sk, D}, gen);
   const Tensor out = kernels::scaled_dot_product_attention(q, k, v, {.scale = 0.7});
   const auto qv = to_vector<float>(q), kv = to_vector<float>(k), vv = to_vector<float>(v);
   const auto ov = to_vector<float>(out);

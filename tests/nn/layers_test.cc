@@ -1,10 +1,10 @@
 // The single layers against loops written here, and their error paths.
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tessel/base/error.h"
 #include "tessel/nn/dropout.h"
@@ -67,7 +67,8 @@ TEST(NormTest, RMSNormAndLayerNormMatchLoops) {
   }
   const auto xv = to_vector<float>(x), rv = to_vector<float>(rms(x)), lv = to_vector<float>(ln(x));
   const auto rw = to_vector<float>(rms.parameter("weight"));
-  const auto lw = to_vector<float>(ln.parameter("weight")), lb = to_vector<float>(ln.parameter("bias"));
+  const auto lw = to_vector<float>(ln.parameter("weight")),
+             lb = to_vector<float>(ln.parameter("bias"));
   for (int r = 0; r < R; ++r) {
     double ms = 0, mean = 0, var = 0;
     for (int c = 0; c < C; ++c) ms += double(xv[r * C + c]) * xv[r * C + c] / C;

@@ -2,16 +2,17 @@
 // to multi-head attention with K/V repeated, gradients against finite differences and against
 // the op-by-op model, the published presets' parameter counts on the meta device, training.
 
+#include "tessel/nn/llama.h"
+
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "tessel/base/error.h"
 #include "tessel/kernels/llama/rope.h"
 #include "tessel/kernels/llama/swiglu.h"
-#include "tessel/nn/llama.h"
 #include "tessel/nn/optim/adamw.h"
 #include "tessel/nn/rope.h"
 #include "tessel/tensor/autograd.h"
@@ -66,8 +67,8 @@ TEST(LlamaTest, ParameterNamesAreHuggingFaces) {
 TEST(LlamaTest, PresetsOnMetaMatchPublishedCounts) {
   struct Case {
     LlamaConfig config;
-    int64_t exact;      // from the published config.json shapes
-    double published;   // the model card's figure
+    int64_t exact;     // from the published config.json shapes
+    double published;  // the model card's figure
   };
   const std::vector<Case> cases = {{LlamaConfig::llama3_2_1b(), 1235814400, 1.24e9},
                                    {LlamaConfig::llama3_1_8b(), 8030261248, 8.03e9},
@@ -171,8 +172,9 @@ Tensor reference_logits(Llama& m, const Tensor& tokens) {
     const Tensor y = reshape(transpose(matmul(att, v), 1, 2), {B, T, H * D});
     x = add(x, linear(y, m.parameter(p + "self_attn.o_proj.weight")));
     const Tensor h2 = norm(x, p + "post_attention_layernorm.weight");
-    const Tensor mid = kernels::swiglu_reference(linear(h2, m.parameter(p + "mlp.gate_proj.weight")),
-                                                 linear(h2, m.parameter(p + "mlp.up_proj.weight")));
+    const Tensor mid =
+        kernels::swiglu_reference(linear(h2, m.parameter(p + "mlp.gate_proj.weight")),
+                                  linear(h2, m.parameter(p + "mlp.up_proj.weight")));
     x = add(x, linear(mid, m.parameter(p + "mlp.down_proj.weight")));
   }
   return linear(norm(x, "model.norm.weight"), m.parameter("lm_head.weight"));
@@ -196,18 +198,20 @@ TEST(LlamaTest, FusedModelMatchesOpByOpModelAndFiniteDifferences) {
     for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4 * scale) << name << " " << i;
   }
   // Central differences on a few entries of each kind of parameter.
-  for (const char* name : {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
-                           "model.layers.1.self_attn.k_proj.weight",
-                           "model.layers.0.mlp.gate_proj.weight",
-                           "model.layers.1.post_attention_layernorm.weight", "lm_head.weight"}) {
+  for (const char* name :
+       {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.1.self_attn.k_proj.weight", "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.1.post_attention_layernorm.weight", "lm_head.weight"}) {
     Tensor& p = model.parameter(name);
     const std::vector<float> grad = [&] {
-      for (auto& [n, g] : fused) if (n == name) return to_vector<float>(g);
+      for (auto& [n, g] : fused)
+        if (n == name) return to_vector<float>(g);
       return std::vector<float>();
     }();
     // The entry with the largest gradient, where the difference quotient is informative.
     size_t best = 0;
-    for (size_t i = 0; i < grad.size(); ++i) if (std::abs(grad[i]) > std::abs(grad[best])) best = i;
+    for (size_t i = 0; i < grad.size(); ++i)
+      if (std::abs(grad[i]) > std::abs(grad[best])) best = i;
     auto loss_with = [&](double delta) {
       NoGradGuard no_grad;
       Tensor flat = reshape(p, {p.numel()});
@@ -229,15 +233,16 @@ TEST(LlamaTest, ExplicitPositionsAndErrors) {
   const Tensor tokens = random_tokens(2, 6, 32, 8);
   const auto a = to_vector<float>(model(tokens));
   const auto b = to_vector<float>(model(Tensors{tokens, arange(6)})[0]);
-  const auto c = to_vector<float>(
-      model(Tensors{tokens, reshape(cat({arange(6), arange(6)}), {2, 6})})[0]);
+  const auto c =
+      to_vector<float>(model(Tensors{tokens, reshape(cat({arange(6), arange(6)}), {2, 6})})[0]);
   EXPECT_EQ(a, b);
   EXPECT_EQ(a, c);
   // Shifted positions change the logits (RoPE is relative, but the first token sees only itself,
   // so compare a later one) only by rounding: attention depends on position differences.
   const auto d = to_vector<float>(model(Tensors{tokens, add(arange(6), 40.0)})[0]);
   double max_diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) max_diff = std::max(max_diff, double(std::abs(a[i] - d[i])));
+  for (size_t i = 0; i < a.size(); ++i)
+    max_diff = std::max(max_diff, double(std::abs(a[i] - d[i])));
   EXPECT_LT(max_diff, 1e-4);
   EXPECT_THROW(model(Tensors{tokens, arange(5)}), InvalidArgument);
   EXPECT_THROW(model(random_tokens(1, 300, 32, 1)), InvalidArgument);  // above max_seq_len

@@ -20,9 +20,7 @@ namespace {
 class Pair : public Module {
  public:
   Pair() : Module("Pair") { w_ = &register_parameter("w", full({3}, 2.0)); }
-  Tensors forward_multi(const Tensors& in) override {
-    return {mul(in[0], *w_), add(in[0], in[1])};
-  }
+  Tensors forward_multi(const Tensors& in) override { return {mul(in[0], *w_), add(in[0], in[1])}; }
 
  private:
   Tensor* w_;
@@ -31,7 +29,9 @@ class Pair : public Module {
 // Calls its child "inner" twice, through the registry.
 class Twice : public Module {
  public:
-  Twice() : Module("Twice") { register_module("inner", std::make_shared<Linear>(LinearOptions{3, 3})); }
+  Twice() : Module("Twice") {
+    register_module("inner", std::make_shared<Linear>(LinearOptions{3, 3}));
+  }
   Tensor forward(const Tensor& x) override { return child("inner")(child("inner")(x)); }
 };
 
@@ -131,7 +131,8 @@ TEST(ModuleBackwardHooksTest, HookRunsWithoutInputGradsWhenNoInputNeedsOne) {
   int pre = 0;
   size_t post_inputs = 99;
   layer.register_backward_pre_hook([&](Module&, Tensors&) { ++pre; });
-  layer.register_backward_hook([&](Module&, Tensors& gi, const Tensors&) { post_inputs = gi.size(); });
+  layer.register_backward_hook(
+      [&](Module&, Tensors& gi, const Tensors&) { post_inputs = gi.size(); });
   backward(sum(layer(randn({2, 3}))));  // the input needs no gradient; the weight does
   EXPECT_EQ(pre, 1);
   EXPECT_EQ(post_inputs, 0u);

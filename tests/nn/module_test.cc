@@ -1,11 +1,11 @@
 #include "tessel/nn/module.h"
 
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tessel/base/error.h"
 
@@ -71,9 +71,9 @@ bool same_values(const Tensor& a, const Tensor& b) {
 
 TEST(ModuleTest, NamesAreDottedInRegistrationOrder) {
   Net net;
-  EXPECT_EQ(names(net.named_parameters()),
-            (std::vector<std::string>{"bias", "first.weight", "blocks.0.weight",
-                                      "blocks.1.weight"}));
+  EXPECT_EQ(
+      names(net.named_parameters()),
+      (std::vector<std::string>{"bias", "first.weight", "blocks.0.weight", "blocks.1.weight"}));
   EXPECT_EQ(names(net.named_buffers()),
             (std::vector<std::string>{"first.count", "blocks.0.count", "blocks.1.count"}));
   std::vector<std::string> modules;
@@ -157,8 +157,8 @@ TEST(ModuleTest, LoadStateDictRejectsMissingExtraAndMismatchedKeys) {
   const StateDict original = net.state_dict();
   StateDict copy;
   for (const auto& [name, t] : original) {
-    copy.emplace(name, t.dtype() == DType::kF32 ? filled(t.shape(), 100.0f)
-                                                : zeros(t.shape(), t.dtype()));
+    copy.emplace(
+        name, t.dtype() == DType::kF32 ? filled(t.shape(), 100.0f) : zeros(t.shape(), t.dtype()));
   }
 
   StateDict missing = copy;
@@ -222,9 +222,9 @@ TEST(ModuleTest, HooksFireInOrderAndCanReplaceValues) {
   (*net.blocks)[1].register_forward_hook(record_post("block1"));
 
   net(filled({3}, 1.0f));
-  EXPECT_EQ(log, (std::vector<std::string>{"pre net1 Net", "pre net2 Net", "pre first Scale",
-                                           "post first Scale", "post block1 Scale",
-                                           "post net1 Net"}));
+  EXPECT_EQ(log,
+            (std::vector<std::string>{"pre net1 Net", "pre net2 Net", "pre first Scale",
+                                      "post first Scale", "post block1 Scale", "post net1 Net"}));
 
   log.clear();
   EXPECT_TRUE(net.first->remove_hook(removable));

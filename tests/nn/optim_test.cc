@@ -1,11 +1,11 @@
 // Optimizers, schedule and clipping against independent double-precision loops written here.
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <numbers>
 #include <random>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tessel/base/error.h"
 #include "tessel/nn/optim/adamw.h"
@@ -111,11 +111,9 @@ INSTANTIATE_TEST_SUITE_P(
     Variants, SgdTest,
     testing::Values(SgdCase{{.lr = 0.1}, "plain"},
                     SgdCase{{.lr = 0.05, .momentum = 0.9}, "momentum"},
-                    SgdCase{{.lr = 0.05, .momentum = 0.8, .dampening = 0.3,
-                             .weight_decay = 0.01},
+                    SgdCase{{.lr = 0.05, .momentum = 0.8, .dampening = 0.3, .weight_decay = 0.01},
                             "dampening_decay"},
-                    SgdCase{{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.1,
-                             .nesterov = true},
+                    SgdCase{{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.1, .nesterov = true},
                             "nesterov"}),
     [](const auto& info) { return std::string(info.param.name); });
 
@@ -128,8 +126,7 @@ TEST(SgdTest, RejectsBadOptions) {
 class AdamWTest : public testing::TestWithParam<int> {};  // thread count
 
 TEST_P(AdamWTest, FusedStepMatchesPerParameterReference) {
-  const AdamWOptions o{.lr = 1e-2, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6,
-                       .weight_decay = 0.1};
+  const AdamWOptions o{.lr = 1e-2, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.1};
   const int previous_threads = num_threads();
   set_num_threads(GetParam());
   Problem problem;
@@ -180,8 +177,7 @@ TEST(AdamWTest, RejectsMismatchedGradients) {
 }
 
 TEST(WarmupCosineTest, MatchesTheFormula) {
-  const WarmupCosineOptions o{.max_lr = 1.0, .min_lr = 0.1, .warmup_steps = 10,
-                              .total_steps = 110};
+  const WarmupCosineOptions o{.max_lr = 1.0, .min_lr = 0.1, .warmup_steps = 10, .total_steps = 110};
   WarmupCosine schedule(o);
   EXPECT_DOUBLE_EQ(schedule.lr(0), 0.1);
   EXPECT_DOUBLE_EQ(schedule.lr(4), 0.5);

@@ -1,15 +1,16 @@
 // RoPE (kernels/llama/rope.h, nn/rope.h) against formulas written here, the fused RoPE, SwiGLU
 // and RMSNorm kernels against their op-by-op references (forward and gradients, f32 and bf16).
 
+#include "tessel/kernels/llama/rope.h"
+
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <numbers>
 #include <optional>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "tessel/base/error.h"
-#include "tessel/kernels/llama/rope.h"
 #include "tessel/kernels/llama/swiglu.h"
 #include "tessel/nn/rope.h"
 #include "tessel/tensor/autograd.h"
@@ -49,9 +50,12 @@ TEST(RopeTest, InvFreqMatchesLlama3Scaling) {
   for (size_t i = 0; i < f.size(); ++i) {
     EXPECT_NEAR(f[i], want[i], 1e-6 * want[i]) << i;
     const double plain = std::pow(500000.0, -double(2 * i) / 128.0);
-    if (std::abs(want[i] - plain) < 1e-12 * plain) ++kept;
-    else if (std::abs(want[i] - plain / 8) < 1e-12 * plain) ++stretched;
-    else ++between;
+    if (std::abs(want[i] - plain) < 1e-12 * plain)
+      ++kept;
+    else if (std::abs(want[i] - plain / 8) < 1e-12 * plain)
+      ++stretched;
+    else
+      ++between;
   }
   // Every band is exercised (and the first frequency, wavelength 2 pi, is kept).
   EXPECT_GT(kept, 0);
@@ -129,8 +133,7 @@ TEST(RopeTest, FusedMatchesReferenceForwardAndGradient) {
       Generator gen(7);
       const int64_t B = 2, T = 6, H = 4, D = 32;
       RotaryEmbedding rotary(D, 500000.0, RopeScaling{8.0, 1.0, 4.0, 32});
-      const Tensor positions = batched ? add(reshape(arange(B * T), {B, T}), 3.0)
-                                       : arange(T);
+      const Tensor positions = batched ? add(reshape(arange(B * T), {B, T}), 3.0) : arange(T);
       const Tensors cs = rotary(Tensors{to(positions, DType::kI64)});
       // A non-contiguous x: the (B, H, T, D) layout transposed.
       const Tensor base = to(randn({B, H, T, D}, gen), dtype);
@@ -182,8 +185,8 @@ TEST(RmsNormKernelTest, FusedMatchesReferenceForwardAndGradients) {
     Tensor x2 = clone(x0).set_requires_grad(true), w2 = clone(w0).set_requires_grad(true);
     const Tensor y1 = rms_norm(x1, w1, 1e-5);
     const Tensor x2f = to(x2, DType::kF32);
-    const Tensor y2 = mul(to(mul(x2f, rsqrt(add(mean(mul(x2f, x2f), {-1}, true), 1e-5))), dtype),
-                          w2);
+    const Tensor y2 =
+        mul(to(mul(x2f, rsqrt(add(mean(mul(x2f, x2f), {-1}, true), 1e-5))), dtype), w2);
     EXPECT_LT(rel_err(y1, y2), tolerance(dtype));
     backward(sum(mul(y1, dy)));
     backward(sum(mul(y2, dy)));

@@ -4,6 +4,7 @@
 // collective timeout plus a generous margin (a hang check, not a speed check), with dumps whose
 // verdict names only the stopped rank and the purpose of the thread that waited, and with the
 // writer's entries attributed to it rather than to the training step.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -15,8 +16,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
@@ -212,7 +211,8 @@ TEST(BackgroundWorkTest, UserThreadCollectiveWithAStalledPeerEndsTheJob) {
     const auto took = std::chrono::steady_clock::now() - start;
     EXPECT_EQ(failed, 8);
     EXPECT_LT(took, kCollectiveTimeout + kMargin)
-        << "the user thread took " << format_duration(std::chrono::duration_cast<Nanoseconds>(took));
+        << "the user thread took "
+        << format_duration(std::chrono::duration_cast<Nanoseconds>(took));
     dump_then_end_stopped(rank, store_dir, dir);
   });
   expect_only_the_stopped_rank_blamed(job, "(eval thread, no step");

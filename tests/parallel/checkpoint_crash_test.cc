@@ -4,8 +4,8 @@
 // committed checkpoint must load and hold the values of its step, every step_<N> folder must be
 // complete, and a restarted job must resume from it and save again (clearing the crashed save's
 // leftovers).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
-
 #include <signal.h>
 #include <unistd.h>
 
@@ -16,8 +16,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/file_store.h"
@@ -138,9 +136,9 @@ struct Point {
 TEST(CheckpointCrashTest, KillAtEveryStepOfTheCommitLeavesTheLatestCommittedLoadable) {
   if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   const std::vector<Point> points = {
-      {"commit.begin", 1, 1},   {"write.begin", 1, 1},     {"write.mid", 1, 1},
-      {"write.end", 1, 1},      {"commit.begin", 0, 1},    {"write.mid", 0, 1},
-      {"metadata.begin", 0, 1}, {"rename.begin", 0, 1},    {"rename.end", 0, 2},
+      {"commit.begin", 1, 1},    {"write.begin", 1, 1},  {"write.mid", 1, 1},
+      {"write.end", 1, 1},       {"commit.begin", 0, 1}, {"write.mid", 0, 1},
+      {"metadata.begin", 0, 1},  {"rename.begin", 0, 1}, {"rename.end", 0, 2},
       {"retention.begin", 0, 2},
   };
   for (const Point& p : points) {
@@ -174,8 +172,8 @@ TEST(CheckpointCrashTest, KillAtRandomMomentsThenResume) {
   for (int trial = 0; trial < 6; ++trial) {
     const int victim = static_cast<int>(rng() % kWorld);
     const double fraction = std::uniform_real_distribution<double>(0, 1)(rng);
-    SCOPED_TRACE(fmt::format("trial {}: rank {} killed at {:.2f} of 4 saves", trial, victim,
-                             fraction));
+    SCOPED_TRACE(
+        fmt::format("trial {}: rank {} killed at {:.2f} of 4 saves", trial, victim, fraction));
     TempDir root;
     const auto outcomes = testing::run_processes(
         kWorld,
@@ -211,15 +209,16 @@ TEST(CheckpointCrashTest, KillAtRandomMomentsThenResume) {
           const auto dir = s.ckpt.load_latest(s.state);
           TESSEL_CHECK(dir.has_value() && s.state.step >= 1, InvalidArgument, "nothing resumed");
           TESSEL_CHECK(to_vector<float>(s.w.to_local()) ==
-                           to_vector<float>(w_rows(s.state.step, s.w.local_offset()[0],
-                                                   s.w.local_shape()[0])),
+                           to_vector<float>(
+                               w_rows(s.state.step, s.w.local_offset()[0], s.w.local_shape()[0])),
                        InvalidArgument, "rank {} resumed other values than step {}'s", rank,
                        s.state.step);
           s.set_step(10);
           s.ckpt.save(s.state);
         },
         std::chrono::seconds(60));
-    for (const auto& o : restarted) EXPECT_TRUE(o.exited && o.exit_code == 0) << testing::describe(o);
+    for (const auto& o : restarted)
+      EXPECT_TRUE(o.exited && o.exit_code == 0) << testing::describe(o);
     check_checkpoints(root.str(), 10);
     for (const auto& entry : fs::directory_iterator(root.str())) {
       EXPECT_FALSE(entry.path().filename().string().starts_with("."))

@@ -3,6 +3,7 @@
 // shards, four dtypes) saved on one world and loaded on another, bit for bit; and GPT training
 // under FSDP resumed from a checkpoint on the same mesh (bitwise), on fewer ranks, on HSDP and
 // in one process (within 1e-5 of the uninterrupted run).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,8 +11,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "tessel/collectives/threads/threads_backend.h"
 #include "tessel/nn/gpt.h"
@@ -141,7 +140,8 @@ TEST(CheckpointReshardTest, RandomLayoutsReshardBitForBit) {
       CheckpointState state(pg.shared_from_this());
       for (size_t i = 0; i < k.tensors.size(); ++i) {
         const TensorCase& t = k.tensors[i];
-        state.add_tensor(fmt::format("t{}", i), place(reference(t, static_cast<int>(i)), pg, t.saved));
+        state.add_tensor(fmt::format("t{}", i),
+                         place(reference(t, static_cast<int>(i)), pg, t.saved));
       }
       checkpoint::save(state, path);
     });
@@ -182,9 +182,13 @@ TEST(CheckpointReshardTest, RandomLayoutsReshardBitForBit) {
 
 // --- GPT training resumed from a checkpoint ----------------------------------------------------
 
-const nn::GptConfig kConfig{.vocab_size = 64, .block_size = 16, .n_layer = 2, .n_head = 2,
-                            .n_embd = 30, .seed = 3};  // 30: rows that 4 ranks split unevenly
-constexpr int64_t kBatch = 12;  // global batch: every world size here divides it
+const nn::GptConfig kConfig{.vocab_size = 64,
+                            .block_size = 16,
+                            .n_layer = 2,
+                            .n_head = 2,
+                            .n_embd = 30,
+                            .seed = 3};  // 30: rows that 4 ranks split unevenly
+constexpr int64_t kBatch = 12;           // global batch: every world size here divides it
 constexpr int kSteps = 8;
 constexpr int kSaveAt = 4;
 

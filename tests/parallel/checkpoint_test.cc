@@ -1,6 +1,8 @@
 // Sharded checkpoints in one process (ranks as threads): the plan's arithmetic, round trips of
 // every kind of state, atomic commit when a rank fails, retention, async save, and bad input
 // (missing, truncated or foreign files, changed shapes) failing before anything is written.
+#include "tessel/parallel/checkpoint.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -13,13 +15,12 @@
 #include "tessel/collectives/threads/threads_backend.h"
 #include "tessel/nn/linear.h"
 #include "tessel/nn/optim/adamw.h"
-#include "tessel/parallel/checkpoint.h"
 #include "tessel/parallel/checkpoint_metadata.h"
 #include "tessel/parallel/internal/checkpoint_files.h"
 #include "tessel/parallel/internal/checkpoint_plan.h"
 #include "tessel/tensor/ops.h"
-#include "tests/parallel/checkpoint_test_util.h"
 #include "tessel/tensor/safetensors.h"
+#include "tests/parallel/checkpoint_test_util.h"
 
 namespace tessel {
 namespace {
@@ -31,9 +32,10 @@ using checkpoint::internal::Box;
 using testing::TempDir;
 
 Tensor iota(const Shape& shape, DType dtype = DType::kF32, double start = 0) {
-  return to(add(reshape(arange(0, static_cast<double>(shape_numel(shape)), 1.0, DType::kF32), shape),
-                start),
-            dtype);
+  return to(
+      add(reshape(arange(0, static_cast<double>(shape_numel(shape)), 1.0, DType::kF32), shape),
+          start),
+      dtype);
 }
 
 std::vector<float> values(const Tensor& t) { return to_vector<float>(to(t, DType::kF32)); }
@@ -111,7 +113,8 @@ TEST(CheckpointTest, OneProcessRoundTripOfTensorsGeneratorsStepAndMetadata) {
   Generator gen(42);
   gen.reserve(1000);
   CheckpointState state;
-  state.add_tensors("m", nn::StateDict{{"w", w}, {"b", b}, {"i", i}, {"s", scalar}, {"e", empty_t}});
+  state.add_tensors("m",
+                    nn::StateDict{{"w", w}, {"b", b}, {"i", i}, {"s", scalar}, {"e", empty_t}});
   state.add_generator("g", gen);
   state.step = 17;
   state.metadata["data.position"] = "12345";
@@ -171,7 +174,8 @@ TEST(CheckpointTest, TwoDimensionalShardsReshardOntoOtherMeshesAndOneProcess) {
   threads::run_ranks(6, [&](ProcessGroup& pg) {
     const DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {2, 3}, {"dp", "tp"});
     CheckpointState state(pg.shared_from_this());
-    state.add_tensor("a", distribute_tensor(a, mesh, {Shard{0}, Shard{0}}, {.shard_order = {1, 0}}));
+    state.add_tensor("a",
+                     distribute_tensor(a, mesh, {Shard{0}, Shard{0}}, {.shard_order = {1, 0}}));
     state.add_tensor("b", distribute_tensor(b, mesh, {Replicate{}, Shard{1}}));
     state.add_tensor("c", distribute_tensor(c, mesh, {Shard{0}, Shard{0}}));  // empty shards
     checkpoint::save(state, dir / "c");
@@ -230,8 +234,11 @@ TEST(CheckpointTest, FoldedTensorsAreSavedInTheirLogicalShape) {
   EXPECT_EQ(logical_boxes({{0, 2, 0}, {3, 2, 2}}, {3, 4, 2}, {12, 2}, "w"),
             (std::vector<Box>{{{2, 0}, {2, 2}}, {{6, 0}, {2, 2}}, {{10, 0}, {2, 2}}}));
   EXPECT_EQ(logical_boxes({{1, 0}, {2, 3}}, {3, 4}, {}, "w"), (std::vector<Box>{{{1, 0}, {2, 3}}}));
-  expect_invalid([] { logical_boxes({{0, 0}, {3, 4}}, {3, 4}, {4, 3}, "w"); },
-                 {"tensor 'w'", "not its leading dimensions folded"});
+  expect_invalid(
+      [] {
+        logical_boxes({{0, 0}, {3, 4}}, {3, 4}, {4, 3}, "w");
+      },
+      {"tensor 'w'", "not its leading dimensions folded"});
   TempDir dir;
   const Tensor w = iota({12, 2});
   threads::run_ranks(2, [&](ProcessGroup& pg) {
@@ -433,7 +440,8 @@ TEST_F(CheckpointBadInputTest, ShardFileFromAnotherCheckpoint) {
   TensorMap renamed;
   for (const auto& [name, t] : f.tensors) renamed.emplace(name == "model.w" ? "model.x" : name, t);
   save_safetensors(file, renamed, f.metadata);
-  ASSERT_EQ(fs::file_size(file), checkpoint::read_checkpoint_metadata(path_).files.at("rank_00000.safetensors"));
+  ASSERT_EQ(fs::file_size(file),
+            checkpoint::read_checkpoint_metadata(path_).files.at("rank_00000.safetensors"));
   load_expecting({"rank_00000.safetensors", "no tensor 'model.w'"});
 }
 
@@ -487,7 +495,9 @@ TEST_F(CheckpointBadInputTest, EveryRankFailsWhenOneRanksFileIsBad) {
       checkpoint::load(state, path_);
     } catch (const InvalidArgument& e) {
       ++failed;
-      EXPECT_NE(std::string(e.what()).find(pg.rank() == 1 ? "truncated" : "failed on rank 1 (see its error); nothing was loaded"),
+      EXPECT_NE(std::string(e.what()).find(
+                    pg.rank() == 1 ? "truncated"
+                                   : "failed on rank 1 (see its error); nothing was loaded"),
                 std::string::npos)
           << e.what();
     }

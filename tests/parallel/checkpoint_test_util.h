@@ -13,8 +13,7 @@ namespace tessel::testing {
 class TempDir {
  public:
   TempDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "tessel-ckpt-XXXXXX").string();
+    std::string pattern = (std::filesystem::temp_directory_path() / "tessel-ckpt-XXXXXX").string();
     path_ = ::mkdtemp(pattern.data());
   }
   ~TempDir() { std::filesystem::remove_all(path_); }

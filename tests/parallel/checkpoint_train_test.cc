@@ -3,8 +3,8 @@
 // worker SIGKILLed mid-training under --max-restarts resumes from the last checkpoint and
 // finishes with the uninterrupted run's losses; tessel-ckpt inspects and consolidates, and the
 // consolidated file loads into the single-process GPT and into Python's safetensors.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
-
 #include <signal.h>
 
 #include <chrono>
@@ -15,8 +15,6 @@
 #include <map>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "tessel/nn/gpt.h"
 #include "tessel/parallel/checkpoint.h"
@@ -37,10 +35,33 @@ constexpr auto kJobTimeout = std::chrono::seconds(120);
 
 // The command line of a small, quick training run writing into `dir`.
 std::vector<std::string> train_args(const TempDir& dir, const std::string& tag, int steps) {
-  return {TRAIN_GPT_PATH, "--threads", "1", "--layers", "2", "--embd", "32", "--heads", "2",
-          "--seq", "32", "--batch", "8", "--steps", std::to_string(steps), "--log-every", "10",
-          "--sample", "0", "--checkpoint", dir / (tag + ".safetensors"), "--log-json",
-          dir / (tag + ".jsonl"), "--checkpoint-every", "10", "--keep-checkpoints", "0"};
+  return {TRAIN_GPT_PATH,
+          "--threads",
+          "1",
+          "--layers",
+          "2",
+          "--embd",
+          "32",
+          "--heads",
+          "2",
+          "--seq",
+          "32",
+          "--batch",
+          "8",
+          "--steps",
+          std::to_string(steps),
+          "--log-every",
+          "10",
+          "--sample",
+          "0",
+          "--checkpoint",
+          dir / (tag + ".safetensors"),
+          "--log-json",
+          dir / (tag + ".jsonl"),
+          "--checkpoint-every",
+          "10",
+          "--keep-checkpoints",
+          "0"};
 }
 
 std::vector<std::string> under_tessel_run(int nproc, std::vector<std::string> args,
@@ -114,8 +135,8 @@ TEST(CheckpointTrainTest, ResumeOnTheSameWorldIsBitwiseAndOnOthersWithinToleranc
     SCOPED_TRACE(fmt::format("resumed on {} processes", nproc));
     const std::string tag = fmt::format("resume{}", nproc);
     args = train_args(dir, tag, kSteps);
-    args.insert(args.end(), {"--checkpoint-dir",
-                             root_with(dir, dir / "ref_ck", 10, tag + "_ck"), "--resume"});
+    args.insert(args.end(),
+                {"--checkpoint-dir", root_with(dir, dir / "ref_ck", 10, tag + "_ck"), "--resume"});
     const std::string out =
         nproc == 1 ? run(args, dir, tag) : run(under_tessel_run(nproc, args), dir, tag);
     EXPECT_NE(out.find("resumed from"), std::string::npos) << out;
@@ -132,8 +153,7 @@ TEST(CheckpointTrainTest, ResumeOnTheSameWorldIsBitwiseAndOnOthersWithinToleranc
 // continues with the (dp_shard 2, tp 2) run's losses, within 1e-5.
 TEST(CheckpointTrainTest, TensorParallelCheckpointsReshardToAndFromOtherMeshes) {
   TempDir dir;
-  const std::vector<std::string> mesh_2x2 = {"--dp-shard", "2", "--tp", "2",
-                                             "--sequence-parallel"};
+  const std::vector<std::string> mesh_2x2 = {"--dp-shard", "2", "--tp", "2", "--sequence-parallel"};
   std::vector<std::string> args = train_args(dir, "ref", kSteps);
   args.insert(args.end(), mesh_2x2.begin(), mesh_2x2.end());
   args.insert(args.end(), {"--checkpoint-dir", dir / "ref_ck"});
@@ -161,8 +181,8 @@ TEST(CheckpointTrainTest, TensorParallelCheckpointsReshardToAndFromOtherMeshes) 
     SCOPED_TRACE(r.tag);
     args = train_args(dir, r.tag, kSteps);
     args.insert(args.end(), r.flags.begin(), r.flags.end());
-    args.insert(args.end(), {"--checkpoint-dir",
-                             root_with(dir, dir / r.from, 10, r.tag + "_ck"), "--resume"});
+    args.insert(args.end(),
+                {"--checkpoint-dir", root_with(dir, dir / r.from, 10, r.tag + "_ck"), "--resume"});
     const std::string out =
         r.nproc == 1 ? run(args, dir, r.tag) : run(under_tessel_run(r.nproc, args), dir, r.tag);
     EXPECT_NE(out.find("resumed from"), std::string::npos) << out;
@@ -206,16 +226,16 @@ TEST(CheckpointTrainTest, KilledWorkerResumesFromTheLastCheckpointUnderMaxRestar
   EXPECT_NE(job.out().find("restarting: attempt 2 of 2, resuming from step_000000"),
             std::string::npos)
       << job.out();
-  EXPECT_NE(job.out().find("saved checkpoint " + (dir / "job_ck/step_00000010") +
-                           " (step 10, "),
+  EXPECT_NE(job.out().find("saved checkpoint " + (dir / "job_ck/step_00000010") + " (step 10, "),
             std::string::npos)
       << job.out();
   expect_losses(losses(dir / "job.jsonl"), ref, 0, 0, kLongSteps);
 }
 
 // Two nodes (agents on this host, with a rendezvous server of their own) under --nnodes 1:2;
-// one node's agent is SIGKILLed after the step-10 checkpoint. The job restarts on the node left — one process instead of two — which
-// reshards the 2-way FSDP checkpoint on load and continues within 1e-5 of the 2-process run.
+// one node's agent is SIGKILLed after the step-10 checkpoint. The job restarts on the node left —
+// one process instead of two — which reshards the 2-way FSDP checkpoint on load and continues
+// within 1e-5 of the 2-process run.
 TEST(CheckpointTrainTest, ElasticRestartOnFewerNodesReshardsOnLoad) {
   TempDir dir;
   std::vector<std::string> args = train_args(dir, "ref", kSteps);
@@ -232,10 +252,21 @@ TEST(CheckpointTrainTest, ElasticRestartOnFewerNodesReshardsOnLoad) {
                        "--rdzv-endpoint", endpoint, "--rdzv-token-file", token},
                       {}, dir / "server");
   auto agent = [&](const std::string& tag) {
-    std::vector<std::string> argv = {
-        TESSEL_RUN_PATH, "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
-        "--rdzv-conf", "is_host=false", "--rdzv-token-file", token, "--max-restarts", "1",
-        "--last-call-timeout", "500ms"};
+    std::vector<std::string> argv = {TESSEL_RUN_PATH,
+                                     "--nnodes",
+                                     "1:2",
+                                     "--nproc-per-node",
+                                     "1",
+                                     "--rdzv-endpoint",
+                                     endpoint,
+                                     "--rdzv-conf",
+                                     "is_host=false",
+                                     "--rdzv-token-file",
+                                     token,
+                                     "--max-restarts",
+                                     "1",
+                                     "--last-call-timeout",
+                                     "500ms"};
     std::vector<std::string> job = train_args(dir, tag, kSteps);
     job.insert(job.end(), {"--checkpoint-dir", dir / "job_ck", "--resume"});
     argv.insert(argv.end(), job.begin(), job.end());
@@ -278,14 +309,15 @@ TEST(CheckpointTrainTest, ToolInspectsAndConsolidatesForModuleLoadAndPython) {
   EXPECT_EQ(summary.find("model.transformer.wte.weight"), std::string::npos) << summary;
   const std::string inspect =
       run({TESSEL_CKPT_PATH, "inspect", dir / "ck", "--verify", "--tensors"}, dir, "inspect");
-  for (const char* part : {"step 10, saved by 2 ranks", "model.transformer.wte.weight f32[256, 32]",
-                           "rank_00001.safetensors", "optim.transformer.wte.weight.exp_avg",
-                           "verified"}) {
+  for (const char* part :
+       {"step 10, saved by 2 ranks", "model.transformer.wte.weight f32[256, 32]",
+        "rank_00001.safetensors", "optim.transformer.wte.weight.exp_avg", "verified"}) {
     EXPECT_NE(inspect.find(part), std::string::npos) << part << " not in:\n" << inspect;
   }
   const std::string out = dir / "model.safetensors";
   run({TESSEL_CKPT_PATH, "consolidate", dir / "ck", out}, dir, "consolidate");
-  const SafetensorsFile got = load_safetensors(out), want = load_safetensors(dir / "ref.safetensors");
+  const SafetensorsFile got = load_safetensors(out),
+                        want = load_safetensors(dir / "ref.safetensors");
   ASSERT_EQ(got.tensors.size(), want.tensors.size());
   for (const auto& [name, t] : want.tensors) {
     ASSERT_TRUE(got.tensors.contains(name)) << name;
@@ -307,8 +339,9 @@ TEST(CheckpointTrainTest, ToolInspectsAndConsolidatesForModuleLoadAndPython) {
 
   // Python's safetensors (numpy) reads the same names, shapes and values.
   const std::string python = SAFETENSORS_PYTHON;
-  if (std::system(fmt::format("'{}' -c 'import safetensors, numpy' >/dev/null 2>&1", python)
-                      .c_str()) != 0) {
+  if (std::system(
+          fmt::format("'{}' -c 'import safetensors, numpy' >/dev/null 2>&1", python).c_str()) !=
+      0) {
     GTEST_SKIP() << python << " cannot import safetensors and numpy (scripts/torch-venv.sh, then "
                  << "pip install safetensors numpy); the Python check was skipped";
   }

@@ -1,11 +1,11 @@
 #include "tests/parallel/dtensor_checks.h"
 
+#include <fmt/format.h>
+
 #include <map>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "tessel/parallel/dtensor.h"
 #include "tessel/tensor/ops.h"
@@ -61,7 +61,8 @@ Tensor partial_local(const Tensor& box, const std::vector<Placement>& placements
     const int64_t k = mesh_shape[m], i = coord[m];
     // Noise r_j per index j (the same on every rank: seeded by the mesh dim only).
     auto noise = [&](int64_t j) {
-      return integers(box.shape(), box.dtype(), seed * 131 + m * 17 + static_cast<uint64_t>(j), 0, 3);
+      return integers(box.shape(), box.dtype(), seed * 131 + m * 17 + static_cast<uint64_t>(j), 0,
+                      3);
     };
     switch (placements[m].op()) {
       case ReduceOp::kSum: {  // index 0: value - sum of the others' noise; others: their noise
@@ -115,9 +116,9 @@ std::string values_str(const Tensor& t) {
 }
 
 void expect_equal(const Tensor& got, const Tensor& want, const std::string& what) {
-  const bool same = got.shape() == want.shape() && got.dtype() == want.dtype() &&
-                    to_vector<float>(to(got, DType::kF32)) ==
-                        to_vector<float>(to(want, DType::kF32));
+  const bool same =
+      got.shape() == want.shape() && got.dtype() == want.dtype() &&
+      to_vector<float>(to(got, DType::kF32)) == to_vector<float>(to(want, DType::kF32));
   if (!same) {
     throw CheckFailure(fmt::format("{}: got {} [{}], want {} [{}]", what, got.str(),
                                    values_str(got), want.str(), values_str(want)));
@@ -178,9 +179,8 @@ void check_random_redistributions(const std::shared_ptr<ProcessGroup>& world, ui
     const bool async = uniform(rng, 0, 3) == 0;
     const std::string what = fmt::format(
         "case {} on {}: mesh {} global {} from {} order [{}] to {} order [{}]", c, device.str(),
-        mesh.shape_str(),
-        typed_shape_str(dtype, global_shape), placements_str(src), fmt::join(src_order, ","),
-        placements_str(dst), fmt::join(dst_order, ","));
+        mesh.shape_str(), typed_shape_str(dtype, global_shape), placements_str(src),
+        fmt::join(src_order, ","), placements_str(dst), fmt::join(dst_order, ","));
 
     const Tensor global = integers(global_shape, dtype, values_seed, -8, 8);
     const DTensorSpec src_spec(mesh, src, global_shape, dtype, src_order);
@@ -190,8 +190,8 @@ void check_random_redistributions(const std::shared_ptr<ProcessGroup>& world, ui
                                               mesh.shape(), coord, values_seed),
                                 device);
     const DTensor x = DTensor::from_local(
-        src_local, mesh, src, {.global_shape = global_shape, .shard_order = src_order,
-                               .run_check = run_check});
+        src_local, mesh, src,
+        {.global_shape = global_shape, .shard_order = src_order, .run_check = run_check});
     if (x.local_offset() != src_spec.region(coord).first) {
       throw CheckFailure(what + ": from_local reports offset " + shape_str(x.local_offset()));
     }

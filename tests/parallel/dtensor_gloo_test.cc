@@ -1,10 +1,9 @@
 // The DTensor property sweep (smaller) over Gloo with real processes (forked, FileStore
 // rendezvous), world sizes 3 and 4; and Shard->Shard of large uneven tensors.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
-
-#include <fmt/format.h>
 
 #include "tessel/collectives/file_store.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
@@ -60,8 +59,8 @@ TEST(DTensorGlooTest, LargeUnevenShardToShardIsExact) {
           Shape shape;
           int64_t from, to;
         };
-        const Case cases[] = {{{3001, 514}, 0, 1}, {{3001, 514}, 1, 0},
-                              {{61, 301, 97}, 1, 2}, {{61, 301, 97}, 2, 0}};
+        const Case cases[] = {
+            {{3001, 514}, 0, 1}, {{3001, 514}, 1, 0}, {{61, 301, 97}, 1, 2}, {{61, 301, 97}, 2, 0}};
         for (DType dtype : {DType::kF32, DType::kBF16}) {
           for (const Case& c : cases) {
             Generator gen(c.shape[0] * 7 + c.from);
@@ -74,9 +73,9 @@ TEST(DTensorGlooTest, LargeUnevenShardToShardIsExact) {
                                       contiguous(pending.result.to_local())}) {
               if (got.shape() != want.shape() ||
                   std::memcmp(got.data_ptr(), want.data_ptr(), want.nbytes()) != 0) {
-                throw testing::CheckFailure(fmt::format(
-                    "rank {}: S{}->S{} of {} {} differs from the slice", rank, c.from, c.to,
-                    shape_str(c.shape), dtype_name(dtype)));
+                throw testing::CheckFailure(
+                    fmt::format("rank {}: S{}->S{} of {} {} differs from the slice", rank, c.from,
+                                c.to, shape_str(c.shape), dtype_name(dtype)));
               }
             }
           }

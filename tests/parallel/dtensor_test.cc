@@ -1,6 +1,8 @@
 // DTensor on rank threads: shard arithmetic, the redistribution planner, the property sweep
 // over random meshes, shapes, dtypes and placement pairs, gradients of every differentiable
 // entry point against a single-process model, printing, and bad input.
+#include "tessel/parallel/dtensor.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -9,7 +11,6 @@
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/threads/threads_backend.h"
-#include "tessel/parallel/dtensor.h"
 #include "tessel/parallel/internal/redistribute_plan.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
@@ -76,9 +77,9 @@ TEST(RedistributePlanTest, ShrinkingStepsRunBeforeGrowingOnes) {
             (std::vector<std::string>{"slice(mesh dim 1, tensor dim 1)",
                                       "all_gather(mesh dim 0, tensor dim 0)"}));
   // A partial sum is reduced after the slice that shrinks it.
-  EXPECT_EQ(plan_text({Partial{}, Replicate{}}, {Replicate{}, Shard{0}}, 2),
-            (std::vector<std::string>{"slice(mesh dim 1, tensor dim 0)",
-                                      "all_reduce(mesh dim 0, sum)"}));
+  EXPECT_EQ(
+      plan_text({Partial{}, Replicate{}}, {Replicate{}, Shard{0}}, 2),
+      (std::vector<std::string>{"slice(mesh dim 1, tensor dim 0)", "all_reduce(mesh dim 0, sum)"}));
 }
 
 TEST(RedistributePlanTest, NestedSplitsAreUndoneInnermostFirst) {
@@ -138,8 +139,8 @@ TEST(DTensorGradTest, EveryEntryPointMatchesTheSingleProcessGradient) {
     const Tensor weights = randn(shape, gen);  // d f / d global
     const DTensorSpec sharded(mesh, {Shard{0}, Shard{1}}, shape, DType::kF32);
     auto my_box = [&](const Tensor& t) {
-      return contiguous(narrow(narrow(t, 0, sharded.local_offset()[0], sharded.local_shape()[0]),
-                               1, sharded.local_offset()[1], sharded.local_shape()[1]));
+      return contiguous(narrow(narrow(t, 0, sharded.local_offset()[0], sharded.local_shape()[0]), 1,
+                               sharded.local_offset()[1], sharded.local_shape()[1]));
     };
     const Tensor my_weights = my_box(weights);
 
@@ -238,7 +239,10 @@ TEST(DTensorErrorTest, BadPlacementsFailOnEveryRankWithOneMessage) {
     return init_device_mesh(pg.shared_from_this(), {2, 2}, {"dp", "tp"});
   };
   expect_same_error_everywhere(
-      4, [&](ProcessGroup& pg) { distribute_tensor(zeros({4, 4}), mesh_of(pg), {Shard{0}}); },
+      4,
+      [&](ProcessGroup& pg) {
+        distribute_tensor(zeros({4, 4}), mesh_of(pg), {Shard{0}});
+      },
       "give 1 placement for mesh (dp=2, tp=2) of 2 dimensions");
   expect_same_error_everywhere(
       4,

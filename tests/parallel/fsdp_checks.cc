@@ -20,8 +20,7 @@ nn::optim::AdamWOptions adamw() { return {.lr = 1e-2, .weight_decay = 0.1}; }
 }  // namespace
 
 nn::GptConfig fsdp_gpt_config() {
-  return {.vocab_size = 64, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 30,
-          .seed = 3};
+  return {.vocab_size = 64, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 30, .seed = 3};
 }
 
 std::pair<Tensor, Tensor> fsdp_batch_of(int step) {
@@ -58,8 +57,7 @@ std::vector<float> train_single(int micro, Device device) {
   return losses;
 }
 
-std::vector<float> train_fsdp_rank(const std::shared_ptr<ProcessGroup>& world,
-                                   const FsdpSetup& s) {
+std::vector<float> train_fsdp_rank(const std::shared_ptr<ProcessGroup>& world, const FsdpSetup& s) {
   const nn::GptConfig config = fsdp_gpt_config();
   DeviceMesh mesh = init_device_mesh(world, s.mesh_shape, s.mesh_names);
   nn::GPT model(config);

@@ -33,9 +33,9 @@ struct FsdpSetup {
   std::vector<int64_t> mesh_shape;
   std::vector<std::string> mesh_names;
   FullyShardOptions options;
-  int micro = 1;                 // backward passes per step (sync only on the last)
-  bool hsdp_accumulate = false;  // HSDP: skip the replicas' all_reduce on all but the last
-  bool autocast = false;         // forward and loss under AutocastGuard(DType::kBF16)
+  int micro = 1;                  // backward passes per step (sync only on the last)
+  bool hsdp_accumulate = false;   // HSDP: skip the replicas' all_reduce on all but the last
+  bool autocast = false;          // forward and loss under AutocastGuard(DType::kBF16)
   Device device = Device::cpu();  // where the model is sharded and trains
 };
 

@@ -12,14 +12,13 @@
 // - CUDA ranks against one CPU process: 1e-3 (different GEMM libraries and summation orders;
 //   cuda_gpt_test bounds one step at 2e-5, and AdamW steps compound it);
 // - bf16 parameters against f32 training: 3e-2 (bf16's precision, as on the CPU).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "tessel/collectives/memory_store.h"
 #include "tessel/collectives/nccl/nccl_backend.h"
@@ -90,8 +89,8 @@ TEST(FsdpCudaParityTest, CudaRanksMatchOneCpuProcess) {
 TEST(FsdpCudaParityTest, MixedPrecisionStaysCloseToF32) {
   TESSEL_REQUIRE_CUDA();
   FullyShardOptions mp;
-  mp.mp_policy = {.param_dtype = DType::kBF16, .reduce_dtype = DType::kF32,
-                  .output_dtype = DType::kF32};
+  mp.mp_policy = {
+      .param_dtype = DType::kBF16, .reduce_dtype = DType::kF32, .output_dtype = DType::kF32};
   expect_close(train_fsdp(on_gpu({{2}, {"dp"}, mp})), single_gpu(), 3e-2);
   FsdpSetup autocast = on_gpu({{2}, {"dp"}, {}});
   autocast.autocast = true;
@@ -103,8 +102,8 @@ TEST(FsdpCudaParityTest, MixedPrecisionStaysCloseToF32) {
 TEST(FsdpCudaParityTest, NcclWorldOfOneMatchesOneCudaProcess) {
   TESSEL_REQUIRE_CUDA();
   if (!nccl_is_available()) GTEST_SKIP() << "this build has no NCCL backend";
-  auto world = nccl_create_process_group(std::make_shared<MemoryStore>(), 0, 1,
-                                         NcclOptions{.device = 0});
+  auto world =
+      nccl_create_process_group(std::make_shared<MemoryStore>(), 0, 1, NcclOptions{.device = 0});
   ASSERT_EQ(world->default_device(), kGpu);
   expect_close(testing::train_fsdp_rank(world, on_gpu({{1}, {"dp"}, {}})), single_gpu(), 1e-6);
 }
@@ -119,11 +118,11 @@ TEST(FsdpCudaParityTest, NcclWorldOfOneMatchesOneCudaProcess) {
 TEST(FsdpCudaTraceTest, NcclStepTraceShowsAllGathersOverlappingDeviceTimedCompute) {
   TESSEL_REQUIRE_CUDA();
   if (!nccl_is_available()) GTEST_SKIP() << "this build has no NCCL backend";
-  auto world = nccl_create_process_group(std::make_shared<MemoryStore>(), 0, 1,
-                                         NcclOptions{.device = 0});
+  auto world =
+      nccl_create_process_group(std::make_shared<MemoryStore>(), 0, 1, NcclOptions{.device = 0});
   const DeviceMesh mesh = init_device_mesh(world, {1}, {"dp"});
-  const nn::GptConfig config{.vocab_size = 256, .block_size = 256, .n_layer = 6, .n_head = 8,
-                             .n_embd = 512, .seed = 1};
+  const nn::GptConfig config{
+      .vocab_size = 256, .block_size = 256, .n_layer = 6, .n_head = 8, .n_embd = 512, .seed = 1};
   const std::unique_ptr<nn::GPT> gpt = testing::sharded_gpt(config, mesh, kGpu);
   const Tensor x = zeros({16, config.block_size}, DType::kI64, kGpu);
   auto step = [&] { backward(nn::GPT::loss((*gpt)(x), x)); };

@@ -6,12 +6,11 @@
 //     into the parameters; a reduce_scatter's input while it is in flight): 2 x 2 groups
 //   + the activations of this rank's batch (what a forward pass keeps for backward),
 // plus 10%; and it is well below the unsharded model's peak.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <fstream>
-
-#include <fmt/format.h>
 
 #include "tessel/collectives/file_store.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
@@ -27,8 +26,8 @@
 namespace tessel {
 namespace {
 
-const nn::GptConfig kConfig{.vocab_size = 64, .block_size = 16, .n_layer = 6, .n_head = 4,
-                            .n_embd = 128, .seed = 1};
+const nn::GptConfig kConfig{
+    .vocab_size = 64, .block_size = 16, .n_layer = 6, .n_head = 4, .n_embd = 128, .seed = 1};
 constexpr int64_t kRows = 2;  // sequences per rank
 
 std::pair<Tensor, Tensor> batch() {
@@ -115,10 +114,11 @@ TEST(FsdpMemoryTest, PeakStaysWithinTheShardedBound) {
     std::ifstream(report + std::to_string(rank)) >> peak;
     // The difference shows: a quarter of the state instead of all of it.
     EXPECT_LT(peak, single.peak - 2 * param_bytes) << "rank " << rank;
-    std::printf("rank %d: FSDP peak %.2f MiB; unsharded %.2f MiB; parameters %.2f MiB; "
-                "activations %.2f MiB\n",
-                rank, peak / 1048576.0, single.peak / 1048576.0, param_bytes / 1048576.0,
-                activations / 1048576.0);
+    std::printf(
+        "rank %d: FSDP peak %.2f MiB; unsharded %.2f MiB; parameters %.2f MiB; "
+        "activations %.2f MiB\n",
+        rank, peak / 1048576.0, single.peak / 1048576.0, param_bytes / 1048576.0,
+        activations / 1048576.0);
   }
 }
 

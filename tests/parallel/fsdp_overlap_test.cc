@@ -5,6 +5,7 @@
 // FSDP's collectives, in practice the first all_gathers of forward, the last reduce_scatters of
 // backward and, near equality, what each block's compute falls short of its communication.
 // The flight recorder shows every group's all_gather issued before that group's forward began.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,13 +24,11 @@
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/thread_pool.h"
 
-#include <fmt/format.h>
-
 namespace tessel {
 namespace {
 
-const nn::GptConfig kConfig{.vocab_size = 256, .block_size = 64, .n_layer = 24, .n_head = 4,
-                            .n_embd = 64, .seed = 1};
+const nn::GptConfig kConfig{
+    .vocab_size = 256, .block_size = 64, .n_layer = 24, .n_head = 4, .n_embd = 64, .seed = 1};
 constexpr int kWorld = 4;
 
 struct Model {
@@ -44,7 +43,8 @@ Model sharded(const DeviceMesh& mesh) {
     m.gpt = std::make_unique<nn::GPT>(kConfig);
   }
   for (int i = 0; i < kConfig.n_layer; ++i) {
-    m.groups.push_back(&fully_shard(m.gpt->submodule("transformer.h").child(std::to_string(i)), mesh));
+    m.groups.push_back(
+        &fully_shard(m.gpt->submodule("transformer.h").child(std::to_string(i)), mesh));
   }
   m.groups.push_back(&fully_shard(*m.gpt, mesh));
   m.gpt->to_empty(Device::cpu());
@@ -107,8 +107,10 @@ std::vector<StepFigures> modeled_steps(const Profile& p, double share) {
       comm_s - static_cast<double>(p.calls) * std::chrono::duration<double>(latency).count();
   auto log = std::make_shared<fake::FakeLog>();
   auto pg = fake::create_process_group(
-      0, kWorld, fake::FakeOptions{.log = log, .latency = latency,
-                                   .bytes_per_second = static_cast<double>(p.bytes) / transfer_s});
+      0, kWorld,
+      fake::FakeOptions{.log = log,
+                        .latency = latency,
+                        .bytes_per_second = static_cast<double>(p.bytes) / transfer_s});
   const DeviceMesh mesh = init_device_mesh(pg, {kWorld}, {"dp"});
   Model m = sharded(mesh);
   step(*m.gpt);  // records the order
@@ -172,10 +174,11 @@ TEST(FsdpOverlapTest, ExposedCommunicationIsAtMostATenthOfTheModeledTime) {
       }
     }
     ASSERT_TRUE(best.has_value()) << "no step kept communication within its compute";
-    std::printf("communication %.2f x compute (%.1f ms of compute, %.1f ms modeled): exposed "
-                "%.2f ms (%.1f%%)\n",
-                best->modeled / best->compute, best->compute * 1e3, best->modeled * 1e3,
-                best->exposed * 1e3, 100 * best->exposed / best->modeled);
+    std::printf(
+        "communication %.2f x compute (%.1f ms of compute, %.1f ms modeled): exposed "
+        "%.2f ms (%.1f%%)\n",
+        best->modeled / best->compute, best->compute * 1e3, best->modeled * 1e3,
+        best->exposed * 1e3, 100 * best->exposed / best->modeled);
     EXPECT_LE(best->exposed, 0.10 * best->modeled) << "communication = " << share << " x compute";
   }
 }
@@ -190,8 +193,9 @@ TEST(FsdpOverlapTest, EachAllGatherIsIssuedBeforeTheComputeThatNeedsIt) {
   fr::FlightRecorder& recorder = fr::FlightRecorder::global();
   for (int i = 0; i < kConfig.n_layer; ++i) {
     // Registered after fully_shard's hook: it runs after the block's all_gather was waited for.
-    m.gpt->submodule("transformer.h").child(std::to_string(i)).register_forward_pre_hook(
-        [&recorder, i](nn::Module&, nn::Tensors&) {
+    m.gpt->submodule("transformer.h")
+        .child(std::to_string(i))
+        .register_forward_pre_hook([&recorder, i](nn::Module&, nn::Tensors&) {
           recorder.record_event(fmt::format("forward block {}", i));
         });
   }

@@ -1,6 +1,8 @@
 // fully_shard on rank threads: loss parity with single-process training (worlds 1-4, uneven
 // shards, HSDP, ZeRO-2, N-way reshard, mixed precision with and without autocast, gradient
 // accumulation), meta-device construction, state dicts, and bad input.
+#include "tessel/parallel/fsdp.h"
+
 #include <gtest/gtest.h>
 
 #include <mutex>
@@ -10,7 +12,6 @@
 #include "tessel/base/error.h"
 #include "tessel/collectives/threads/threads_backend.h"
 #include "tessel/nn/gpt.h"
-#include "tessel/parallel/fsdp.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 #include "tests/parallel/fsdp_checks.h"
@@ -64,8 +65,8 @@ TEST(FsdpParityTest, GradientAccumulationMatchesSingleProcess) {
 // precision of f32 single-process training.
 TEST(FsdpParityTest, MixedPrecisionStaysCloseToF32) {
   FullyShardOptions mp;
-  mp.mp_policy = {.param_dtype = DType::kBF16, .reduce_dtype = DType::kF32,
-                  .output_dtype = DType::kF32};
+  mp.mp_policy = {
+      .param_dtype = DType::kBF16, .reduce_dtype = DType::kF32, .output_dtype = DType::kF32};
   expect_close(train_fsdp({{2}, {"dp"}, mp}), train_single(), 3e-2);
 }
 

@@ -1,8 +1,8 @@
 #include "tests/parallel/tp_checks.h"
 
-#include <cmath>
-
 #include <fmt/format.h>
+
+#include <cmath>
 
 #include "tessel/collectives/threads/threads_backend.h"
 #include "tessel/nn/optim/adamw.h"
@@ -23,8 +23,8 @@ constexpr int64_t kBatch = 8;  // global batch (sequences); every dp size here d
 std::pair<Tensor, Tensor> batch_of(int step) {
   const nn::GptConfig c = tp_gpt_config();
   Generator gen(200 + step);
-  const Tensor start = to(mul(rand({kBatch, 1}, gen), static_cast<double>(c.vocab_size)),
-                          DType::kI64);
+  const Tensor start =
+      to(mul(rand({kBatch, 1}, gen), static_cast<double>(c.vocab_size)), DType::kI64);
   Tensor tokens = contiguous(add(start, unsqueeze(mul(arange(c.block_size + 1), 5.0), 0)));
   int64_t* t = tokens.data<int64_t>();
   for (int64_t i = 0; i < tokens.numel(); ++i) t[i] %= c.vocab_size;
@@ -43,8 +43,7 @@ Tensor whole_grad(const Tensor& p, const Shape& shape) {
 }  // namespace
 
 nn::GptConfig tp_gpt_config() {
-  return {.vocab_size = 66, .block_size = 16, .n_layer = 2, .n_head = 4, .n_embd = 32,
-          .seed = 3};
+  return {.vocab_size = 66, .block_size = 16, .n_layer = 2, .n_head = 4, .n_embd = 32, .seed = 3};
 }
 
 TpRun train_single_process(int steps, Device device) {
@@ -72,9 +71,9 @@ TpRun train_tensor_parallel(const std::shared_ptr<ProcessGroup>& world, const Tp
   DeviceMesh mesh = init_device_mesh(world, s.shape, s.names);
   nn::GPT model(config);
   model.to(s.device);  // initialised on the CPU: the same values on every device
-  parallelize_module(model, mesh["tp"],
-                     gpt_tp_plan({.sequence_parallel = s.sequence_parallel,
-                                  .overlap_chunks = s.overlap_chunks}));
+  parallelize_module(
+      model, mesh["tp"],
+      gpt_tp_plan({.sequence_parallel = s.sequence_parallel, .overlap_chunks = s.overlap_chunks}));
   const std::vector<std::string> dp_dims(s.names.begin(), s.names.end() - 1);
   int64_t dp_size = 1, dp_rank = 0;
   if (!dp_dims.empty()) {
@@ -95,9 +94,8 @@ TpRun train_tensor_parallel(const std::shared_ptr<ProcessGroup>& world, const Tp
   for (int step = 0; step < s.steps; ++step) {
     const auto [x, y] = batch_of(step);
     const Tensor logits = model(to(narrow(x, 0, dp_rank * rows, rows), s.device));
-    const Tensor loss =
-        loss_parallel_cross_entropy(logits, to(narrow(y, 0, dp_rank * rows, rows), s.device),
-                                    mesh["tp"], config.vocab_size);
+    const Tensor loss = loss_parallel_cross_entropy(
+        logits, to(narrow(y, 0, dp_rank * rows, rows), s.device), mesh["tp"], config.vocab_size);
     backward(loss);
     if (step == 0) {
       for (auto& [name, p] : model.named_parameters()) {
@@ -107,8 +105,7 @@ TpRun train_tensor_parallel(const std::shared_ptr<ProcessGroup>& world, const Tp
     clip_grad_norm(model.parameters(), 1.0);
     opt.step();
     opt.zero_grad();
-    Tensor mean = to(from_vector<float>({static_cast<float>(item(loss))}),
-                     world->default_device());
+    Tensor mean = to(from_vector<float>({static_cast<float>(item(loss))}), world->default_device());
     world->all_reduce(mean, {.op = ReduceOp::kAvg});  // tp ranks agree; dp slices averaged
     run.losses.push_back(static_cast<float>(item(mean)));
   }
@@ -126,12 +123,12 @@ TpRun train_tensor_parallel_threads(const TpSetup& setup) {
   return got;
 }
 
-std::string parity_error(const TpRun& got, const TpRun& want, double loss_rtol,
-                         double grad_tol) {
+std::string parity_error(const TpRun& got, const TpRun& want, double loss_rtol, double grad_tol) {
   if (want.losses.back() > want.losses.front() - 1.0) {
-    return fmt::format("the single-process loss fell only from {} to {}: the data teaches "
-                       "nothing",
-                       want.losses.front(), want.losses.back());
+    return fmt::format(
+        "the single-process loss fell only from {} to {}: the data teaches "
+        "nothing",
+        want.losses.front(), want.losses.back());
   }
   if (got.losses.size() != want.losses.size()) return "the runs have different step counts";
   for (size_t i = 0; i < got.losses.size(); ++i) {

@@ -18,8 +18,11 @@ namespace {
 
 TEST(TpGlooTest, FsdpTimesSequenceParallelOverFourProcessesMatchesSingleProcess) {
   if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
-  const testing::TpSetup setup{.shape = {2, 2}, .names = {"dp_shard", "tp"},
-                               .sequence_parallel = true, .overlap_chunks = 2, .steps = 8};
+  const testing::TpSetup setup{.shape = {2, 2},
+                               .names = {"dp_shard", "tp"},
+                               .sequence_parallel = true,
+                               .overlap_chunks = 2,
+                               .steps = 8};
   const auto outcomes = testing::run_processes(
       4,
       [&setup](int rank, const std::string& store_dir) {

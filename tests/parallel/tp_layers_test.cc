@@ -35,8 +35,7 @@ void expect_near(const Tensor& got, const Tensor& want, double tol, const std::s
     const double err = std::abs(g[i] - w[i]) / (1.0 + std::abs(w[i]));
     if (err > worst) worst = err, at = i;
   }
-  EXPECT_LE(worst, tol) << what << ": element " << at << " is " << g[at] << ", expected "
-                        << w[at];
+  EXPECT_LE(worst, tol) << what << ": element " << at << " is " << g[at] << ", expected " << w[at];
 }
 
 // Rank r's piece of dim d of `whole` split `parts` ways (torch.chunk's sizes).
@@ -178,11 +177,12 @@ class Net : public nn::Module {
 // from a Replicate input.
 ParallelizePlan net_plan_prepared() {
   const Placement seq = Shard{1};
-  return {{"emb", RowwiseParallel{.output_layout = seq}},
-          {"up", ColwiseParallel{.input_layout = seq}},
-          {"down", RowwiseParallel{.output_layout = seq}},
-          {"norm", PrepareModuleInput{.input_layouts = {seq}, .desired_input_layouts = {Replicate{}}}},
-          {"qkv", ColwiseParallel{.sections = 3}}};
+  return {
+      {"emb", RowwiseParallel{.output_layout = seq}},
+      {"up", ColwiseParallel{.input_layout = seq}},
+      {"down", RowwiseParallel{.output_layout = seq}},
+      {"norm", PrepareModuleInput{.input_layouts = {seq}, .desired_input_layouts = {Replicate{}}}},
+      {"qkv", ColwiseParallel{.sections = 3}}};
 }
 
 ParallelizePlan net_plan(bool sequence_parallel, int64_t overlap) {
@@ -267,7 +267,8 @@ TEST(TpLayersTest, ParametersBecomeDTensorsAndStateDictsKeepTheModulesShapes) {
   });
 }
 
-// ---- Loss parallelism ----------------------------------------------------------------------------
+// ---- Loss parallelism
+// ----------------------------------------------------------------------------
 
 TEST(TpLossTest, LossParallelCrossEntropyMatchesCrossEntropy) {
   const Tensor logits = mul(draw({2, 5, 11}, 5), 3.0);
@@ -288,7 +289,8 @@ TEST(TpLossTest, LossParallelCrossEntropyMatchesCrossEntropy) {
   }
 }
 
-// ---- Bad input -----------------------------------------------------------------------------------
+// ---- Bad input
+// -----------------------------------------------------------------------------------
 
 // What each of `ranks` rank threads throws (InvalidArgument or OutOfRange) from `fn`.
 std::vector<std::string> errors_of(int ranks, const std::vector<int64_t>& shape,
@@ -313,54 +315,64 @@ void expect_everywhere(const std::vector<std::string>& messages, const std::stri
   }
 }
 
-const nn::GptConfig kGpt{.vocab_size = 64, .block_size = 8, .n_layer = 2, .n_head = 4,
-                         .n_embd = 32};
+const nn::GptConfig kGpt{
+    .vocab_size = 64, .block_size = 8, .n_layer = 2, .n_head = 4, .n_embd = 32};
 
 TEST(TpErrorTest, BadPlansFailOnEveryRankWithOneMessage) {
-  expect_everywhere(errors_of(2, {2}, {"tp"}, [](const DeviceMesh& mesh) {
-                      nn::GPT model(kGpt);
-                      parallelize_module(model, mesh, {{"transformer.h.*.attn.c_atn",
-                                                        ColwiseParallel{.sections = 3}}});
-                    }),
+  expect_everywhere(errors_of(2, {2}, {"tp"},
+                              [](const DeviceMesh& mesh) {
+                                nn::GPT model(kGpt);
+                                parallelize_module(model, mesh,
+                                                   {{"transformer.h.*.attn.c_atn",
+                                                     ColwiseParallel{.sections = 3}}});
+                              }),
                     "plan entry 'transformer.h.*.attn.c_atn' names no module of this GPT: "
                     "'transformer.h.0.attn' has no child 'c_atn' (its children: c_attn, c_proj, "
                     "resid_dropout)");
-  expect_everywhere(errors_of(3, {3}, {"tp"}, [](const DeviceMesh& mesh) {
-                      nn::GPT model(kGpt);
-                      parallelize_module(model, mesh, gpt_tp_plan());
-                    }),
+  expect_everywhere(errors_of(3, {3}, {"tp"},
+                              [](const DeviceMesh& mesh) {
+                                nn::GPT model(kGpt);
+                                parallelize_module(model, mesh, gpt_tp_plan());
+                              }),
                     "the attention at 'transformer.h.0.attn' has 4 heads, which do not divide "
                     "over the 3 ranks of the tensor-parallel group");
-  expect_everywhere(errors_of(4, {2, 2}, {"dp", "cp"}, [](const DeviceMesh& mesh) {
-                      nn::GPT model(kGpt);
-                      parallelize_module(model, mesh, gpt_tp_plan());
-                    }),
+  expect_everywhere(errors_of(4, {2, 2}, {"dp", "cp"},
+                              [](const DeviceMesh& mesh) {
+                                nn::GPT model(kGpt);
+                                parallelize_module(model, mesh, gpt_tp_plan());
+                              }),
                     "mesh (dp=2, cp=2) has no dimension 'tp' to split over");
-  expect_everywhere(errors_of(2, {2}, {"tp"}, [](const DeviceMesh& mesh) {
-                      nn::GPT model(kGpt);
-                      parallelize_module(model, mesh, {{"transformer.ln_f", ColwiseParallel{}}});
-                    }),
-                    "ColwiseParallel applies to a Linear; 'transformer.ln_f' is a LayerNorm");
-  expect_everywhere(errors_of(2, {2}, {"tp"}, [](const DeviceMesh& mesh) {
-                      nn::GPT model(kGpt);
-                      parallelize_module(model, mesh, {{"transformer.h.*.attn.c_attn",
-                                                        ColwiseParallel{}}});
-                    }),
-                    "'transformer.h.0.attn.c_attn' packs q, k and v of attention: use "
-                    "ColwiseParallel{.sections = 3}");
-  expect_everywhere(errors_of(2, {2}, {"tp"}, [](const DeviceMesh& mesh) {
-                      nn::GPT model(kGpt);
-                      fully_shard(model, mesh);
-                      parallelize_module(model, mesh, gpt_tp_plan());
-                    }),
+  expect_everywhere(
+      errors_of(2, {2}, {"tp"},
+                [](const DeviceMesh& mesh) {
+                  nn::GPT model(kGpt);
+                  parallelize_module(model, mesh, {{"transformer.ln_f", ColwiseParallel{}}});
+                }),
+      "ColwiseParallel applies to a Linear; 'transformer.ln_f' is a LayerNorm");
+  expect_everywhere(
+      errors_of(
+          2, {2}, {"tp"},
+          [](const DeviceMesh& mesh) {
+            nn::GPT model(kGpt);
+            parallelize_module(model, mesh, {{"transformer.h.*.attn.c_attn", ColwiseParallel{}}});
+          }),
+      "'transformer.h.0.attn.c_attn' packs q, k and v of attention: use "
+      "ColwiseParallel{.sections = 3}");
+  expect_everywhere(errors_of(2, {2}, {"tp"},
+                              [](const DeviceMesh& mesh) {
+                                nn::GPT model(kGpt);
+                                fully_shard(model, mesh);
+                                parallelize_module(model, mesh, gpt_tp_plan());
+                              }),
                     "is already under fully_shard; apply tensor parallelism first");
-  expect_everywhere(errors_of(2, {1, 2}, {"dp", "tp"}, [](const DeviceMesh& mesh) {
-                      nn::GPT model(kGpt);
-                      parallelize_module(model, mesh["tp"],
-                                         gpt_tp_plan({.sequence_parallel = true}));
-                      fully_shard(model.submodule("transformer.ln_f"), mesh["dp"]);
-                      model(zeros({1, 4}, DType::kI64));
-                    }),
+  expect_everywhere(errors_of(2, {1, 2}, {"dp", "tp"},
+                              [](const DeviceMesh& mesh) {
+                                nn::GPT model(kGpt);
+                                parallelize_module(model, mesh["tp"],
+                                                   gpt_tp_plan({.sequence_parallel = true}));
+                                fully_shard(model.submodule("transformer.ln_f"), mesh["dp"]);
+                                model(zeros({1, 4}, DType::kI64));
+                              }),
                     "SequenceParallel: this LayerNorm is fully_shard'ed on its own");
   // Nothing changed when a later entry is bad: the model still runs whole.
   threads::run_ranks(2, [](ProcessGroup& pg) {
@@ -375,17 +387,20 @@ TEST(TpErrorTest, BadPlansFailOnEveryRankWithOneMessage) {
 }
 
 TEST(TpErrorTest, BadTokensAndSequenceLengthsFailOnEveryRank) {
-  expect_everywhere(errors_of(2, {2}, {"tp"}, [](const DeviceMesh& mesh) {
-                      nn::GPT model(kGpt);
-                      parallelize_module(model, mesh, gpt_tp_plan());
-                      model(from_vector<int64_t>({1, 64, 3}, {1, 3}));
-                    }),
+  expect_everywhere(errors_of(2, {2}, {"tp"},
+                              [](const DeviceMesh& mesh) {
+                                nn::GPT model(kGpt);
+                                parallelize_module(model, mesh, gpt_tp_plan());
+                                model(from_vector<int64_t>({1, 64, 3}, {1, 3}));
+                              }),
                     "token 64 at position 1 is outside the vocabulary [0, 64)");
-  expect_everywhere(errors_of(2, {2}, {"tp"}, [](const DeviceMesh& mesh) {
-                      nn::GPT model(kGpt);
-                      parallelize_module(model, mesh, gpt_tp_plan({.sequence_parallel = true}));
-                      model(zeros({1, 5}, DType::kI64));
-                    }),
+  expect_everywhere(errors_of(2, {2}, {"tp"},
+                              [](const DeviceMesh& mesh) {
+                                nn::GPT model(kGpt);
+                                parallelize_module(model, mesh,
+                                                   gpt_tp_plan({.sequence_parallel = true}));
+                                model(zeros({1, 5}, DType::kI64));
+                              }),
                     "has size 5, which does not split evenly over the 2 ranks");
 }
 

@@ -85,7 +85,7 @@ TEST(TpFsdpStateTest, PlacementsShowBothDimensionsAndMetaModelsInitialiseLikeThe
     EXPECT_EQ(fc.mesh(), mesh);
     EXPECT_EQ(fc.placements(), (std::vector<Placement>{Shard{0}, Shard{0}}));
     EXPECT_EQ(fc.spec().shard_order(), (std::vector<int64_t>{1, 0}));  // tp splits first
-    EXPECT_EQ(fc.local_shape(), (Shape{32, 32}));                     // 128 rows / 2 / 2
+    EXPECT_EQ(fc.local_shape(), (Shape{32, 32}));                      // 128 rows / 2 / 2
     const DTensor proj = as_dtensor(model->parameter("transformer.h.1.attn.c_proj.weight"));
     EXPECT_EQ(proj.placements(), (std::vector<Placement>{Shard{0}, Shard{1}}));
     const DTensor qkv = as_dtensor(model->parameter("transformer.h.0.attn.c_attn.weight"));

@@ -93,7 +93,7 @@ TEST(AutocastTest, RejectsADtypeThatIsNotLowerPrecision) {
     EXPECT_NE(std::string(e.what()).find("bf16 or f16"), std::string::npos) << e.what();
   }
   EXPECT_THROW(AutocastGuard(DeviceType::kCPU, DType::kI64), InvalidArgument);
-  EXPECT_FALSE(autocast_enabled());  // a failed guard changed nothing
+  EXPECT_FALSE(autocast_enabled());                   // a failed guard changed nothing
   AutocastGuard off(DType::kF32, /*enabled=*/false);  // any dtype when turning it off
   EXPECT_FALSE(autocast_enabled());
 }
@@ -221,16 +221,16 @@ TEST(AutocastTest, BackwardIgnoresTheCallersPolicyAndStaysNearF32) {
     std::optional<AutocastGuard> guard;
     if (autocast) guard.emplace(DType::kBF16);
     const Tensor h = gelu(linear(x, w1), GeluApproximation::kTanh);
-    const Tensor loss = sum(mul(softmax(linear(layer_norm(h, Tensor(), Tensor()), w2)),
-                                rnd({16, 8}, 14)));
+    const Tensor loss =
+        sum(mul(softmax(linear(layer_norm(h, Tensor(), Tensor()), w2)), rnd({16, 8}, 14)));
     if (!backward_inside) guard.reset();
     backward(loss);
     return std::pair{values(w1.grad()), values(w2.grad())};
   };
   const auto inside = grads(true, true), outside = grads(true, false), f32 = grads(false, false);
   EXPECT_EQ(inside, outside);
-  for (const auto& [got, want] : {std::pair{&outside.first, &f32.first},
-                                  std::pair{&outside.second, &f32.second}}) {
+  for (const auto& [got, want] :
+       {std::pair{&outside.first, &f32.first}, std::pair{&outside.second, &f32.second}}) {
     double err = 0, norm = 0;
     for (size_t i = 0; i < want->size(); ++i) {
       err += ((*got)[i] - (*want)[i]) * ((*got)[i] - (*want)[i]);

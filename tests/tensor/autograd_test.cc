@@ -1,11 +1,12 @@
 // Autograd engine: backward semantics, accumulation, no-grad, detach, hooks, custom functions,
 // determinism.
+#include "tessel/tensor/autograd.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "tessel/base/error.h"
-#include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/thread_pool.h"
 
@@ -135,9 +136,11 @@ TEST(AutogradTest, PostAccumulateHookFiresOncePerLeafAfterAllPaths) {
   Tensor a = from_vector<float>({1}).set_requires_grad(true);
   Tensor b = from_vector<float>({2}).set_requires_grad(true);
   std::vector<std::pair<char, float>> order;
-  register_post_accumulate_grad_hook(a, [&](const Tensor& t) { order.emplace_back('a', values(t.grad())[0]); });
-  register_post_accumulate_grad_hook(b, [&](const Tensor& t) { order.emplace_back('b', values(t.grad())[0]); });
-  const Tensor h = mul(a, 2.0);             // layer 1
+  register_post_accumulate_grad_hook(
+      a, [&](const Tensor& t) { order.emplace_back('a', values(t.grad())[0]); });
+  register_post_accumulate_grad_hook(
+      b, [&](const Tensor& t) { order.emplace_back('b', values(t.grad())[0]); });
+  const Tensor h = mul(a, 2.0);                  // layer 1
   const Tensor out = add(mul(h, b), mul(a, b));  // layer 2 uses a again
   backward(sum(out));
   ASSERT_EQ(order.size(), 2u);
@@ -151,7 +154,8 @@ TEST(AutogradTest, CustomFunctionWithTwoOutputsAndContextData) {
       "halves", {x},
       [](FunctionContext& ctx, const std::vector<Tensor>& in) {
         ctx.data = int64_t{2};
-        return std::vector<Tensor>{contiguous(narrow(in[0], 0, 0, 2)), contiguous(narrow(in[0], 0, 2, 2))};
+        return std::vector<Tensor>{contiguous(narrow(in[0], 0, 0, 2)),
+                                   contiguous(narrow(in[0], 0, 2, 2))};
       },
       [](FunctionContext& ctx, const std::vector<Tensor>& g) {
         EXPECT_EQ(std::any_cast<int64_t>(ctx.data), 2);

@@ -138,8 +138,7 @@ std::vector<Expected> matmul_reference(const Tensor& a, const Tensor& b, const T
                                        const Tensor& out) {
   const int64_t rank = out.dim(), k = a.size(-1);
   // Element [batch..., i, j] of an operand, broadcasting its size-1 batch dims.
-  const auto at = [rank](const Tensor& t, const std::vector<int64_t>& idx, int64_t i,
-                         int64_t j) {
+  const auto at = [rank](const Tensor& t, const std::vector<int64_t>& idx, int64_t i, int64_t j) {
     const char* ptr = static_cast<const char*>(t.data_ptr());
     for (int64_t d = 0; d < rank - 2; ++d) {
       if (t.shape()[d] != 1) {

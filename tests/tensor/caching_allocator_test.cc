@@ -53,7 +53,9 @@ class FakeDevice final : public DeviceMemory {
     ++s_->events_recorded;
     return e;
   }
-  bool event_complete(void* event) override { return s_->completed.count(static_cast<int*>(event)) > 0; }
+  bool event_complete(void* event) override {
+    return s_->completed.count(static_cast<int*>(event)) > 0;
+  }
   void destroy_event(void* event) noexcept override {
     int* e = static_cast<int*>(event);
     s_->events.erase(e);
@@ -72,9 +74,8 @@ class FakeDevice final : public DeviceMemory {
 class CachingAllocatorTest : public ::testing::Test {
  protected:
   CachingAllocatorTest()
-      : allocator_(DeviceType::kCUDA, "fake", [this](int index) {
-          return std::make_unique<FakeDevice>(&devices_[index]);
-        }) {}
+      : allocator_(DeviceType::kCUDA, "fake",
+                   [this](int index) { return std::make_unique<FakeDevice>(&devices_[index]); }) {}
 
   // Completes every event recorded on `stream` so far.
   void complete(const Stream& stream) {
@@ -205,7 +206,7 @@ TEST_F(CachingAllocatorTest, PendingBlocksAreReleasedByEmptyCacheOnceComplete) {
 TEST_F(CachingAllocatorTest, OutOfMemoryEmptiesTheCacheRetriesOnceThenNamesTheState) {
   devices_[0].capacity = 24 * kMiB;
   void* a = allocator_.allocate(20 * kMiB, s0_);
-  allocator_.deallocate(a, 0);  // cached
+  allocator_.deallocate(a, 0);                    // cached
   void* b = allocator_.allocate(22 * kMiB, s0_);  // needs the cached 20 MiB back
   EXPECT_EQ(allocator_.stats(0).cache_flushes, 1);
   EXPECT_EQ(allocator_.stats(0).reserved_bytes, int64_t(22 * kMiB));
@@ -254,7 +255,8 @@ TEST_F(CachingAllocatorTest, ThreadsAllocatingAndFreeingAtOnceLeaveNothingAlloca
       const Stream s{Device::cuda(0), t % 2, nullptr};
       std::vector<void*> held;
       for (int i = 0; i < 500; ++i) {
-        held.push_back(allocator_.allocate(std::uniform_int_distribution<size_t>(1, 3 * kMiB)(rng), s));
+        held.push_back(
+            allocator_.allocate(std::uniform_int_distribution<size_t>(1, 3 * kMiB)(rng), s));
         if (held.size() > 4) {
           allocator_.deallocate(held.front(), 0);
           held.erase(held.begin());

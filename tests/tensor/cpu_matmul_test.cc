@@ -92,16 +92,16 @@ TEST(CpuMatmulTest, CachedPrimitivesTakeEachCallsOperands) {
         set_num_threads(threads);
         for (int rep = 0; rep < 6; ++rep) {
           const int i = rep % 2;
-          const Tensor got = to(matmul(to(a[i], dtype), transpose(to(w[i], dtype), 0, 1)),
-                                DType::kF32);
+          const Tensor got =
+              to(matmul(to(a[i], dtype), transpose(to(w[i], dtype), 0, 1)), DType::kF32);
           const std::vector<float> values = to_vector<float>(got);
           ASSERT_EQ(values.size(), expected[i].size());
           // bf16 output: 8 bits of mantissa on sums of up to 40 products of unit normals.
           const double tol = dtype == DType::kF32 ? 1e-3 : 0.1;
           for (size_t e = 0; e < values.size(); ++e) {
             ASSERT_NEAR(values[e], expected[i][e], tol * (1 + std::abs(expected[i][e])))
-                << dtype_name(dtype) << " " << shape_str(c.a) << ", operands " << i
-                << ", threads " << threads << ", element " << e;
+                << dtype_name(dtype) << " " << shape_str(c.a) << ", operands " << i << ", threads "
+                << threads << ", element " << e;
           }
         }
       }
@@ -127,7 +127,8 @@ TEST(CpuMatmulTest, BroadcastBatchOperandSplitAcrossThreads) {
         for (int64_t i = 0; i < 4; ++i)
           for (int64_t j = 0; j < 6; ++j) {
             double acc = 0;
-            for (int64_t q = 0; q < 5; ++q) acc += double{va[i * 5 + q]} * vb[(batch * 5 + q) * 6 + j];
+            for (int64_t q = 0; q < 5; ++q)
+              acc += double{va[i * 5 + q]} * vb[(batch * 5 + q) * 6 + j];
             ASSERT_NEAR(got[(batch * 4 + i) * 6 + j], acc, 1e-5)
                 << "threads " << threads << ", batch " << batch << ", row " << i << ", col " << j;
           }

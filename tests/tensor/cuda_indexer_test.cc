@@ -50,8 +50,10 @@ TEST(CudaIndexerTest, OffsetsMatchADirectComputationForRandomLayouts) {
     }
     std::vector<Vec> strides(3, Vec(rank));
     for (auto& st : strides) {
-      for (auto& v : st) v = std::uniform_int_distribution<int64_t>(0, 3)(rng) == 0 ? 0 :
-                                 std::uniform_int_distribution<int64_t>(1, 40)(rng);
+      for (auto& v : st)
+        v = std::uniform_int_distribution<int64_t>(0, 3)(rng) == 0
+                ? 0
+                : std::uniform_int_distribution<int64_t>(1, 40)(rng);
     }
     strides[2] = Vec(rank);  // one contiguous operand, as outputs are
     int64_t run = 1;

@@ -193,9 +193,10 @@ TEST(SetDataTest, KeepsIdentityAndAutogradStateAndDropsAStaleGradient) {
 // generator advances as for the whole tensor (row boxes, column boxes, inner boxes of 3-D).
 TEST(ShardInitTest, BoxesDrawTheirPartOfTheWholeTensorsValues) {
   const Shape global = {6, 5, 4};
-  for (const auto& [offset, size] : std::vector<std::pair<Shape, Shape>>{
-           {{2, 0, 0}, {3, 5, 4}}, {{0, 1, 0}, {6, 3, 4}}, {{1, 2, 1}, {4, 2, 2}},
-           {{5, 0, 0}, {0, 5, 4}}}) {
+  for (const auto& [offset, size] : std::vector<std::pair<Shape, Shape>>{{{2, 0, 0}, {3, 5, 4}},
+                                                                         {{0, 1, 0}, {6, 3, 4}},
+                                                                         {{1, 2, 1}, {4, 2, 2}},
+                                                                         {{5, 0, 0}, {0, 5, 4}}}) {
     Generator whole_gen(9), box_gen(9);
     Tensor whole = empty(global);
     normal_(whole, 0.5, 2.0, &whole_gen);

@@ -18,9 +18,12 @@ Tensor uniform(const Shape& shape, double lo, double hi, uint64_t seed) {
 }
 
 TEST(GradCheckTest, AddSubMulDiv_Broadcasting) {
-  expect_gradients_match([](const auto& in) { return add(in[0], in[1]); }, {rnd({3, 4}, 1), rnd({4}, 2)});
-  expect_gradients_match([](const auto& in) { return sub(in[0], in[1]); }, {rnd({3, 1}, 3), rnd({1, 5}, 4)});
-  expect_gradients_match([](const auto& in) { return mul(in[0], in[1]); }, {rnd({2, 3, 4}, 5), rnd({3, 1}, 6)});
+  expect_gradients_match([](const auto& in) { return add(in[0], in[1]); },
+                         {rnd({3, 4}, 1), rnd({4}, 2)});
+  expect_gradients_match([](const auto& in) { return sub(in[0], in[1]); },
+                         {rnd({3, 1}, 3), rnd({1, 5}, 4)});
+  expect_gradients_match([](const auto& in) { return mul(in[0], in[1]); },
+                         {rnd({2, 3, 4}, 5), rnd({3, 1}, 6)});
   expect_gradients_match([](const auto& in) { return div(in[0], in[1]); },
                          {rnd({3, 4}, 7), uniform({4}, 1.0, 2.0, 8)});
   expect_gradients_match([](const auto& in) { return sub(2.0, div(3.0, in[0])); },
@@ -32,8 +35,11 @@ TEST(GradCheckTest, Elementwise_NonContiguousInputs) {
                          {rnd({4, 3}, 10), rnd({3, 4}, 11)});
   expect_gradients_match([](const auto& in) { return add(slice(in[0], 1, 1, 6, 2), in[1]); },
                          {rnd({3, 6}, 12), rnd({3, 3}, 13)});
-  expect_gradients_match([](const auto& in) { return mul(expand(in[0], {3, 4}), in[1]); },
-                         {rnd({1, 4}, 14), rnd({3, 4}, 15)});
+  expect_gradients_match(
+      [](const auto& in) {
+        return mul(expand(in[0], {3, 4}), in[1]);
+      },
+      {rnd({1, 4}, 14), rnd({3, 4}, 15)});
 }
 
 TEST(GradCheckTest, UnaryOps) {
@@ -62,8 +68,10 @@ TEST(GradCheckTest, MaximumMinimumWhereMaskedFill) {
   // a = +-1 + small noise and b = small noise never come within a finite-difference step.
   const Tensor signs = add(mul(to(gt(rnd({3, 4}, 30), 0.0), DType::kF32), 2.0), -1.0);
   const Tensor a = add(signs, mul(rnd({3, 4}, 31), 0.1));
-  expect_gradients_match([](const auto& in) { return maximum(in[0], in[1]); }, {a, mul(rnd({4}, 32), 0.1)});
-  expect_gradients_match([](const auto& in) { return minimum(in[0], in[1]); }, {a, mul(rnd({3, 4}, 33), 0.1)});
+  expect_gradients_match([](const auto& in) { return maximum(in[0], in[1]); },
+                         {a, mul(rnd({4}, 32), 0.1)});
+  expect_gradients_match([](const auto& in) { return minimum(in[0], in[1]); },
+                         {a, mul(rnd({3, 4}, 33), 0.1)});
   const Tensor cond = gt(rnd({3, 4}, 34), 0.0);
   expect_gradients_match([cond](const auto& in) { return where(cond, in[0], in[1]); },
                          {rnd({3, 4}, 35), rnd({1, 4}, 36)});
@@ -99,8 +107,11 @@ TEST(GradCheckTest, Views) {
         return cat({parts[1], parts[0], in[1]}, 2);
       },
       {rnd({2, 3, 4}, 51), rnd({2, 3, 2}, 52)});
-  expect_gradients_match([](const auto& in) { return stack({in[0], in[1]}, 1); },
-                         {rnd({2, 3}, 53), rnd({2, 3}, 54)});
+  expect_gradients_match(
+      [](const auto& in) {
+        return stack({in[0], in[1]}, 1);
+      },
+      {rnd({2, 3}, 53), rnd({2, 3}, 54)});
 }
 
 TEST(GradCheckTest, SoftmaxLogSoftmax) {
@@ -114,15 +125,17 @@ TEST(GradCheckTest, SoftmaxLogSoftmax) {
 TEST(GradCheckTest, Norms) {
   expect_gradients_match([](const auto& in) { return layer_norm(in[0], in[1], in[2]); },
                          {rnd({4, 6}, 70), rnd({6}, 71), rnd({6}, 72)});
-  expect_gradients_match([](const auto& in) { return layer_norm(transpose(in[0], 0, 1), Tensor(), Tensor()); },
-                         {rnd({5, 3}, 73)});
+  expect_gradients_match(
+      [](const auto& in) { return layer_norm(transpose(in[0], 0, 1), Tensor(), Tensor()); },
+      {rnd({5, 3}, 73)});
   expect_gradients_match([](const auto& in) { return rms_norm(in[0], in[1]); },
                          {rnd({2, 3, 5}, 74), rnd({5}, 75)});
 }
 
 TEST(GradCheckTest, EmbeddingCrossEntropyDropout) {
   const Tensor idx = from_vector<int64_t>({3, 0, 3, 1, 4}, {5});
-  expect_gradients_match([idx](const auto& in) { return embedding(in[0], idx); }, {rnd({5, 3}, 80)});
+  expect_gradients_match([idx](const auto& in) { return embedding(in[0], idx); },
+                         {rnd({5, 3}, 80)});
   const Tensor target = from_vector<int64_t>({2, -100, 0, 4}, {4});
   expect_gradients_match([target](const auto& in) { return cross_entropy(in[0], target); },
                          {rnd({4, 5}, 81)});
@@ -138,10 +151,14 @@ TEST(GradCheckTest, EmbeddingCrossEntropyDropout) {
 }
 
 TEST(GradCheckTest, MatmulBmmLinear) {
-  expect_gradients_match([](const auto& in) { return matmul(in[0], in[1]); }, {rnd({3, 4}, 90), rnd({4, 2}, 91)});
-  expect_gradients_match([](const auto& in) { return matmul(in[0], in[1]); }, {rnd({2, 3, 4}, 92), rnd({4, 5}, 93)});
-  expect_gradients_match([](const auto& in) { return matmul(in[0], in[1]); }, {rnd({4}, 94), rnd({2, 4, 3}, 95)});
-  expect_gradients_match([](const auto& in) { return matmul(in[0], in[1]); }, {rnd({4}, 96), rnd({4}, 97)});
+  expect_gradients_match([](const auto& in) { return matmul(in[0], in[1]); },
+                         {rnd({3, 4}, 90), rnd({4, 2}, 91)});
+  expect_gradients_match([](const auto& in) { return matmul(in[0], in[1]); },
+                         {rnd({2, 3, 4}, 92), rnd({4, 5}, 93)});
+  expect_gradients_match([](const auto& in) { return matmul(in[0], in[1]); },
+                         {rnd({4}, 94), rnd({2, 4, 3}, 95)});
+  expect_gradients_match([](const auto& in) { return matmul(in[0], in[1]); },
+                         {rnd({4}, 96), rnd({4}, 97)});
   expect_gradients_match([](const auto& in) { return bmm(in[0], transpose(in[1], 1, 2)); },
                          {rnd({2, 3, 4}, 98), rnd({2, 5, 4}, 99)});
   // Attention-style: heads moved in front of time (non-contiguous batch dims).

@@ -1,4 +1,6 @@
 // Forward values of ops against independent loops, views, dtypes (bf16/f16 vs f32), and errors.
+#include "tessel/tensor/ops.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -6,7 +8,6 @@
 
 #include "tessel/base/error.h"
 #include "tessel/tensor/autograd.h"
-#include "tessel/tensor/ops.h"
 #include "tessel/tensor/thread_pool.h"
 
 namespace tessel {
@@ -268,7 +269,8 @@ TEST(OpsTest, MatmulSplitAcrossThreadsMatchesLoops) {
         for (int64_t j = 0; j < n; ++j) {
           double acc = 0;
           for (int64_t q = 0; q < k; ++q) acc += va[(t * m + i) * k + q] * vb[(t * k + q) * n + j];
-          ASSERT_NEAR(vc[(t * m + i) * n + j], acc, 1e-4) << shape_str(sa) << " x " << shape_str(sb);
+          ASSERT_NEAR(vc[(t * m + i) * n + j], acc, 1e-4)
+              << shape_str(sa) << " x " << shape_str(sb);
         }
   }
   set_num_threads(before);
@@ -303,7 +305,8 @@ TEST(OpsTest, GeluMatchesFormulas) {
   for (size_t i = 0; i < v.size(); ++i) {
     const double z = v[i];
     EXPECT_NEAR(exact[i], 0.5 * z * (1 + std::erf(z / std::sqrt(2.0))), 1e-6);
-    EXPECT_NEAR(approx[i], 0.5 * z * (1 + std::tanh(std::sqrt(2 / M_PI) * (z + 0.044715 * z * z * z))), 1e-6);
+    EXPECT_NEAR(approx[i],
+                0.5 * z * (1 + std::tanh(std::sqrt(2 / M_PI) * (z + 0.044715 * z * z * z))), 1e-6);
   }
 }
 
@@ -326,24 +329,44 @@ TEST(OpsTest, DropoutKeepsExpectedFractionAndScales) {
 TEST(OpsErrorTest, ShapeAndDtypeMismatchNameTheShapes) {
   expect_error<InvalidArgument>([] { add(ones({2, 3}), ones({4})); }, {"(2, 3)", "(4,)"});
   expect_error<InvalidArgument>([] { matmul(ones({2, 3}), ones({4, 5})); }, {"(2, 3)", "(4, 5)"});
-  expect_error<InvalidArgument>([] { matmul(ones({2, 3}), ones({3, 5}, DType::kBF16)); }, {"f32", "bf16"});
+  expect_error<InvalidArgument>(
+      [] {
+        matmul(ones({2, 3}), ones({3, 5}, DType::kBF16));
+      },
+      {"f32", "bf16"});
   expect_error<InvalidArgument>([] { linear(ones({2, 3}), ones({4, 5})); }, {"(2, 3)", "(4, 5)"});
   expect_error<InvalidArgument>([] { cat({ones({2, 3}), ones({2, 4})}, 0); }, {"(2, 4)", "(2, 3)"});
   expect_error<InvalidArgument>([] { where(ones({2}), ones({2}), ones({2})); }, {"bool", "f32"});
-  expect_error<InvalidArgument>([] { layer_norm(ones({2, 3}), ones({4}), Tensor()); }, {"(4,)", "3"});
-  expect_error<InvalidArgument>([] { cross_entropy(ones({2, 3}), zeros({3}, DType::kI64)); },
-                                {"(2, 3)", "(3,)"});
+  expect_error<InvalidArgument>(
+      [] {
+        layer_norm(ones({2, 3}), ones({4}), Tensor());
+      },
+      {"(4,)", "3"});
+  expect_error<InvalidArgument>(
+      [] {
+        cross_entropy(ones({2, 3}), zeros({3}, DType::kI64));
+      },
+      {"(2, 3)", "(3,)"});
   expect_error<InvalidArgument>([] { reshape(ones({2, 3}), {4, 2}); }, {"(2, 3)", "(4, 2)"});
   expect_error<OutOfRange>([] { transpose(ones({2, 3}), 0, 2); }, {"dimension 2"});
 }
 
 TEST(OpsErrorTest, OutOfRangeIndicesNameTheValue) {
-  expect_error<OutOfRange>([] { embedding(ones({4, 2}), from_vector<int64_t>({1, 4})); },
-                           {"index 4", "[0, 4)"});
-  expect_error<OutOfRange>([] { embedding(ones({4, 2}), from_vector<int32_t>({-1})); },
-                           {"index -1"});
-  expect_error<OutOfRange>([] { cross_entropy(ones({2, 3}), from_vector<int64_t>({0, 3})); },
-                           {"index 3", "[0, 3)"});
+  expect_error<OutOfRange>(
+      [] {
+        embedding(ones({4, 2}), from_vector<int64_t>({1, 4}));
+      },
+      {"index 4", "[0, 4)"});
+  expect_error<OutOfRange>(
+      [] {
+        embedding(ones({4, 2}), from_vector<int32_t>({-1}));
+      },
+      {"index -1"});
+  expect_error<OutOfRange>(
+      [] {
+        cross_entropy(ones({2, 3}), from_vector<int64_t>({0, 3}));
+      },
+      {"index 3", "[0, 3)"});
   expect_error<InvalidArgument>([] { embedding(ones({4, 2}), ones({2})); }, {"i64 or i32", "f32"});
 }
 

@@ -11,8 +11,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
-    tessel::parse_safetensors(std::span(reinterpret_cast<const std::byte*>(data), size),
-                              "<fuzz>");
+    tessel::parse_safetensors(std::span(reinterpret_cast<const std::byte*>(data), size), "<fuzz>");
   } catch (const tessel::Error&) {
     // Rejecting malformed input is the expected outcome.
   }

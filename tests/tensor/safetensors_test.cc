@@ -1,12 +1,12 @@
 #include "tessel/tensor/safetensors.h"
 
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tessel/base/error.h"
 
@@ -66,10 +66,8 @@ class SafetensorsDTypeTest : public testing::TestWithParam<DType> {};
 TEST_P(SafetensorsDTypeTest, RoundTripsThroughAFile) {
   const DType dtype = GetParam();
   TensorMap tensors = {
-      {"scalar", patterned({}, dtype, 1)},
-      {"empty", patterned({0, 3}, dtype, 2)},
-      {"one", patterned({1}, dtype, 3)},
-      {"odd", patterned({3, 5, 7}, dtype, 4)},
+      {"scalar", patterned({}, dtype, 1)},        {"empty", patterned({0, 3}, dtype, 2)},
+      {"one", patterned({1}, dtype, 3)},          {"odd", patterned({3, 5, 7}, dtype, 4)},
       {"large", patterned({1000, 33}, dtype, 5)},
   };
   const std::string path = temp_path(std::string(dtype_name(dtype)));
@@ -100,8 +98,8 @@ TEST(SafetensorsTest, MemoryAndFileFormsAgree) {
   uint64_t n = 0;
   std::memcpy(&n, bytes.data(), 8);
   EXPECT_EQ(n % 8, 0u);
-  EXPECT_TRUE(same_bytes(parse_safetensors(as_bytes(bytes), "<memory>").tensors.at("a"),
-                         tensors.at("a")));
+  EXPECT_TRUE(
+      same_bytes(parse_safetensors(as_bytes(bytes), "<memory>").tensors.at("a"), tensors.at("a")));
 }
 
 TEST(SafetensorsTest, WritesStridedViewsInRowMajorOrder) {
@@ -197,16 +195,14 @@ std::vector<BadFile> bad_files() {
                  eight),
        "needs"},
       {"overlap",
-       make_file("{" + ok_entry +
-                     R"(, "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
-                 eight),
+       make_file(
+           "{" + ok_entry + R"(, "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+           eight),
        "overlap"},
-      {"gap",
-       make_file(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", eight),
+      {"gap", make_file(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", eight),
        "gaps"},
       {"trailing_bytes", make_file("{" + ok_entry + "}", eight + "zz"), "trailing"},
-      {"metadata_not_strings", make_file(R"({"__metadata__": {"k": 1}})", ""),
-       "must be a string"},
+      {"metadata_not_strings", make_file(R"({"__metadata__": {"k": 1}})", ""), "must be a string"},
   };
 }
 
@@ -284,10 +280,10 @@ TEST(SafetensorsTest, NonZeroBoolBytesLoadAsTrue) {
 // Bounded random mutation of a valid file: every variant either loads or throws a tessel::Error
 // (never crashes or reads out of bounds; run under the asan preset to check the latter).
 TEST(SafetensorsTest, SurvivesRandomCorruption) {
-  const std::string valid = serialize_safetensors(
-      {{"a", patterned({3, 4}, DType::kF32, 1)}, {"b", patterned({5}, DType::kI64, 2)},
-       {"c", patterned({2, 2}, DType::kBool, 3)}},
-      {{"k", "v"}});
+  const std::string valid = serialize_safetensors({{"a", patterned({3, 4}, DType::kF32, 1)},
+                                                   {"b", patterned({5}, DType::kI64, 2)},
+                                                   {"c", patterned({2, 2}, DType::kBool, 3)}},
+                                                  {{"k", "v"}});
   std::mt19937 rng(12345);
   int loaded = 0;
   int rejected = 0;

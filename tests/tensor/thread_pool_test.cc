@@ -1,4 +1,6 @@
 // ThreadPool: covers every index once, nests, propagates exceptions; its default size.
+#include "tessel/tensor/thread_pool.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,8 +9,6 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
-
-#include "tessel/tensor/thread_pool.h"
 
 namespace tessel {
 namespace {

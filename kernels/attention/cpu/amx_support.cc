@@ -29,11 +29,10 @@ bool request_tile_permission() {
 }  // namespace
 
 bool amx_tiles_usable() {
-  static const bool usable = __builtin_cpu_supports("amx-tile") &&
-                             __builtin_cpu_supports("amx-bf16") &&
-                             __builtin_cpu_supports("avx512bf16") &&
-                             __builtin_cpu_supports("avx512f") &&
-                             __builtin_cpu_supports("avx512bw") && request_tile_permission();
+  static const bool usable =
+      __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512bw") && request_tile_permission();
   return usable;
 }
 

@@ -31,10 +31,17 @@ struct BackwardScratch {
   // (rows/2 x dp), P_drop^T and dS^T paired along queries (rows/2 x bk), dS along keys.
   TileVector<uint32_t> kt2, vt2, k2, q_d, dout_d, q_i, dout_i, pt2, dst2, ds2;
   BackwardScratch(const FlashPlan& plan, bool bf16)
-      : kt(plan.dp * plan.bk), vt(plan.dp * plan.bk), k(plan.bk * plan.dp),
-        q(plan.bq * plan.dp), dout(plan.bq * plan.dp), p(plan.bq * plan.bk),
-        pdrop(plan.bq * plan.bk), ds(plan.bq * plan.bk),
-        dk(plan.bk * plan.dp), dv(plan.bk * plan.dp), keep(plan.bq * plan.bk),
+      : kt(plan.dp * plan.bk),
+        vt(plan.dp * plan.bk),
+        k(plan.bk * plan.dp),
+        q(plan.bq * plan.dp),
+        dout(plan.bq * plan.dp),
+        p(plan.bq * plan.bk),
+        pdrop(plan.bq * plan.bk),
+        ds(plan.bq * plan.bk),
+        dk(plan.bk * plan.dp),
+        dv(plan.bk * plan.dp),
+        keep(plan.bq * plan.bk),
         row(std::max(plan.bk, plan.bq) * plan.dp) {
     if (!bf16) return;
     const int64_t half_q = (plan.bq + 1) / 2;

@@ -10,11 +10,16 @@ namespace tessel::kernels::attention {
 
 std::string_view cpu_isa_name(CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::kAuto: return "auto";
-    case CpuIsa::kScalar: return "scalar";
-    case CpuIsa::kAvx2: return "avx2";
-    case CpuIsa::kAvx512: return "avx512";
-    case CpuIsa::kAmx: return "amx";
+    case CpuIsa::kAuto:
+      return "auto";
+    case CpuIsa::kScalar:
+      return "scalar";
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kAvx512:
+      return "avx512";
+    case CpuIsa::kAmx:
+      return "amx";
   }
   return "?";
 }
@@ -22,7 +27,8 @@ std::string_view cpu_isa_name(CpuIsa isa) {
 bool cpu_isa_supported(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAuto:
-    case CpuIsa::kScalar: return true;
+    case CpuIsa::kScalar:
+      return true;
     case CpuIsa::kAvx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case CpuIsa::kAvx512:
@@ -70,8 +76,8 @@ KernelChoice choose_kernels(DType dtype, const FlashCpuOptions& o) {
   const bool wide = k.isa == CpuIsa::kAvx512 || k.isa == CpuIsa::kAmx;
   // bf16 GEMMs pay for bf16 inputs (measured in bench/attention_cpu); they need whole bf16
   // pairs of keys per block. AMX also needs whole pairs of queries per tile row of 16 pairs.
-  const bool pairs = o.bf16_dot_products && dtype == DType::kBF16 && wide &&
-                     __builtin_cpu_supports("avx512bf16");
+  const bool pairs =
+      o.bf16_dot_products && dtype == DType::kBF16 && wide && __builtin_cpu_supports("avx512bf16");
   k.block_kv = o.block_kv > 0 ? o.block_kv : pairs && k.isa == CpuIsa::kAmx ? 128 : 64;
   k.bf16_pairs = pairs && k.block_kv % 32 == 0;
   k.amx = k.bf16_pairs && k.isa == CpuIsa::kAmx && o.block_q % 32 == 0;
@@ -82,8 +88,8 @@ KernelChoice choose_kernels(DType dtype, const FlashCpuOptions& o) {
 
 FlashPlan make_flash_plan(const AttentionProblem& p, const FlashCpuOptions& o) {
   validate_attention_problem(p);
-  TESSEL_CHECK(p.q.device.is_cpu(), InvalidArgument,
-               "flash_cpu: tensors are on {}; expected cpu", p.q.device.str());
+  TESSEL_CHECK(p.q.device.is_cpu(), InvalidArgument, "flash_cpu: tensors are on {}; expected cpu",
+               p.q.device.str());
   TESSEL_CHECK(p.q.dtype != DType::kF16, InvalidArgument,
                "flash_cpu: dtype f16; flash_cpu supports f32 and bf16");
   const KernelChoice k = choose_kernels(p.q.dtype, o);
@@ -130,8 +136,8 @@ void load_rows(const AttentionView& view, int64_t b, int64_t h, int64_t s0, int6
   std::fill(dst + rows * ld, dst + rows_total * ld, 0.0f);
 }
 
-void load_rows_transposed(const AttentionView& view, int64_t b, int64_t h, int64_t s0,
-                          int64_t rows, int64_t bk, int64_t dp, float* dst, float* scratch) {
+void load_rows_transposed(const AttentionView& view, int64_t b, int64_t h, int64_t s0, int64_t rows,
+                          int64_t bk, int64_t dp, float* dst, float* scratch) {
   load_rows(view, b, h, s0, rows, bk, scratch, dp);
   for (int64_t r = 0; r < bk; ++r) {
     for (int64_t c = 0; c < dp; ++c) dst[c * bk + r] = scratch[r * dp + c];

@@ -30,8 +30,8 @@ constexpr int64_t kPanel = 32;
 
 // Keys [*lo, *hi) of the tile [j0, j0 + cols) that some query in [i_begin, i_end) sees under a
 // range mask (relative to j0; *lo >= *hi when none does).
-void panel_keys(const MaskEvaluator& mask, int64_t i_begin, int64_t i_end, int64_t j0,
-                int64_t cols, int64_t* lo, int64_t* hi) {
+void panel_keys(const MaskEvaluator& mask, int64_t i_begin, int64_t i_end, int64_t j0, int64_t cols,
+                int64_t* lo, int64_t* hi) {
   *lo = cols;
   *hi = 0;
   for (int64_t i = i_begin; i < i_end; ++i) {
@@ -71,8 +71,8 @@ struct KvOperands {
   }
 };
 
-KvOperands prepare_kv(const AttentionProblem& p, const FlashPlan& plan, bool pairs,
-                      bool amx, const ForkJoin& team) {
+KvOperands prepare_kv(const AttentionProblem& p, const FlashPlan& plan, bool pairs, bool amx,
+                      const ForkJoin& team) {
   KvOperands kv;
   kv.p = &p;
   kv.kv_heads = plan.kv_heads;
@@ -148,12 +148,21 @@ struct ForwardScratch {
   }
   // Only the Q^T and P^T layouts the plan's GEMMs read are allocated (f32 or bf16 pairs).
   ForwardScratch(const FlashPlan& plan, int64_t n, int64_t blocks)
-      : qt(plan.bf16 ? 0 : blocks * plan.dp * n), st(plan.bk * n), ot(blocks * plan.dp * n),
-        m(blocks * n), l(blocks * n), alpha(n), keep(plan.bk), rows(plan.bq * plan.dp),
+      : qt(plan.bf16 ? 0 : blocks * plan.dp * n),
+        st(plan.bk * n),
+        ot(blocks * plan.dp * n),
+        m(blocks * n),
+        l(blocks * n),
+        alpha(n),
+        keep(plan.bk),
+        rows(plan.bq * plan.dp),
         qt_pairs(plan.bf16 ? blocks * plan.dp / 2 * n : 0),
-        pt_pairs(plan.bf16 ? plan.bk / 2 * n : 0), bits(plan.dp),
-        panel_lo(ceil_div(n, kPanel)), panel_hi(ceil_div(n, kPanel)),
-        keep_tile(plan.amx ? plan.bk * n : 0), blocks(blocks) {}
+        pt_pairs(plan.bf16 ? plan.bk / 2 * n : 0),
+        bits(plan.dp),
+        panel_lo(ceil_div(n, kPanel)),
+        panel_hi(ceil_div(n, kPanel)),
+        keep_tile(plan.amx ? plan.bk * n : 0),
+        blocks(blocks) {}
 };
 
 // The class of the tile of query rows [i0, i0 + rows) and keys [j0, j0 + cols) of batch b.
@@ -314,15 +323,14 @@ void forward_task_fma(const AttentionProblem& p, const FlashPlan& plan, const Kv
           int64_t& hi = w.panel_hi[u];
           panel_keys(mask, q.i0 + q0, q.i0 + std::min(q.rows, q0 + kPanel), j0, cols, &lo, &hi);
           if (lo >= hi) continue;
-          ops.gemm(hi - lo, std::min(kPanel, n - q0), d, kv.k(t.bkv, j0 + lo), kv.k_row,
-                   kv.k_col, q.qt + q0, n, w.st.data() + lo * n + q0, n, false);
+          ops.gemm(hi - lo, std::min(kPanel, n - q0), d, kv.k(t.bkv, j0 + lo), kv.k_row, kv.k_col,
+                   q.qt + q0, n, w.st.data() + lo * n + q0, n, false);
         }
       } else if (bf16) {
         bf16->gemm(cols, n, dp / 2, kv.k_pairs.data() + t.bkv * kv.head + j0 * dp / 2, dp / 2, 1,
                    q.qt_pairs, n, w.st.data(), n, false);
       } else {
-        ops.gemm(cols, n, d, kv.k(t.bkv, j0), kv.k_row, kv.k_col, q.qt, n, w.st.data(), n,
-                 false);
+        ops.gemm(cols, n, d, kv.k(t.bkv, j0), kv.k_row, kv.k_col, q.qt, n, w.st.data(), n, false);
       }
       // Mask, online softmax (rescales O^T), dropout.
       if (tile == TileClass::kPartial) {
@@ -345,14 +353,14 @@ void forward_task_fma(const AttentionProblem& p, const FlashPlan& plan, const Kv
                               2 * u + 1 < cols ? w.st.data() + (2 * u + 1) * n : nullptr,
                               w.pt_pairs.data() + u * n, n);
         }
-        bf16->gemm(d, n, (cols + 1) / 2, kv.v_pairs.data() + t.bkv * kv.head + (j0 / 2) * dp, 1,
-                   dp, w.pt_pairs.data(), n, q.ot, n, true);
+        bf16->gemm(d, n, (cols + 1) / 2, kv.v_pairs.data() + t.bkv * kv.head + (j0 / 2) * dp, 1, dp,
+                   w.pt_pairs.data(), n, q.ot, n, true);
       } else if (by_panel) {
         for (int64_t q0 = 0, u = 0; q0 < n; q0 += kPanel, ++u) {
           const int64_t lo = w.panel_lo[u], hi = w.panel_hi[u];
           if (lo >= hi) continue;
-          ops.gemm(d, std::min(kPanel, n - q0), hi - lo, kv.v(t.bkv, j0 + lo), kv.v_col,
-                   kv.v_row, w.st.data() + lo * n + q0, n, q.ot + q0, n, true);
+          ops.gemm(d, std::min(kPanel, n - q0), hi - lo, kv.v(t.bkv, j0 + lo), kv.v_col, kv.v_row,
+                   w.st.data() + lo * n + q0, n, q.ot + q0, n, true);
         }
       } else {
         ops.gemm(d, n, cols, kv.v(t.bkv, j0), kv.v_col, kv.v_row, w.st.data(), n, q.ot, n, true);
@@ -371,8 +379,8 @@ void forward_task_fma(const AttentionProblem& p, const FlashPlan& plan, const Kv
     }
     if (out_in_place) {
       ops.transpose(q.ot, n, d, q.rows,
-                    static_cast<float*>(out.data) + out.offset(t.b, t.h, q.i0, 0),
-                    out.strides[2], w.alpha.data());
+                    static_cast<float*>(out.data) + out.offset(t.b, t.h, q.i0, 0), out.strides[2],
+                    w.alpha.data());
     } else {
       ops.transpose(q.ot, n, d, q.rows, w.rows.data(), dp, w.alpha.data());
       for (int64_t r = 0; r < q.rows; ++r) {
@@ -438,9 +446,9 @@ void flash_cpu_forward(const AttentionProblem& p, const AttentionView& out, floa
   const ForkJoin team(plan.threads);
   const MaskEvaluator mask(p);
   const DropoutMask drop(p.dropout.p, p.dropout.seed, p.dropout.offset);
-  const KvOperands kv = plan.sk > 0 ? prepare_kv(p, plan, plan.bf16 != nullptr,
-                                                 plan.amx != nullptr, team)
-                                    : KvOperands{};
+  const KvOperands kv = plan.sk > 0
+                            ? prepare_kv(p, plan, plan.bf16 != nullptr, plan.amx != nullptr, team)
+                            : KvOperands{};
   const int64_t n = round_up(plan.bq, kTileWidth);
   const int64_t group = plan.amx ? 1 : forward_query_group(plan);  // query blocks per task
   std::vector<ForwardScratch> scratch;  // one per worker, each zeroed once

@@ -42,8 +42,8 @@ void release() { _tile_release(); }
 // must be compile-time constants, hence the template.
 // b1 and c1 are the second column block of B and C.
 template <int MT, int NT>
-void block(int64_t k_pairs, const uint32_t* a, int64_t lda, const uint32_t* b,
-           const uint32_t* b1, int64_t ldb, float* c, float* c1, int64_t ldc, bool accumulate) {
+void block(int64_t k_pairs, const uint32_t* a, int64_t lda, const uint32_t* b, const uint32_t* b1,
+           int64_t ldb, float* c, float* c1, int64_t ldc, bool accumulate) {
   const int64_t sa = lda * 4, sb = ldb * 4, sc = ldc * 4;  // strides in bytes
   if (accumulate) {
     _tile_loadd(0, c, sc);
@@ -106,9 +106,8 @@ void gemm_b_resident(int64_t m, int64_t n, const uint32_t* a, int64_t lda, const
   }
 }
 
-void gemm(int64_t m, int64_t n, int64_t k_pairs, const uint32_t* a, int64_t lda,
-          const uint32_t* b, int64_t ldb, int64_t b_block, float* c, int64_t ldc,
-          int64_t c_block, bool accumulate) {
+void gemm(int64_t m, int64_t n, int64_t k_pairs, const uint32_t* a, int64_t lda, const uint32_t* b,
+          int64_t ldb, int64_t b_block, float* c, int64_t ldc, int64_t c_block, bool accumulate) {
   if (k_pairs == 32 && n % 32 == 0 && !accumulate) {
     gemm_b_resident(m, n, a, lda, b, ldb, b_block, c, ldc, c_block);
     return;

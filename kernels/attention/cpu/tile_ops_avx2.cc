@@ -47,8 +47,8 @@ struct Vec {
     for (int i = kExp2Degree - 1; i >= 0; --i) {
       p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[i]));
     }
-    const __m256i e = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
   }
 };

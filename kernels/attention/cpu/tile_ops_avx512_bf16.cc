@@ -40,7 +40,9 @@ void to_bf16(const float* src, uint16_t* dst, int64_t n) {
 void to_bf16_pairs(const float* lo, const float* hi, uint32_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
     __m512i pairs = _mm512_cvtepu16_epi32(bf16_bits(lo + i));
-    if (hi) pairs = _mm512_or_si512(pairs, _mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16_bits(hi + i)), 16));
+    if (hi)
+      pairs =
+          _mm512_or_si512(pairs, _mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16_bits(hi + i)), 16));
     _mm512_storeu_si512(dst + i, pairs);
   }
 }
@@ -48,9 +50,9 @@ void to_bf16_pairs(const float* lo, const float* hi, uint32_t* dst, int64_t n) {
 // (bf16(lo[i]), bf16(hi[i])) for the 16 lanes: both rounded by one vcvtne2ps2bf16, then
 // interleaved.
 __m512i bf16_pairs(__m512 lo, __m512 hi) {
-  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25,
-                                              9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18,
-                                              2, 17, 1, 16, 0);
+  const __m512i interleave =
+      _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                       21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const __m512i halves = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
   return _mm512_permutexvar_epi16(interleave, halves);
 }
@@ -84,9 +86,8 @@ __m512 exp2_bf16(__m512 x) {
 
 // See Bf16TileOps::softmax_pairs; the arithmetic of softmax_step<Vec512> with n = 16, but the
 // exponentials by exp2_bf16.
-void softmax_pairs(const float* st, int64_t keys, float mul, const float* keep, float* m,
-                   float* l, float* ot, int64_t out_rows, float* alpha, uint32_t* pt,
-                   int64_t pairs) {
+void softmax_pairs(const float* st, int64_t keys, float mul, const float* keep, float* m, float* l,
+                   float* ot, int64_t out_rows, float* alpha, uint32_t* pt, int64_t pairs) {
   using V = Vec512;
   const __m512 vmul = V::set1(mul);
   const __m512 m_old = V::load(m);
@@ -122,9 +123,9 @@ void softmax_pairs(const float* st, int64_t keys, float mul, const float* keep, 
 }  // namespace avx512bf16
 
 const Bf16TileOps& tile_ops_avx512_bf16() {
-  static const Bf16TileOps ops{&avx512bf16::gemm<avx512bf16::PairVec, 6, 4>,
-                               &avx512bf16::to_bf16, &avx512bf16::to_bf16_pairs,
-                               &avx512bf16::pair_rows_blocked, &avx512bf16::softmax_pairs};
+  static const Bf16TileOps ops{&avx512bf16::gemm<avx512bf16::PairVec, 6, 4>, &avx512bf16::to_bf16,
+                               &avx512bf16::to_bf16_pairs, &avx512bf16::pair_rows_blocked,
+                               &avx512bf16::softmax_pairs};
   return ops;
 }
 

@@ -11,10 +11,10 @@
 #include <utility>
 
 #include "tessel/base/error.h"
-#include "tessel/tensor/cuda/cuda_check.h"
 #include "tessel/kernels/attention/cuda/flash_cuda_plan.h"
 #include "tessel/kernels/attention/cuda/internal/device_mask.h"
 #include "tessel/kernels/attention/cuda/internal/flash_launch.h"
+#include "tessel/tensor/cuda/cuda_check.h"
 #include "tessel/tensor/stream.h"
 
 namespace tessel::kernels::attention {
@@ -49,7 +49,8 @@ class StagingRing {
     }
     std::memcpy(s.data, src, bytes);
     TESSEL_CUDA_CHECK(cudaMemcpyAsync(dst, s.data, bytes, cudaMemcpyHostToDevice, stream));
-    if (s.event == nullptr) TESSEL_CUDA_CHECK(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming));
+    if (s.event == nullptr)
+      TESSEL_CUDA_CHECK(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming));
     TESSEL_CUDA_CHECK(cudaEventRecord(s.event, stream));
   }
 
@@ -115,7 +116,8 @@ void allow_dynamic_smem(const void* kernel, int bytes) {
   int& have = granted[{kernel, device}];
   if (have >= bytes) return;
   int optin = 0;
-  TESSEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  TESSEL_CUDA_CHECK(
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   TESSEL_CHECK(bytes <= optin, Unavailable,
                "flash_cuda: a kernel needs {} bytes of shared memory per block; device {} "
                "allows {} (flash_cuda targets sm_80 and sm_90)",

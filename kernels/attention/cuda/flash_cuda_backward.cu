@@ -267,7 +267,8 @@ TESSEL_DEVICE void flash_backward_dkdv_cta(const FlashParams& p, int n_block, in
       const int qm = (warp % T::kDqWarpsM) * 16, dc = (warp / T::kDqWarpsM) * (kD / T::kDqWarpsD);
       float dq[1][T::kDqNT][4];
       TESSEL_UNROLL
-      for (int nt = 0; nt < T::kDqNT; ++nt) dq[0][nt][0] = dq[0][nt][1] = dq[0][nt][2] = dq[0][nt][3] = 0;
+      for (int nt = 0; nt < T::kDqNT; ++nt)
+        dq[0][nt][0] = dq[0][nt][1] = dq[0][nt][2] = dq[0][nt][3] = 0;
       gemm_at_b<E, 1, T::kDqNT, kBN>(dq, sds, qm, sk, dc, 0, lane);
       float* acc = p.dq_accum + ((static_cast<int64_t>(b) * p.q_heads + h) * p.q_len) * kD;
       TESSEL_UNROLL
@@ -275,7 +276,8 @@ TESSEL_DEVICE void flash_backward_dkdv_cta(const FlashParams& p, int n_block, in
         TESSEL_UNROLL
         for (int c = 0; c < 4; ++c) {
           const int i = i0 + qm + g + 8 * (c / 2), d = dc + nt * 8 + 2 * t + (c % 2);
-          if (i < p.q_len && d < p.head_dim) atomic_add_f32(acc + static_cast<int64_t>(i) * kD + d, dq[0][nt][c]);
+          if (i < p.q_len && d < p.head_dim)
+            atomic_add_f32(acc + static_cast<int64_t>(i) * kD + d, dq[0][nt][c]);
         }
       }
     }
@@ -443,9 +445,9 @@ TESSEL_DEVICE void flash_backward_dq_cta(const FlashParams& p, int m_block, int 
 // ---- Launch shapes (shared with the emulator) --------------------------------------------
 
 struct BackwardLaunch {
-  int rows_grid;          // preprocess / postprocess CTAs (RowChunks::kThreads threads)
-  int dkdv_grid[3];       // (key blocks, H_kv, B)
-  int dq_grid[3];         // (query blocks, H_q, B)
+  int rows_grid;     // preprocess / postprocess CTAs (RowChunks::kThreads threads)
+  int dkdv_grid[3];  // (key blocks, H_kv, B)
+  int dq_grid[3];    // (query blocks, H_q, B)
 };
 template <class T, class Q, int kD>
 inline BackwardLaunch backward_launch_shape(const FlashParams& p) {
@@ -459,8 +461,8 @@ inline BackwardLaunch backward_launch_shape(const FlashParams& p) {
 
 #if defined(__CUDACC__)
 
-#include "tessel/tensor/cuda/cuda_check.h"
 #include "tessel/kernels/attention/cuda/internal/flash_launch.h"
+#include "tessel/tensor/cuda/cuda_check.h"
 
 namespace tessel::kernels::attention::cuda {
 

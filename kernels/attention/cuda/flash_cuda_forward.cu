@@ -25,9 +25,9 @@ struct ForwardTraits {
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpRows = kBlockM / kWarps;
-  static constexpr int kMT = kWarpRows / 16;   // m-tiles per warp
-  static constexpr int kNT = kBlockN / 8;      // n-tiles of S per m-tile
-  static constexpr int kDT = kHeadDim / 8;     // n-tiles of O per m-tile
+  static constexpr int kMT = kWarpRows / 16;  // m-tiles per warp
+  static constexpr int kNT = kBlockN / 8;     // n-tiles of S per m-tile
+  static constexpr int kDT = kHeadDim / 8;    // n-tiles of O per m-tile
   static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kHeadDim * 2;  // Q, K, V
   static_assert(kWarpRows % 16 == 0 && kBlockN % 64 == 0 && kHeadDim % 64 == 0, "tile shape");
 };
@@ -39,8 +39,7 @@ using ForwardD128 = ForwardTraits<128, 128, 64, 4>;
 // kEpilogueBarrier is always true in the library; the emulator's test instantiates false to
 // prove that it catches the barrier's absence.
 template <class T, Elem E, bool kEpilogueBarrier = true>
-TESSEL_DEVICE void flash_forward_cta(const FlashParams& p, int m_block, int h, int b,
-                                     char* smem) {
+TESSEL_DEVICE void flash_forward_cta(const FlashParams& p, int m_block, int h, int b, char* smem) {
   constexpr int kD = T::kHeadDim, kBM = T::kBlockM, kBN = T::kBlockN;
   constexpr int kMT = T::kMT, kNT = T::kNT, kDT = T::kDT;
   const int tid = thread_index(), warp = tid / 32, lane = tid % 32;
@@ -110,7 +109,8 @@ TESSEL_DEVICE void flash_forward_cta(const FlashParams& p, int m_block, int h, i
     TESSEL_UNROLL
     for (int mt = 0; mt < kMT; ++mt) {
       TESSEL_UNROLL
-      for (int nt = 0; nt < kNT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0;
+      for (int nt = 0; nt < kNT; ++nt)
+        s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0;
     }
     gemm_a_bt<E, kMT, kNT, kD>(s, sq, warp_row0, sk, 0, lane);
 
@@ -146,7 +146,8 @@ TESSEL_DEVICE void flash_forward_cta(const FlashParams& p, int m_block, int h, i
       for (int r = 0; r < 2; ++r) {
         float mx = row_max[mt][r];
         TESSEL_UNROLL
-        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+        for (int nt = 0; nt < kNT; ++nt)
+          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
         mx = quad_max(mx);
         // A row that has seen nothing yet keeps m = -inf; subtract 0 then (exp2(-inf) = 0).
         const float m_use = mx == -INFINITY ? 0.0f : mx;
@@ -221,8 +222,8 @@ struct LaunchShape {
 };
 template <class T>
 inline LaunchShape forward_launch_shape(const FlashParams& p) {
-  return {{(p.q_len + T::kBlockM - 1) / T::kBlockM, p.q_heads, p.batch}, T::kThreads,
-          T::kSmemBytes};
+  return {
+      {(p.q_len + T::kBlockM - 1) / T::kBlockM, p.q_heads, p.batch}, T::kThreads, T::kSmemBytes};
 }
 TESSEL_HD int forward_query_block(int block_x, int grid_x) { return grid_x - 1 - block_x; }
 
@@ -230,8 +231,8 @@ TESSEL_HD int forward_query_block(int block_x, int grid_x) { return grid_x - 1 -
 
 #if defined(__CUDACC__)
 
-#include "tessel/tensor/cuda/cuda_check.h"
 #include "tessel/kernels/attention/cuda/internal/flash_launch.h"
+#include "tessel/tensor/cuda/cuda_check.h"
 
 namespace tessel::kernels::attention::cuda {
 

@@ -1,11 +1,11 @@
 #include "tessel/kernels/attention/cuda/flash_cuda_plan.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <unordered_map>
-
-#include <fmt/format.h>
 
 #include "tessel/base/error.h"
 #include "tessel/kernels/attention/attention_mask.h"
@@ -25,15 +25,17 @@ std::string view_reason(const AttentionView& v, const char* name) {
   const auto addr = reinterpret_cast<uintptr_t>(v.data);
   for (int d = 0; d < 3; ++d) {
     if (v.strides[d] % 8 != 0 && v.sizes[d] > 1) {
-      return fmt::format("{} has stride {} along dim {}; flash_cuda needs strides that are "
-                         "multiples of 8 elements (16-byte aligned rows)",
-                         name, v.strides[d], d);
+      return fmt::format(
+          "{} has stride {} along dim {}; flash_cuda needs strides that are "
+          "multiples of 8 elements (16-byte aligned rows)",
+          name, v.strides[d], d);
     }
   }
   if (addr % 16 != 0) {
-    return fmt::format("{} starts at an address that is not 16-byte aligned; flash_cuda needs "
-                       "16-byte aligned rows",
-                       name);
+    return fmt::format(
+        "{} starts at an address that is not 16-byte aligned; flash_cuda needs "
+        "16-byte aligned rows",
+        name);
   }
   return {};
 }
@@ -81,8 +83,8 @@ struct DocRanges {
     for (int64_t b = 0; b < batch; ++b) {
       const int64_t* row = ids.data() + (shared ? 0 : b * len);
       for (int64_t t = 0; t < tiles; ++t) {
-        const auto [mn, mx] = std::minmax_element(row + t * kMaskTile,
-                                                  row + std::min(len, (t + 1) * kMaskTile));
+        const auto [mn, mx] =
+            std::minmax_element(row + t * kMaskTile, row + std::min(len, (t + 1) * kMaskTile));
         lo[b * tiles + t] = *mn;
         hi[b * tiles + t] = *mx;
       }
@@ -118,8 +120,8 @@ void build_tile_map(const AttentionProblem& p, MaskPlan& plan) {
   const MaskEvaluator coarse(window_prefix);
   const MaskEvaluator exact(p);
   const bool docs = m.has_documents();
-  const std::vector<int64_t>& kv_ids = m.kv_document_ids.empty() ? m.q_document_ids
-                                                                  : m.kv_document_ids;
+  const std::vector<int64_t>& kv_ids =
+      m.kv_document_ids.empty() ? m.q_document_ids : m.kv_document_ids;
   const DocRanges q_docs(docs ? m.q_document_ids : std::vector<int64_t>(sq), docs ? batch : 1, sq);
   const DocRanges kv_docs(docs ? kv_ids : std::vector<int64_t>(sk), docs ? batch : 1, sk);
 
@@ -195,8 +197,7 @@ void build_tile_map(const AttentionProblem& p, MaskPlan& plan) {
 }  // namespace
 
 DeviceView device_view(const AttentionView& view) {
-  return DeviceView{view.data, view.strides[0], view.strides[1], view.strides[2],
-                    view.strides[3]};
+  return DeviceView{view.data, view.strides[0], view.strides[1], view.strides[2], view.strides[3]};
 }
 
 std::string flash_cuda_layout_reason(const AttentionProblem& p) {
@@ -205,9 +206,10 @@ std::string flash_cuda_layout_reason(const AttentionProblem& p) {
   }
   const int64_t d = p.head_dim();
   if (d < 8 || d > kMaxHeadDim || d % 8 != 0) {
-    return fmt::format("head dim {}; flash_cuda supports head dims 8 to {} that are multiples "
-                       "of 8 (64 and 128 natively, others zero-padded)",
-                       d, kMaxHeadDim);
+    return fmt::format(
+        "head dim {}; flash_cuda supports head dims 8 to {} that are multiples "
+        "of 8 (64 and 128 natively, others zero-padded)",
+        d, kMaxHeadDim);
   }
   for (const auto& [view, name] : {std::pair{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"}}) {
     std::string why = view_reason(*view, name);
@@ -244,9 +246,8 @@ MaskPlan make_mask_plan(const AttentionProblem& p) {
   const AttentionMask& m = p.mask;
   MaskPlan plan;
   MaskParams& mp = plan.params;
-  mp.shift = m.alignment == MaskAlignment::kBottomRight
-                 ? static_cast<int>(p.kv_len() - p.q_len())
-                 : 0;
+  mp.shift =
+      m.alignment == MaskAlignment::kBottomRight ? static_cast<int>(p.kv_len() - p.q_len()) : 0;
   mp.left = m.window_left < 0 ? -1 : static_cast<int>(std::min<int64_t>(m.window_left, kMaxLen));
   int64_t right = m.window_right < 0 ? -1 : std::min<int64_t>(m.window_right, kMaxLen);
   if (m.causal) right = right < 0 ? 0 : std::min<int64_t>(right, 0);
@@ -271,8 +272,7 @@ MaskPlan make_mask_plan(const AttentionProblem& p) {
         m.kv_document_ids.empty() ? m.q_document_ids : m.kv_document_ids;
     document_ids_int32(m.q_document_ids, kv, plan.q_docs, plan.kv_docs);
     mp.q_docs_stride = static_cast<int64_t>(plan.q_docs.size()) == p.q_len() ? 0 : p.q_len();
-    mp.kv_docs_stride =
-        static_cast<int64_t>(plan.kv_docs.size()) == p.kv_len() ? 0 : p.kv_len();
+    mp.kv_docs_stride = static_cast<int64_t>(plan.kv_docs.size()) == p.kv_len() ? 0 : p.kv_len();
   }
   return plan;
 }

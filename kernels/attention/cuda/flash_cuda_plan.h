@@ -37,7 +37,7 @@ struct MaskPlan {
 };
 
 struct FlashPlan {
-  FlashParams params;        // views, sizes, scales, dropout; params.mask = mask.params
+  FlashParams params;  // views, sizes, scales, dropout; params.mask = mask.params
   Elem elem = Elem::kBf16;
   int kernel_head_dim = 64;  // 64 or 128
   MaskPlan mask;

@@ -1,14 +1,15 @@
 // The math backend on CUDA, host side: checks, the mask, scratch, chunking, launches.
 #define TESSEL_MATH_CUDA_LAUNCHERS 1
 
+#include "tessel/kernels/attention/cuda/math_cuda.h"
+
 #include <algorithm>
 
 #include "tessel/base/error.h"
-#include "tessel/tensor/cuda/cuda_check.h"
 #include "tessel/kernels/attention/cuda/flash_cuda_plan.h"
 #include "tessel/kernels/attention/cuda/internal/device_mask.h"
 #include "tessel/kernels/attention/cuda/internal/math_params.h"
-#include "tessel/kernels/attention/cuda/math_cuda.h"
+#include "tessel/tensor/cuda/cuda_check.h"
 #include "tessel/tensor/stream.h"
 
 namespace tessel::kernels::attention {
@@ -21,10 +22,14 @@ constexpr int64_t kScratchBytes = int64_t{256} << 20;  // per scratch buffer
 
 MathElem math_elem(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return MathElem::kF32;
-    case DType::kBF16: return MathElem::kBf16;
-    case DType::kF16: return MathElem::kF16;
-    default: break;
+    case DType::kF32:
+      return MathElem::kF32;
+    case DType::kBF16:
+      return MathElem::kBf16;
+    case DType::kF16:
+      return MathElem::kF16;
+    default:
+      break;
   }
   throw InvalidArgument(
       fmt::format("math_cuda: dtype {}; expected f32, bf16 or f16", dtype_name(dtype)));
@@ -69,9 +74,8 @@ void check_problem(const AttentionProblem& p) {
   validate_attention_problem(p);
   TESSEL_CHECK(p.q.device.is_cuda(), InvalidArgument,
                "math_cuda: tensors are on {}; expected a CUDA device", p.q.device.str());
-  TESSEL_CHECK(p.q_len() < (int64_t{1} << 30) && p.kv_len() < (int64_t{1} << 30),
-               InvalidArgument, "math_cuda: sequence lengths {} and {}; expected below 2^30",
-               p.q_len(), p.kv_len());
+  TESSEL_CHECK(p.q_len() < (int64_t{1} << 30) && p.kv_len() < (int64_t{1} << 30), InvalidArgument,
+               "math_cuda: sequence lengths {} and {}; expected below 2^30", p.q_len(), p.kv_len());
   math_elem(p.q.dtype);
 }
 
@@ -110,8 +114,7 @@ void math_cuda_forward(const AttentionProblem& problem, const AttentionView& out
 }
 
 void math_cuda_backward(const AttentionProblem& problem, const AttentionView& dout,
-                        const AttentionView& dq, const AttentionView& dk,
-                        const AttentionView& dv) {
+                        const AttentionView& dq, const AttentionView& dk, const AttentionView& dv) {
   check_problem(problem);
   check_output(dout, problem.q, "dout");
   check_output(dq, problem.q, "dq");

@@ -42,7 +42,8 @@ TESSEL_HD uint16_t float_to_half_bits(float f) {
   __builtin_memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));
+  if (abs >= 0x7f800000u)
+    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
   if (abs < 0x38800000u) {  // a subnormal half (or zero): round |f| * 2^24 to an integer
     const uint32_t shift = 126 - (abs >> 23);  // |f| * 2^24 = mantissa >> shift
@@ -60,21 +61,26 @@ TESSEL_HD uint16_t float_to_half_bits(float f) {
 
 TESSEL_HD float load_value(const DeviceView& view, MathElem elem, int64_t offset) {
   switch (elem) {
-    case MathElem::kF32: return static_cast<const float*>(view.data)[offset];
+    case MathElem::kF32:
+      return static_cast<const float*>(view.data)[offset];
     case MathElem::kBf16: {
-      const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(view.data)[offset]) << 16;
+      const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(view.data)[offset])
+                            << 16;
       float f;
       __builtin_memcpy(&f, &bits, 4);
       return f;
     }
-    case MathElem::kF16: return half_bits_to_float(static_cast<const uint16_t*>(view.data)[offset]);
+    case MathElem::kF16:
+      return half_bits_to_float(static_cast<const uint16_t*>(view.data)[offset]);
   }
   return 0.0f;
 }
 
 TESSEL_HD void store_value(const DeviceView& view, MathElem elem, int64_t offset, float x) {
   switch (elem) {
-    case MathElem::kF32: static_cast<float*>(view.data)[offset] = x; return;
+    case MathElem::kF32:
+      static_cast<float*>(view.data)[offset] = x;
+      return;
     case MathElem::kBf16: {
       uint32_t u;
       __builtin_memcpy(&u, &x, 4);
@@ -84,7 +90,9 @@ TESSEL_HD void store_value(const DeviceView& view, MathElem elem, int64_t offset
       static_cast<uint16_t*>(view.data)[offset] = bits;
       return;
     }
-    case MathElem::kF16: static_cast<uint16_t*>(view.data)[offset] = float_to_half_bits(x); return;
+    case MathElem::kF16:
+      static_cast<uint16_t*>(view.data)[offset] = float_to_half_bits(x);
+      return;
   }
 }
 

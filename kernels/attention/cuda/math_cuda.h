@@ -20,7 +20,6 @@ void math_cuda_forward(const AttentionProblem& problem, const AttentionView& out
 
 // dq, dk, dv of the forward above for output gradient dout (recomputes everything).
 void math_cuda_backward(const AttentionProblem& problem, const AttentionView& dout,
-                        const AttentionView& dq, const AttentionView& dk,
-                        const AttentionView& dv);
+                        const AttentionView& dq, const AttentionView& dk, const AttentionView& dv);
 
 }  // namespace tessel::kernels::attention

@@ -5,8 +5,9 @@
 namespace tessel::kernels::attention {
 namespace {
 [[noreturn]] void unavailable() {
-  throw Unavailable("math_cuda: tessel was built without CUDA (TESSEL_WITH_CUDA off or nvcc "
-                    "not found)");
+  throw Unavailable(
+      "math_cuda: tessel was built without CUDA (TESSEL_WITH_CUDA off or nvcc "
+      "not found)");
 }
 }  // namespace
 

@@ -17,9 +17,9 @@
 
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
-#include "tessel/tensor/cuda/cuda_check.h"
 #include "tessel/kernels/attention/cuda/flash_cuda.h"
 #include "tessel/kernels/attention/internal/lru_cache.h"
+#include "tessel/tensor/cuda/cuda_check.h"
 #include "tessel/tensor/stream.h"
 #include "tessel/tensor/tensor.h"
 
@@ -32,7 +32,8 @@ namespace fe = cudnn_frontend;
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDout, kDq, kDk, kDv };
 
 void check_cudnn(cudnnStatus_t status, const char* call) {
-  if (status == CUDNN_STATUS_SUCCESS) [[likely]] return;
+  if (status == CUDNN_STATUS_SUCCESS) [[likely]]
+    return;
   throw Internal(fmt::format("{} failed: {} ({})", call, cudnnGetErrorString(status),
                              static_cast<int>(status)));
 }
@@ -127,14 +128,16 @@ std::string key_str(const GraphKey& k) {
 std::shared_ptr<CachedGraph> build_graph(const GraphKey& key, cudnnHandle_t handle) {
   auto cached = std::make_shared<CachedGraph>();
   auto graph = std::make_shared<fe::graph::Graph>();
-  graph->set_io_data_type(key.dtype == DType::kBF16 ? fe::DataType_t::BFLOAT16
-                                                     : fe::DataType_t::HALF)
+  graph
+      ->set_io_data_type(key.dtype == DType::kBF16 ? fe::DataType_t::BFLOAT16
+                                                   : fe::DataType_t::HALF)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
   auto tensor = [&](const char* name, int64_t uid, const std::vector<int64_t>& dims,
                     const std::vector<int64_t>& strides) {
     return graph->tensor(
-        fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(strides));
+        fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(
+            strides));
   };
   const std::vector<int64_t>& qd = key.q_dims;
   const std::vector<int64_t> stats_dims = {qd[0], qd[1], qd[2], 1};
@@ -147,15 +150,21 @@ std::shared_ptr<CachedGraph> build_graph(const GraphKey& key, cudnnHandle_t hand
     attributes.set_diagonal_alignment(key.band.bottom_right ? fe::DiagonalAlignment_t::BOTTOM_RIGHT
                                                             : fe::DiagonalAlignment_t::TOP_LEFT);
     attributes.set_diagonal_band_right_bound(static_cast<int>(key.band.right));
-    if (key.band.left >= 0) attributes.set_diagonal_band_left_bound(static_cast<int>(key.band.left + 1));
+    if (key.band.left >= 0)
+      attributes.set_diagonal_band_left_bound(static_cast<int>(key.band.left + 1));
   };
   if (!key.backward) {
-    auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(key.scale);
+    auto options =
+        fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(
+            key.scale);
     set_band(options);
     auto [o, stats] = graph->sdpa(q, k, v, options);
     o->set_output(true).set_uid(kO).set_dim(qd).set_stride(key.strides[3]);
-    stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT)
-        .set_dim(stats_dims).set_stride(stats_strides);
+    stats->set_output(true)
+        .set_uid(kStats)
+        .set_data_type(fe::DataType_t::FLOAT)
+        .set_dim(stats_dims)
+        .set_stride(stats_strides);
   } else {
     auto o = tensor("o", kO, qd, key.strides[3]);
     auto dout = tensor("dout", kDout, qd, key.strides[4]);
@@ -179,7 +188,8 @@ std::shared_ptr<CachedGraph> build_graph(const GraphKey& key, cudnnHandle_t hand
   const std::pair<const char*, std::function<fe::error_t()>> steps[] = {
       {"validate", [&] { return graph->validate(); }},
       {"build_operation_graph", [&] { return graph->build_operation_graph(handle); }},
-      {"create_execution_plans", [&] { return graph->create_execution_plans({fe::HeurMode_t::A}); }},
+      {"create_execution_plans",
+       [&] { return graph->create_execution_plans({fe::HeurMode_t::A}); }},
       {"check_support", [&] { return graph->check_support(handle); }},
       {"build_plans", [&] { return graph->build_plans(); }},
       {"get_workspace_size", [&] { return graph->get_workspace_size(cached->workspace_bytes); }},
@@ -278,8 +288,7 @@ std::string static_reason(const AttentionProblem& p) {
   }
   const int64_t d = p.head_dim();
   if (d < 8 || d > 128 || d % 8 != 0) {
-    return fmt::format("head dim {}; cudnn supports head dims 8 to 128 that are multiples of 8",
-                       d);
+    return fmt::format("head dim {}; cudnn supports head dims 8 to 128 that are multiples of 8", d);
   }
   if (p.q_len() == 0 || p.kv_len() == 0 || p.batch() == 0 || p.q_heads() == 0) {
     return "an empty sequence, batch or head count; cudnn needs every size >= 1";
@@ -316,8 +325,8 @@ std::string static_reason(const AttentionProblem& p) {
 void check_output(const AttentionView& view, const AttentionView& like, const char* what) {
   validate_attention_output(view, like, what);
   TESSEL_CHECK(view.dtype == like.dtype, InvalidArgument,
-               "cudnn: {} has dtype {}; expected {} like the inputs", what,
-               dtype_name(view.dtype), dtype_name(like.dtype));
+               "cudnn: {} has dtype {}; expected {} like the inputs", what, dtype_name(view.dtype),
+               dtype_name(like.dtype));
   const std::string why = view_reason(view, what);
   TESSEL_CHECK(why.empty(), InvalidArgument, "cudnn: {}", why);
 }
@@ -326,18 +335,19 @@ void check_output(const AttentionView& view, const AttentionView& like, const ch
 void execute(const GraphKey& key, std::unordered_map<int64_t, void*>& pack, Device device) {
   tessel::cuda::DeviceGuard guard(device.index);
   const std::shared_ptr<CachedGraph> g = graph_for(key);
-  TESSEL_CHECK(g->graph != nullptr, InvalidArgument, "cudnn: cuDNN cannot run {}: {}",
-               key_str(key), g->error);
+  TESSEL_CHECK(g->graph != nullptr, InvalidArgument, "cudnn: cuDNN cannot run {}: {}", key_str(key),
+               g->error);
   cudnnHandle_t handle = thread_handle(device.index);
-  check_cudnn(cudnnSetStream(handle, static_cast<cudaStream_t>(current_stream(device).native_handle())),
-              "cudnnSetStream");
+  check_cudnn(
+      cudnnSetStream(handle, static_cast<cudaStream_t>(current_stream(device).native_handle())),
+      "cudnnSetStream");
   Tensor workspace;
   if (g->workspace_bytes > 0) workspace = empty({g->workspace_bytes}, DType::kBool, device);
   std::lock_guard<std::mutex> lock(g->run);
   fe::error_t status =
       g->graph->execute(handle, pack, workspace.defined() ? workspace.data_ptr() : nullptr);
-  TESSEL_CHECK(status.is_good(), Internal, "cudnn-frontend execute ({}) failed: {}",
-               key_str(key), status.get_message());
+  TESSEL_CHECK(status.is_good(), Internal, "cudnn-frontend execute ({}) failed: {}", key_str(key),
+               status.get_message());
 }
 
 void check_problem(const AttentionProblem& p) {
@@ -391,9 +401,9 @@ void cudnn_sdpa_backward(const AttentionProblem& p, const AttentionView& out,
   TESSEL_CHECK(lse != nullptr, InvalidArgument,
                "cudnn_sdpa_backward: lse is null; pass the forward's logsumexp");
   std::unordered_map<int64_t, void*> pack = {
-      {kQ, p.q.data},       {kK, p.k.data},   {kV, p.v.data},   {kO, out.data},
-      {kDout, dout.data},   {kStats, const_cast<float*>(lse)},  {kDq, dq.data},
-      {kDk, dk.data},       {kDv, dv.data}};
+      {kQ, p.q.data}, {kK, p.k.data},     {kV, p.v.data},
+      {kO, out.data}, {kDout, dout.data}, {kStats, const_cast<float*>(lse)},
+      {kDq, dq.data}, {kDk, dk.data},     {kDv, dv.data}};
   execute(backward_key(p, strides_of(out), strides_of(dout), strides_of(dq), strides_of(dk),
                        strides_of(dv)),
           pack, p.q.device);

@@ -1,7 +1,5 @@
 // Uses the installed headers and libraries the way a training program would: a 2x2 mesh over
 // four rank-threads, an all_reduce along each dimension, and a differentiable attention call.
-#include <cstdio>
-
 #include <tessel/base/build_info.h>
 #include <tessel/base/error.h>
 #include <tessel/collectives/threads/threads_backend.h>
@@ -9,6 +7,8 @@
 #include <tessel/mesh/device_mesh.h>
 #include <tessel/tensor/autograd.h>
 #include <tessel/tensor/ops.h>
+
+#include <cstdio>
 
 int main() {
   using namespace tessel;

@@ -61,7 +61,9 @@ struct CacheLineAllocator {
   T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlignment)); }
   void deallocate(T* p, size_t) { ::operator delete(p, kAlignment); }
   template <typename U>
-  bool operator==(const CacheLineAllocator<U>&) const { return true; }
+  bool operator==(const CacheLineAllocator<U>&) const {
+    return true;
+  }
 };
 
 // A per-thread tile: zero-initialised like std::vector, its data() on a cache-line boundary.
@@ -76,7 +78,7 @@ struct FlashPlan {
   int threads = 1;
   int64_t batch = 0, q_heads = 0, kv_heads = 0, group = 1;
   int64_t sq = 0, sk = 0, d = 0;
-  int64_t dp = 0;        // d padded to kTileWidth (to 32 for AMX)
+  int64_t dp = 0;  // d padded to kTileWidth (to 32 for AMX)
   int64_t bq = 64, bk = 64;
   int64_t q_blocks = 0, kv_blocks = 0;
   float scale = 1.0f;
@@ -108,8 +110,8 @@ void load_rows(const AttentionView& view, int64_t b, int64_t h, int64_t s0, int6
                int64_t rows_total, float* dst, int64_t ld, float mul = 1.0f);
 
 // dst (dp x bk) = transpose of view rows [s0, s0 + rows) of (b, h), zero padded.
-void load_rows_transposed(const AttentionView& view, int64_t b, int64_t h, int64_t s0,
-                          int64_t rows, int64_t bk, int64_t dp, float* dst, float* scratch);
+void load_rows_transposed(const AttentionView& view, int64_t b, int64_t h, int64_t s0, int64_t rows,
+                          int64_t bk, int64_t dp, float* dst, float* scratch);
 
 // view[b, h, s, 0..D) as bf16 bits into dst (exact for bf16 views, rounded to nearest even
 // for f32), zeros in [D, ld).
@@ -170,8 +172,8 @@ void store_dq(const AttentionView& dq, const FlashPlan& plan, const float* dq_ac
 
 // flash_cpu_backward for a plan with AMX tiles (plan.amx), after the arguments are checked.
 void flash_cpu_backward_amx(const AttentionProblem& problem, const FlashPlan& plan,
-                            const AttentionView& out, const AttentionView& dout,
-                            const float* lse, const AttentionView& dq, const AttentionView& dk,
+                            const AttentionView& out, const AttentionView& dout, const float* lse,
+                            const AttentionView& dq, const AttentionView& dk,
                             const AttentionView& dv);
 
 }  // namespace tessel::kernels::attention::internal

@@ -29,8 +29,8 @@ struct TileOps {
   // belongs to stays within kRescaleSlack (8) of its m: m is then a reference, not always the
   // maximum, and the probabilities stay below 2^8; m + log2(l) is the same either way. A query
   // with m' = -inf (no visible key so far) gets zeros and alpha 0 or 1.
-  void (*softmax_step)(float* st, int64_t keys, int64_t n, float mul, float* m, float* l,
-                       float* ot, int64_t out_rows, float* alpha);
+  void (*softmax_step)(float* st, int64_t keys, int64_t n, float mul, float* m, float* l, float* ot,
+                       int64_t out_rows, float* alpha);
   // The backward's dS in place of dP (rows x n, row-major, n a multiple of kTileWidth):
   // dp[r][j] = p[r][j] * (dp[r][j] * keep[r][j] - delta[r]), keep null without dropout.
   void (*ds_rows)(const float* p, const float* keep, const float* delta, int64_t rows, int64_t n,

@@ -59,9 +59,8 @@ struct MicroTable<V, NV, std::integer_sequence<int, I...>> {
 
 // C[m x n] (+)= A B over micro-kernel calls; n a multiple of V::kWidth.
 template <class V, int MR, int NV>
-void gemm(int64_t m, int64_t n, int64_t k, const typename V::Elem* a, int64_t a_row,
-          int64_t a_col, const typename V::Elem* b, int64_t ldb, float* c, int64_t ldc,
-          bool accumulate) {
+void gemm(int64_t m, int64_t n, int64_t k, const typename V::Elem* a, int64_t a_row, int64_t a_col,
+          const typename V::Elem* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   const auto& table = MicroTable<V, NV, std::make_integer_sequence<int, MR * NV>>::fns;
   constexpr int64_t panel = int64_t{NV} * V::kWidth;
   for (int64_t j = 0; j < n; j += panel) {
@@ -70,8 +69,8 @@ void gemm(int64_t m, int64_t n, int64_t k, const typename V::Elem* a, int64_t a_
     const int64_t nv = (n - j) / V::kWidth < NV ? (n - j) / V::kWidth : NV;
     for (int64_t i = 0; i < m; i += MR) {
       const int64_t mr = m - i < MR ? m - i : MR;
-      table[(mr - 1) * NV + (nv - 1)](k, a + i * a_row, a_row, a_col, b + j, ldb,
-                                      c + i * ldc + j, ldc, accumulate);
+      table[(mr - 1) * NV + (nv - 1)](k, a + i * a_row, a_row, a_col, b + j, ldb, c + i * ldc + j,
+                                      ldc, accumulate);
     }
   }
 }
@@ -189,10 +188,8 @@ void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, flo
 // [-0.5, 0.5] gave 7.9e-8: f32 rounding dominates), p(0) = 1 and p(1) = 2 exactly. The
 // fraction x - floor(x) lets the AVX-512 kernels scale by 2^floor(x) with vscalefps on x itself.
 inline constexpr int kExp2Degree = 6;
-inline constexpr float kExp2Poly[kExp2Degree + 1] = {1.0f,           0.693147004f,
-                                                     0.2402298f,     0.0554835238f,
-                                                     0.00967847276f, 0.00124430819f,
-                                                     0.00021690609f};
+inline constexpr float kExp2Poly[kExp2Degree + 1] = {
+    1.0f, 0.693147004f, 0.2402298f, 0.0554835238f, 0.00967847276f, 0.00124430819f, 0.00021690609f};
 
 // Vector types for f32 products provide these from their basic operations.
 template <class Base>
@@ -208,8 +205,9 @@ struct F32Products : Base {
 
 template <class V, int MR, int NV>
 const TileOps& make_tile_ops(const char* name) {
-  static const TileOps ops{name, &gemm<F32Products<V>, MR, NV>, &exp2_affine<V>,
-                           &softmax_step<V>, &ds_rows<V>, &transpose<V>};
+  static const TileOps ops{
+      name,         &gemm<F32Products<V>, MR, NV>, &exp2_affine<V>, &softmax_step<V>, &ds_rows<V>,
+      &transpose<V>};
   return ops;
 }
 

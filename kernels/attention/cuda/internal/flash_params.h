@@ -58,15 +58,15 @@ struct DropoutParams {
 };
 
 struct FlashParams {
-  DeviceView q, k, v, out;   // q, out (B, H_q, S_q, D); k, v (B, H_kv, S_k, D)
+  DeviceView q, k, v, out;      // q, out (B, H_q, S_q, D); k, v (B, H_kv, S_k, D)
   DeviceView dout, dq, dk, dv;  // backward only
   float* lse = nullptr;         // (B, H_q, S_q) contiguous, natural log
   float* delta = nullptr;       // backward scratch: rowsum(dO * O), (B, H_q, S_q)
   float* dq_accum = nullptr;    // backward scratch: f32 (B, H_q, S_q, kernel head dim); null
                                 // in the deterministic backward (dQ by its own kernel)
   int batch = 0, q_heads = 0, kv_heads = 0, q_len = 0, kv_len = 0;
-  int head_dim = 0;             // D of the views (<= the kernel's head dim; zero-padded)
-  float scale = 1.0f;           // softmax scale
+  int head_dim = 0;                        // D of the views (<= the kernel's head dim; zero-padded)
+  float scale = 1.0f;                      // softmax scale
   float scale_log2 = 1.4426950408889634f;  // scale * log2(e)
   MaskParams mask;
   DropoutParams dropout;
@@ -91,8 +91,8 @@ TESSEL_HD bool builtin_visible(const MaskParams& m, int b, int i, int j) {
 
 TESSEL_HD int32_t tile_entry(const MaskParams& m, int b, int h, int tile_i, int tile_j) {
   const int hm = m.heads == 1 ? 0 : h;
-  return m.tiles[((static_cast<int64_t>(b) * m.heads + hm) * m.tiles_q + tile_i) * m.tiles_k +
-                 tile_j];
+  return m
+      .tiles[((static_cast<int64_t>(b) * m.heads + hm) * m.tiles_q + tile_i) * m.tiles_k + tile_j];
 }
 
 // True when query i of (b, h) sees key j; requires i < S_q and j < S_k.
@@ -102,7 +102,8 @@ TESSEL_HD bool visible(const MaskParams& m, int b, int h, int i, int j) {
   if (t == kTileFull) return true;
   if (t == kTileEmpty) return false;
   if (t == kTilePartial) return builtin_visible(m, b, i, j);
-  return ((m.bits[static_cast<int64_t>(t) * kMaskTile + i % kMaskTile] >> (j % kMaskTile)) & 1u) != 0;
+  return ((m.bits[static_cast<int64_t>(t) * kMaskTile + i % kMaskTile] >> (j % kMaskTile)) & 1u) !=
+         0;
 }
 
 // What a kernel does with a block of queries x keys: skip it, apply the mask per element, or

@@ -47,8 +47,8 @@ TESSEL_DEVICE void load_tile(const SmemTile<kRows, kCols>& tile, const uint16_t*
 
 // Stores rows [0, rows) x columns [0, cols) of a tile to global memory, 16 bytes at a time.
 template <int kThreads, int kRows, int kCols>
-TESSEL_DEVICE void store_tile(const SmemTile<kRows, kCols>& tile, uint16_t* dst,
-                              int64_t row_stride, int rows, int cols, int tid) {
+TESSEL_DEVICE void store_tile(const SmemTile<kRows, kCols>& tile, uint16_t* dst, int64_t row_stride,
+                              int rows, int cols, int tid) {
   constexpr int kChunksPerRow = kCols / 8;
   constexpr int kRowStep = kThreads / kChunksPerRow;
   static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowStep == 0 && kRowStep % 8 == 0,
@@ -154,9 +154,8 @@ TESSEL_DEVICE void gemm_p_b(float (&acc)[kMT][kNT][4], const float (&p)[kMT][kK 
 // from tile `b` stored as rows k x columns n (b_col0 + 8 nt ..); k runs over rows
 // [k_row0, k_row0 + kK) of both. (The backward's dQ = dS K with dS^T and K in shared memory.)
 template <Elem E, int kMT, int kNT, int kK, int kRa, int kCa, int kRb, int kCb>
-TESSEL_DEVICE void gemm_at_b(float (&acc)[kMT][kNT][4], const SmemTile<kRa, kCa>& at,
-                             int at_col0, const SmemTile<kRb, kCb>& b, int b_col0, int k_row0,
-                             int lane) {
+TESSEL_DEVICE void gemm_at_b(float (&acc)[kMT][kNT][4], const SmemTile<kRa, kCa>& at, int at_col0,
+                             const SmemTile<kRb, kCb>& b, int b_col0, int k_row0, int lane) {
   static_assert(kNT % 2 == 0 && kK % 16 == 0 && kMT == 1, "gemm_at_b shape");
   using TA = SmemTile<kRa, kCa>;
   using TB = SmemTile<kRb, kCb>;
@@ -204,8 +203,7 @@ TESSEL_DEVICE void element_position(int idx, int row0, int col0, int* i, int* j)
 // Sets the scores a window mask hides to -inf (the whole mask when there is no tile map), and
 // those of queries >= S_q or keys >= S_k. Each row sees one range of columns [lo, hi).
 template <bool kTransposed, int kMT, int kNT>
-TESSEL_DEVICE void mask_window(float (&s)[kMT][kNT][4], const FlashParams& p, int row0,
-                               int col0) {
+TESSEL_DEVICE void mask_window(float (&s)[kMT][kNT][4], const FlashParams& p, int row0, int col0) {
   const MaskParams& m = p.mask;
   TESSEL_UNROLL
   for (int mt = 0; mt < kMT; ++mt) {

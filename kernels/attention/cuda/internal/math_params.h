@@ -17,9 +17,9 @@ enum class MathElem : uint8_t { kF32, kBf16, kF16 };
 struct MathParams {
   DeviceView q, k, v, out, dout, dq, dk, dv;
   MathElem elem = MathElem::kF32;
-  float* lse = nullptr;     // (B, H_q, S_q), may be null in forward
-  float* probs = nullptr;   // scratch: (chunk heads, S_q, S_k) scores, then probabilities
-  float* grads = nullptr;   // backward scratch: dP, then dS
+  float* lse = nullptr;    // (B, H_q, S_q), may be null in forward
+  float* probs = nullptr;  // scratch: (chunk heads, S_q, S_k) scores, then probabilities
+  float* grads = nullptr;  // backward scratch: dP, then dS
   int batch = 0, q_heads = 0, kv_heads = 0, q_len = 0, kv_len = 0, head_dim = 0;
   float scale = 1.0f;
   MaskParams mask;

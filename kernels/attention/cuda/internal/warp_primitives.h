@@ -172,8 +172,7 @@ float ld_shared_f32(SmemAddr a);
 void copy16_to_global(void* dst, SmemAddr src);
 void ldmatrix_x4(uint32_t (&r)[4], SmemAddr row);
 void ldmatrix_x4_trans(uint32_t (&r)[4], SmemAddr row);
-void emulated_mma_16816(bool bf16, float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                        uint32_t b1);
+void emulated_mma_16816(bool bf16, float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 uint32_t emulated_pack2(bool bf16, float lo, float hi);
 float emulated_to_float(bool bf16, uint16_t bits);
 void cp_async_16(SmemAddr dst, const void* src, bool pred);
