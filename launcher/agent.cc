@@ -1,24 +1,16 @@
 #include "tessel/launcher/agent.h"
 
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <condition_variable>
 #include <cstdlib>
-#include <deque>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -30,11 +22,15 @@
 #include "tessel/collectives/gloo/network_interface.h"
 #include "tessel/collectives/store.h"
 #include "tessel/collectives/store_client.h"
+#include "tessel/launcher/exec_path.h"
 #include "tessel/launcher/failure_report.h"
 #include "tessel/launcher/hang_dump.h"
 #include "tessel/launcher/rendezvous_client.h"
 #include "tessel/launcher/rendezvous_server.h"
 #include "tessel/launcher/root_cause.h"
+#include "tessel/launcher/round_control.h"
+#include "tessel/launcher/round_state.h"
+#include "tessel/launcher/socket_probe.h"
 #include "tessel/launcher/token.h"
 #include "tessel/launcher/worker_group.h"
 
@@ -44,7 +40,6 @@ namespace tessel::launcher {
 namespace {
 
 constexpr auto kL = LogComponent::kLauncher;
-constexpr auto kPollLimit = std::chrono::seconds(10);
 constexpr auto kRpcTimeout = std::chrono::seconds(5);
 // How much longer than the dump gathering a hung job's workers are kept before SIGKILL.
 constexpr auto kHangHoldMargin = std::chrono::seconds(5);
@@ -54,67 +49,6 @@ std::string hostname() {
   char buf[256] = {};
   gethostname(buf, sizeof(buf) - 1);
   return buf;
-}
-
-// A free TCP port on this host for MASTER_PORT (torchrun's approach: bind 0, read, close).
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
-
-// True when HOST of the endpoint names an address of one of this host's interfaces.
-bool endpoint_is_local(const std::string& endpoint) {
-  const std::string host = endpoint.substr(0, endpoint.rfind(':'));
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
-  ifaddrs* ifs = nullptr;
-  bool local = false;
-  if (getifaddrs(&ifs) == 0) {
-    for (addrinfo* a = res; a != nullptr && !local; a = a->ai_next) {
-      const auto want = reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr.s_addr;
-      for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
-        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
-            reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == want) {
-          local = true;
-          break;
-        }
-      }
-    }
-    freeifaddrs(ifs);
-  }
-  freeaddrinfo(res);
-  return local;
-}
-
-// True when something on this host already listens on the endpoint (another agent of the job
-// serves it): checked with a plain bind first so gRPC does not log a bind failure.
-bool endpoint_in_use(const std::string& endpoint) {
-  const std::string host = endpoint.substr(0, endpoint.rfind(':'));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port =
-      htons(static_cast<uint16_t>(std::atoi(endpoint.c_str() + endpoint.rfind(':') + 1)));
-  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) return false;  // a name: let gRPC try
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  const int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  const bool in_use =
-      bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 && errno == EADDRINUSE;
-  ::close(fd);
-  return in_use;
 }
 
 void make_dir(const std::string& path) {
@@ -137,137 +71,6 @@ AgentResult error_result(ExitCode code, const std::string& message) {
   return {exit_status(code),
           fmt::format("tessel-run: error ({}): {}\n", exit_code_name(code), message), ""};
 }
-
-// What the agent's control threads saw.
-struct ControlEvent {
-  bool server_lost = false;
-  proto::JobEvent event;
-};
-
-// The agent's two control threads for one round: heartbeats every interval, and the long-poll
-// for the round's job event. Events are queued and announced on an eventfd the agent's epoll
-// watches. Stopped (and joined) by stop() or the destructor.
-class RoundControl {
- public:
-  RoundControl(RendezvousClient& client, std::string node_id, int64_t round,
-               std::chrono::milliseconds interval, int misses, int event_fd)
-      : client_(client),
-        node_id_(std::move(node_id)),
-        round_(round),
-        interval_(interval),
-        misses_(misses),
-        event_fd_(event_fd) {
-    heartbeat_ = std::thread([this] { heartbeat_loop(); });
-    watcher_ = std::thread([this] { watch_loop(); });
-  }
-  ~RoundControl() { stop(); }
-
-  void stop() {
-    {
-      std::lock_guard lock(mu_);
-      if (stopped_) return;
-      stopped_ = true;
-      if (call_) call_->TryCancel();
-    }
-    cv_.notify_all();
-    heartbeat_.join();
-    watcher_.join();
-  }
-
-  std::optional<ControlEvent> take() {
-    std::lock_guard lock(mu_);
-    if (events_.empty()) return std::nullopt;
-    ControlEvent e = events_.front();
-    events_.pop_front();
-    return e;
-  }
-
- private:
-  void push(ControlEvent e) {
-    {
-      std::lock_guard lock(mu_);
-      events_.push_back(std::move(e));
-    }
-    const uint64_t one = 1;
-    (void)!::write(event_fd_, &one, sizeof(one));
-  }
-
-  void heartbeat_loop() {
-    auto last_ok = SteadyClock::now();
-    auto last_pass = last_ok;
-    const auto bound = interval_ * misses_;
-    std::unique_lock lock(mu_);
-    while (!cv_.wait_for(lock, interval_, [&] { return stopped_; })) {
-      lock.unlock();
-      if (const auto gap = SteadyClock::now() - last_pass; gap > bound) {
-        // Our own silence (SIGSTOP, a paused VM, CPU starvation), not the server's.
-        log_warn(kL,
-                 "this node did not run for {} (stopped or starved), longer than the "
-                 "heartbeat bound {}: the rendezvous server may have declared it lost",
-                 format_duration(gap), format_duration(bound));
-        last_ok = SteadyClock::now();
-      }
-      bool stale = false;
-      try {
-        client_.heartbeat(node_id_, round_, std::max(interval_, std::chrono::milliseconds(200)));
-        last_ok = SteadyClock::now();
-      } catch (const RpcError& e) {
-        stale = e.code() == grpc::StatusCode::FAILED_PRECONDITION;
-        if (e.code() == grpc::StatusCode::UNAUTHENTICATED) stale = true;
-      }
-      last_pass = SteadyClock::now();
-      if (!stale && SteadyClock::now() - last_ok > bound) {
-        log_warn(kL,
-                 "no answer from the rendezvous server {} for {} (the heartbeat bound): "
-                 "stopping this node's workers and joining the job again",
-                 client_.endpoint(), format_duration(SteadyClock::now() - last_ok));
-        push({.server_lost = true, .event = {}});
-        lock.lock();
-        return;
-      }
-      lock.lock();
-      if (stale) return;  // the round is over; its event is on the way
-    }
-  }
-
-  void watch_loop() {
-    for (;;) {
-      auto context = std::make_shared<grpc::ClientContext>();
-      {
-        std::lock_guard lock(mu_);
-        if (stopped_) return;
-        call_ = context;
-      }
-      try {
-        proto::JobEvent event = client_.wait_event(
-            node_id_, round_, kPollLimit + std::chrono::seconds(5), context.get());
-        if (event.kind() != proto::JobEvent::NONE) {
-          push({.server_lost = false, .event = event});
-          return;
-        }
-      } catch (const RpcError& e) {
-        std::unique_lock lock(mu_);
-        if (stopped_) return;
-        // The server restarts or a link blips: retry; the heartbeat thread decides loss.
-        cv_.wait_for(lock, interval_, [&] { return stopped_; });
-      }
-    }
-  }
-
-  RendezvousClient& client_;
-  const std::string node_id_;
-  const int64_t round_;
-  const std::chrono::milliseconds interval_;
-  const int misses_;
-  const int event_fd_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopped_ = false;
-  std::shared_ptr<grpc::ClientContext> call_;
-  std::deque<ControlEvent> events_;
-  std::thread heartbeat_;
-  std::thread watcher_;
-};
 
 // What a worker wrote to TORCHELASTIC_ERROR_FILE (torchrun's @record format: {"message":
 // {"message": "...", "extraInfo": {"py_callstack": "..."}}}), as a few lines for the report;
@@ -301,42 +104,6 @@ std::string error_file_summary(const std::string& path) {
   }
 }
 
-// How PROGRAM is started: itself, or with the Python interpreter as torchrun does (.py files,
-// -m modules, --run-path scripts; -u for unbuffered output). Throws ProgramError (127/126).
-std::pair<std::string, std::vector<std::string>> program_command(const LaunchOptions& o) {
-  const char* path_env = std::getenv("PATH");
-  const std::string path = path_env ? path_env : "/usr/bin:/bin";
-  const bool py_file = o.program.size() > 3 && o.program.ends_with(".py");
-  const bool python = o.module || o.run_path || (py_file && !o.no_python);
-  if (!python) return {resolve_program(o.program, path), o.program_args};
-  std::string interpreter;
-  try {
-    interpreter = resolve_program(env_string(EnvKnob::kPython), path);
-  } catch (const ProgramError& e) {
-    throw ProgramError(fmt::format("{} runs with Python, but {} (TESSEL_PYTHON; --no-python "
-                                   "runs it directly)",
-                                   o.program, e.message()),
-                       e.exit_status());
-  }
-  std::vector<std::string> args = {"-u"};
-  if (o.module) {
-    args.insert(args.end(), {"-m", o.program});
-  } else {
-    struct stat st {};
-    if (stat(o.program.c_str(), &st) != 0) {
-      throw ProgramError(fmt::format("program '{}' does not exist", o.program), 127);
-    }
-    if (o.run_path) {
-      args.insert(args.end(), {"-c",
-                               "import runpy, sys; sys.argv = sys.argv[1:]; "
-                               "runpy.run_path(sys.argv[0], run_name='__main__')"});
-    }
-    args.push_back(o.program);
-  }
-  args.insert(args.end(), o.program_args.begin(), o.program_args.end());
-  return {interpreter, args};
-}
-
 // A run id for --standalone (torchrun generates one too): 8-4-4-4-12 random hex digits.
 std::string generate_run_id() {
   const std::string hex = generate_token();
@@ -351,26 +118,6 @@ bool is_loopback_host(const std::string& host) {
   } catch (const Error&) {
     return false;
   }
-}
-
-// The trace tool to run: as given when it names a path or is on PATH; the default
-// `tessel-trace` is also looked for beside tessel-run (installed layout) and in the build
-// tree's flight_recorder/ folder.
-std::string find_trace_tool(const std::string& tool) {
-  const char* path = std::getenv("PATH");
-  try {
-    return resolve_program(tool, path ? path : "");
-  } catch (const ProgramError&) {
-  }
-  char self[4096] = {};
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0 || tool.find('/') != std::string::npos) return tool;
-  std::string dir(self, static_cast<size_t>(n));
-  dir = dir.substr(0, dir.rfind('/'));
-  for (const std::string& candidate : {dir + "/" + tool, dir + "/../flight_recorder/" + tool}) {
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return tool;
 }
 
 // The store client an agent records its workers' exits with, and the job's flight-recorder
@@ -439,7 +186,7 @@ RendezvousServerOptions server_options(const LaunchOptions& o, const std::string
   s.heartbeat_interval = o.monitor_interval;
   s.heartbeat_misses = o.heartbeat_misses;
   s.last_call_timeout = o.last_call_timeout;
-  s.poll_limit = kPollLimit;
+  s.poll_limit = kEventPollLimit;
   s.master_addr = o.master_addr;
   s.master_port = o.master_port;
   s.dump_on_hang = o.dump_on_hang;
@@ -571,21 +318,17 @@ struct NodeAgent::Impl {
     return f;
   }
 
-  enum class RoundEnd { kRestart, kFinal, kLinkLost };
-
-  // Supervises one round's workers until the server's event for the round arrives.
+  // Supervises one round's workers until the server's event for the round arrives and they
+  // are gone. Each thing seen is a transition of the round's state (round_state.h); the I/O it
+  // asks for (signals, reports) is done here.
   RoundEnd supervise(const proto::JoinResponse& r, RoundControl& control, proto::JobEvent* out) {
-    bool stopping = false, done_reported = false, all_ok = true;
-    bool holding = false;  // a hang: workers kept alive until the server has gathered dumps
-    int interrupts = 0;
-    Deadline kill_at = Deadline::never();
-    std::optional<RoundEnd> end;  // the server's decision; returned once the workers are gone
+    RoundState round;
     for (;;) {
-      if (end && workers->running() == 0) {
+      if (round.over(workers->running())) {
         workers->kill_all();  // descendants that outlived their worker
-        return *end;
+        return *round.end();
       }
-      WorkerEvents ev = workers->wait(kill_at);
+      WorkerEvents ev = workers->wait(round.kill_deadline());
       for (const WorkerExit& e : ev.exits) {
         // Every exit goes on record, so a gatherer never waits for a rank that is gone.
         if (exit_log) {
@@ -594,8 +337,7 @@ struct NodeAgent::Impl {
         ended_ranks.push_back(e.global_rank);
         ended_pids.push_back(e.pid);
         if (e.success()) continue;
-        all_ok = false;
-        if (stopping) continue;
+        if (!round.worker_failed()) continue;  // the round is already stopping
         proto::Failure f = failure_of(e, r);
         // A failure in a job whose ranks answer dump requests (it runs tessel's collectives)
         // takes the hang path whatever the exit status: a rank that lost a peer (exit 1) may be
@@ -606,21 +348,18 @@ struct NodeAgent::Impl {
         if (f.hang() || o.dump_on_hang) {
           // Keep the other workers alive: the server first gathers every rank's flight-recorder
           // dump, then ends the round (its event stops them). Bounded in case no event comes.
-          kill_at = Deadline::after(o.hang_dump_timeout + o.failure_grace + kHangHoldMargin);
+          round.hold_for_dumps(o.hang_dump_timeout + o.failure_grace + kHangHoldMargin);
         } else {
           workers->signal_all(SIGTERM);  // stop the rest now, without waiting for the server
-          kill_at = Deadline::after(o.failure_grace);
+          round.stop_after_failure(o.failure_grace);
         }
-        stopping = true;
-        holding = f.hang() || o.dump_on_hang;
         try {
           client->report_failure(node_id, r.round(), f, kRpcTimeout);
         } catch (const RpcError& err) {
           log_warn(kL, "failure report refused: {}", err.what());
         }
       }
-      if (workers->running() == 0 && all_ok && !done_reported && !stopping) {
-        done_reported = true;
+      if (workers->running() == 0 && round.all_workers_exited()) {
         try {
           client->report_done(node_id, r.round(), kRpcTimeout);
         } catch (const RpcError& err) {
@@ -636,8 +375,7 @@ struct NodeAgent::Impl {
               if (o.forward_usr_signals) workers->signal_all(sig);
               continue;
             }
-            ++interrupts;
-            if (sig == SIGINT && interrupts > 1) {
+            if (round.interrupted(sig, o.signal_grace) == RoundState::Interrupt::kKillNow) {
               log_warn(kL, "second SIGINT: killing the workers now");
               workers->signal_all(SIGKILL);
               continue;
@@ -645,8 +383,6 @@ struct NodeAgent::Impl {
             log_warn(kL, "{}: forwarding to the workers; SIGKILL in {}", signal_name(sig),
                      format_duration(o.signal_grace));
             workers->signal_all(sig);
-            kill_at = Deadline::after(o.signal_grace);
-            stopping = true;
             proto::Failure f;
             f.set_node_id(node_id);
             f.set_host(host);
@@ -664,22 +400,14 @@ struct NodeAgent::Impl {
           (void)!::read(event_fd, &n, sizeof(n));
           while (auto e = control.take()) {
             if (!e->server_lost) *out = e->event;
-            end = e->server_lost                                ? RoundEnd::kLinkLost
-                  : e->event.kind() == proto::JobEvent::RESTART ? RoundEnd::kRestart
-                                                                : RoundEnd::kFinal;
-            if (!stopping || holding) {
-              holding = false;
-              workers->signal_all(SIGTERM);
-              kill_at = Deadline::after(o.failure_grace);
-              stopping = true;
-            }
+            const RoundEnd end = e->server_lost                                ? RoundEnd::kLinkLost
+                                 : e->event.kind() == proto::JobEvent::RESTART ? RoundEnd::kRestart
+                                                                               : RoundEnd::kFinal;
+            if (round.server_decided(end, o.failure_grace)) workers->signal_all(SIGTERM);
           }
         }
       }
-      if (kill_at.expired()) {
-        workers->signal_all(SIGKILL);
-        kill_at = Deadline::never();
-      }
+      if (round.kill_due()) workers->signal_all(SIGKILL);
     }
   }
 

@@ -22,7 +22,7 @@
 #include "tessel/flight_recorder/analyzer.h"
 #include "tessel/flight_recorder/dump.h"
 #include "tessel/flight_recorder/dumper.h"
-#include "tessel/launcher/worker_group.h"
+#include "tessel/launcher/exec_path.h"
 
 namespace tessel::launcher {
 
@@ -174,8 +174,7 @@ bool WorkerExitLog::dump_responders(int world_size) {
 
 std::pair<int, std::string> run_capture(const std::vector<std::string>& argv, Nanoseconds timeout) {
   TESSEL_CHECK(!argv.empty(), InvalidArgument, "run_capture needs a program");
-  const char* path_env = std::getenv("PATH");
-  const std::string program = resolve_program(argv[0], path_env ? path_env : "/usr/bin:/bin");
+  const std::string program = find_program(argv[0]);
   std::vector<char*> cargv;
   cargv.push_back(const_cast<char*>(program.c_str()));
   for (size_t i = 1; i < argv.size(); ++i) cargv.push_back(const_cast<char*>(argv[i].c_str()));

@@ -26,40 +26,12 @@ constexpr uint64_t kSigchldTag = ~uint64_t{0};
 constexpr uint64_t kExternalBit = uint64_t{1} << 62;
 constexpr auto kDrainLimit = std::chrono::milliseconds(200);
 
-bool executable_file(const std::string& path) {
-  struct stat st {};
-  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
-}
-
 void close_fd(int& fd) {
   if (fd >= 0) ::close(fd);
   fd = -1;
 }
 
 }  // namespace
-
-std::string resolve_program(const std::string& program, const std::string& path_env) {
-  if (program.find('/') != std::string::npos) {
-    struct stat st {};
-    if (stat(program.c_str(), &st) != 0) {
-      throw ProgramError(fmt::format("program '{}' does not exist", program), 127);
-    }
-    if (!executable_file(program)) {
-      throw ProgramError(fmt::format("program '{}' is not an executable file", program), 126);
-    }
-    return program;
-  }
-  size_t start = 0;
-  while (start <= path_env.size()) {
-    const size_t colon = std::min(path_env.find(':', start), path_env.size());
-    const std::string dir =
-        colon > start ? path_env.substr(start, colon - start) : std::string(".");
-    const std::string candidate = dir + "/" + program;
-    if (executable_file(candidate)) return candidate;
-    start = colon + 1;
-  }
-  throw ProgramError(fmt::format("program '{}' not found on PATH ({})", program, path_env), 127);
-}
 
 int block_agent_signals() {
   sigset_t all;

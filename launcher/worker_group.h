@@ -25,24 +25,10 @@
 
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
+#include "tessel/launcher/exec_path.h"
 #include "tessel/launcher/log_mux.h"
 
 namespace tessel::launcher {
-
-// PROGRAM could not be started. exit_status is 127 (not found) or 126 (not executable).
-class ProgramError : public InvalidArgument {
- public:
-  ProgramError(const std::string& message, int exit_status)
-      : InvalidArgument(message), exit_status_(exit_status) {}
-  int exit_status() const { return exit_status_; }
-
- private:
-  int exit_status_;
-};
-
-// The absolute path execve will run: PROGRAM itself when it contains '/', else the first
-// executable match on PATH. Throws ProgramError naming the program (and PATH).
-std::string resolve_program(const std::string& program, const std::string& path_env);
 
 struct WorkerSpec {
   int local_rank = 0;
