@@ -17,8 +17,8 @@
 
 #include "bench_host.h"  // median
 #include "bench_processes.h"
-#include "tessel/collectives/file_store.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
+#include "tessel/store/file_store.h"
 
 namespace tessel::bench {
 

@@ -45,10 +45,10 @@
 #include "bench_pair.h"
 #include "tessel/base/clock.h"
 #include "tessel/collectives/fake/fake_backend.h"
-#include "tessel/collectives/file_store.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
 #include "tessel/collectives/mpi/mpi_backend.h"
 #include "tessel/flight_recorder/recorder.h"
+#include "tessel/store/file_store.h"
 
 namespace {
 

@@ -41,9 +41,9 @@
 #include "bench_processes.h"
 #include "tessel/base/clock.h"
 #include "tessel/collectives/fake/fake_backend.h"
-#include "tessel/collectives/file_store.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
 #include "tessel/parallel/dtensor.h"
+#include "tessel/store/file_store.h"
 #include "tessel/tensor/ops.h"
 
 namespace {

@@ -32,11 +32,11 @@
 #include "tessel/base/clock.h"
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
-#include "tessel/collectives/grpc/store_client_channel.h"
-#include "tessel/collectives/grpc/store_service.h"
-#include "tessel/collectives/memory_store.h"
-#include "tessel/collectives/store_client.h"
-#include "tessel/collectives/store_server.h"
+#include "tessel/store/internal/store_client_channel.h"
+#include "tessel/store/internal/store_service.h"
+#include "tessel/store/memory_store.h"
+#include "tessel/store/store_client.h"
+#include "tessel/store/store_server.h"
 
 namespace tessel {
 namespace {

@@ -19,7 +19,8 @@ foreach(folder IN LISTS TESSEL_LIBRARY_FOLDERS)
 endforeach()
 if(EXISTS ${CMAKE_BINARY_DIR}/gen/tessel)
   install(DIRECTORY ${CMAKE_BINARY_DIR}/gen/tessel/
-          DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tessel FILES_MATCHING PATTERN "*.h")
+          DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tessel FILES_MATCHING PATTERN "*.h"
+          PATTERN "internal" EXCLUDE)
 endif()
 
 set(_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/Tessel)

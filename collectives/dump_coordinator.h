@@ -19,8 +19,8 @@
 #include <thread>
 
 #include "tessel/base/clock.h"
-#include "tessel/collectives/store.h"
 #include "tessel/flight_recorder/dumper.h"
+#include "tessel/store/store.h"
 
 namespace tessel {
 

@@ -10,13 +10,13 @@
 #include "tessel/base/logging.h"
 #include "tessel/collectives/dump_coordinator.h"
 #include "tessel/collectives/fake/fake_backend.h"
-#include "tessel/collectives/file_store.h"
-#include "tessel/collectives/memory_store.h"
 #include "tessel/collectives/mpi/mpi_backend.h"
 #include "tessel/collectives/nccl/nccl_backend.h"
-#include "tessel/collectives/store.h"
-#include "tessel/collectives/store_client.h"
 #include "tessel/collectives/threads/threads_backend.h"
+#include "tessel/store/file_store.h"
+#include "tessel/store/memory_store.h"
+#include "tessel/store/store.h"
+#include "tessel/store/store_client.h"
 #include "tessel/tensor/cuda/cuda.h"
 
 namespace tessel {

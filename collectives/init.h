@@ -20,7 +20,7 @@
 
 #include "tessel/collectives/gloo/gloo_backend.h"
 #include "tessel/collectives/process_group.h"
-#include "tessel/collectives/store.h"
+#include "tessel/store/store.h"
 #include "tessel/tensor/device.h"
 
 namespace tessel {

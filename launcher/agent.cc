@@ -19,9 +19,6 @@
 #include "tessel/base/clock.h"
 #include "tessel/base/env.h"
 #include "tessel/base/logging.h"
-#include "tessel/collectives/gloo/network_interface.h"
-#include "tessel/collectives/store.h"
-#include "tessel/collectives/store_client.h"
 #include "tessel/launcher/exec_path.h"
 #include "tessel/launcher/failure_report.h"
 #include "tessel/launcher/hang_dump.h"
@@ -33,6 +30,9 @@
 #include "tessel/launcher/socket_probe.h"
 #include "tessel/launcher/token.h"
 #include "tessel/launcher/worker_group.h"
+#include "tessel/store/network_interface.h"
+#include "tessel/store/store.h"
+#include "tessel/store/store_client.h"
 
 extern char** environ;
 

@@ -18,11 +18,11 @@
 
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
-#include "tessel/collectives/store.h"
 #include "tessel/flight_recorder/analyzer.h"
 #include "tessel/flight_recorder/dump.h"
 #include "tessel/flight_recorder/dumper.h"
 #include "tessel/launcher/exec_path.h"
+#include "tessel/store/store.h"
 
 namespace tessel::launcher {
 

@@ -1,16 +1,18 @@
 #include "tessel/launcher/job_files.h"
 
+#include <cerrno>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
-#include "tessel/collectives/store.h"
 #include "tessel/flight_recorder/dump.h"
-#include "tessel/flight_recorder/internal/dump_stream.h"
 #include "tessel/flight_recorder/recorder.h"
 #include "tessel/flight_recorder/run_id.h"
 #include "tessel/launcher/token.h"
+#include "tessel/store/store.h"
 
 namespace tessel::launcher {
 namespace {
@@ -33,6 +35,16 @@ std::string shared_run_id(Store* store) {
              e.message(), own);
     return own;
   }
+}
+
+// The whole file (a dump the launcher just wrote); throws IoError naming it.
+std::string read_whole_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw_system_error(fmt::format("open '{}'", path.string()), errno);
+  std::ostringstream text;
+  text << in.rdbuf();
+  TESSEL_CHECK(!in.bad(), IoError, "cannot read '{}'", path.string());
+  return std::move(text).str();
 }
 
 }  // namespace
@@ -77,7 +89,7 @@ std::optional<std::string> recover_worker_ring(const JobRecorderFiles& files, in
     log_info(LogComponent::kLauncher,
              "rank {} (pid {}) left no dump: recovered its ring {} into {}", rank, pid,
              ring.string(), path.string());
-    return fr::internal::read_file_bytes(path);
+    return read_whole_file(path);
   } catch (const Error& e) {
     log_warn(LogComponent::kLauncher, "rank {}: cannot recover ring {}: {}", rank, ring.string(),
              e.message());

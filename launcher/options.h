@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "tessel/collectives/store_tls.h"
 #include "tessel/launcher/exit_codes.h"
 #include "tessel/launcher/log_mux.h"
+#include "tessel/store/store_tls.h"
 
 namespace tessel::launcher {
 

@@ -4,8 +4,8 @@
 
 #include "tessel/base/clock.h"
 #include "tessel/base/logging.h"
-#include "tessel/collectives/grpc/server_auth.h"
 #include "tessel/launcher/token.h"
+#include "tessel/store/server_kit.h"
 
 namespace tessel::launcher {
 
@@ -28,8 +28,7 @@ RendezvousClient::RendezvousClient(std::string endpoint, std::string token,
   // Reconnect fast after a blip: the heartbeat bound is short.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  channel_ =
-      grpc::CreateCustomChannel(endpoint_, internal::client_channel_credentials(options.tls), args);
+  channel_ = grpc::CreateCustomChannel(endpoint_, client_channel_credentials(options.tls), args);
   stub_ = proto::Rendezvous::NewStub(channel_);
 }
 
@@ -63,7 +62,7 @@ void RendezvousClient::wait_connected(std::chrono::milliseconds timeout) {
 void RendezvousClient::prepare(grpc::ClientContext& context,
                                std::chrono::milliseconds timeout) const {
   context.set_deadline(std::chrono::system_clock::now() + timeout);
-  context.AddMetadata(std::string(kTokenMetadataKey), token_);
+  context.AddMetadata(std::string(kJobTokenMetadataKey), token_);
 }
 
 namespace {

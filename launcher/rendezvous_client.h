@@ -11,8 +11,8 @@
 #include <string>
 
 #include "tessel/base/error.h"
-#include "tessel/collectives/store_tls.h"
 #include "tessel/launcher/proto/rendezvous.grpc.pb.h"
+#include "tessel/store/store_tls.h"
 
 namespace tessel::launcher {
 

@@ -15,11 +15,9 @@
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
-#include "tessel/collectives/grpc/connection_gate.h"
-#include "tessel/collectives/grpc/server_auth.h"
-#include "tessel/collectives/grpc/store_service.h"
 #include "tessel/launcher/proto/rendezvous.grpc.pb.h"
 #include "tessel/launcher/token.h"
+#include "tessel/store/server_kit.h"
 
 namespace tessel::launcher {
 namespace {
@@ -59,18 +57,18 @@ class RendezvousServer::State {
   explicit State(RendezvousServerOptions options) : options_(std::move(options)) {}
 
   const RendezvousServerOptions& options() const { return options_; }
-  void set_gate(internal::ConnectionGate* gate) { gate_ = gate; }
+  void set_kit(StoreServerKit* kit) { kit_ = kit; }
 
   // The call carries the job token (network calls without it were refused on their headers;
   // this check stays for defence in depth), and its connection is marked as authenticated.
   bool authenticated(grpc::CallbackServerContext* ctx) {
     const auto& md = ctx->client_metadata();
-    auto it = md.find(std::string(kTokenMetadataKey));
+    auto it = md.find(std::string(kJobTokenMetadataKey));
     if (it == md.end() ||
         !tokens_equal(std::string_view(it->second.data(), it->second.size()), options_.token)) {
       return false;
     }
-    if (gate_ != nullptr) gate_->authenticated(ctx->peer());
+    if (kit_ != nullptr) kit_->authenticated(ctx->peer());
     return true;
   }
 
@@ -620,7 +618,7 @@ class RendezvousServer::State {
   }
 
   const RendezvousServerOptions options_;
-  internal::ConnectionGate* gate_ = nullptr;
+  StoreServerKit* kit_ = nullptr;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   Phase phase_ = Phase::kJoining;
@@ -681,8 +679,8 @@ class RendezvousService final : public proto::Rendezvous::CallbackService {
 
 struct RendezvousServer::Impl {
   std::unique_ptr<RendezvousService> service;
-  std::unique_ptr<internal::StoreService> store_service;  // the job's Store, beside rendezvous
-  std::unique_ptr<internal::ConnectionGate> gate;
+  // The socket, the token credentials and the job's Store beside rendezvous; outlives server.
+  std::unique_ptr<StoreServerKit> kit;
   std::unique_ptr<grpc::Server> server;
   std::thread monitor;
   std::string address;
@@ -696,26 +694,20 @@ RendezvousServer::RendezvousServer(RendezvousServerOptions options)
   TESSEL_CHECK(o.min_nodes >= 1 && o.min_nodes <= o.max_nodes, InvalidArgument,
                "rendezvous needs 1 <= min_nodes <= max_nodes, got {}:{}", o.min_nodes, o.max_nodes);
   impl_->service = std::make_unique<RendezvousService>(state_.get());
-  StoreLimits store_limits;
   try {
-    impl_->gate = std::make_unique<internal::ConnectionGate>(
-        o.bind_address, internal::connection_limits(store_limits));
+    impl_->kit = std::make_unique<StoreServerKit>(StoreServerKitOptions{
+        .address = o.bind_address, .token = o.token, .tls = o.tls, .host_store = o.host_store});
   } catch (const Error& e) {
     throw CommError(
         fmt::format("cannot serve the rendezvous at {}: the address is in use or "
                     "not local ({})",
                     o.bind_address, e.message()));
   }
-  impl_->port = impl_->gate->port();
+  impl_->port = impl_->kit->port();
   grpc::ServerBuilder builder;
-  impl_->gate->attach(builder, internal::token_server_credentials(o.token, o.tls));
-  state_->set_gate(impl_->gate.get());
+  impl_->kit->attach(builder);
+  state_->set_kit(impl_->kit.get());
   builder.RegisterService(impl_->service.get());
-  if (o.host_store) {
-    impl_->store_service = std::make_unique<internal::StoreService>(o.token, store_limits);
-    impl_->store_service->set_gate(impl_->gate.get());
-    internal::add_store_service(builder, *impl_->store_service);
-  }
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   // Thousands of agent connections: small read buffers, no BDP probing (as the clients).
   builder.AddChannelArgument(GRPC_ARG_TCP_READ_CHUNK_SIZE, 4096);
@@ -729,12 +721,12 @@ RendezvousServer::RendezvousServer(RendezvousServerOptions options)
   impl_->server = builder.BuildAndStart();
   TESSEL_CHECK(impl_->server != nullptr, CommError, "cannot serve the rendezvous at {}",
                o.bind_address);
-  impl_->gate->start();
+  impl_->kit->start();
   impl_->address =
       o.bind_address.substr(0, o.bind_address.rfind(':') + 1) + std::to_string(impl_->port);
   impl_->monitor = std::thread([this] { state_->monitor_loop(); });
   log_info(LogComponent::kLauncher, "rendezvous server on {} (store service {})", impl_->address,
-           impl_->store_service ? "hosted" : "off");
+           impl_->kit->hosts_store() ? "hosted" : "off");
 }
 
 RendezvousServer::~RendezvousServer() { stop(); }
@@ -755,9 +747,9 @@ size_t RendezvousServer::parked_calls() const { return state_->parked(); }
 void RendezvousServer::stop() {
   if (impl_->stopped) return;
   impl_->stopped = true;
-  impl_->gate->stop();  // no new connections
+  impl_->kit->stop_accepting();  // no new connections
   state_->begin_stop();
-  if (impl_->store_service) impl_->store_service->stop();  // parked store calls fail first
+  impl_->kit->stop_store();  // parked store calls fail first
   impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   impl_->server->Wait();
   if (impl_->monitor.joinable()) impl_->monitor.join();

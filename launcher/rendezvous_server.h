@@ -2,7 +2,7 @@
 // The job's rendezvous server: an asynchronous gRPC service (callback API; no thread per
 // waiting node) that forms rounds of nodes, assigns ranks, watches heartbeats, takes failure
 // reports, counts restarts and pushes job events to every agent by long-poll. The same
-// grpc::Server hosts the job's Store service for the workers (collectives/grpc/store_service.h).
+// grpc::Server hosts the job's Store service for the workers (store/internal/store_service.h).
 //
 // Rank order (documented in docs/launching.md): nodes of a round are sorted by
 // (requested --node-rank, nodes without one last; then host name; then node id). GROUP_RANK is
@@ -23,8 +23,8 @@
 #include <optional>
 #include <string>
 
-#include "tessel/collectives/store_tls.h"
 #include "tessel/launcher/proto/rendezvous.pb.h"
+#include "tessel/store/store_tls.h"
 
 namespace tessel::launcher {
 
@@ -42,7 +42,7 @@ struct RendezvousServerOptions {
   std::string host_name;    // this node's host name, for reports naming the server
   std::string master_addr;  // overrides group rank 0's address when set
   int master_port = 0;      // overrides group rank 0's free port when non-zero
-  bool host_store = true;   // serve the job's Store (collectives/grpc/store_service.h) too
+  bool host_store = true;   // serve the job's Store (store/internal/store_service.h) too
   // Called on the monitor thread before a round that failed with a hang (or with dump_on_hang)
   // ends, while the workers still run: gathers flight-recorder dumps. May block (bounded).
   // Returns the root cause to report instead, when the workers' own failure times name another

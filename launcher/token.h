@@ -8,8 +8,8 @@
 
 namespace tessel::launcher {
 
-// The gRPC metadata key carrying the token.
-inline constexpr std::string_view kTokenMetadataKey = "x-tessel-token";
+// The gRPC metadata key carrying the token is the store's kJobTokenMetadataKey (server_kit.h):
+// rendezvous and the store share one server and one token.
 
 // 32 random bytes from getrandom(2), hex-encoded. Throws IoError if the kernel refuses.
 std::string generate_token();

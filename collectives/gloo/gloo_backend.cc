@@ -22,9 +22,9 @@
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
 #include "tessel/collectives/comm_backend.h"
-#include "tessel/collectives/gloo/network_interface.h"
 #include "tessel/collectives/internal/gloo_all_to_all.h"
 #include "tessel/collectives/internal/reduce.h"
+#include "tessel/store/network_interface.h"
 #include "tessel/tensor/ops.h"
 
 namespace tessel {

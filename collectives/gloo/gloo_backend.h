@@ -9,7 +9,7 @@
 #include <string>
 
 #include "tessel/collectives/process_group.h"
-#include "tessel/collectives/store.h"
+#include "tessel/store/store.h"
 
 namespace tessel {
 

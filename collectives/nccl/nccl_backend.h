@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "tessel/collectives/process_group.h"
-#include "tessel/collectives/store.h"
+#include "tessel/store/store.h"
 
 namespace tessel {
 

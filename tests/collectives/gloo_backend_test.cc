@@ -17,9 +17,9 @@
 #include "collective_checks.h"
 #include "fork_harness.h"
 #include "tessel/base/error.h"
-#include "tessel/collectives/file_store.h"
 #include "tessel/collectives/init.h"
 #include "tessel/collectives/watchdog.h"
+#include "tessel/store/file_store.h"
 #include "tessel/tensor/ops.h"
 
 namespace tessel {

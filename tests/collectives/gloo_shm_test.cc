@@ -22,9 +22,9 @@
 #include "fork_harness.h"
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
-#include "tessel/collectives/file_store.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
 #include "tessel/collectives/internal/shm_channel.h"
+#include "tessel/store/file_store.h"
 #include "tessel/tensor/ops.h"
 
 namespace tessel {

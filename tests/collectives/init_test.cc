@@ -6,7 +6,7 @@
 #include <stdlib.h>
 
 #include "tessel/base/error.h"
-#include "tessel/collectives/store_server.h"
+#include "tessel/store/store_server.h"
 
 namespace tessel {
 namespace {

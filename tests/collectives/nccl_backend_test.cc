@@ -24,9 +24,9 @@
 #include "device_test_util.h"
 #include "nccl_test_kernels.h"
 #include "tessel/base/error.h"
-#include "tessel/collectives/memory_store.h"
 #include "tessel/flight_recorder/recorder.h"
 #include "tessel/mesh/device_mesh.h"
+#include "tessel/store/memory_store.h"
 
 namespace tessel {
 namespace {

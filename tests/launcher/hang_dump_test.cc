@@ -12,10 +12,10 @@
 #include "child_process.h"
 #include "tessel/base/error.h"
 #include "tessel/collectives/dump_coordinator.h"
-#include "tessel/collectives/memory_store.h"
 #include "tessel/flight_recorder/dumper.h"
 #include "tessel/flight_recorder/reader.h"
 #include "tessel/flight_recorder/recorder.h"
+#include "tessel/store/memory_store.h"
 
 namespace tessel::launcher {
 namespace {

@@ -9,9 +9,9 @@
 #include <fstream>
 
 #include "child_process.h"
-#include "tessel/collectives/memory_store.h"
 #include "tessel/flight_recorder/reader.h"
 #include "tessel/flight_recorder/recorder.h"
+#include "tessel/store/memory_store.h"
 
 namespace tessel::launcher {
 namespace {

@@ -48,9 +48,9 @@
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/init.h"
-#include "tessel/collectives/store_client.h"
 #include "tessel/flight_recorder/recorder.h"
 #include "tessel/mesh/device_mesh.h"
+#include "tessel/store/store_client.h"
 
 extern char** environ;
 

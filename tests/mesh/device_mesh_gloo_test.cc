@@ -1,8 +1,8 @@
 // A 2x2 mesh over Gloo with 4 real processes (forked, FileStore rendezvous).
 #include <gtest/gtest.h>
 
-#include "tessel/collectives/file_store.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
+#include "tessel/store/file_store.h"
 #include "tests/collectives/fork_harness.h"
 #include "tests/mesh/mesh_check.h"
 

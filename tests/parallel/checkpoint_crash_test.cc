@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "tessel/base/error.h"
-#include "tessel/collectives/file_store.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
 #include "tessel/parallel/checkpoint.h"
 #include "tessel/parallel/internal/checkpoint_files.h"
+#include "tessel/store/file_store.h"
 #include "tessel/tensor/ops.h"
 #include "tests/collectives/fork_harness.h"
 #include "tests/parallel/checkpoint_test_util.h"

@@ -7,8 +7,8 @@
 
 #include <string>
 
-#include "tessel/collectives/file_store.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
+#include "tessel/store/file_store.h"
 #include "tests/collectives/collective_checks.h"
 #include "tests/collectives/fork_harness.h"
 #include "tests/parallel/ddp_checks.h"

@@ -5,9 +5,9 @@
 
 #include <cstring>
 
-#include "tessel/collectives/file_store.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
 #include "tessel/parallel/dtensor.h"
+#include "tessel/store/file_store.h"
 #include "tessel/tensor/ops.h"
 #include "tests/collectives/collective_checks.h"
 #include "tests/collectives/fork_harness.h"

@@ -20,11 +20,11 @@
 #include <string>
 #include <vector>
 
-#include "tessel/collectives/memory_store.h"
 #include "tessel/collectives/nccl/nccl_backend.h"
 #include "tessel/flight_recorder/recorder.h"
 #include "tessel/nn/gpt.h"
 #include "tessel/parallel/fsdp.h"
+#include "tessel/store/memory_store.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 #include "tests/collectives/device_test_util.h"

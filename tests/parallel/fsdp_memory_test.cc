@@ -12,11 +12,11 @@
 #include <algorithm>
 #include <fstream>
 
-#include "tessel/collectives/file_store.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/optim/adamw.h"
 #include "tessel/parallel/fsdp.h"
+#include "tessel/store/file_store.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/storage.h"
