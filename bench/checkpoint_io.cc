@@ -34,7 +34,7 @@
 #include "tessel/collectives/gloo/gloo_backend.h"
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/optim/adamw.h"
-#include "tessel/parallel/checkpoint.h"
+#include "tessel/parallel/checkpoint/checkpoint.h"
 #include "tessel/store/file_store.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"

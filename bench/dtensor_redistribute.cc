@@ -42,7 +42,7 @@
 #include "tessel/base/clock.h"
 #include "tessel/collectives/fake/fake_backend.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
-#include "tessel/parallel/dtensor.h"
+#include "tessel/parallel/dtensor/dtensor.h"
 #include "tessel/store/file_store.h"
 #include "tessel/tensor/ops.h"
 

@@ -44,7 +44,8 @@
 #include "tessel/flight_recorder/recorder.h"
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/optim/clip.h"
-#include "tessel/parallel/fsdp.h"
+#include "tessel/parallel/fsdp/clip_grad_norm.h"
+#include "tessel/parallel/fsdp/fsdp.h"
 #include "tessel/store/memory_store.h"
 #include "tessel/tensor/cuda/cuda.h"
 #include "tessel/tensor/ops.h"
@@ -130,7 +131,7 @@ TesselRun run_tessel(const Flags& f, const nn::GptConfig& config,
   const bool trace = setup == Setup::kFsdp && !f.trace_dir.empty();
   auto clip = [&] {
     if (world) {
-      clip_grad_norm(model.parameters(), 1.0);  // parallel/fsdp.h: over the shards
+      clip_grad_norm(model.parameters(), 1.0);  // parallel/fsdp/clip_grad_norm.h: over the shards
     } else {
       nn::optim::clip_grad_norm(model.parameters(), 1.0);
     }

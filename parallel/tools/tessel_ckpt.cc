@@ -28,10 +28,10 @@
 
 #include "tessel/base/error.h"
 #include "tessel/base/tools/cli.h"
-#include "tessel/parallel/checkpoint.h"
-#include "tessel/parallel/checkpoint_hf.h"
-#include "tessel/parallel/checkpoint_metadata.h"
-#include "tessel/parallel/internal/checkpoint_reader.h"
+#include "tessel/parallel/checkpoint/checkpoint.h"
+#include "tessel/parallel/checkpoint/hf_export.h"
+#include "tessel/parallel/checkpoint/internal/reader.h"
+#include "tessel/parallel/checkpoint/metadata.h"
 
 namespace {
 

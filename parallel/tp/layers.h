@@ -3,7 +3,7 @@
 // (through the module registry, set_submodule). Each takes over the original module's parameter
 // tensors — the same tensors, re-laid-out in place (Tensor::set_data) to this rank's piece, so
 // references held elsewhere (a tied LM head, an optimizer) stay valid — and attaches their
-// DTensor spec on the tp mesh (Tensor::shard_info; see as_dtensor in fsdp.h). Parameter names
+// DTensor spec on the tp mesh (Tensor::shard_info; see as_dtensor in dtensor.h). Parameter names
 // are unchanged ("weight", "bias").
 //
 //   auto col = std::make_shared<ColumnParallelLinear>(linear, mesh["tp"], ColwiseParallel{});
@@ -20,7 +20,7 @@
 #include "tessel/mesh/device_mesh.h"
 #include "tessel/nn/embedding.h"
 #include "tessel/nn/linear.h"
-#include "tessel/parallel/dtensor_spec.h"
+#include "tessel/parallel/dtensor/dtensor_spec.h"
 #include "tessel/parallel/tp/style.h"
 
 namespace tessel {

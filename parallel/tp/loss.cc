@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "tessel/base/error.h"
-#include "tessel/parallel/dtensor_spec.h"
+#include "tessel/parallel/dtensor/dtensor_spec.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 

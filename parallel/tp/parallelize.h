@@ -12,7 +12,7 @@
 //       {"transformer.h.*.mlp.c_proj", RowwiseParallel{}},
 //       {"transformer.ln_f", PrepareModuleOutput{{Replicate()}, {Replicate()}, true}},
 //   });
-//   fully_shard(...) over mesh["dp"] next, if wanted (FSDP composes: fsdp.h).
+//   fully_shard(...) over mesh["dp"] next, if wanted (FSDP composes: fsdp/fsdp.h).
 //   Tensor loss = loss_parallel_cross_entropy(model(x), y, mesh["tp"], vocab);   // loss.h
 //
 // Paths are dotted module names; a component "*" matches any one name ("transformer.h.*.mlp"

@@ -14,7 +14,7 @@
 #include <optional>
 #include <vector>
 
-#include "tessel/parallel/placement.h"
+#include "tessel/parallel/dtensor/placement.h"
 
 namespace tessel {
 

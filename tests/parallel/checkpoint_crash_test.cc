@@ -19,8 +19,8 @@
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
-#include "tessel/parallel/checkpoint.h"
-#include "tessel/parallel/internal/checkpoint_files.h"
+#include "tessel/parallel/checkpoint/checkpoint.h"
+#include "tessel/parallel/checkpoint/internal/files.h"
 #include "tessel/store/file_store.h"
 #include "tessel/tensor/ops.h"
 #include "tests/collectives/fork_harness.h"

@@ -1,7 +1,7 @@
 // Sharded checkpoints in one process (ranks as threads): the plan's arithmetic, round trips of
 // every kind of state, atomic commit when a rank fails, retention, async save, and bad input
 // (missing, truncated or foreign files, changed shapes) failing before anything is written.
-#include "tessel/parallel/checkpoint.h"
+#include "tessel/parallel/checkpoint/checkpoint.h"
 
 #include <gtest/gtest.h>
 
@@ -15,9 +15,9 @@
 #include "tessel/collectives/threads/threads_backend.h"
 #include "tessel/nn/linear.h"
 #include "tessel/nn/optim/adamw.h"
-#include "tessel/parallel/checkpoint_metadata.h"
-#include "tessel/parallel/internal/checkpoint_files.h"
-#include "tessel/parallel/internal/checkpoint_plan.h"
+#include "tessel/parallel/checkpoint/internal/files.h"
+#include "tessel/parallel/checkpoint/internal/plan.h"
+#include "tessel/parallel/checkpoint/metadata.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/safetensors.h"
 #include "tests/parallel/checkpoint_test_util.h"

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "tessel/nn/gpt.h"
-#include "tessel/parallel/checkpoint.h"
+#include "tessel/parallel/checkpoint/checkpoint.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/safetensors.h"
 #include "tests/launcher/child_process.h"

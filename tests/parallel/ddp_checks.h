@@ -10,7 +10,7 @@
 
 #include "tessel/collectives/process_group.h"
 #include "tessel/nn/gpt.h"
-#include "tessel/parallel/ddp.h"
+#include "tessel/parallel/fsdp/ddp.h"
 
 namespace tessel::testing {
 

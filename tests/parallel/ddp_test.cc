@@ -2,7 +2,7 @@
 // training over 20 steps for worlds 1-4, no_sync accumulation, bucket sizes and communication
 // started inside backward, unused and frozen parameters, several backward passes per step, a
 // 2-D mesh, bad input, and overlap with the fake backend's time model.
-#include "tessel/parallel/ddp.h"
+#include "tessel/parallel/fsdp/ddp.h"
 
 #include <gtest/gtest.h>
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "tessel/parallel/dtensor.h"
+#include "tessel/parallel/dtensor/dtensor.h"
 #include "tessel/tensor/ops.h"
 #include "tests/collectives/collective_checks.h"
 

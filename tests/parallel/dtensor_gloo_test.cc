@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "tessel/collectives/gloo/gloo_backend.h"
-#include "tessel/parallel/dtensor.h"
+#include "tessel/parallel/dtensor/dtensor.h"
 #include "tessel/store/file_store.h"
 #include "tessel/tensor/ops.h"
 #include "tests/collectives/collective_checks.h"

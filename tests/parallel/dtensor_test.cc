@@ -1,7 +1,7 @@
 // DTensor on rank threads: shard arithmetic, the redistribution planner, the property sweep
 // over random meshes, shapes, dtypes and placement pairs, gradients of every differentiable
 // entry point against a single-process model, printing, and bad input.
-#include "tessel/parallel/dtensor.h"
+#include "tessel/parallel/dtensor/dtensor.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/threads/threads_backend.h"
-#include "tessel/parallel/internal/redistribute_plan.h"
+#include "tessel/parallel/dtensor/internal/redistribute_plan.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 #include "tests/parallel/dtensor_checks.h"

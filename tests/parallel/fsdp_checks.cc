@@ -8,6 +8,7 @@
 #include "tessel/collectives/threads/threads_backend.h"
 #include "tessel/nn/optim/adamw.h"
 #include "tessel/nn/optim/clip.h"
+#include "tessel/parallel/fsdp/clip_grad_norm.h"
 #include "tessel/tensor/autocast.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"

@@ -11,7 +11,7 @@
 
 #include "tessel/collectives/process_group.h"
 #include "tessel/nn/gpt.h"
-#include "tessel/parallel/fsdp.h"
+#include "tessel/parallel/fsdp/fsdp.h"
 
 namespace tessel::testing {
 

@@ -23,7 +23,7 @@
 #include "tessel/collectives/nccl/nccl_backend.h"
 #include "tessel/flight_recorder/recorder.h"
 #include "tessel/nn/gpt.h"
-#include "tessel/parallel/fsdp.h"
+#include "tessel/parallel/fsdp/fsdp.h"
 #include "tessel/store/memory_store.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"

@@ -15,7 +15,7 @@
 #include "tessel/collectives/gloo/gloo_backend.h"
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/optim/adamw.h"
-#include "tessel/parallel/fsdp.h"
+#include "tessel/parallel/fsdp/fsdp.h"
 #include "tessel/store/file_store.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"

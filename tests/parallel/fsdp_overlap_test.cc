@@ -19,7 +19,7 @@
 #include "tessel/collectives/fake/fake_backend.h"
 #include "tessel/flight_recorder/recorder.h"
 #include "tessel/nn/gpt.h"
-#include "tessel/parallel/fsdp.h"
+#include "tessel/parallel/fsdp/fsdp.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/thread_pool.h"

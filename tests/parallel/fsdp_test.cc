@@ -1,7 +1,7 @@
 // fully_shard on rank threads: loss parity with single-process training (worlds 1-4, uneven
 // shards, HSDP, ZeRO-2, N-way reshard, mixed precision with and without autocast, gradient
 // accumulation), meta-device construction, state dicts, and bad input.
-#include "tessel/parallel/fsdp.h"
+#include "tessel/parallel/fsdp/fsdp.h"
 
 #include <gtest/gtest.h>
 
@@ -12,6 +12,8 @@
 #include "tessel/base/error.h"
 #include "tessel/collectives/threads/threads_backend.h"
 #include "tessel/nn/gpt.h"
+#include "tessel/parallel/dtensor/dtensor.h"
+#include "tessel/parallel/fsdp/state_dict.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 #include "tests/parallel/fsdp_checks.h"

@@ -8,7 +8,7 @@
 #include "tessel/flight_recorder/dump.h"
 #include "tessel/flight_recorder/export.h"
 #include "tessel/flight_recorder/reader.h"
-#include "tessel/parallel/fsdp.h"
+#include "tessel/parallel/fsdp/fsdp.h"
 
 namespace tessel::testing {
 

@@ -12,7 +12,9 @@
 
 #include "tessel/collectives/threads/threads_backend.h"
 #include "tessel/nn/gpt.h"
-#include "tessel/parallel/fsdp.h"
+#include "tessel/parallel/dtensor/dtensor.h"
+#include "tessel/parallel/fsdp/fsdp.h"
+#include "tessel/parallel/fsdp/state_dict.h"
 #include "tessel/parallel/tp/gpt_plan.h"
 #include "tessel/tensor/ops.h"
 #include "tests/parallel/tp_checks.h"

@@ -1,6 +1,6 @@
 // fully_shard: per-group state, flat all_gather / reduce_scatter, prefetching, the end-of-
 // backward reduction. See fsdp.h for the semantics.
-#include "tessel/parallel/fsdp.h"
+#include "tessel/parallel/fsdp/fsdp.h"
 
 #include <fmt/format.h>
 
@@ -11,9 +11,9 @@
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
 #include "tessel/collectives/compute_span.h"
+#include "tessel/parallel/dtensor/dtensor_spec.h"
 #include "tessel/parallel/internal/host_collectives.h"
 #include "tessel/parallel/internal/mesh_util.h"
-#include "tessel/parallel/internal/state_dict_shape.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 
@@ -741,97 +741,6 @@ FSDPModule& fully_shard(nn::Module& module, const DeviceMesh& mesh,
 
 FSDPModule* fsdp_module(nn::Module& module) {
   return static_cast<Group*>(module.attachment(kAttachment).get());
-}
-
-bool is_dtensor(const Tensor& t) {
-  return t.defined() && t.shard_info() != nullptr && t.shard_info()->spec != nullptr;
-}
-
-DTensor as_dtensor(const Tensor& t) {
-  TESSEL_CHECK(is_dtensor(t), InvalidArgument, "{} is not a DTensor (no spec attached)",
-               t.defined() ? t.str() : "an undefined tensor");
-  return DTensor(t, *std::static_pointer_cast<const DTensorSpec>(t.shard_info()->spec));
-}
-
-std::vector<std::pair<std::string, DTensor>> sharded_state_dict(nn::Module& model,
-                                                                const DeviceMesh& mesh) {
-  std::vector<std::pair<std::string, DTensor>> out;
-  const std::vector<Placement> replicated(static_cast<size_t>(mesh.ndim()), Replicate{});
-  auto add = [&](const std::string& name, const Tensor& t) {
-    if (is_dtensor(t)) {
-      out.emplace_back(name, as_dtensor(t));
-    } else {
-      out.emplace_back(name, DTensor(t, DTensorSpec(mesh, replicated, t.shape(), t.dtype())));
-    }
-  };
-  for (auto& [name, t] : model.named_parameters()) add(name, t);
-  for (auto& [name, t] : model.named_buffers()) add(name, t);
-  return out;
-}
-
-nn::StateDict full_state_dict(nn::Module& model, bool rank0_only) {
-  nn::StateDict out;
-  bool keep = true;  // rank 0 of every parameter's mesh (with tensor parallelism, of both)
-  for (auto& [name, t] : model.named_parameters()) {
-    if (is_dtensor(t)) {
-      const DTensor d = as_dtensor(t);
-      // A tensor-parallel piece of a view (fused sections) takes the module's shape again.
-      const Tensor whole = detach(d.full_tensor());
-      out.emplace(name, reshape(whole, internal::state_dict_shape(model, name, whole.shape())));
-      keep = keep && (!rank0_only || internal::whole_mesh_group(d.mesh())->rank() == 0);
-    } else {
-      out.emplace(name, t);
-    }
-  }
-  for (auto& [name, t] : model.named_buffers()) out.emplace(name, t);
-  if (!keep) out.clear();
-  return out;
-}
-
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
-  TESSEL_CHECK(max_norm > 0, InvalidArgument, "clip_grad_norm: max_norm must be > 0, got {}",
-               max_norm);
-  NoGradGuard no_grad;
-  // Local sums of squares, summed per set of groups to reduce over (the sharded dimensions),
-  // in the order the sets first appear (the same on every rank).
-  struct Partial {
-    std::vector<std::shared_ptr<ProcessGroup>> groups;
-    std::vector<Tensor> sums;
-  };
-  std::vector<Partial> partials;
-  std::vector<Tensor> grads;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const Tensor g = params[i].grad();
-    if (!g.defined()) continue;
-    TESSEL_CHECK(is_floating(g.dtype()), InvalidArgument,
-                 "clip_grad_norm: gradient of parameter {} is not floating: {}", i, g.str());
-    std::vector<std::shared_ptr<ProcessGroup>> groups;
-    if (is_dtensor(params[i])) {
-      const DTensor d = as_dtensor(params[i]);
-      const auto names = d.mesh().dim_names();
-      for (size_t m = 0; m < names.size(); ++m) {
-        if (d.placements()[m].is_shard()) groups.push_back(d.mesh().group(names[m]));
-      }
-    }
-    auto it = std::find_if(partials.begin(), partials.end(),
-                           [&](const Partial& p) { return p.groups == groups; });
-    if (it == partials.end()) it = partials.insert(partials.end(), Partial{groups, {}});
-    const Tensor g32 = to(g, DType::kF32);
-    it->sums.push_back(sum(mul(g32, g32)));
-    grads.push_back(g);
-  }
-  double sum_sq = 0;
-  for (const Partial& p : partials) {
-    Tensor total = clone(sum(stack(p.sums)));
-    for (const auto& group : p.groups) group->all_reduce(total);
-    sum_sq += item(total);
-  }
-  const double norm = std::sqrt(sum_sq);
-  const double coeff = max_norm / (norm + 1e-6);
-  if (std::isfinite(norm) && coeff < 1.0) {
-    for (const Tensor& g : grads) mul_(g, coeff);
-  }
-  return norm;
 }
 
 }  // namespace tessel

@@ -1,4 +1,4 @@
-#include "tessel/parallel/internal/checkpoint_files.h"
+#include "tessel/parallel/checkpoint/internal/files.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

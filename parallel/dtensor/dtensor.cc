@@ -1,11 +1,11 @@
-#include "tessel/parallel/dtensor.h"
+#include "tessel/parallel/dtensor/dtensor.h"
 
 #include <fmt/format.h>
 
 #include "tessel/base/error.h"
+#include "tessel/parallel/dtensor/internal/redistribute_exec.h"
 #include "tessel/parallel/internal/host_collectives.h"
 #include "tessel/parallel/internal/mesh_util.h"
-#include "tessel/parallel/internal/redistribute_exec.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 
@@ -294,6 +294,16 @@ DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh,
 void check_same_mesh(const char* op, const DTensor& a, const DTensor& b) {
   TESSEL_CHECK(a.mesh() == b.mesh(), InvalidArgument, "{}: DTensors on different meshes: {} and {}",
                op, a.mesh().str(), b.mesh().str());
+}
+
+bool is_dtensor(const Tensor& t) {
+  return t.defined() && t.shard_info() != nullptr && t.shard_info()->spec != nullptr;
+}
+
+DTensor as_dtensor(const Tensor& t) {
+  TESSEL_CHECK(is_dtensor(t), InvalidArgument, "{} is not a DTensor (no spec attached)",
+               t.defined() ? t.str() : "an undefined tensor");
+  return DTensor(t, *std::static_pointer_cast<const DTensorSpec>(t.shard_info()->spec));
 }
 
 }  // namespace tessel

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "tessel/parallel/placement.h"
+#include "tessel/parallel/dtensor/placement.h"
 
 namespace tessel::internal {
 

@@ -1,4 +1,4 @@
-#include "tessel/parallel/checkpoint_hf.h"
+#include "tessel/parallel/checkpoint/hf_export.h"
 
 #include <fmt/format.h>
 
@@ -9,7 +9,7 @@
 #include "tessel/base/error.h"
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/llama.h"
-#include "tessel/parallel/checkpoint.h"
+#include "tessel/parallel/checkpoint/checkpoint.h"
 #include "tessel/tensor/device.h"
 #include "tessel/tensor/safetensors.h"
 

@@ -5,8 +5,8 @@
 // A container and a redistribution engine, not an op-dispatch layer: computation runs on local
 // tensors, and every communication is an explicit call (redistribute, full_tensor, or a
 // collective placed by a parallel style). Every entry point is differentiable on the local
-// tensor, with the dual placement in backward (tessel/parallel/placement.h): the gradient of a
-// Replicate tensor is taken to be Partial (each rank's contribution), of a Partial tensor
+// tensor, with the dual placement in backward (tessel/parallel/dtensor/placement.h): the gradient
+// of a Replicate tensor is taken to be Partial (each rank's contribution), of a Partial tensor
 // Replicate, of Shard(d) Shard(d). Where every rank computes the same loss from a replicated
 // value, say so with grad_placements = Replicate.
 //
@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "tessel/collectives/work.h"
-#include "tessel/parallel/dtensor_spec.h"
+#include "tessel/parallel/dtensor/dtensor_spec.h"
 
 namespace tessel {
 
@@ -136,5 +136,10 @@ DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh,
 // Throws InvalidArgument naming both meshes unless a and b live on the same mesh; `op` names
 // the operation in the message.
 void check_same_mesh(const char* op, const DTensor& a, const DTensor& b);
+
+// A sharded parameter (fully_shard, a tensor-parallel style) or any tensor with a DTensor spec
+// attached (Tensor::shard_info) as a DTensor; throws InvalidArgument naming it when it is not one.
+DTensor as_dtensor(const Tensor& t);
+bool is_dtensor(const Tensor& t);
 
 }  // namespace tessel

@@ -1,4 +1,4 @@
-#include "tessel/parallel/internal/redistribute_plan.h"
+#include "tessel/parallel/dtensor/internal/redistribute_plan.h"
 
 #include <fmt/format.h>
 

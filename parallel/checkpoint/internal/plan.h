@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "tessel/parallel/checkpoint.h"
-#include "tessel/parallel/checkpoint_metadata.h"
+#include "tessel/parallel/checkpoint/checkpoint.h"
+#include "tessel/parallel/checkpoint/metadata.h"
 #include "tessel/tensor/safetensors.h"
 
 namespace tessel::checkpoint::internal {

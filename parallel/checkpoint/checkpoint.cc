@@ -1,4 +1,4 @@
-#include "tessel/parallel/checkpoint.h"
+#include "tessel/parallel/checkpoint/checkpoint.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -14,11 +14,11 @@
 #include "tessel/base/logging.h"
 #include "tessel/collectives/process_group.h"
 #include "tessel/flight_recorder/recorder.h"
-#include "tessel/parallel/checkpoint_metadata.h"
-#include "tessel/parallel/fsdp.h"
-#include "tessel/parallel/internal/checkpoint_files.h"
-#include "tessel/parallel/internal/checkpoint_plan.h"
-#include "tessel/parallel/internal/checkpoint_reader.h"
+#include "tessel/parallel/checkpoint/internal/files.h"
+#include "tessel/parallel/checkpoint/internal/plan.h"
+#include "tessel/parallel/checkpoint/internal/reader.h"
+#include "tessel/parallel/checkpoint/metadata.h"
+#include "tessel/parallel/dtensor/dtensor.h"
 #include "tessel/parallel/internal/host_collectives.h"
 #include "tessel/parallel/internal/state_dict_shape.h"
 #include "tessel/tensor/ops.h"

@@ -1,7 +1,7 @@
 // Runs a redistribution plan: each step's arithmetic (this rank's piece sizes along the step's
 // tensor dimensions) is computed once per (layout, coordinate, specs) and cached; each run then
 // issues the steps' collectives on the mesh's groups.
-#include "tessel/parallel/internal/redistribute_exec.h"
+#include "tessel/parallel/dtensor/internal/redistribute_exec.h"
 
 #include <limits>
 #include <mutex>
@@ -9,7 +9,7 @@
 #include <unordered_map>
 
 #include "tessel/base/error.h"
-#include "tessel/parallel/internal/redistribute_plan.h"
+#include "tessel/parallel/dtensor/internal/redistribute_plan.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 

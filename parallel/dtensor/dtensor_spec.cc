@@ -1,4 +1,4 @@
-#include "tessel/parallel/dtensor_spec.h"
+#include "tessel/parallel/dtensor/dtensor_spec.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "tessel/parallel/checkpoint_metadata.h"
+#include "tessel/parallel/checkpoint/metadata.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -10,8 +10,8 @@
 #include <string>
 
 #include "tessel/base/unique_fd.h"
-#include "tessel/parallel/checkpoint_metadata.h"
-#include "tessel/parallel/internal/checkpoint_plan.h"
+#include "tessel/parallel/checkpoint/internal/plan.h"
+#include "tessel/parallel/checkpoint/metadata.h"
 #include "tessel/tensor/safetensors.h"
 
 namespace tessel::checkpoint::internal {

@@ -1,4 +1,4 @@
-#include "tessel/parallel/placement.h"
+#include "tessel/parallel/dtensor/placement.h"
 
 #include <fmt/format.h>
 

@@ -2,7 +2,7 @@
 // Private: runs a redistribution plan (redistribute_plan.h) on this rank's local tensor.
 
 #include "tessel/collectives/work.h"
-#include "tessel/parallel/dtensor_spec.h"
+#include "tessel/parallel/dtensor/dtensor_spec.h"
 
 namespace tessel::internal {
 

@@ -40,7 +40,7 @@
 #include "tessel/collectives/work.h"
 #include "tessel/nn/module.h"
 #include "tessel/nn/optim/optimizer.h"
-#include "tessel/parallel/dtensor.h"
+#include "tessel/parallel/dtensor/dtensor.h"
 #include "tessel/tensor/random.h"
 
 namespace tessel {

@@ -1,4 +1,4 @@
-#include "tessel/parallel/internal/checkpoint_plan.h"
+#include "tessel/parallel/checkpoint/internal/plan.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -10,10 +10,10 @@
 
 #include "tessel/base/error.h"
 #include "tessel/base/unique_fd.h"
-#include "tessel/parallel/checkpoint.h"
-#include "tessel/parallel/checkpoint_metadata.h"
-#include "tessel/parallel/internal/checkpoint_files.h"
-#include "tessel/parallel/internal/checkpoint_reader.h"
+#include "tessel/parallel/checkpoint/checkpoint.h"
+#include "tessel/parallel/checkpoint/internal/files.h"
+#include "tessel/parallel/checkpoint/internal/reader.h"
+#include "tessel/parallel/checkpoint/metadata.h"
 #include "tessel/tensor/ops.h"
 
 namespace tessel::checkpoint {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "tessel/mesh/device_mesh.h"
-#include "tessel/parallel/placement.h"
+#include "tessel/parallel/dtensor/placement.h"
 #include "tessel/tensor/tensor.h"
 
 namespace tessel {

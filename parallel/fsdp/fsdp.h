@@ -12,17 +12,18 @@
 // managed by a fully_shard'ed descendant. Every parameter is sharded on dim 0 over the mesh's
 // shard dimension (torch.chunk's sizes: uneven and empty shards are exact); outside forward and
 // backward the module's parameter slots hold the shards (f32 "master" parameters, the tensors
-// the optimizer steps; each is a DTensor: see as_dtensor()). Before the group's forward and
-// backward, one flat all_gather per group fills the unsharded parameters (releasable storage:
-// freed after use while autograd keeps its views); each group's gradients leave in one flat
-// reduce_scatter (average over the shard dimension; then an all_reduce over the replicate
+// the optimizer steps; each is a DTensor: see as_dtensor() in dtensor.h). Before the group's
+// forward and backward, one flat all_gather per group fills the unsharded parameters (releasable
+// storage: freed after use while autograd keeps its views); each group's gradients leave in one
+// flat reduce_scatter (average over the shard dimension; then an all_reduce over the replicate
 // dimension for HSDP) as soon as they are complete in backward.
 //
 // With tensor parallelism (parallelize_module first, over another dimension of the same mesh):
 // a parameter the plan split is a DTensor on the tp mesh; FSDP shards its local tensor on dim 0
 // the same way and records the spec on the joined mesh (DeviceMesh::join), tp splitting first —
 // a column-parallel weight on (dp, tp) is (Shard(0), Shard(0)) with shard order {tp, dp} — so
-// as_dtensor, the state dicts and clip_grad_norm see both dimensions.
+// as_dtensor, the state dicts (state_dict.h) and clip_grad_norm (clip_grad_norm.h) see both
+// dimensions.
 //
 // Overlap: after the first step, which records the groups' forward order, each group's
 // pre-forward issues the next group's all_gather asynchronously, and backward prefetches in
@@ -46,7 +47,6 @@
 
 #include "tessel/mesh/device_mesh.h"
 #include "tessel/nn/module.h"
-#include "tessel/parallel/dtensor.h"
 
 namespace tessel {
 
@@ -114,23 +114,5 @@ FSDPModule& fully_shard(nn::Module& module, const DeviceMesh& mesh,
 
 // The FSDP handle of `module`, or null when it was not fully_shard'ed.
 FSDPModule* fsdp_module(nn::Module& module);
-
-// A sharded parameter (or any tensor with a DTensor spec attached) as a DTensor; throws
-// InvalidArgument naming it when it is not one.
-DTensor as_dtensor(const Tensor& t);
-bool is_dtensor(const Tensor& t);
-
-// Every parameter and buffer by name: sharded parameters as DTensors, the rest replicated over
-// `mesh` (each rank's own values). No communication.
-std::vector<std::pair<std::string, DTensor>> sharded_state_dict(nn::Module& model,
-                                                                const DeviceMesh& mesh);
-// The whole parameters and buffers by name, gathered (a collective over every sharded
-// parameter's mesh); with rank0_only, ranks other than 0 get an empty map.
-nn::StateDict full_state_dict(nn::Module& model, bool rank0_only = true);
-
-// clip_grad_norm over parameters that may be shards: each gradient's sum of squares, summed over
-// the mesh dimensions the parameter is sharded on (an all_reduce per distinct group), gives the
-// global norm on every rank; scales as nn::optim::clip_grad_norm does. Collective.
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 
 }  // namespace tessel

@@ -1,4 +1,4 @@
-#include "tessel/parallel/ddp.h"
+#include "tessel/parallel/fsdp/ddp.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "tessel/parallel/internal/checkpoint_reader.h"
+#include "tessel/parallel/checkpoint/internal/reader.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "tessel/base/error.h"
-#include "tessel/parallel/internal/checkpoint_files.h"
+#include "tessel/parallel/checkpoint/internal/files.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 
