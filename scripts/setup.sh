@@ -6,6 +6,9 @@ set -euo pipefail
 packages=(
   # toolchain
   g++ cmake ninja-build ccache pkg-config git
+  # house style: the format check (scripts/check-format.sh) and the thread-safety pass (clang's
+  # -Wthread-safety over the annotated files, tests/base)
+  clang-format clang
   # collectives and control plane
   libopenmpi-dev openmpi-bin libgloo-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc

@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup.sh
+# House style first: a seconds-long check that fails before a long build does.
+scripts/check-format.sh
 preset=${TESSEL_PRESET:-release}
 cmake --preset "$preset"
 cmake --build --preset "$preset"
