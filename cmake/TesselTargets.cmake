@@ -2,7 +2,7 @@
 include(GoogleTest OPTIONAL)
 
 # Layer dependencies declared here are written to ${CMAKE_BINARY_DIR}/tessel_layers.txt, which
-# the layering test compares against the graph in DESIGN.md.
+# the layering test compares against the graph of docs/architecture.md.
 set_property(GLOBAL PROPERTY TESSEL_LAYERS "")
 
 # tessel_add_library(<folder> [SOURCES ...] [DEPS <tessel folders>...]

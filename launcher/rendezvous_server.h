@@ -90,7 +90,7 @@ class RendezvousServer {
   // Shuts the gRPC server down (pending calls are cancelled) and joins the monitor thread.
   void stop();
 
-  class State;  // internal/rendezvous_state.h
+  class State;  // defined in rendezvous_server.cc
 
  private:
   std::unique_ptr<State> state_;

@@ -65,12 +65,14 @@ Allocator& cpu_allocator();
 // The allocator for `device`'s type. Throws Unavailable when none is registered (e.g. CUDA in a
 // build without CUDA). The meta device has none: its storages hold no memory.
 Allocator& allocator_for(Device device);
-// Registers the allocator used for every device of `type` (not owned; must outlive its use).
-// Device backends call this once at start-up.
+// Replaces the allocator used for every device of `type` (not owned; must outlive its use): a
+// custom allocator, installed before the first allocation. The built-in allocators (CPU, and
+// CUDA where the build has it) need no registration; they are found on first use.
 void register_allocator(DeviceType type, Allocator* allocator);
 // Page-locked host memory for fast, asynchronous copies to and from devices. Registered by a
 // device backend that has it (CUDA); throws Unavailable naming the reason otherwise.
 Allocator& pinned_allocator();
+// Replaces the pinned-host allocator, as register_allocator does for devices.
 void register_pinned_allocator(Allocator* allocator);
 bool has_pinned_allocator();
 
