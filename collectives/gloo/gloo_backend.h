@@ -1,9 +1,13 @@
 #pragma once
-// The Gloo backend: CPU tensors over TCP, bootstrapped through the job's Store. bf16/f16
-// reductions use tessel's reduce functions (f32 accumulation per step); reduce_scatter is an
-// all_reduce of the input followed by a copy of this rank's slice (as c10d's Gloo group does).
-// Gloo headers stay inside gloo_backend.cc; a build without Gloo compiles a stub whose
-// gloo_is_available() is false and whose factory throws Unavailable.
+// The Gloo backend: CPU tensors over TCP, bootstrapped through the job's Store. broadcast,
+// barrier and (between hosts) all_reduce and all_gather are Gloo's own collectives; all_to_all,
+// and all_gather, reduce_scatter and all_reduce where ranks share a host, run on a pairwise
+// exchange through shared memory with the ranks on this host and TCP with the rest
+// (internal/pairwise_exchange.h); reduce_scatter between hosts runs recursive halving or a ring
+// over Gloo's point-to-point buffers (internal/reduce_scatter.h). bf16/f16 reductions use
+// tessel's reduce functions (f32 accumulation per step). Gloo headers stay inside the backend's
+// .cc files; a build without Gloo compiles a stub whose gloo_is_available() is false and whose
+// factory throws Unavailable.
 
 #include <memory>
 #include <string>

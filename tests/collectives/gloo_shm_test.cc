@@ -23,7 +23,7 @@
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
-#include "tessel/collectives/internal/shm_channel.h"
+#include "tessel/collectives/gloo/internal/shm_channel.h"
 #include "tessel/store/file_store.h"
 #include "tessel/tensor/ops.h"
 

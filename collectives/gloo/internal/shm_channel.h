@@ -1,11 +1,11 @@
 #pragma once
 // Private: shared-memory byte channels between processes of one host, for the Gloo backend's
-// all_to_all (gloo/gloo_all_to_all.cc). Each process owns one segment (POSIX shared memory,
-// unlinked as soon as its peers have mapped it) holding a doorbell and one single-producer,
-// single-consumer ring per peer that sends to it. A sender copies its bytes — packing a strided
-// view as it goes — straight into the receiver's ring, and the receiver copies them out: two
-// passes over the data in all, where TCP over loopback makes three for a strided view (pack,
-// kernel in, kernel out).
+// pairwise exchange (gloo/internal/pairwise_exchange.h). Each process owns one segment (POSIX
+// shared memory, unlinked as soon as its peers have mapped it) holding a doorbell and one
+// single-producer, single-consumer ring per peer that sends to it. A sender copies its bytes —
+// packing a strided view as it goes — straight into the receiver's ring, and the receiver copies
+// them out: two passes over the data in all, where TCP over loopback makes three for a strided view
+// (pack, kernel in, kernel out).
 //
 // Waiting: a process that can make no progress spins briefly, then sleeps on its doorbell (a
 // futex in its own segment) which every peer rings after publishing bytes to it or freeing

@@ -1,4 +1,4 @@
-#include "tessel/collectives/internal/shm_channel.h"
+#include "tessel/collectives/gloo/internal/shm_channel.h"
 
 #include <dirent.h>
 #include <fcntl.h>

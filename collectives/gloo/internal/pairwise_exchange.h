@@ -1,7 +1,9 @@
 #pragma once
-// Private: the Gloo backend's all_to_all (gloo/gloo_all_to_all.cc), for contiguous buffers and
-// strided views alike: over shared memory with the peers on this host (shm_channel.h), over
-// Gloo's unbound buffers (TCP) with the others.
+// Private: the Gloo backend's pairwise exchange, which carries its all_to_all, all_gather,
+// reduce_scatter and all_reduce: every rank sends a view to every other and receives one from
+// each, over shared memory with the peers on this host (shm_channel.h) and over Gloo's unbound
+// buffers (TCP) with the others. Set-up and the TCP side in pairwise_exchange.cc, the
+// shared-memory side in pairwise_exchange_shm.cc.
 
 #include <cstdint>
 #include <memory>
@@ -10,7 +12,7 @@
 #include <vector>
 
 #include "tessel/base/clock.h"
-#include "tessel/collectives/internal/shm_channel.h"
+#include "tessel/collectives/gloo/internal/shm_channel.h"
 #include "tessel/tensor/tensor.h"
 
 namespace gloo {
@@ -26,7 +28,7 @@ struct SharedMemoryOptions {
   std::string host_id = {};
 };
 
-// All_to_all on one Gloo context.
+// The pairwise exchange (an all_to_all of views) on one Gloo context.
 //
 // Peers on this host (same boot id, both enabled, each side able to map the other's segment:
 // settled once, collectively, in the group's first call) exchange through shared-memory rings:
@@ -48,12 +50,12 @@ struct SharedMemoryOptions {
 // Thread-safety: one call at a time (a backend runs its group's calls one at a time).
 // Ownership: keeps the staging memory of strided views between calls (a fresh allocation per
 // call page-faults).
-class GlooAllToAll {
+class PairwiseExchange {
  public:
   static constexpr size_t kPieceBytes = size_t{256} << 10;
 
-  GlooAllToAll(std::shared_ptr<::gloo::Context> context, SharedMemoryOptions shm);
-  ~GlooAllToAll();
+  PairwiseExchange(std::shared_ptr<::gloo::Context> context, SharedMemoryOptions shm);
+  ~PairwiseExchange();
 
   // inputs[j] goes to rank j, outputs[j] receives rank j's inputs[rank]: CPU views of one dtype,
   // any strides, elements in row-major order; inputs[j].numel() must equal rank j's
@@ -75,6 +77,8 @@ class GlooAllToAll {
   bool group_may_share_memory(uint64_t seq, Nanoseconds timeout);
 
  private:
+  class LocalCall;  // one call's exchange with the peers on this host
+
   // One peer on this host: its segment (holding the ring this rank writes), the ring it writes
   // into this rank's segment, and its process.
   struct Local {
@@ -89,9 +93,15 @@ class GlooAllToAll {
   // Settles which peers share memory: collective, in the group's first call.
   void connect_shared_memory(uint64_t seq, const Deadline& deadline, Nanoseconds timeout);
   // The local peers' bytes and this rank's own chunk (through `bounce`, a piece of scratch, when
-  // both of its views are strided).
+  // both of its views are strided). Throws as run(); after a failure every later call throws
+  // CommError (the rings are out of step).
   void run_local(std::span<const Tensor> inputs, std::span<const Tensor> outputs, uint64_t call,
                  uint8_t* bounce, const Deadline& deadline, Nanoseconds timeout);
+
+  // Elements [first, first + count) of this rank's own chunk, from its input view straight into
+  // its output view (through `bounce`, one piece of scratch, when both are strided).
+  static void copy_own(const Tensor& in, const Tensor& out, int64_t first, int64_t count,
+                       uint8_t* bounce);
 
   std::shared_ptr<::gloo::Context> context_;
   SharedMemoryOptions shm_options_;
