@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "store_test_util.h"
+#include "../store/store_test_util.h"
 #include "tessel/base/error.h"
 #include "tessel/collectives/init.h"
 #include "tessel/flight_recorder/analyzer.h"
