@@ -48,7 +48,7 @@ Watchdog& Watchdog::global() {
 }
 
 void Watchdog::start() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (thread_.joinable()) return;
   stopping_ = false;
   thread_ = std::thread([this] { run(); });
@@ -57,7 +57,7 @@ void Watchdog::start() {
 void Watchdog::stop() {
   std::thread thread;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     stopping_ = true;
     thread = std::move(thread_);
   }
@@ -66,7 +66,7 @@ void Watchdog::stop() {
 }
 
 void Watchdog::watch(std::weak_ptr<ProcessGroup> group) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   for (const auto& g : groups_) {
     if (!g.owner_before(group) && !group.owner_before(g)) return;  // the same group
   }
@@ -75,22 +75,22 @@ void Watchdog::watch(std::weak_ptr<ProcessGroup> group) {
 }
 
 void Watchdog::set_dump_hook(WatchdogDumpHook hook) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   dump_hook_ = std::move(hook);
 }
 
 void Watchdog::set_policy(WatchdogPolicy policy) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   options_.policy = policy;
 }
 
 WatchdogPolicy Watchdog::policy() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return options_.policy;
 }
 
 size_t Watchdog::watched() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return groups_.size();
 }
 
@@ -98,7 +98,7 @@ void Watchdog::dump(const WorkState& work, ErrorKind kind, const std::string& wh
   log_error(LogComponent::kCollectives, "{}", what);
   WatchdogDumpHook hook;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     hook = dump_hook_;
   }
   if (!hook) return;
@@ -127,7 +127,7 @@ void Watchdog::enforce(ProcessGroup* group, const std::string& what) {
 void Watchdog::device_work_added() {
   if (polling_device_.load(std::memory_order_seq_cst)) return;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     wake_ = true;
   }
   cv_.notify_all();
@@ -135,11 +135,11 @@ void Watchdog::device_work_added() {
 
 void Watchdog::watch_span(uint64_t record_id, Event begin, Event end) {
   {
-    std::lock_guard lock(spans_mutex_);
+    MutexLock lock(spans_mutex_);
     spans_.push_back({record_id, std::move(begin), std::move(end)});
   }
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { run(); });
   }
   device_work_added();
@@ -148,7 +148,7 @@ void Watchdog::watch_span(uint64_t record_id, Event begin, Event end) {
 bool Watchdog::poll_spans() {
   std::vector<DeviceSpan> spans;
   {
-    std::lock_guard lock(spans_mutex_);
+    MutexLock lock(spans_mutex_);
     spans.swap(spans_);
   }
   if (spans.empty()) return false;
@@ -175,7 +175,7 @@ bool Watchdog::poll_spans() {
     }
   }
   if (pending.empty()) return false;
-  std::lock_guard lock(spans_mutex_);
+  MutexLock lock(spans_mutex_);
   spans_.insert(spans_.begin(), std::make_move_iterator(pending.begin()),
                 std::make_move_iterator(pending.end()));
   return true;
@@ -201,7 +201,7 @@ void Watchdog::expire(const std::shared_ptr<WorkState>& state, ProcessGroup& gro
 
 void Watchdog::run() {
   pthread_setname_np(pthread_self(), "tessel-watchdog");
-  std::unique_lock lock(mutex_);
+  MutexLock lock(mutex_);
   while (!stopping_) {
     const WatchdogOptions options = options_;
     // The live groups (gone ones are dropped), released after the lock: dropping the last
@@ -253,7 +253,7 @@ void Watchdog::run() {
     held.clear();
     lock.lock();
     if (any_expired) continue;
-    cv_.wait_until(lock, next_wake, [&] { return stopping_ || wake_; });
+    cv_.wait_until(lock, next_wake, [&]() TESSEL_REQUIRES(mutex_) { return stopping_ || wake_; });
   }
 }
 

@@ -40,7 +40,6 @@
 #include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -48,6 +47,7 @@
 
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
+#include "tessel/base/mutex.h"
 #include "tessel/collectives/work.h"
 #include "tessel/tensor/stream.h"
 
@@ -131,19 +131,19 @@ class Watchdog {
   // Completes the watched spans whose end event completed; true when some are still pending.
   bool poll_spans();
 
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  WatchdogOptions options_;                          // guarded by mutex_
-  WatchdogDumpHook dump_hook_;                       // guarded by mutex_
-  std::vector<std::weak_ptr<ProcessGroup>> groups_;  // guarded by mutex_
-  bool stopping_ = false;
-  bool wake_ = false;  // guarded by mutex_: device work was added while it slept
+  mutable Mutex mutex_;
+  std::condition_variable_any cv_;
+  WatchdogOptions options_ TESSEL_GUARDED_BY(mutex_);
+  WatchdogDumpHook dump_hook_ TESSEL_GUARDED_BY(mutex_);
+  std::vector<std::weak_ptr<ProcessGroup>> groups_ TESSEL_GUARDED_BY(mutex_);
+  bool stopping_ TESSEL_GUARDED_BY(mutex_) = false;
+  bool wake_ TESSEL_GUARDED_BY(mutex_) = false;  // device work was added while it slept
   // Set by the watchdog's pass when it found operations in flight on a device (cleared before
   // each pass looks), so device_work_added() knows whether to wake it.
   std::atomic<bool> polling_device_{false};
-  std::thread thread_;
-  std::mutex spans_mutex_;         // a leaf lock: nothing is called while it is held
-  std::vector<DeviceSpan> spans_;  // guarded by spans_mutex_
+  std::thread thread_ TESSEL_GUARDED_BY(mutex_);
+  Mutex spans_mutex_;  // a leaf lock: nothing is called while it is held
+  std::vector<DeviceSpan> spans_ TESSEL_GUARDED_BY(spans_mutex_);
 };
 
 }  // namespace tessel

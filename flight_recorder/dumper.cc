@@ -170,7 +170,7 @@ Dumper::Dumper(FlightRecorder& recorder, DumperOptions options)
 Dumper::~Dumper() { stop(); }
 
 void Dumper::start() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (running_) return;
   Dumper* expected = nullptr;
   TESSEL_CHECK(g_owner.compare_exchange_strong(expected, this), InvalidArgument,
@@ -193,14 +193,14 @@ void Dumper::start() {
 
 void Dumper::stop() {
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (!running_) return;
     stopping_ = true;
   }
   restore_signal_handlers();
   wake_dumper();
   thread_.join();
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   running_ = false;
   g_wake_fd.store(-1, std::memory_order_release);
   wake_read_.reset();
@@ -257,7 +257,7 @@ void Dumper::restore_signal_handlers() {
 
 void Dumper::request_dump(DumpRequest request) {
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (running_ && !stopping_) {
       queue_.push_back(std::move(request));
       wake_dumper();
@@ -269,7 +269,7 @@ void Dumper::request_dump(DumpRequest request) {
 
 std::filesystem::path Dumper::dump_now(const DumpRequest& request) {
   auto path = write_dump(recorder_, request, options_.dir);
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ++written_;
   written_cv_.notify_all();
   return path;
@@ -282,7 +282,7 @@ void Dumper::write_one(const DumpRequest& request) {
              path.string(), trigger_name(request.trigger));
   } catch (const Error& e) {
     log_warn(LogComponent::kFlightRecorder, "flight-recorder dump failed: {}", e.message());
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     last_error_ = e.message();
   }
 }
@@ -295,12 +295,12 @@ void Dumper::run() {
     while (::read(wake_read_.get(), drain, sizeof(drain)) > 0) {
     }
     if (g_signals_pending.exchange(0) > 0) {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       queue_.push_back({DumpTrigger::kSignal, -1, fmt::format("signal {}", options_.dump_signal)});
     }
     std::optional<DumpRequest> request;
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       if (!queue_.empty()) {
         // Requests that piled up while the last dump was written are one event: one dump.
         request = std::move(queue_.front());
@@ -314,17 +314,18 @@ void Dumper::run() {
 }
 
 uint64_t Dumper::dumps_written() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return written_;
 }
 
 bool Dumper::wait_for_dumps(uint64_t count, std::chrono::nanoseconds timeout) const {
-  std::unique_lock lock(mutex_);
-  return written_cv_.wait_for(lock, timeout, [&] { return written_ >= count; });
+  MutexLock lock(mutex_);
+  const auto done = [&]() TESSEL_REQUIRES(mutex_) { return written_ >= count; };
+  return written_cv_.wait_for(lock, timeout, done);
 }
 
 std::string Dumper::last_error() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return last_error_;
 }
 

@@ -24,11 +24,11 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 
+#include "tessel/base/mutex.h"
 #include "tessel/base/unique_fd.h"
 #include "tessel/flight_recorder/dump.h"
 #include "tessel/flight_recorder/recorder.h"
@@ -128,13 +128,13 @@ class Dumper {
 
   FlightRecorder& recorder_;
   const DumperOptions options_;
-  mutable std::mutex mutex_;
-  mutable std::condition_variable written_cv_;
-  std::deque<DumpRequest> queue_;
-  uint64_t written_ = 0;
-  std::string last_error_;
-  bool running_ = false;
-  bool stopping_ = false;
+  mutable Mutex mutex_;
+  mutable std::condition_variable_any written_cv_;
+  std::deque<DumpRequest> queue_ TESSEL_GUARDED_BY(mutex_);
+  uint64_t written_ TESSEL_GUARDED_BY(mutex_) = 0;
+  std::string last_error_ TESSEL_GUARDED_BY(mutex_);
+  bool running_ TESSEL_GUARDED_BY(mutex_) = false;
+  bool stopping_ TESSEL_GUARDED_BY(mutex_) = false;
   UniqueFd wake_read_;   // the dumper thread polls this end
   UniqueFd wake_write_;  // request_dump and the signal handler write a byte here
   std::thread thread_;

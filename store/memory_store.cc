@@ -25,15 +25,15 @@ int64_t add_store_counter(const std::string& key, int64_t value, int64_t delta) 
 
 void MemoryStore::set(const std::string& key, const std::string& value) {
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     data_[key] = value;
   }
   changed_.notify_all();
 }
 
-void MemoryStore::wait_locked(std::unique_lock<std::mutex>& lock,
-                              const std::vector<std::string>& keys, Nanoseconds timeout) {
-  auto all_present = [&] {
+void MemoryStore::wait_locked(MutexLock& lock, const std::vector<std::string>& keys,
+                              Nanoseconds timeout) {
+  auto all_present = [&]() TESSEL_REQUIRES(mutex_) {
     for (const auto& k : keys) {
       if (!data_.count(k)) return false;
     }
@@ -55,7 +55,7 @@ void MemoryStore::wait_locked(std::unique_lock<std::mutex>& lock,
 }
 
 std::string MemoryStore::get(const std::string& key, Nanoseconds timeout) {
-  std::unique_lock lock(mutex_);
+  MutexLock lock(mutex_);
   wait_locked(lock, {key}, timeout);
   return data_.at(key);
 }
@@ -63,7 +63,7 @@ std::string MemoryStore::get(const std::string& key, Nanoseconds timeout) {
 int64_t MemoryStore::add(const std::string& key, int64_t delta) {
   int64_t value = 0;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     auto it = data_.find(key);
     if (it != data_.end()) value = parse_store_counter(key, it->second);
     value = add_store_counter(key, value, delta);
@@ -77,7 +77,7 @@ std::string MemoryStore::compare_set(const std::string& key, const std::string& 
                                      const std::string& desired) {
   std::string result;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     auto it = data_.find(key);
     if (it == data_.end()) {
       if (!expected.empty()) return std::string();
@@ -95,12 +95,12 @@ std::string MemoryStore::compare_set(const std::string& key, const std::string& 
 }
 
 void MemoryStore::wait(const std::vector<std::string>& keys, Nanoseconds timeout) {
-  std::unique_lock lock(mutex_);
+  MutexLock lock(mutex_);
   wait_locked(lock, keys, timeout);
 }
 
 bool MemoryStore::check(const std::vector<std::string>& keys) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   for (const auto& k : keys) {
     if (!data_.count(k)) return false;
   }
@@ -108,13 +108,13 @@ bool MemoryStore::check(const std::vector<std::string>& keys) {
 }
 
 bool MemoryStore::delete_key(const std::string& key) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return data_.erase(key) > 0;
 }
 
 std::vector<std::string> MemoryStore::multi_get(const std::vector<std::string>& keys,
                                                 Nanoseconds timeout) {
-  std::unique_lock lock(mutex_);
+  MutexLock lock(mutex_);
   wait_locked(lock, keys, timeout);
   std::vector<std::string> values;
   values.reserve(keys.size());
@@ -127,14 +127,14 @@ void MemoryStore::multi_set(const std::vector<std::string>& keys,
   TESSEL_CHECK(keys.size() == values.size(), InvalidArgument, "multi_set: {} keys but {} values",
                keys.size(), values.size());
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     for (size_t i = 0; i < keys.size(); ++i) data_[keys[i]] = values[i];
   }
   changed_.notify_all();
 }
 
 size_t MemoryStore::size() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return data_.size();
 }
 

@@ -4,8 +4,8 @@
 
 #include <condition_variable>
 #include <map>
-#include <mutex>
 
+#include "tessel/base/mutex.h"
 #include "tessel/store/store.h"
 
 namespace tessel {
@@ -36,12 +36,12 @@ class MemoryStore final : public Store {
 
  private:
   // Waits (lock held) until every key exists; throws Timeout naming the missing ones.
-  void wait_locked(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,
-                   Nanoseconds timeout);
+  void wait_locked(MutexLock& lock, const std::vector<std::string>& keys, Nanoseconds timeout)
+      TESSEL_REQUIRES(mutex_);
 
-  mutable std::mutex mutex_;
-  std::condition_variable changed_;
-  std::map<std::string, std::string> data_;
+  mutable Mutex mutex_;
+  std::condition_variable_any changed_;
+  std::map<std::string, std::string> data_ TESSEL_GUARDED_BY(mutex_);
 };
 
 // Parses a store counter value (decimal int64); throws InvalidArgument naming key and value.

@@ -6,7 +6,7 @@ namespace tessel::internal {
 
 void GroupWorker::enqueue(std::function<void()> task) {
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     queue_.push_back(std::move(task));
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
   }
@@ -14,22 +14,23 @@ void GroupWorker::enqueue(std::function<void()> task) {
 }
 
 bool GroupWorker::try_begin_inline() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (busy_ || !queue_.empty()) return false;
   busy_ = true;
   return true;
 }
 
 bool GroupWorker::begin_inline_wait(std::chrono::nanoseconds timeout) {
-  std::unique_lock lock(mutex_);
-  if (!cv_.wait_for(lock, timeout, [&] { return !busy_ && queue_.empty(); })) return false;
+  MutexLock lock(mutex_);
+  const auto idle = [&]() TESSEL_REQUIRES(mutex_) { return !busy_ && queue_.empty(); };
+  if (!cv_.wait_for(lock, timeout, idle)) return false;
   busy_ = true;
   return true;
 }
 
 void GroupWorker::end_inline() {
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     busy_ = false;
   }
   cv_.notify_all();
@@ -38,7 +39,7 @@ void GroupWorker::end_inline() {
 void GroupWorker::stop() {
   std::thread thread;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     stopping_ = true;
     thread = std::move(thread_);
   }
@@ -49,11 +50,11 @@ void GroupWorker::stop() {
 void GroupWorker::run() {
   const std::string thread_name = ("pg:" + name_).substr(0, 15);
   pthread_setname_np(pthread_self(), thread_name.c_str());
-  std::unique_lock lock(mutex_);
+  MutexLock lock(mutex_);
   for (;;) {
     // Tasks must wait for an inline call in progress so issue order is kept.
     // Bounded waits: an idle worker re-checks once a second.
-    const bool ready = cv_.wait_for(lock, std::chrono::seconds(1), [&] {
+    const bool ready = cv_.wait_for(lock, std::chrono::seconds(1), [&]() TESSEL_REQUIRES(mutex_) {
       return (!queue_.empty() && !busy_) || (stopping_ && queue_.empty());
     });
     if (!ready) continue;

@@ -11,9 +11,10 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
+
+#include "tessel/base/mutex.h"
 
 namespace tessel::internal {
 
@@ -38,12 +39,12 @@ class GroupWorker {
   void run();
 
   const std::string name_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;  // guarded by mutex_
-  bool busy_ = false;                        // a task or an inline call is running
-  bool stopping_ = false;
-  std::thread thread_;
+  Mutex mutex_;
+  std::condition_variable_any cv_;
+  std::deque<std::function<void()>> queue_ TESSEL_GUARDED_BY(mutex_);
+  bool busy_ TESSEL_GUARDED_BY(mutex_) = false;  // a task or an inline call is running
+  bool stopping_ TESSEL_GUARDED_BY(mutex_) = false;
+  std::thread thread_ TESSEL_GUARDED_BY(mutex_);
 };
 
 }  // namespace tessel::internal

@@ -147,7 +147,7 @@ void ConnectionGate::start() {
 
 void ConnectionGate::stop() {
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (stopped_) return;
     stopped_ = true;
   }
@@ -158,7 +158,7 @@ void ConnectionGate::stop() {
 
 void ConnectionGate::authenticated(std::string_view peer) {
   const std::string key = peer_key(peer);
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = by_peer_.find(key);
   if (it == by_peer_.end() || it->second->authenticated) return;
   it->second->authenticated = true;
@@ -167,7 +167,7 @@ void ConnectionGate::authenticated(std::string_view peer) {
 }
 
 ConnectionGateStats ConnectionGate::stats() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return stats_;
 }
 
@@ -189,12 +189,12 @@ void ConnectionGate::run() {
       if (tag == kListenTag) {
         accept_ready();
       } else {
-        std::lock_guard lock(mutex_);
+        MutexLock lock(mutex_);
         drop_locked(static_cast<int>(tag), false);  // it closed (either side)
       }
     }
     if (SteadyClock::now() >= next_sweep) {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       sweep_locked();
       next_sweep = SteadyClock::now() + kSweepEvery;
     }
@@ -218,7 +218,7 @@ void ConnectionGate::accept_ready() {
     const std::string key = host + ":" + std::to_string(port_of(addr));
     int dup_fd = -1;
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       if (!make_room_locked(host)) {
         ++stats_.refused;
         ::close(fd);

@@ -27,11 +27,12 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <unordered_map>
+
+#include "tessel/base/mutex.h"
 
 namespace tessel::internal {
 
@@ -86,9 +87,9 @@ class ConnectionGate {
   };
   void run();
   void accept_ready();
-  void drop_locked(int dup_fd, bool shut_down);
-  bool make_room_locked(const std::string& host);
-  void sweep_locked();
+  void drop_locked(int dup_fd, bool shut_down) TESSEL_REQUIRES(mutex_);
+  bool make_room_locked(const std::string& host) TESSEL_REQUIRES(mutex_);
+  void sweep_locked() TESSEL_REQUIRES(mutex_);
 
   ConnectionLimits limits_;
   int listen_fd_ = -1;
@@ -96,13 +97,14 @@ class ConnectionGate {
   int wake_fd_ = -1;
   int port_ = 0;
   std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor_;
-  mutable std::mutex mutex_;
-  std::unordered_map<int, std::unique_ptr<Connection>> by_fd_;  // our duplicate fd
-  std::unordered_map<std::string, Connection*> by_peer_;        // gRPC's peer string
-  std::unordered_map<std::string, Peer> peers_;                 // per peer address
-  ConnectionGateStats stats_;
+  mutable Mutex mutex_;
+  // The open connections by our duplicate fd and by gRPC's peer string; counts per peer address.
+  std::unordered_map<int, std::unique_ptr<Connection>> by_fd_ TESSEL_GUARDED_BY(mutex_);
+  std::unordered_map<std::string, Connection*> by_peer_ TESSEL_GUARDED_BY(mutex_);
+  std::unordered_map<std::string, Peer> peers_ TESSEL_GUARDED_BY(mutex_);
+  ConnectionGateStats stats_ TESSEL_GUARDED_BY(mutex_);
   std::thread thread_;
-  bool stopped_ = false;
+  bool stopped_ TESSEL_GUARDED_BY(mutex_) = false;
 };
 
 }  // namespace tessel::internal

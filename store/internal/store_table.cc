@@ -34,7 +34,7 @@ StoreTable::StoreTable(StoreLimits limits) : limits_(limits) {}
 StoreTable::~StoreTable() { stop(); }
 
 void StoreTable::start() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   TESSEL_CHECK(!stopped_ && !deadline_thread_.joinable(), Internal,
                "StoreTable::start called twice or after stop");
   deadline_thread_ = std::thread([this] { run_deadlines(); });
@@ -43,7 +43,7 @@ void StoreTable::start() {
 void StoreTable::stop() {
   Finished stopped;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     stopped_ = true;
     for (auto& [waiter, parked] : parked_) stopped.emplace_back(waiter, std::vector<std::string>());
     parked_.clear();
@@ -76,8 +76,9 @@ void StoreTable::check_value(const std::string& key, const std::string& value) c
 }
 
 bool StoreTable::all_present_locked(const std::vector<std::string>& keys) const {
-  return std::all_of(keys.begin(), keys.end(),
-                     [&](const std::string& k) { return data_.count(k) > 0; });
+  return std::all_of(keys.begin(), keys.end(), [&](const std::string& k) TESSEL_REQUIRES(mutex_) {
+    return data_.count(k) > 0;
+  });
 }
 
 std::vector<std::string> StoreTable::values_locked(const std::vector<std::string>& keys) const {
@@ -130,7 +131,7 @@ void StoreTable::set(const std::string& key, const std::string& value) {
   check_value(key, value);
   Finished ready;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     put_locked(key, value, ready);
   }
   finish_all(ready, WaitEnd::kReady);
@@ -141,7 +142,7 @@ int64_t StoreTable::add(const std::string& key, int64_t delta) {
   Finished ready;
   int64_t value = 0;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     auto it = data_.find(key);
     if (it != data_.end()) value = parse_store_counter(key, it->second);
     value = add_store_counter(key, value, delta);
@@ -157,7 +158,7 @@ std::string StoreTable::compare_set(const std::string& key, const std::string& e
   check_value(key, desired);
   Finished ready;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     auto it = data_.find(key);
     if (it == data_.end() ? !expected.empty() : it->second != expected) {
       return it == data_.end() ? std::string() : it->second;
@@ -170,12 +171,12 @@ std::string StoreTable::compare_set(const std::string& key, const std::string& e
 
 bool StoreTable::check(const std::vector<std::string>& keys) {
   check_key_count(keys.size(), "check");
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return all_present_locked(keys);
 }
 
 bool StoreTable::delete_key(const std::string& key) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return data_.erase(key) > 0;
 }
 
@@ -190,7 +191,7 @@ void StoreTable::multi_set(const std::vector<std::string>& keys,
   }
   Finished ready;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     size_t new_keys = 0;
     for (const auto& k : keys) new_keys += data_.count(k) == 0;
     TESSEL_CHECK(data_.size() + new_keys <= limits_.max_keys, CommError,
@@ -208,7 +209,7 @@ std::optional<std::vector<std::string>> StoreTable::get_or_park(
   for (const auto& k : keys) check_key(k);
   std::vector<std::string> missing;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (all_present_locked(keys)) {
       return want_values ? values_locked(keys) : std::vector<std::string>();
     }
@@ -237,7 +238,7 @@ std::optional<std::vector<std::string>> StoreTable::get_or_park(
 }
 
 bool StoreTable::cancel(StoreWaiter* waiter) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = parked_.find(waiter);
   if (it == parked_.end()) return false;
   unpark_locked(waiter, it->second);
@@ -246,12 +247,12 @@ bool StoreTable::cancel(StoreWaiter* waiter) {
 }
 
 StoreServerStats StoreTable::stats() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return StoreServerStats{data_.size(), parked_.size()};
 }
 
 void StoreTable::run_deadlines() {
-  std::unique_lock lock(mutex_);
+  MutexLock lock(mutex_);
   while (!stopped_) {
     const auto now = SteadyClock::now();
     Finished expired;

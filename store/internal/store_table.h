@@ -6,7 +6,6 @@
 
 #include <condition_variable>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "tessel/base/clock.h"
+#include "tessel/base/mutex.h"
 #include "tessel/store/store_server.h"
 
 namespace tessel::internal {
@@ -85,21 +85,24 @@ class StoreTable {
   void check_key_count(size_t n, const char* what) const;
   void check_value(const std::string& key, const std::string& value) const;
   // Stores value (lock held), enforcing max_keys, and collects the waiters it completes.
-  void put_locked(const std::string& key, const std::string& value, Finished& ready);
-  bool all_present_locked(const std::vector<std::string>& keys) const;
-  std::vector<std::string> values_locked(const std::vector<std::string>& keys) const;
-  void unpark_locked(StoreWaiter* waiter, const Parked& parked);
+  void put_locked(const std::string& key, const std::string& value, Finished& ready)
+      TESSEL_REQUIRES(mutex_);
+  bool all_present_locked(const std::vector<std::string>& keys) const TESSEL_REQUIRES(mutex_);
+  std::vector<std::string> values_locked(const std::vector<std::string>& keys) const
+      TESSEL_REQUIRES(mutex_);
+  void unpark_locked(StoreWaiter* waiter, const Parked& parked) TESSEL_REQUIRES(mutex_);
   static void finish_all(Finished& finished, WaitEnd end);
   void run_deadlines();
 
   const StoreLimits limits_;
-  mutable std::mutex mutex_;
-  std::condition_variable deadline_changed_;
-  std::unordered_map<std::string, std::string> data_;
-  std::unordered_map<StoreWaiter*, Parked> parked_;
-  std::unordered_map<std::string, std::unordered_set<StoreWaiter*>> waiting_on_;
-  std::multimap<SteadyClock::time_point, StoreWaiter*> deadlines_;
-  bool stopped_ = false;
+  mutable Mutex mutex_;
+  std::condition_variable_any deadline_changed_;
+  std::unordered_map<std::string, std::string> data_ TESSEL_GUARDED_BY(mutex_);
+  std::unordered_map<StoreWaiter*, Parked> parked_ TESSEL_GUARDED_BY(mutex_);
+  std::unordered_map<std::string, std::unordered_set<StoreWaiter*>> waiting_on_
+      TESSEL_GUARDED_BY(mutex_);
+  std::multimap<SteadyClock::time_point, StoreWaiter*> deadlines_ TESSEL_GUARDED_BY(mutex_);
+  bool stopped_ TESSEL_GUARDED_BY(mutex_) = false;
   std::thread deadline_thread_;
 };
 
