@@ -11,6 +11,7 @@
 #include "tessel/base/clock.h"
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
+#include "tessel/base/launch_env.h"
 
 namespace tessel {
 namespace internal {
@@ -66,7 +67,7 @@ void write_stderr(std::string_view line) {
 }
 
 int rank_from_environment() {
-  const char* text = std::getenv("RANK");
+  const char* text = std::getenv(launch_env::kRank);  // leniently: logs start before init
   if (text == nullptr) return -1;
   int rank = -1;
   const std::string_view s(text);

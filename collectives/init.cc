@@ -2,9 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <charconv>
-#include <cstdlib>
-
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
@@ -21,24 +18,6 @@
 
 namespace tessel {
 namespace {
-
-// The launcher variables are not tessel's own (torchrun, Open MPI and Slurm define them), so
-// they are read here rather than through the knob registry.
-std::optional<int> int_var(const char* name) {
-  const char* text = std::getenv(name);
-  if (text == nullptr || *text == '\0') return std::nullopt;
-  int value = 0;
-  const char* end = text + std::char_traits<char>::length(text);
-  const auto [ptr, ec] = std::from_chars(text, end, value);
-  TESSEL_CHECK(ec == std::errc() && ptr == end && value >= 0, InvalidArgument,
-               "environment variable {}='{}' is not a non-negative integer", name, text);
-  return value;
-}
-
-std::string str_var(const char* name) {
-  const char* text = std::getenv(name);
-  return text == nullptr ? std::string() : std::string(text);
-}
 
 // A FileStore directory outlives its job, so a rerun in the same directory would find the
 // previous run's keys (Gloo would dial the addresses of processes now gone: "Connection
@@ -62,34 +41,6 @@ std::shared_ptr<Store> file_store_run(const std::shared_ptr<FileStore>& store, i
 }
 
 }  // namespace
-
-LaunchEnv read_launch_env() {
-  LaunchEnv env;
-  if (auto rank = int_var("RANK"), size = int_var("WORLD_SIZE"); rank && size) {
-    env.launcher = "torchrun";
-    env.rank = *rank;
-    env.world_size = *size;
-    env.local_rank = int_var("LOCAL_RANK").value_or(0);
-  } else if (auto r = int_var("OMPI_COMM_WORLD_RANK"), s = int_var("OMPI_COMM_WORLD_SIZE");
-             r && s) {
-    env.launcher = "mpirun";
-    env.rank = *r;
-    env.world_size = *s;
-    env.local_rank = int_var("OMPI_COMM_WORLD_LOCAL_RANK").value_or(0);
-  } else if (auto r2 = int_var("SLURM_PROCID"), s2 = int_var("SLURM_NTASKS"); r2 && s2) {
-    env.launcher = "slurm";
-    env.rank = *r2;
-    env.world_size = *s2;
-    env.local_rank = int_var("SLURM_LOCALID").value_or(0);
-  }
-  env.master_addr = str_var("MASTER_ADDR");
-  env.master_port = int_var("MASTER_PORT").value_or(0);
-  env.store_addr = env_string(EnvKnob::kStoreAddr);
-  TESSEL_CHECK(env.world_size >= 1 && env.rank < env.world_size, InvalidArgument,
-               "launcher '{}' gave rank {} but world size {}", env.launcher, env.rank,
-               env.world_size);
-  return env;
-}
 
 std::shared_ptr<Store> connect_job_store(const LaunchEnv& env, const std::string& store_dir,
                                          Nanoseconds timeout) {
@@ -168,12 +119,13 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   // attempt's rendezvous keys (the addresses of processes now gone) are still there: each
   // attempt rendezvouses under its own prefix.
   std::shared_ptr<Store> rendezvous = store;
-  if (const auto attempt = int_var("TORCHELASTIC_RESTART_COUNT"); attempt && *attempt > 0) {
-    rendezvous = std::make_shared<PrefixStore>(fmt::format("attempt_{}", *attempt), store);
+  if (env.restart_count > 0) {
+    rendezvous = std::make_shared<PrefixStore>(fmt::format("attempt_{}", env.restart_count), store);
   }
   if (backend == "gloo") {
     GlooOptions gloo = options.gloo;
     gloo.group = group;
+    if (gloo.local_world_size == 0) gloo.local_world_size = env.local_world_size;
     auto world = gloo_create_process_group(rendezvous, env.rank, env.world_size, gloo);
     if (env.world_size > 1) enable_flight_recorder_dumps(store, env.rank, env.world_size);
     return world;
@@ -181,7 +133,10 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   if (env.world_size > 1) enable_flight_recorder_dumps(store, env.rank, env.world_size);
   return nccl_create_process_group(
       rendezvous, env.rank, env.world_size,
-      NcclOptions{.device = options.device.is_cuda() ? options.device.index : -1, .group = group});
+      NcclOptions{
+          .device = options.device.is_cuda() ? options.device.index : -1,
+          .local_rank = env.launcher == "torchrun" && env.local_rank_set ? env.local_rank : -1,
+          .group = group});
 }
 
 }  // namespace tessel

@@ -1,5 +1,6 @@
 #pragma once
-// init_process_group(): the world group of a job, from the environment its launcher set.
+// init_process_group(): the world group of a job, from the environment its launcher set
+// (declared in base/launch_env.h, read there by read_launch_env()):
 //
 //   tessel-run / torchrun   RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR + MASTER_PORT or
 //                           TESSEL_STORE_ADDR
@@ -18,28 +19,13 @@
 #include <memory>
 #include <string>
 
+#include "tessel/base/launch_env.h"
 #include "tessel/collectives/gloo/gloo_backend.h"
 #include "tessel/collectives/process_group.h"
 #include "tessel/store/store.h"
 #include "tessel/tensor/device.h"
 
 namespace tessel {
-
-// What the launcher told this process.
-struct LaunchEnv {
-  std::string launcher = "none";  // "torchrun" (also tessel-run), "mpirun", "slurm", "none"
-  int rank = 0;
-  int world_size = 1;
-  int local_rank = 0;
-  std::string master_addr;  // MASTER_ADDR
-  int master_port = 0;      // MASTER_PORT
-  std::string store_addr;   // TESSEL_STORE_ADDR (host:port)
-};
-
-// Reads the launcher's variables (see above; RANK/WORLD_SIZE win over MPI's, MPI's over
-// Slurm's). Throws InvalidArgument naming a variable whose value is not a valid number or a rank
-// outside [0, world size).
-LaunchEnv read_launch_env();
 
 struct InitOptions {
   std::string backend = {};           // "", "gloo", "mpi", "nccl", "threads", "fake"
@@ -57,9 +43,10 @@ struct InitOptions {
 std::shared_ptr<Store> connect_job_store(const LaunchEnv& env, const std::string& store_dir,
                                          Nanoseconds timeout);
 
-// Creates the world group (collective over every rank of the job). Throws InvalidArgument for a
-// bad backend name or environment, Unavailable for a backend this build lacks or a missing
-// store, and whatever the backend throws while connecting.
+// Creates the world group (collective over every rank of the job). The backends get the
+// launcher's local rank and local world size through their options (they read no environment).
+// Throws InvalidArgument for a bad backend name or environment, Unavailable for a backend this
+// build lacks or a missing store, and whatever the backend throws while connecting.
 std::shared_ptr<ProcessGroup> init_process_group(InitOptions options = {});
 
 }  // namespace tessel

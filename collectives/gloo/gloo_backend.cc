@@ -427,7 +427,8 @@ std::shared_ptr<ProcessGroup> gloo_create_process_group(std::shared_ptr<Store> s
           options.exchange_scratch_bytes,
           internal::SharedMemoryOptions{
               .enabled = options.shared_memory && env_bool(EnvKnob::kGlooShm),
-              .host_id = options.host_id}),
+              .host_id = options.host_id,
+              .local_world_size = options.local_world_size}),
       options.group, std::move(ranks));
 }
 

@@ -42,6 +42,10 @@ struct GlooOptions {
   // ranks on one machine, whatever their network namespace). A pairing is still checked by
   // mapping the peer's segment. For tests that stand in several hosts on one.
   std::string host_id = {};
+  // Ranks of the job on this host (0: not known; init_process_group passes the launcher's
+  // LOCAL_WORLD_SIZE). With more ranks than CPUs, a rank waiting on shared memory yields its CPU
+  // instead of spinning. Sub-groups made by split inherit it.
+  int local_world_size = 0;
 };
 
 // True when this build has the Gloo backend.

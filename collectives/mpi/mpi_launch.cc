@@ -1,13 +1,15 @@
 // mpi_launched() needs no MPI library, so it is built with and without the backend.
 #include <cstdlib>
 
+#include "tessel/base/launch_env.h"
 #include "tessel/collectives/mpi/mpi_backend.h"
 
 namespace tessel {
 
 bool mpi_launched() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr ||
-         std::getenv("PMIX_RANK") != nullptr;
+  using namespace launch_env;
+  return std::getenv(kOmpiSize) != nullptr || std::getenv(kPmiSize) != nullptr ||
+         std::getenv(kPmixRank) != nullptr;
 }
 
 }  // namespace tessel

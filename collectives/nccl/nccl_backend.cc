@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <numeric>
@@ -562,10 +561,7 @@ std::shared_ptr<ProcessGroup> nccl_create_process_group(std::shared_ptr<Store> s
   cuda_check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
   TESSEL_CHECK(devices > 0, Unavailable, "NCCL needs a CUDA device and none is visible");
   int device = options.device;
-  if (device < 0) {
-    const char* local = std::getenv("LOCAL_RANK");
-    device = (local != nullptr ? std::atoi(local) : rank) % devices;
-  }
+  if (device < 0) device = (options.local_rank >= 0 ? options.local_rank : rank) % devices;
   TESSEL_CHECK(device < devices, InvalidArgument, "cuda:{} requested but {} devices are visible",
                device, devices);
   // ncclCommInitRankConfig takes the current device.

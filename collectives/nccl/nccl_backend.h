@@ -15,7 +15,10 @@
 namespace tessel {
 
 struct NcclOptions {
-  int device = -1;  // CUDA device of this rank; -1: LOCAL_RANK modulo the device count
+  int device = -1;  // CUDA device of this rank; -1: local_rank modulo the device count
+  // This rank's index among its node's, as the launcher says (init_process_group passes
+  // LOCAL_RANK); -1: not known, the rank stands in.
+  int local_rank = -1;
   ProcessGroupOptions group = {};
 };
 

@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <string_view>
 #include <vector>
@@ -267,12 +266,9 @@ void PairwiseExchange::connect_shared_memory(uint64_t seq, const Deadline& deadl
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
   const int usable = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
-  // Ranks on this host: this group's, or the job's when the launcher says (LOCAL_WORLD_SIZE, as
-  // tessel-run and torchrun set it) and it is more: other groups' ranks compete for the CPUs too.
-  int on_host = static_cast<int>(locals_.size()) + 1;
-  if (const char* local_world = std::getenv("LOCAL_WORLD_SIZE")) {
-    on_host = std::max(on_host, std::atoi(local_world));
-  }
+  // Ranks on this host: this group's, or the job's when the launcher says (local_world_size, from
+  // LOCAL_WORLD_SIZE) and it is more: other groups' ranks compete for the CPUs too.
+  const int on_host = std::max(static_cast<int>(locals_.size()) + 1, shm_options_.local_world_size);
   crowded_ = usable > 0 && on_host > usable;
   log_debug(LogComponent::kCollectives, "all_to_all: rank {} shares memory with ranks [{}]", me,
             fmt::join(shared_memory_peers(), ", "));

@@ -26,6 +26,9 @@ struct SharedMemoryOptions {
   bool enabled = true;  // both ends of a pair must enable it
   // Ranks with equal ids share memory when their segments open (empty: the kernel's boot id).
   std::string host_id = {};
+  // Ranks of the job on this host as the launcher says (LOCAL_WORLD_SIZE; 0: not known). With
+  // more ranks on the host than CPUs, a waiting rank yields its CPU instead of spinning.
+  int local_world_size = 0;
 };
 
 // The pairwise exchange (an all_to_all of views) on one Gloo context.
