@@ -46,6 +46,10 @@
 // --resume continues from the latest committed one, bit for bit on the same mesh and resharded
 // on another world size (docs/parallel.md, "Checkpoints"). Under tessel-run --max-restarts, a
 // restarted job with --resume picks up where the last checkpoint left it.
+//
+// Generation: --generate --resume --checkpoint-dir DIR continues --prompt by --max-new-tokens
+// bytes sampled from the latest checkpoint's model (--temperature 0: greedy; --top-k K), and
+// trains nothing. The model flags (--layers, --heads, --embd, --seq) must be the training run's.
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -69,6 +73,7 @@
 #include "tessel/collectives/init.h"
 #include "tessel/flight_recorder/recorder.h"
 #include "tessel/mesh/device_mesh.h"
+#include "tessel/nn/generate.h"
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/optim/adamw.h"
 #include "tessel/nn/optim/clip.h"
@@ -111,7 +116,11 @@ struct Flags {
   int64_t eval_every = 0;  // steps between validation losses during training (0: at the end)
   int64_t eval_batches = 8;
   int64_t sample = 200;
-  double temperature = 0.8;
+  double temperature = 0.8;         // 0: greedy
+  bool generate = false;            // sample from the latest checkpoint instead of training
+  std::string prompt = "Tale 7: ";  // what the sample and --generate continue
+  int64_t max_new_tokens = 200;     // bytes --generate samples
+  int64_t top_k = 0;                // sample among the k most likely bytes (0: all)
   int threads = 0;
   int64_t dp_shard = -1;     // ranks sharding the model (FSDP); -1: every rank not used otherwise
   int64_t dp_replicate = 1;  // replicas of the sharded model (HSDP when > 1)
@@ -191,28 +200,49 @@ std::string progress_bar(int64_t done, int64_t total, int width = 20) {
   return bar;
 }
 
-// Continues `prompt` by sampling each next byte from softmax(logits / temperature) of the last
-// position (seeded, so runs repeat).
-std::string sample(nn::GPT& model, const std::string& prompt, int64_t n, double temperature,
-                   uint64_t seed) {
-  NoGradGuard no_grad;
-  model.eval();
-  std::mt19937_64 rng(seed);
-  std::vector<int64_t> tokens(prompt.begin(), prompt.end());
-  std::string out;
-  const int64_t block = model.config().block_size;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - block);
-    std::vector<int64_t> window(tokens.begin() + start, tokens.end());
-    const int64_t T = static_cast<int64_t>(window.size());
-    const Tensor last = select(select(model(from_vector<int64_t>(window, {1, T})), 0, 0), 0, T - 1);
-    const std::vector<float> probs = to_vector<float>(softmax(div(last, temperature), -1));
-    std::discrete_distribution<int64_t> pick(probs.begin(), probs.end());
-    tokens.push_back(pick(rng));
-    out += static_cast<char>(tokens.back());
+// --prompt continued by `n` bytes of `model` (nn::generate with --temperature, --top-k, --seed).
+std::string generate_text(nn::GPT& model, const Flags& f, int64_t n) {
+  std::vector<int64_t> prompt;
+  for (unsigned char c : f.prompt) prompt.push_back(c);
+  const std::vector<int64_t> bytes = nn::generate(
+      model, prompt, model.config().block_size,
+      {.max_new_tokens = n, .temperature = f.temperature, .top_k = f.top_k, .seed = f.seed});
+  std::string text;
+  for (const int64_t b : bytes) text += static_cast<char>(b);
+  return text;
+}
+
+// The model flags as a checkpoint records them: "layers=3 heads=4 embd=96 context=64".
+std::string model_config_str(const Flags& f) {
+  return fmt::format("layers={} heads={} embd={} context={}", f.layers, f.heads, f.embd, f.seq);
+}
+
+// --generate: the model of the checkpoint `loaded` (gathered on rank 0 when sharded: every rank
+// calls this) continues --prompt; the text goes to stdout, what produced it to stderr.
+int generate_from_checkpoint(const Flags& f, const nn::GptConfig& config, nn::GPT& model,
+                             const std::string& loaded, const checkpoint::CheckpointState& state,
+                             bool lead) {
+  TESSEL_CHECK(!loaded.empty(), InvalidArgument,
+               "--generate: no committed checkpoint under --checkpoint-dir '{}': expected one "
+               "saved by a run with --checkpoint-every",
+               f.checkpoint_dir);
+  // A checkpoint of a larger model would load into a smaller one (it may hold more tensors).
+  if (const auto saved = state.metadata.find("model.config"); saved != state.metadata.end()) {
+    TESSEL_CHECK(saved->second == model_config_str(f), InvalidArgument,
+                 "--generate: {} holds a model of {}, but the flags give {}: pass the training "
+                 "run's --layers, --heads, --embd and --seq",
+                 loaded, saved->second, model_config_str(f));
   }
-  model.train();
-  return out;
+  nn::GPT whole(config);
+  {
+    const nn::StateDict state = full_state_dict(model);
+    if (!lead) return 0;
+    whole.load_state_dict(state);
+  }
+  fmt::print(stderr, "train_gpt: {} bytes from {} (step {}), temperature {}, top-k {}, seed {}\n",
+             f.max_new_tokens, loaded, state.step, f.temperature, f.top_k, f.seed);
+  fmt::print("{}{}\n", f.prompt, generate_text(whole, f, f.max_new_tokens));
+  return 0;
 }
 
 // The mean of `value` over the world (for logging the global loss), through the world's
@@ -403,6 +433,7 @@ int run(const Flags& f) {
   int64_t first_step = 0;
   std::string resumed_from;
   if (!f.checkpoint_dir.empty()) {
+    ckpt_state.metadata["model.config"] = model_config_str(f);  // --generate checks it
     ckpt_state.add_model("model", *model);
     ckpt_state.add_optimizer("optim", opt, *model);
     ckpt = std::make_unique<checkpoint::Checkpointer>(
@@ -415,6 +446,9 @@ int run(const Flags& f) {
         resumed_from = *dir;
       }
     }
+  }
+  if (f.generate) {
+    return generate_from_checkpoint(f, config, *model, resumed_from, ckpt_state, lead);
   }
   std::ofstream json;
   if (lead && !f.log_json.empty()) {
@@ -568,6 +602,10 @@ int run(const Flags& f) {
       const double val_loss =
           evaluate_during_training(*model, val_text, f, layout, device, autocast);
       print("step {:>5}/{} val loss {:.4f}\n", step + 1, f.steps, val_loss);
+      if (json.is_open()) {  // a line of its own: tessel-plot's validation-loss series
+        json << fmt::format("{{\"step\": {}, \"val_loss\": {:.6f}}}\n", step + 1, val_loss);
+        json.flush();
+      }
       std::fflush(stdout);
     }
     report_save(false);
@@ -592,9 +630,8 @@ int run(const Flags& f) {
                                                    f.layers, f.heads, f.embd, f.seq)}});
   fmt::print("saved checkpoint {}\n", f.checkpoint);
   if (f.sample > 0) {
-    const std::string prompt = "Tale 7: ";
-    fmt::print("sample (temperature {}):\n{}{}\n", f.temperature, prompt,
-               sample(whole, prompt, f.sample, f.temperature, f.seed));
+    fmt::print("sample (temperature {}):\n{}{}\n", f.temperature, f.prompt,
+               generate_text(whole, f, f.sample));
   }
   return 0;
 }
@@ -616,6 +653,11 @@ void check_flags(const Flags& f) {
   TESSEL_CHECK(f.checkpoint_every == 0 || !f.checkpoint_dir.empty(), InvalidArgument,
                "--checkpoint-every {} needs --checkpoint-dir DIR: the folder to save into",
                f.checkpoint_every);
+  TESSEL_CHECK(
+      !f.generate || f.resume, InvalidArgument,
+      "--generate samples from a saved checkpoint: it needs --resume --checkpoint-dir DIR");
+  TESSEL_CHECK(!f.prompt.empty(), InvalidArgument,
+               "--prompt '': expected at least one byte for the model to continue");
   TESSEL_CHECK(!f.sequence_parallel || f.tp > 1, InvalidArgument,
                "--sequence-parallel splits over the tp ranks: it needs --tp 2 or more");
   {
@@ -691,8 +733,16 @@ int main(int argc, char** argv) {
       ->check(integer_at_least(0));
   app.add_option("--sample", f.sample, "bytes of text to sample at the end")
       ->check(integer_at_least(0));
-  app.add_option("--temperature", f.temperature, "sampling temperature")
-      ->check(cli::number_above(0));
+  app.add_option("--temperature", f.temperature, "sampling temperature (0: greedy)")
+      ->check(cli::number_at_least(0));
+  app.add_flag("--generate", f.generate,
+               "sample text from the latest checkpoint (--resume --checkpoint-dir) instead of "
+               "training");
+  app.add_option("--prompt", f.prompt, "text that the sample and --generate continue");
+  app.add_option("--max-new-tokens", f.max_new_tokens, "bytes that --generate samples")
+      ->check(integer_at_least(0));
+  app.add_option("--top-k", f.top_k, "sample among the K most likely bytes only (0: all)")
+      ->check(cli::integer_in(0, 256));
   app.add_option("--threads", f.threads, "CPU threads for tensor ops (0: one per core)")
       ->check(cli::integer_in(0, 4096));
   app.add_option("--dp-shard", f.dp_shard,

@@ -3,7 +3,8 @@
 # workers on a 2x2 (dp_shard, tp) mesh — FSDP over dp_shard, every layer split over tp —
 # launched and supervised by tessel-run (Gloo collectives bootstrapped through the launcher's
 # authenticated store), after a look at a 2x4 device mesh and the same training on one process,
-# whose loss curve the four workers reproduce.
+# whose loss curve the four workers reproduce; then draws both runs' logs into one picture
+# (build/release/demo-runs.svg, tessel-plot).
 #
 #   scripts/demo.sh                  defaults: 400 steps
 #   scripts/demo.sh --steps 100      extra arguments go to both runs of examples/train_gpt
@@ -12,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 scripts/setup.sh
 cmake --preset release >/dev/null
-cmake --build --preset release --target tessel-run train_gpt mesh_demo tessel-trace
+cmake --build --preset release --target tessel-run train_gpt mesh_demo tessel-trace tessel-plot
 
 echo
 echo "== A 2x4 (dp, tp) device mesh over 8 ranks (threads), one all_reduce per dimension =="
@@ -21,10 +22,16 @@ echo "..."
 cd build/release  # the checkpoint (train_gpt.safetensors) lands here
 echo
 echo "== The reference: the same GPT and batches on one process =="
-examples/train_gpt --threads 2 --log-every 50 --sample 0 --checkpoint train_gpt_single.safetensors \
-  "$@" | grep -E "^(step|trained)"
+examples/train_gpt --threads 2 --log-every 50 --eval-every 100 --sample 0 \
+  --checkpoint train_gpt_single.safetensors --log-json demo-single.jsonl "$@" |
+  grep -E "^(step|trained)"
 echo
 echo "== GPT training on a 2x2 (dp_shard, tp) mesh: tessel-run --standalone --nproc-per-node 4 =="
 echo "(the tools are in $PWD/bin: export PATH=\"$PWD/bin:\$PATH\" to run them by name)"
-exec launcher/tessel-run --standalone --nproc-per-node 4 examples/train_gpt --threads 1 \
-  --dp-shard 2 --tp 2 --log-every 50 "$@"
+launcher/tessel-run --standalone --nproc-per-node 4 examples/train_gpt --threads 1 \
+  --dp-shard 2 --tp 2 --log-every 50 --eval-every 100 --log-json demo-sharded.jsonl "$@"
+echo
+echo "== Both runs in one picture: tessel-plot =="
+bin/tessel-plot demo-single.jsonl demo-sharded.jsonl --label "one process" \
+  --label "2x2 (dp_shard, tp) mesh" -o demo-runs.svg
+echo "(open $PWD/demo-runs.svg in a browser)"

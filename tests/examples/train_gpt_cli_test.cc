@@ -79,7 +79,11 @@ const std::vector<BadFlag> kBadFlags = {
     {{"--log-every", "0"}, 65, "--log-every '0'"},
     {{"--eval-every", "-1"}, 65, "--eval-every '-1'"},
     {{"--sample", "-1"}, 65, "--sample '-1'"},
-    {{"--temperature", "0"}, 65, "--temperature '0'"},
+    {{"--temperature", "-1"}, 65, "--temperature '-1'"},
+    {{"--generate"}, 65, "--generate samples from a saved checkpoint"},
+    {{"--prompt", ""}, 65, "--prompt ''"},
+    {{"--max-new-tokens", "-1"}, 65, "--max-new-tokens '-1'"},
+    {{"--top-k", "257"}, 65, "--top-k '257': expected an integer from 0 to 256"},
     {{"--threads", "-2"}, 65, "--threads '-2': expected an integer from 0 to 4096"},
     {{"--dp-shard", "0"}, 65, "--dp-shard 0"},
     {{"--dp-shard", "2"}, 65, "tessel-run --standalone --nproc-per-node 2 train_gpt --dp-shard 2"},
@@ -129,7 +133,9 @@ std::map<std::string, std::string> help_flags(const std::string& help) {
     if (!std::regex_match(l, m, line) || m[1] == "--help") continue;
     std::smatch d;
     const std::string rest = m[2];
-    flags[m[1]] = std::regex_search(rest, d, dflt) ? d[1].str() : "";
+    std::string value = std::regex_search(rest, d, dflt) ? d[1].str() : "";
+    while (!value.empty() && value.back() == ' ') value.pop_back();  // as the table's cells
+    flags[m[1]] = value;
   }
   return flags;
 }
