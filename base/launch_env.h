@@ -29,17 +29,23 @@ inline constexpr char kMaxRestarts[] = "TORCHELASTIC_MAX_RESTARTS";    // restar
 inline constexpr char kRunId[] = "TORCHELASTIC_RUN_ID";                // the job's id
 inline constexpr char kUseAgentStore[] = "TORCHELASTIC_USE_AGENT_STORE";
 
-// Open MPI's mpirun, and what any PMI or PMIx launcher sets (MPI's launch, mpi_launched()).
+// Open MPI's mpirun, and what any PMI or PMIx launcher sets (MPI's launch, mpi::launched()).
 inline constexpr char kOmpiRank[] = "OMPI_COMM_WORLD_RANK";
 inline constexpr char kOmpiSize[] = "OMPI_COMM_WORLD_SIZE";
 inline constexpr char kOmpiLocalRank[] = "OMPI_COMM_WORLD_LOCAL_RANK";
 inline constexpr char kPmiSize[] = "PMI_SIZE";
 inline constexpr char kPmixRank[] = "PMIX_RANK";
+inline constexpr char kOmpiJobId[] = "OMPI_MCA_ess_base_jobid";  // the mpirun job (run ids)
+inline constexpr char kPmixNamespace[] = "PMIX_NAMESPACE";       // the PMIx job (run ids)
 
 // Slurm's srun.
 inline constexpr char kSlurmProcId[] = "SLURM_PROCID";
 inline constexpr char kSlurmNtasks[] = "SLURM_NTASKS";
 inline constexpr char kSlurmLocalId[] = "SLURM_LOCALID";
+inline constexpr char kSlurmNnodes[] = "SLURM_NNODES";  // nodes of the step (tessel-run --nnodes)
+inline constexpr char kSlurmNodeId[] = "SLURM_NODEID";  // this node's index in the step
+inline constexpr char kSlurmJobId[] = "SLURM_JOB_ID";
+inline constexpr char kSlurmStepId[] = "SLURM_STEP_ID";
 
 }  // namespace launch_env
 

@@ -33,7 +33,7 @@ inline double run_forked(int np, const std::string& tag,
   const std::string out = dir + "/result";
   const bool ok = fork_ranks(np, [&](int rank) {
     auto store = std::make_shared<FileStore>(dir + "/store", std::chrono::seconds(60));
-    auto pg = gloo_create_process_group(store, rank, np, {.hostname = "127.0.0.1"});
+    auto pg = gloo::create_process_group(store, rank, np, {.hostname = "127.0.0.1"});
     const double value = fn(rank, pg);
     if (rank == 0) std::ofstream(out) << value;
   });

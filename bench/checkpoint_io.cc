@@ -116,7 +116,7 @@ std::pair<double, double> run_ours(const Flags& f) {
   const bool ok = bench::fork_ranks(f.np, [&](int rank) {
     set_num_threads(1);
     auto store = std::make_shared<FileStore>(dir + "/store", std::chrono::seconds(120));
-    auto world = gloo_create_process_group(store, rank, f.np, {.hostname = "127.0.0.1"});
+    auto world = gloo::create_process_group(store, rank, f.np, {.hostname = "127.0.0.1"});
     const DeviceMesh mesh = init_device_mesh(world, {f.np}, {"dp"});
     checkpoint::CheckpointState state(world);
     std::vector<DTensor> tensors;
@@ -242,7 +242,7 @@ int main(int argc, char** argv) {
   app.add_option("--torch", f.torch, "python with torch, or 'auto' (scripts/torch-venv.sh)");
   app.add_flag("!--no-stall", f.stall, "skip the async-save stall measurement");
   CLI11_PARSE(app, argc, argv);
-  if (!gloo_is_available()) {
+  if (!gloo::is_available()) {
     std::printf("skipped: this build has no Gloo backend\n");
     return 0;
   }

@@ -220,7 +220,7 @@ class GlooStore final : public ::gloo::rendezvous::Store {
 
 void gloo_rank(int rank, const std::string& dir, const Flags& flags) {
   auto store = std::make_shared<tessel::FileStore>(dir, std::chrono::seconds(60));
-  auto pg = tessel::gloo_create_process_group(store, rank, flags.np, {.hostname = "127.0.0.1"});
+  auto pg = tessel::gloo::create_process_group(store, rank, flags.np, {.hostname = "127.0.0.1"});
   GlooStore raw_store(std::make_shared<tessel::PrefixStore>("raw", store));
   auto device = ::gloo::transport::tcp::CreateDevice("127.0.0.1");
   auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, flags.np);
@@ -307,7 +307,7 @@ int run_gloo(const Flags& flags) {
 // --- MPI: started by mpirun; our group and a duplicate of MPI_COMM_WORLD ----------------------
 
 int run_mpi(Flags flags) {
-  auto pg = tessel::mpi_create_world();
+  auto pg = tessel::mpi::create_world();
   flags.np = pg->size();
   MPI_Comm comm;
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);

@@ -208,7 +208,7 @@ bool run_ours(const Flags& flags, const std::string& out) {
   std::filesystem::create_directories(dir);
   const bool ok = bench::fork_ranks(flags.np, [&](int rank) {
     auto store = std::make_shared<FileStore>(dir, std::chrono::seconds(60));
-    auto pg = gloo_create_process_group(store, rank, flags.np, {.hostname = "127.0.0.1"});
+    auto pg = gloo::create_process_group(store, rank, flags.np, {.hostname = "127.0.0.1"});
     const std::vector<Row> rows = run_rank(*pg, flags);
     if (rank == 0) {
       std::ofstream f(out);
@@ -297,7 +297,7 @@ int main(int argc, char** argv) {
                "time the raw call against itself (in the 'ours' columns): the ratios this prints "
                "are the machine's run-to-run spread, against which ours are read");
   CLI11_PARSE(app, argc, argv);
-  if (!gloo_is_available()) {
+  if (!gloo::is_available()) {
     std::printf("skipped: this build has no Gloo backend\n");
     return 0;
   }

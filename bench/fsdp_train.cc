@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"single", "single1", "fsdp1", "fsdp", "ddp"}));
   CLI11_PARSE(app, argc, argv);
-  if (!gloo_is_available()) {
+  if (!gloo::is_available()) {
     std::printf("skipped: this build has no Gloo backend\n");
     return 0;
   }

@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"tp", "tp_sp", "tp_sp_overlap", "dp_tp", "fsdp"}));
   CLI11_PARSE(app, argc, argv);
-  if (!gloo_is_available()) {
+  if (!gloo::is_available()) {
     std::printf("skipped: this build has no Gloo backend\n");
     return 0;
   }

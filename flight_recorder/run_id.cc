@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "tessel/base/env.h"
+#include "tessel/base/launch_env.h"
 
 namespace tessel::fr {
 namespace {
@@ -27,15 +28,15 @@ std::string sanitize_run_id(std::string_view text) {
 
 std::string run_id_from_env() {
   if (auto id = env_value(EnvKnob::kFrRunId); id && !id->empty()) return sanitize_run_id(*id);
-  if (const std::string id = var("TORCHELASTIC_RUN_ID"); !id.empty() && id != "none") {
+  if (const std::string id = var(launch_env::kRunId); !id.empty() && id != "none") {
     return sanitize_run_id(id);
   }
-  const std::string job = var("SLURM_JOB_ID"), step = var("SLURM_STEP_ID");
+  const std::string job = var(launch_env::kSlurmJobId), step = var(launch_env::kSlurmStepId);
   if (!job.empty() && !step.empty()) return sanitize_run_id("slurm-" + job + "." + step);
-  if (const std::string id = var("OMPI_MCA_ess_base_jobid"); !id.empty()) {
+  if (const std::string id = var(launch_env::kOmpiJobId); !id.empty()) {
     return sanitize_run_id("ompi-" + id);
   }
-  if (const std::string ns = var("PMIX_NAMESPACE"); !ns.empty()) {
+  if (const std::string ns = var(launch_env::kPmixNamespace); !ns.empty()) {
     return sanitize_run_id("pmix-" + ns);
   }
   if (!job.empty()) return sanitize_run_id("slurm-" + job);

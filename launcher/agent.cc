@@ -18,6 +18,7 @@
 
 #include "tessel/base/clock.h"
 #include "tessel/base/env.h"
+#include "tessel/base/launch_env.h"
 #include "tessel/base/logging.h"
 #include "tessel/launcher/exec_path.h"
 #include "tessel/launcher/failure_report.h"
@@ -195,6 +196,9 @@ RendezvousServerOptions server_options(const LaunchOptions& o, const std::string
   return s;
 }
 
+// A knob's variable name, from the one table of them (base/env.cc).
+std::string knob_name(EnvKnob knob) { return std::string(env_knob_info(knob).name); }
+
 }  // namespace
 
 std::map<std::string, std::string> worker_environment(const LaunchOptions& o,
@@ -202,21 +206,21 @@ std::map<std::string, std::string> worker_environment(const LaunchOptions& o,
                                                       int local_rank) {
   const int rank = r.rank_offset() + local_rank;
   std::map<std::string, std::string> env = {
-      {"RANK", std::to_string(rank)},
-      {"LOCAL_RANK", std::to_string(local_rank)},
-      {"GROUP_RANK", std::to_string(r.group_rank())},
-      {"ROLE_RANK", std::to_string(rank)},
-      {"ROLE_NAME", o.role},
-      {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
-      {"WORLD_SIZE", std::to_string(r.world_size())},
-      {"GROUP_WORLD_SIZE", std::to_string(r.group_world_size())},
-      {"ROLE_WORLD_SIZE", std::to_string(r.world_size())},
-      {"MASTER_ADDR", r.master_addr()},
-      {"MASTER_PORT", std::to_string(r.master_port())},
-      {"TORCHELASTIC_RESTART_COUNT", std::to_string(r.restart_count())},
-      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
-      {"TORCHELASTIC_RUN_ID", o.rdzv_id},
-      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+      {launch_env::kRank, std::to_string(rank)},
+      {launch_env::kLocalRank, std::to_string(local_rank)},
+      {launch_env::kGroupRank, std::to_string(r.group_rank())},
+      {launch_env::kRoleRank, std::to_string(rank)},
+      {launch_env::kRoleName, o.role},
+      {launch_env::kLocalWorldSize, std::to_string(o.nproc_per_node)},
+      {launch_env::kWorldSize, std::to_string(r.world_size())},
+      {launch_env::kGroupWorldSize, std::to_string(r.group_world_size())},
+      {launch_env::kRoleWorldSize, std::to_string(r.world_size())},
+      {launch_env::kMasterAddr, r.master_addr()},
+      {launch_env::kMasterPort, std::to_string(r.master_port())},
+      {launch_env::kRestartCount, std::to_string(r.restart_count())},
+      {launch_env::kMaxRestarts, std::to_string(o.max_restarts)},
+      {launch_env::kRunId, o.rdzv_id},
+      {launch_env::kUseAgentStore, "False"},
   };
   return env;
 }
@@ -261,16 +265,16 @@ struct NodeAgent::Impl {
     const std::vector<std::string> base = base_environment();
     for (int local = 0; local < o.nproc_per_node; ++local) {
       std::map<std::string, std::string> vars = worker_environment(o, r, local);
-      vars["TESSEL_STORE_ADDR"] = endpoint;
-      vars["TESSEL_STORE_TOKEN"] = token;
+      vars[knob_name(EnvKnob::kStoreAddr)] = endpoint;
+      vars[knob_name(EnvKnob::kStoreToken)] = token;
       vars["TESSEL_AGENT_ID"] = node_id;
       // One run id and ring folder per job, so dumps and rings of two jobs never mix.
-      vars["TESSEL_FR_RUN_ID"] = fr_files.run_id;
-      vars["TESSEL_FR_RING_DIR"] = fr_files.ring_dir;
+      vars[knob_name(EnvKnob::kFrRunId)] = fr_files.run_id;
+      vars[knob_name(EnvKnob::kFrRingDir)] = fr_files.ring_dir;
       vars["TORCHELASTIC_ERROR_FILE"] = error_file(r.rank_offset() + local);
-      if (!o.tls.cert.empty()) vars["TESSEL_TLS_CERT"] = o.tls.cert;
-      if (!o.tls.key.empty()) vars["TESSEL_TLS_KEY"] = o.tls.key;
-      if (!o.tls.ca.empty()) vars["TESSEL_TLS_CA"] = o.tls.ca;
+      if (!o.tls.cert.empty()) vars[knob_name(EnvKnob::kTlsCert)] = o.tls.cert;
+      if (!o.tls.key.empty()) vars[knob_name(EnvKnob::kTlsKey)] = o.tls.key;
+      if (!o.tls.ca.empty()) vars[knob_name(EnvKnob::kTlsCa)] = o.tls.ca;
       WorkerSpec s{local, r.rank_offset() + local, {}};
       std::set<std::string> inherited;
       for (const auto& e : base) {

@@ -13,6 +13,7 @@
 #include "tessel/base/clock.h"
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
+#include "tessel/base/launch_env.h"
 
 extern char** environ;
 
@@ -217,9 +218,11 @@ ParseResult parse_launch_options(int argc, const char* const* argv, const Enviro
               prefix_template, stdout_filters, stderr_filters, numa_binding, signals_to_handle,
               shutdown_timeout, master_port = "0", node_rank = "-1";
   bool no_usr_forward = false, virtual_local_rank = false;
-  o.tls = {find(env, "TESSEL_TLS_CERT") ? *find(env, "TESSEL_TLS_CERT") : "",
-           find(env, "TESSEL_TLS_KEY") ? *find(env, "TESSEL_TLS_KEY") : "",
-           find(env, "TESSEL_TLS_CA") ? *find(env, "TESSEL_TLS_CA") : ""};
+  const auto knob = [&](EnvKnob k) {  // TESSEL_TLS_*: names from the knob table (base/env.cc)
+    const std::string* value = find(env, std::string(env_knob_info(k).name));
+    return value != nullptr ? *value : std::string();
+  };
+  o.tls = {knob(EnvKnob::kTlsCert), knob(EnvKnob::kTlsKey), knob(EnvKnob::kTlsCa)};
 
   CLI::App app{"tessel-run: start and supervise a distributed job (torchrun-compatible flags)",
                "tessel-run"};
@@ -360,25 +363,25 @@ ParseResult parse_launch_options(int argc, const char* const* argv, const Enviro
     o.master_port = parse_int("--master-port", master_port);
     // Values mpirun or Slurm provide, where flags and PET_* left them open.
     if (given.count("nnodes") == 0) {
-      if (const std::string* n = find(env, "OMPI_COMM_WORLD_SIZE")) {
+      if (const std::string* n = find(env, launch_env::kOmpiSize)) {
         nnodes = *n;
         o.topology_source = "mpirun";
         if (o.node_rank < 0)
-          o.node_rank = parse_int("OMPI_COMM_WORLD_RANK", *find(env, "OMPI_COMM_WORLD_RANK"));
-      } else if (const std::string* n = find(env, "SLURM_NNODES")) {
+          o.node_rank = parse_int(launch_env::kOmpiRank, *find(env, launch_env::kOmpiRank));
+      } else if (const std::string* n = find(env, launch_env::kSlurmNnodes)) {
         nnodes = *n;
         o.topology_source = "slurm";
-        if (const std::string* r = find(env, "SLURM_NODEID"); r && o.node_rank < 0) {
-          o.node_rank = parse_int("SLURM_NODEID", *r);
+        if (const std::string* r = find(env, launch_env::kSlurmNodeId); r && o.node_rank < 0) {
+          o.node_rank = parse_int(launch_env::kSlurmNodeId, *r);
         }
-        if (const std::string* id = find(env, "SLURM_JOB_ID"); id && !o.rdzv_id_given) {
+        if (const std::string* id = find(env, launch_env::kSlurmJobId); id && !o.rdzv_id_given) {
           o.rdzv_id = *id;
           o.rdzv_id_given = true;
         }
       }
       if (o.topology_source != "flags" && o.rdzv_endpoint.empty()) {
-        const std::string* addr = find(env, "MASTER_ADDR");
-        const std::string* port = find(env, "MASTER_PORT");
+        const std::string* addr = find(env, launch_env::kMasterAddr);
+        const std::string* port = find(env, launch_env::kMasterPort);
         if (addr && port) o.rdzv_endpoint = *addr + ":" + *port;
       }
     }

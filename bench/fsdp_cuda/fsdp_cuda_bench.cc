@@ -91,8 +91,8 @@ std::shared_ptr<ProcessGroup> world_of(Setup setup, Device device) {
   const ProcessGroupOptions group{.name = "fsdp_bench", .id = kGroupId};
   if (setup == Setup::kFsdpNoComm) return fake::create_process_group(0, 1, nullptr, group);
   if (device.is_cuda()) {
-    return nccl_create_process_group(std::make_shared<MemoryStore>(), 0, 1,
-                                     NcclOptions{.device = device.index, .group = group});
+    return nccl::create_process_group(std::make_shared<MemoryStore>(), 0, 1,
+                                      NcclOptions{.device = device.index, .group = group});
   }
   return threads::create_world(1, group).front();
 }
