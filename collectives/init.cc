@@ -78,7 +78,7 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   if (backend.empty() || backend == "auto") {
     if (options.device.is_cuda()) {
       backend = "nccl";
-    } else if (env.launcher == "mpirun" || (env.launcher == "slurm" && mpi_launched())) {
+    } else if (env.launcher == "mpirun" || (env.launcher == "slurm" && mpi::launched())) {
       backend = "mpi";
     } else {
       backend = env.world_size == 1 && !options.store ? "threads" : "gloo";
@@ -97,7 +97,7 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   if (backend == "fake")
     return fake::create_process_group(env.rank, env.world_size, nullptr, group);
   if (backend == "mpi") {
-    auto world = mpi_create_world(group);
+    auto world = mpi::create_world(group);
     if (env.world_size > 1) enable_flight_recorder_dumps(nullptr, world->rank(), world->size());
     return world;
   }
@@ -126,12 +126,12 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
     GlooOptions gloo = options.gloo;
     gloo.group = group;
     if (gloo.local_world_size == 0) gloo.local_world_size = env.local_world_size;
-    auto world = gloo_create_process_group(rendezvous, env.rank, env.world_size, gloo);
+    auto world = gloo::create_process_group(rendezvous, env.rank, env.world_size, gloo);
     if (env.world_size > 1) enable_flight_recorder_dumps(store, env.rank, env.world_size);
     return world;
   }
   if (env.world_size > 1) enable_flight_recorder_dumps(store, env.rank, env.world_size);
-  return nccl_create_process_group(
+  return nccl::create_process_group(
       rendezvous, env.rank, env.world_size,
       NcclOptions{
           .device = options.device.is_cuda() ? options.device.index : -1,

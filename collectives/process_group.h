@@ -132,8 +132,8 @@ Nanoseconds resolve_group_timeout(const ProcessGroupOptions& options);
 
 class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
  public:
-  // Made by the backends' factories (threads::create_world, gloo_create_process_group,
-  // mpi_create_world, nccl_create_process_group, fake::create_process_group).
+  // Made by the backends' factories (threads::create_world, gloo::create_process_group,
+  // mpi::create_world, nccl::create_process_group, fake::create_process_group).
   // `global_ranks` lists the world rank of every member in group-rank order.
   ProcessGroup(std::unique_ptr<CommBackend> backend, ProcessGroupOptions options,
                std::vector<int> global_ranks);

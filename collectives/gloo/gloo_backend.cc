@@ -393,7 +393,7 @@ class GlooBackend final : public CommBackend {
 
 }  // namespace
 
-bool gloo_is_available() { return true; }
+bool gloo::is_available() { return true; }
 
 // A write to a peer that died raises SIGPIPE, whose default action kills this (healthy) rank
 // silently, with no flight-recorder dump. Ignored, the write fails with EPIPE and Gloo reports
@@ -406,11 +406,11 @@ static void ignore_sigpipe_if_default() {
   }
 }
 
-std::shared_ptr<ProcessGroup> gloo_create_process_group(std::shared_ptr<Store> store, int rank,
-                                                        int size, GlooOptions options) {
-  TESSEL_CHECK(store != nullptr, InvalidArgument, "gloo_create_process_group: store is null");
+std::shared_ptr<ProcessGroup> gloo::create_process_group(std::shared_ptr<Store> store, int rank,
+                                                         int size, GlooOptions options) {
+  TESSEL_CHECK(store != nullptr, InvalidArgument, "gloo::create_process_group: store is null");
   TESSEL_CHECK(size >= 1 && rank >= 0 && rank < size, InvalidArgument,
-               "gloo_create_process_group: rank {} is not in a world of size {}", rank, size);
+               "gloo::create_process_group: rank {} is not in a world of size {}", rank, size);
   options.group.timeout = resolve_group_timeout(options.group);
   ignore_sigpipe_if_default();
   auto device = make_device(options);

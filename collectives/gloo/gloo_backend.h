@@ -48,15 +48,22 @@ struct GlooOptions {
   int local_world_size = 0;
 };
 
+// The backend's factory, named as every backend's is: gloo::create_process_group,
+// nccl::create_process_group, mpi::create_world, threads::create_world,
+// fake::create_process_group (each with is_available() where the build may lack it).
+namespace gloo {
+
 // True when this build has the Gloo backend.
-bool gloo_is_available();
+bool is_available();
 
 // Connects `size` ranks (collective: every rank calls it with the same store and options).
 // Sets SIGPIPE to ignored when it still has its default action, so a peer that died is an error
 // (PeerLost/CommError) rather than a silent death of this rank.
 // Keys live under "gloo/<group id>/" in `store`. Throws Unavailable without Gloo, Timeout when
 // peers do not appear within options.group.timeout, CommError when the transport fails.
-std::shared_ptr<ProcessGroup> gloo_create_process_group(std::shared_ptr<Store> store, int rank,
-                                                        int size, GlooOptions options = {});
+std::shared_ptr<ProcessGroup> create_process_group(std::shared_ptr<Store> store, int rank, int size,
+                                                   GlooOptions options = {});
+
+}  // namespace gloo
 
 }  // namespace tessel

@@ -4,10 +4,10 @@
 
 namespace tessel {
 
-bool gloo_is_available() { return false; }
+bool gloo::is_available() { return false; }
 
-std::shared_ptr<ProcessGroup> gloo_create_process_group(std::shared_ptr<Store>, int, int,
-                                                        GlooOptions) {
+std::shared_ptr<ProcessGroup> gloo::create_process_group(std::shared_ptr<Store>, int, int,
+                                                         GlooOptions) {
   throw Unavailable(
       "this tessel build has no Gloo backend (configure with TESSEL_WITH_GLOO=ON "
       "after installing libgloo-dev)");

@@ -278,9 +278,9 @@ class MpiBackend final : public CommBackend {
 
 }  // namespace
 
-bool mpi_is_available() { return true; }
+bool mpi::is_available() { return true; }
 
-std::shared_ptr<ProcessGroup> mpi_create_world(ProcessGroupOptions options) {
+std::shared_ptr<ProcessGroup> mpi::create_world(ProcessGroupOptions options) {
   MpiRuntime::get();
   MPI_Comm dup = MPI_COMM_NULL;
   mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "MPI_Comm_dup");

@@ -14,14 +14,19 @@
 
 namespace tessel {
 
-bool mpi_is_available();
+namespace mpi {
+
+// True when this build has the MPI backend.
+bool is_available();
 // True when this process was started by an MPI launcher (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
 // PMIX_RANK in the environment).
-bool mpi_launched();
+bool launched();
 
 // The MPI_COMM_WORLD group (collective over all MPI ranks; initialises MPI on first use; MPI is
 // finalised at process exit). Throws Unavailable without MPI or when MPI_THREAD_MULTIPLE is not
 // provided, CommError when MPI fails.
-std::shared_ptr<ProcessGroup> mpi_create_world(ProcessGroupOptions options = {});
+std::shared_ptr<ProcessGroup> create_world(ProcessGroupOptions options = {});
+
+}  // namespace mpi
 
 }  // namespace tessel

@@ -6,9 +6,9 @@
 
 namespace tessel {
 
-bool mpi_is_available() { return false; }
+bool mpi::is_available() { return false; }
 
-std::shared_ptr<ProcessGroup> mpi_create_world(ProcessGroupOptions) {
+std::shared_ptr<ProcessGroup> mpi::create_world(ProcessGroupOptions) {
   throw Unavailable(
       "this tessel build has no MPI backend (install libopenmpi-dev and configure "
       "with TESSEL_WITH_MPI=ON)");

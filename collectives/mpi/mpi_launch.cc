@@ -1,4 +1,4 @@
-// mpi_launched() needs no MPI library, so it is built with and without the backend.
+// mpi::launched() needs no MPI library, so it is built with and without the backend.
 #include <cstdlib>
 
 #include "tessel/base/launch_env.h"
@@ -6,7 +6,7 @@
 
 namespace tessel {
 
-bool mpi_launched() {
+bool mpi::launched() {
   using namespace launch_env;
   return std::getenv(kOmpiSize) != nullptr || std::getenv(kPmiSize) != nullptr ||
          std::getenv(kPmixRank) != nullptr;

@@ -546,16 +546,16 @@ class NcclBackend final : public CommBackend {
 
 }  // namespace
 
-bool nccl_is_available() {
+bool nccl::is_available() {
   int count = 0;
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
 }
 
-std::shared_ptr<ProcessGroup> nccl_create_process_group(std::shared_ptr<Store> store, int rank,
-                                                        int size, NcclOptions options) {
-  TESSEL_CHECK(store != nullptr, InvalidArgument, "nccl_create_process_group: store is null");
+std::shared_ptr<ProcessGroup> nccl::create_process_group(std::shared_ptr<Store> store, int rank,
+                                                         int size, NcclOptions options) {
+  TESSEL_CHECK(store != nullptr, InvalidArgument, "nccl::create_process_group: store is null");
   TESSEL_CHECK(size >= 1 && rank >= 0 && rank < size, InvalidArgument,
-               "nccl_create_process_group: rank {} is not in a world of size {}", rank, size);
+               "nccl::create_process_group: rank {} is not in a world of size {}", rank, size);
   options.group.timeout = resolve_group_timeout(options.group);
   int devices = 0;
   cuda_check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");

@@ -22,13 +22,17 @@ struct NcclOptions {
   ProcessGroupOptions group = {};
 };
 
+namespace nccl {
+
 // True when this build has NCCL and at least one CUDA device is visible.
-bool nccl_is_available();
+bool is_available();
 
 // Creates the communicator of `size` ranks (collective: every rank calls it with the same
 // store). Rank 0 publishes the unique id under "nccl/<group id>/id". Throws Unavailable,
 // Timeout, CommError (with NCCL's or CUDA's error text).
-std::shared_ptr<ProcessGroup> nccl_create_process_group(std::shared_ptr<Store> store, int rank,
-                                                        int size, NcclOptions options = {});
+std::shared_ptr<ProcessGroup> create_process_group(std::shared_ptr<Store> store, int rank, int size,
+                                                   NcclOptions options = {});
+
+}  // namespace nccl
 
 }  // namespace tessel

@@ -4,10 +4,10 @@
 
 namespace tessel {
 
-bool nccl_is_available() { return false; }
+bool nccl::is_available() { return false; }
 
-std::shared_ptr<ProcessGroup> nccl_create_process_group(std::shared_ptr<Store>, int, int,
-                                                        NcclOptions) {
+std::shared_ptr<ProcessGroup> nccl::create_process_group(std::shared_ptr<Store>, int, int,
+                                                         NcclOptions) {
   throw Unavailable(
       "this tessel build has no NCCL backend (configure with TESSEL_WITH_CUDA=ON "
       "on a machine with the CUDA toolkit and NCCL)");

@@ -99,7 +99,7 @@ void tolerate_failure(const std::function<void()>& op) {
 }
 
 #define TESSEL_REQUIRE_GLOO() \
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend"
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend"
 
 TEST(FlightRecorderFaultTest, RankThatCallsAnExtraCollectiveIsNamed) {
   TESSEL_REQUIRE_GLOO();

@@ -20,7 +20,7 @@ using testing::fr_dump_exists;
 constexpr int kWorld = 3;
 
 TEST(FlightRecorderFaultTest, RankThatSkipsAnAllReduceIsNamed) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   const fs::path dir = testing::fresh_fr_dir("skip");
   const auto outcomes = testing::run_processes(
       kWorld,
@@ -44,7 +44,7 @@ TEST(FlightRecorderFaultTest, RankThatSkipsAnAllReduceIsNamed) {
 }
 
 TEST(FlightRecorderFaultTest, KilledRankWithoutADumpIsNamed) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   const fs::path dir = testing::fresh_fr_dir("kill");
   const auto outcomes = testing::run_processes(
       kWorld,

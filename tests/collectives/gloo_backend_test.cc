@@ -40,7 +40,7 @@ std::shared_ptr<ProcessGroup> connect(int rank, int size, const std::string& dir
   options.group.timeout = timeout;
   options.halving_max_bytes = halving_max_bytes;
   options.shared_memory = shared_memory;
-  return gloo_create_process_group(store, rank, size, options);
+  return gloo::create_process_group(store, rank, size, options);
 }
 
 void expect_all_succeeded(const std::vector<testing::ProcessOutcome>& outcomes) {
@@ -52,7 +52,7 @@ void expect_all_succeeded(const std::vector<testing::ProcessOutcome>& outcomes) 
 class GlooBackendSweepTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
-    if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+    if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   }
 };
 
@@ -199,7 +199,7 @@ void expect_missing_rank_times_out(int size, const std::function<void(ProcessGro
 }
 
 TEST(GlooBackendFaultTest, RankThatNeverCallsMakesOthersTimeOut) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   expect_missing_rank_times_out(3, [](ProcessGroup& pg) {
     Tensor t = from_vector<float>({1, 2, 3});
     pg.all_reduce(t);
@@ -209,7 +209,7 @@ TEST(GlooBackendFaultTest, RankThatNeverCallsMakesOthersTimeOut) {
 // Our reduce-scatter runs over Gloo's point-to-point buffers: both of its algorithms (the ring
 // on 3 ranks, recursive halving on 4) time out like Gloo's own collectives.
 TEST(GlooBackendFaultTest, RankThatNeverCallsReduceScatterMakesOthersTimeOut) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   for (int size : {3, 4}) {
     expect_missing_rank_times_out(size, [size](ProcessGroup& pg) {
       Tensor in = zeros({4 * size}), out = zeros({4});
@@ -227,7 +227,7 @@ std::vector<Tensor> columns(const Tensor& matrix, int size) {
 }
 
 TEST(GlooBackendFaultTest, RankThatNeverCallsAllToAllMakesOthersTimeOutNamingIt) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   for (int size : {2, 3}) {
     expect_missing_rank_times_out(
         size,
@@ -242,7 +242,7 @@ TEST(GlooBackendFaultTest, RankThatNeverCallsAllToAllMakesOthersTimeOutNamingIt)
 // A rank killed in the middle of an all_to_all of several pieces per peer: the others fail
 // with the lost peer (or a communication error), long before their timeout, and do not hang.
 TEST(GlooBackendFaultTest, RankKilledMidAllToAllGivesOthersAnError) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   const auto timeout = seconds(20);
   auto outcomes = testing::run_processes(
       3,
@@ -280,7 +280,7 @@ TEST(GlooBackendFaultTest, RankKilledMidAllToAllGivesOthersAnError) {
 }
 
 TEST(GlooBackendFaultTest, KilledRankGivesOthersPeerLost) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   auto outcomes = testing::run_processes(
       3,
       [&](int rank, const std::string& dir) {
@@ -304,7 +304,7 @@ TEST(GlooBackendFaultTest, KilledRankGivesOthersPeerLost) {
 }
 
 TEST(GlooBackendInitTest, InitProcessGroupFromTorchrunEnvironment) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   expect_all_succeeded(testing::run_processes(
       3,
       [](int rank, const std::string& dir) {
@@ -323,7 +323,7 @@ TEST(GlooBackendInitTest, InitProcessGroupFromTorchrunEnvironment) {
 // TESSEL_STORE_DIR made once (mkdir -p) and used by run after run: each run rendezvouses
 // under its own prefix instead of dialling the previous run's processes.
 TEST(GlooBackendInitTest, FileStoreDirectoryServesReruns) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   char pattern[] = "/tmp/tessel-rerun-XXXXXX";
   const std::string dir = ::mkdtemp(pattern);
   for (int run = 0; run < 3; ++run) {

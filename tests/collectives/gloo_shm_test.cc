@@ -47,7 +47,7 @@ std::shared_ptr<ProcessGroup> connect(int rank, int size, const std::string& dir
   options.shared_memory = shm.enabled;
   options.host_id = shm.host_id;
   options.exchange_scratch_bytes = shm.scratch;
-  return gloo_create_process_group(store, rank, size, options);
+  return gloo::create_process_group(store, rank, size, options);
 }
 
 void expect_all_succeeded(const std::vector<testing::ProcessOutcome>& outcomes) {
@@ -281,7 +281,7 @@ void check_everything(ProcessGroup& pg) {
 class GlooShmTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+    if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
     if (!std::filesystem::is_directory("/dev/shm")) GTEST_SKIP() << "no /dev/shm on this host";
   }
 };

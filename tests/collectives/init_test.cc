@@ -80,7 +80,7 @@ TEST_F(InitTest, WorldOfOneWithoutALauncher) {
 }
 
 TEST_F(InitTest, GlooThroughAFileStore) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   char pattern[] = "/tmp/tessel-init-XXXXXX";
   ::setenv("TESSEL_STORE_DIR", ::mkdtemp(pattern), 1);
   auto pg = init_process_group({.backend = "gloo", .gloo = {.hostname = "127.0.0.1"}});

@@ -14,15 +14,15 @@ namespace {
 
 std::shared_ptr<ProcessGroup> world() {
   static std::shared_ptr<ProcessGroup> group =
-      mpi_create_world({.timeout = std::chrono::seconds(60)});
+      mpi::create_world({.timeout = std::chrono::seconds(60)});
   return group;
 }
 
 class MpiBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!mpi_is_available()) GTEST_SKIP() << "this build has no MPI backend";
-    if (!mpi_launched()) GTEST_SKIP() << "not started by mpirun";
+    if (!mpi::is_available()) GTEST_SKIP() << "this build has no MPI backend";
+    if (!mpi::launched()) GTEST_SKIP() << "not started by mpirun";
   }
 };
 
@@ -43,7 +43,7 @@ TEST_F(MpiBackendTest, SplitsIntoOddColours) {
 TEST_F(MpiBackendTest, WatchdogTimesOutACallMpiCannotCancel) {
   auto pg = world();
   if (pg->size() < 2) GTEST_SKIP() << "needs at least 2 ranks";
-  static std::shared_ptr<ProcessGroup> side = mpi_create_world({.name = "side", .id = 1});
+  static std::shared_ptr<ProcessGroup> side = mpi::create_world({.name = "side", .id = 1});
   Tensor t = from_vector<float>({1.0f});
   if (pg->rank() == 0) {
     Work w = pg->all_reduce(t, {.timeout = std::chrono::milliseconds(500), .async = true});

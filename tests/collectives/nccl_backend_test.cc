@@ -99,7 +99,7 @@ std::vector<float> iota_values(int64_t n, float offset = 0) {
 std::shared_ptr<ProcessGroup> world_of_one(const std::string& name, uint64_t id,
                                            Nanoseconds timeout = seconds(60)) {
   auto store = std::make_shared<MemoryStore>(seconds(60));
-  return nccl_create_process_group(
+  return nccl::create_process_group(
       store, 0, 1, {.device = 0, .group = {.name = name, .id = id, .timeout = timeout}});
 }
 
@@ -301,7 +301,7 @@ TEST(NcclMultiDeviceTest, AllReduceSumsAcrossDevices) {
   auto store = std::make_shared<MemoryStore>(seconds(60));
   const int64_t n = 1001;
   run_ranks(size, [&](int r, int) {
-    auto pg = nccl_create_process_group(store, r, size, {.device = r, .group = {.id = 7201}});
+    auto pg = nccl::create_process_group(store, r, size, {.device = r, .group = {.id = 7201}});
     std::vector<float> host(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) host[static_cast<size_t>(i)] = static_cast<float>(r + i % 5);
     Tensor t = device_from(host, DType::kF32, r);
@@ -320,7 +320,7 @@ TEST(NcclMultiDeviceTest, SendRecvRingAcrossDevices) {
   const int size = visible_devices();
   auto store = std::make_shared<MemoryStore>(seconds(60));
   run_ranks(size, [&](int r, int) {
-    auto pg = nccl_create_process_group(store, r, size, {.device = r, .group = {.id = 7202}});
+    auto pg = nccl::create_process_group(store, r, size, {.device = r, .group = {.id = 7202}});
     Tensor mine = device_from(iota_values(513, static_cast<float>(r)), DType::kF32, r);
     Tensor theirs = device_from(std::vector<float>(513, -1), DType::kF32, r);
     const int next = (r + 1) % size, prev = (r + size - 1) % size;
@@ -341,7 +341,7 @@ TEST(NcclMultiDeviceTest, PeerThatNeverComesIsTimedOutAndAborted) {
   auto store = std::make_shared<MemoryStore>(seconds(60));
   std::atomic<bool> done{false};
   run_ranks(2, [&](int r, int) {
-    auto pg = nccl_create_process_group(
+    auto pg = nccl::create_process_group(
         store, r, 2, {.device = r, .group = {.name = "pair", .id = 7203, .timeout = seconds(1)}});
     Tensor t = device_from(iota_values(1024), DType::kF32, r);
     pg->all_reduce(t).synchronize(seconds(60));  // both ranks once: connections made

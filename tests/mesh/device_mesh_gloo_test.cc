@@ -10,7 +10,7 @@ namespace tessel {
 namespace {
 
 TEST(DeviceMeshGlooTest, TwoByTwoOverFourProcesses) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   const auto outcomes = testing::run_processes(
       4,
       [](int rank, const std::string& store_dir) {
@@ -18,7 +18,7 @@ TEST(DeviceMeshGlooTest, TwoByTwoOverFourProcesses) {
         GlooOptions options;
         options.hostname = "127.0.0.1";
         options.group.timeout = std::chrono::seconds(30);
-        testing::check_two_by_two_mesh(gloo_create_process_group(store, rank, 4, options));
+        testing::check_two_by_two_mesh(gloo::create_process_group(store, rank, 4, options));
       },
       std::chrono::seconds(90));
   for (const auto& o : outcomes) {

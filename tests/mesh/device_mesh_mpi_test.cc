@@ -8,11 +8,11 @@ namespace tessel {
 namespace {
 
 TEST(DeviceMeshMpiTest, TwoByTwoOverFourRanks) {
-  if (!mpi_is_available()) GTEST_SKIP() << "this build has no MPI backend";
-  if (!mpi_launched()) GTEST_SKIP() << "not started by mpirun";
+  if (!mpi::is_available()) GTEST_SKIP() << "this build has no MPI backend";
+  if (!mpi::launched()) GTEST_SKIP() << "not started by mpirun";
   // check_two_by_two_mesh throws, naming the rank and the value, on any wrong group or sum.
   EXPECT_NO_THROW(
-      testing::check_two_by_two_mesh(mpi_create_world({.timeout = std::chrono::seconds(60)})));
+      testing::check_two_by_two_mesh(mpi::create_world({.timeout = std::chrono::seconds(60)})));
 }
 
 }  // namespace

@@ -100,7 +100,7 @@ void expect_verdict(const MeshJob& job, const std::vector<int>& culprits, fr::Fi
 }
 
 #define TESSEL_REQUIRE_GLOO() \
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend"
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend"
 
 // One training step on the mesh: an all_reduce on each named dimension, in order; `skip` names
 // a dimension this rank leaves out.

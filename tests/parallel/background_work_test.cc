@@ -115,7 +115,7 @@ void expect_only_the_stopped_rank_blamed(const Job& job, const std::string& wait
 // as its commit begins. The writer's collective times out, both dump, and the main thread's
 // wait() rethrows within the collective timeout plus the margin.
 TEST(BackgroundWorkTest, StalledRankDuringAsyncCheckpointEndsTheJob) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   const testing::TempDir root;
   const Job job = run_job("bg_ckpt", [&](int rank, std::shared_ptr<ProcessGroup> world,
                                          const std::string& store_dir, const fs::path& dir) {
@@ -174,7 +174,7 @@ TEST(BackgroundWorkTest, StalledRankDuringAsyncCheckpointEndsTheJob) {
 // fails them unrun; Gloo's pairs also fail fast once one timed out), so every Work has failed,
 // and the thread is joined, within the collective timeout plus the margin.
 TEST(BackgroundWorkTest, UserThreadCollectiveWithAStalledPeerEndsTheJob) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   const Job job = run_job("bg_user", [&](int rank, std::shared_ptr<ProcessGroup> world,
                                          const std::string& store_dir, const fs::path& dir) {
     for (int64_t step = 0; step < 2; ++step) {

@@ -50,7 +50,7 @@ std::shared_ptr<ProcessGroup> gloo_world(int rank, const std::string& store_dir)
   GlooOptions options;
   options.hostname = "127.0.0.1";
   options.group.timeout = kTimeout;
-  return gloo_create_process_group(store, rank, kWorld, options);
+  return gloo::create_process_group(store, rank, kWorld, options);
 }
 
 // One rank of the job: its shard of w, the replicated r, a generator, and the checkpointer of
@@ -134,7 +134,7 @@ struct Point {
 // The victim kills itself at one named step of the second save; only the steps after the
 // rename may leave the second checkpoint as the latest.
 TEST(CheckpointCrashTest, KillAtEveryStepOfTheCommitLeavesTheLatestCommittedLoadable) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   const std::vector<Point> points = {
       {"commit.begin", 1, 1},    {"write.begin", 1, 1},  {"write.mid", 1, 1},
       {"write.end", 1, 1},       {"commit.begin", 0, 1}, {"write.mid", 0, 1},
@@ -167,7 +167,7 @@ TEST(CheckpointCrashTest, KillAtEveryStepOfTheCommitLeavesTheLatestCommittedLoad
 // The victim (a random rank) kills itself at a random moment of four consecutive saves; then
 // the job restarts, resumes from the latest committed checkpoint and commits a new one.
 TEST(CheckpointCrashTest, KillAtRandomMomentsThenResume) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   std::mt19937_64 rng(16);
   for (int trial = 0; trial < 6; ++trial) {
     const int victim = static_cast<int>(rng() % kWorld);

@@ -28,7 +28,7 @@ void train_over_gloo(int world, Check check) {
         GlooOptions options;
         options.hostname = "127.0.0.1";
         options.group.timeout = std::chrono::seconds(30);
-        auto pg = gloo_create_process_group(store, rank, world, options);
+        auto pg = gloo::create_process_group(store, rank, world, options);
         check(testing::train_replicated_rank(pg, kSteps, {.bucket_bytes = 8 << 10}));
       },
       std::chrono::seconds(100));
@@ -36,7 +36,7 @@ void train_over_gloo(int world, Check check) {
 }
 
 TEST(DDPGlooTest, TwoProcessesTrainBitwiseLikeAccumulatedMicroBatches) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   train_over_gloo(2, [](const testing::Trajectory& ddp) {
     const testing::Trajectory reference = testing::train_accumulated(2, kSteps);
     if (ddp.losses != reference.losses || ddp.grads != reference.grads ||
@@ -51,7 +51,7 @@ TEST(DDPGlooTest, TwoProcessesTrainBitwiseLikeAccumulatedMicroBatches) {
 }
 
 TEST(DDPGlooTest, ThreeProcessesTrainLikeOneProcessOnTheWholeBatch) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   train_over_gloo(3, [](const testing::Trajectory& ddp) {
     const testing::Trajectory whole = testing::train_whole_batch(kSteps);
     for (int64_t s = 0; s < kSteps; ++s) {

@@ -25,19 +25,19 @@ void sweep_over_gloo(int world, int cases) {
         options.hostname = "127.0.0.1";
         options.group.timeout = std::chrono::seconds(30);
         testing::check_random_redistributions(
-            gloo_create_process_group(store, rank, world, options), 7000 + world, cases);
+            gloo::create_process_group(store, rank, world, options), 7000 + world, cases);
       },
       std::chrono::seconds(150));
   for (const auto& o : outcomes) EXPECT_TRUE(o.exited && o.exit_code == 0) << testing::describe(o);
 }
 
 TEST(DTensorGlooTest, RandomRedistributionsOverThreeProcesses) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   sweep_over_gloo(3, 25);
 }
 
 TEST(DTensorGlooTest, RandomRedistributionsOverFourProcesses) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   sweep_over_gloo(4, 25);
 }
 
@@ -45,7 +45,7 @@ TEST(DTensorGlooTest, RandomRedistributionsOverFourProcesses) {
 // (strided sends or strided receives) and 3-D (both strided), blocking and async: the result
 // equals the target's slice of the global tensor bit for bit.
 TEST(DTensorGlooTest, LargeUnevenShardToShardIsExact) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   const auto outcomes = testing::run_processes(
       3,
       [](int rank, const std::string& store_dir) {
@@ -54,7 +54,7 @@ TEST(DTensorGlooTest, LargeUnevenShardToShardIsExact) {
         options.hostname = "127.0.0.1";
         options.group.timeout = std::chrono::seconds(30);
         const DeviceMesh mesh =
-            init_device_mesh(gloo_create_process_group(store, rank, 3, options), {3}, {"tp"});
+            init_device_mesh(gloo::create_process_group(store, rank, 3, options), {3}, {"tp"});
         struct Case {
           Shape shape;
           int64_t from, to;

@@ -8,10 +8,10 @@ namespace tessel {
 namespace {
 
 TEST(DTensorMpiTest, RandomRedistributions) {
-  if (!mpi_is_available()) GTEST_SKIP() << "this build has no MPI backend";
-  if (!mpi_launched()) GTEST_SKIP() << "not started by mpirun";
+  if (!mpi::is_available()) GTEST_SKIP() << "this build has no MPI backend";
+  if (!mpi::launched()) GTEST_SKIP() << "not started by mpirun";
   EXPECT_NO_THROW(testing::check_random_redistributions(
-      mpi_create_world({.timeout = std::chrono::seconds(60)}), 9000, 30));
+      mpi::create_world({.timeout = std::chrono::seconds(60)}), 9000, 30));
 }
 
 }  // namespace

@@ -101,9 +101,9 @@ TEST(FsdpCudaParityTest, MixedPrecisionStaysCloseToF32) {
 // communication stream, ordered by events, and FSDP relies on Work::wait() alone.
 TEST(FsdpCudaParityTest, NcclWorldOfOneMatchesOneCudaProcess) {
   TESSEL_REQUIRE_CUDA();
-  if (!nccl_is_available()) GTEST_SKIP() << "this build has no NCCL backend";
+  if (!nccl::is_available()) GTEST_SKIP() << "this build has no NCCL backend";
   auto world =
-      nccl_create_process_group(std::make_shared<MemoryStore>(), 0, 1, NcclOptions{.device = 0});
+      nccl::create_process_group(std::make_shared<MemoryStore>(), 0, 1, NcclOptions{.device = 0});
   ASSERT_EQ(world->default_device(), kGpu);
   expect_close(testing::train_fsdp_rank(world, on_gpu({{1}, {"dp"}, {}})), single_gpu(), 1e-6);
 }
@@ -117,9 +117,9 @@ TEST(FsdpCudaParityTest, NcclWorldOfOneMatchesOneCudaProcess) {
 // model is made of several blocks and two steps are looked at.
 TEST(FsdpCudaTraceTest, NcclStepTraceShowsAllGathersOverlappingDeviceTimedCompute) {
   TESSEL_REQUIRE_CUDA();
-  if (!nccl_is_available()) GTEST_SKIP() << "this build has no NCCL backend";
+  if (!nccl::is_available()) GTEST_SKIP() << "this build has no NCCL backend";
   auto world =
-      nccl_create_process_group(std::make_shared<MemoryStore>(), 0, 1, NcclOptions{.device = 0});
+      nccl::create_process_group(std::make_shared<MemoryStore>(), 0, 1, NcclOptions{.device = 0});
   const DeviceMesh mesh = init_device_mesh(world, {1}, {"dp"});
   const nn::GptConfig config{
       .vocab_size = 256, .block_size = 256, .n_layer = 6, .n_head = 8, .n_embd = 512, .seed = 1};

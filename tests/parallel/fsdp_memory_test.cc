@@ -59,7 +59,7 @@ Peaks peaks_of_steps(nn::GPT& model) {
 }
 
 TEST(FsdpMemoryTest, PeakStaysWithinTheShardedBound) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   // The unsharded model in this process: its peak, and what its forward keeps (activations).
   int64_t param_bytes = 0, largest_group = 0, root_group = 0;
   Peaks single;
@@ -84,7 +84,7 @@ TEST(FsdpMemoryTest, PeakStaysWithinTheShardedBound) {
         GlooOptions options;
         options.hostname = "127.0.0.1";
         options.group.timeout = std::chrono::seconds(30);
-        auto world = gloo_create_process_group(store, rank, kWorld, options);
+        auto world = gloo::create_process_group(store, rank, kWorld, options);
         DeviceMesh mesh = init_device_mesh(world, {kWorld}, {"dp"});
         std::unique_ptr<nn::GPT> model;
         {

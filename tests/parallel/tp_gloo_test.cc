@@ -17,7 +17,7 @@ namespace tessel {
 namespace {
 
 TEST(TpGlooTest, FsdpTimesSequenceParallelOverFourProcessesMatchesSingleProcess) {
-  if (!gloo_is_available()) GTEST_SKIP() << "this build has no Gloo backend";
+  if (!gloo::is_available()) GTEST_SKIP() << "this build has no Gloo backend";
   const testing::TpSetup setup{.shape = {2, 2},
                                .names = {"dp_shard", "tp"},
                                .sequence_parallel = true,
@@ -30,7 +30,7 @@ TEST(TpGlooTest, FsdpTimesSequenceParallelOverFourProcessesMatchesSingleProcess)
         GlooOptions options;
         options.hostname = "127.0.0.1";
         options.group.timeout = std::chrono::seconds(30);
-        auto pg = gloo_create_process_group(store, rank, 4, options);
+        auto pg = gloo::create_process_group(store, rank, 4, options);
         const testing::TpRun got = testing::train_tensor_parallel(pg, setup);
         const std::string error =
             testing::parity_error(got, testing::train_single_process(setup.steps), 1e-5, 1e-5);
