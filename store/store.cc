@@ -4,6 +4,8 @@
 
 namespace tessel {
 
+Store::~Store() = default;
+
 PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> base)
     : Store(base ? base->timeout() : Nanoseconds::zero()),
       prefix_(std::move(prefix)),

@@ -22,7 +22,8 @@ class Store {
  public:
   explicit Store(Nanoseconds default_timeout = std::chrono::seconds(300))
       : default_timeout_(default_timeout.count()) {}
-  virtual ~Store() = default;
+  // Out of line (store.cc): the key function, so Store's type information lives in one library.
+  virtual ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
