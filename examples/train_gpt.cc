@@ -60,8 +60,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -71,6 +74,7 @@
 #include "tessel/base/error.h"
 #include "tessel/base/tools/cli.h"
 #include "tessel/collectives/init.h"
+#include "tessel/data/token_loader.h"
 #include "tessel/flight_recorder/recorder.h"
 #include "tessel/mesh/device_mesh.h"
 #include "tessel/nn/generate.h"
@@ -127,13 +131,16 @@ struct Flags {
   bool ddp = false;          // replicate the model instead of sharding it
   int64_t tp = 1;            // tensor-parallel ranks (each layer split over them)
   bool sequence_parallel = false;
-  std::string log_json;           // one JSON object per step
-  std::string checkpoint_dir;     // distributed checkpoints (step_<N> folders)
-  int64_t checkpoint_every = 0;   // steps between checkpoints (0: none)
-  int keep_checkpoints = 3;       // committed checkpoints kept (0: all)
-  bool resume = false;            // continue from the latest checkpoint under checkpoint_dir
-  std::string device = "cpu";     // where the model trains (one process for devices but the CPU)
-  std::string autocast = "auto";  // bf16 mixed precision: auto (on for CUDA devices), bf16, off
+  std::string log_json;            // one JSON object per step
+  std::string checkpoint_dir;      // distributed checkpoints (step_<N> folders)
+  int64_t checkpoint_every = 0;    // steps between checkpoints (0: none)
+  int keep_checkpoints = 3;        // committed checkpoints kept (0: all)
+  bool resume = false;             // continue from the latest checkpoint under checkpoint_dir
+  std::string device = "cpu";      // where the model trains (one process for devices but the CPU)
+  std::string autocast = "auto";   // bf16 mixed precision: auto (on for CUDA devices), bf16, off
+  std::string val_data;            // with token shards: validation shards (a glob)
+  int64_t grad_accum = 1;          // micro-batches per step, run one after another
+  std::string grad_sync = "last";  // gradients communicated on the last micro-batch, or every
 };
 
 std::string read_file(const std::string& path) {
@@ -173,12 +180,15 @@ struct Batcher {
   }
 };
 
-double evaluate(nn::GPT& model, Batcher& batcher, const Flags& f) {
+// A stream of batches (x, y): each call gives the next.
+using BatchStream = std::function<std::pair<Tensor, Tensor>()>;
+
+double evaluate(nn::GPT& model, const BatchStream& next, const Flags& f) {
   NoGradGuard no_grad;
   model.eval();
   double total = 0;
   for (int64_t i = 0; i < f.eval_batches; ++i) {
-    auto [x, y] = batcher.next(f.batch, f.seq);
+    auto [x, y] = next();
     total += item(nn::GPT::loss(model(x), y));
   }
   model.train();
@@ -305,6 +315,10 @@ Layout make_layout(const Flags& f, Device device) {
   TESSEL_CHECK(f.batch % dp == 0, InvalidArgument,
                "--batch {} (the global batch) does not split evenly over {} data-parallel ranks",
                f.batch, dp);
+  TESSEL_CHECK(f.batch / dp % f.grad_accum == 0, InvalidArgument,
+               "--grad-accum {}: the {} sequences of each data-parallel rank (--batch {} over {}) "
+               "do not split into {} equal micro-batches",
+               f.grad_accum, f.batch / dp, f.batch, dp, f.grad_accum);
   if (l.world) {
     std::vector<int64_t> shape = {l.replicate, l.shard};
     std::vector<std::string> names = {"dp_replicate", "dp_shard"};
@@ -319,25 +333,167 @@ Layout make_layout(const Flags& f, Device device) {
   return l;
 }
 
+// Whether `path` names token shards (tessel-tokenize's or llm.c's) rather than a text file: a
+// glob pattern, or a file that starts with a shard magic.
+bool names_token_shards(const std::string& path) {
+  if (path.find_first_of("*?[") != std::string::npos) return true;
+  std::ifstream in(path, std::ios::binary);
+  char head[8] = {};
+  in.read(head, sizeof head);
+  int32_t magic = 0;
+  std::memcpy(&magic, head, sizeof magic);
+  return std::equal(head, head + 8, data::kShardMagic) || magic == data::kLlmcMagicGpt2 ||
+         magic == data::kLlmcMagicLlama3;
+}
+
+// What the model trains on. A text file (--data, the bundled corpus by default): bytes are the
+// tokens, batches are random windows, every rank draws the same global batch from --seed and
+// keeps its rows, the first 90 % train and the last 10 % validate. Token shards (--data GLOB):
+// a data::TokenLoader in which each data-parallel rank reads only its rows of every global batch
+// (the ranks of a tp group the same ones), validated on --val-data (or the training shards'
+// first batches); its global position goes into the checkpoint, so a resumed job on any number
+// of ranks continues the same token stream (docs/data.md, "Loader"). Not movable (the batcher
+// refers to the text it holds).
+class TrainingData {
+ public:
+  TrainingData(const Flags& f, const Layout& l)
+      : f_(f), part_(l.batch_index), parts_(l.batch_parts) {
+    if (!names_token_shards(f.data)) {
+      text_ = read_file(f.data);
+      TESSEL_CHECK(text_.size() > static_cast<size_t>(10 * (f.seq + 1)), InvalidArgument,
+                   "corpus '{}' has {} bytes, too few for sequences of {}", f.data, text_.size(),
+                   f.seq);
+      const size_t split = text_.size() * 9 / 10;
+      train_text_ = text_.substr(0, split);
+      val_text_ = text_.substr(split);
+      batcher_.emplace(Batcher{train_text_, std::mt19937_64(f.seed)});
+      description_ = fmt::format(
+          "corpus {}: {} bytes ({} train / {} val), unigram entropy {:.3f} nats/byte", f.data,
+          text_.size(), train_text_.size(), val_text_.size(), unigram_entropy(text_));
+      return;
+    }
+    train_shards_ = data::expand_shard_glob(f.data);
+    val_shards_ = f.val_data.empty() ? train_shards_ : data::expand_shard_glob(f.val_data);
+    loader_.emplace(train_shards_, data::TokenLoaderOptions{.seq_len = f.seq,
+                                                            .global_batch = f.batch,
+                                                            .dp_rank = part_,
+                                                            .dp_size = parts_,
+                                                            .seed = f.seed});
+    // The vocabulary: the largest the shards' headers give, else the largest token + 1.
+    uint64_t tokens = 0;
+    for (const auto& path : train_shards_) {
+      const data::TokenShard shard(path);
+      tokens += shard.size();
+      uint32_t v = shard.vocab_size();
+      if (v == 0) {
+        for (size_t i = 0; i < shard.size(); ++i) v = std::max(v, shard[i] + 1);
+      }
+      vocab_ = std::max<int64_t>(vocab_, v);
+    }
+    description_ = fmt::format(
+        "token shards {}: {} files, {} tokens, vocabulary {}; {} sequences of {} + 1 per epoch "
+        "({} steps); validation on {}",
+        f.data, train_shards_.size(), tokens, vocab_, loader_->sequences_per_epoch(), f.seq,
+        loader_->batches_per_epoch(),
+        f.val_data.empty() ? std::string("the first batches of the training shards") : f.val_data);
+  }
+  TrainingData(const TrainingData&) = delete;
+  TrainingData& operator=(const TrainingData&) = delete;
+
+  int64_t vocab_size() const { return vocab_; }
+  const std::string& description() const { return description_; }
+
+  // This rank's rows (x, y) of the next global training batch, on the CPU.
+  std::pair<Tensor, Tensor> next_train() {
+    if (loader_) {
+      const data::TokenBatch b = loader_->next();
+      return {b.inputs(), b.targets()};
+    }
+    return rows_of(batcher_->next(f_.batch, f_.seq), part_, parts_);
+  }
+
+  // The same validation batches on every call: each step of the stream gives rows `part` of
+  // `parts` of the next global batch of --batch sequences.
+  BatchStream validation(int64_t part, int64_t parts, uint64_t seed) const {
+    if (!loader_) {
+      auto batcher = std::make_shared<Batcher>(Batcher{val_text_, std::mt19937_64(seed)});
+      return [this, batcher, part, parts] {
+        return rows_of(batcher->next(f_.batch, f_.seq), part, parts);
+      };
+    }
+    auto loader = std::make_shared<data::TokenLoader>(
+        val_shards_, data::TokenLoaderOptions{.seq_len = f_.seq,
+                                              .global_batch = f_.batch,
+                                              .dp_rank = part,
+                                              .dp_size = parts,
+                                              .shuffle = false});
+    return [loader] {
+      const data::TokenBatch b = loader->next();
+      return std::pair{b.inputs(), b.targets()};
+    };
+  }
+
+  // The training position, in the checkpoint's metadata and back: the byte sampler's generator
+  // or the loader's global state (JSON).
+  void save(std::map<std::string, std::string>& metadata) const {
+    if (loader_) {
+      metadata["data.loader"] = loader_->state().to_json();
+      return;
+    }
+    std::ostringstream sampler;
+    sampler << batcher_->rng;
+    metadata["data.sampler"] = sampler.str();
+  }
+  void restore(const std::map<std::string, std::string>& metadata) {
+    const char* key = loader_ ? "data.loader" : "data.sampler";
+    const auto it = metadata.find(key);
+    TESSEL_CHECK(it != metadata.end(), InvalidArgument,
+                 "--resume: the checkpoint has no '{}': it was saved by a run on {}", key,
+                 loader_ ? "a text corpus, not token shards" : "token shards, not a text corpus");
+    if (loader_) {
+      loader_->restore(data::TokenLoaderState::from_json(it->second));
+    } else {
+      std::istringstream(it->second) >> batcher_->rng;
+    }
+  }
+
+ private:
+  std::pair<Tensor, Tensor> rows_of(std::pair<Tensor, Tensor> global, int64_t part,
+                                    int64_t parts) const {
+    const int64_t rows = f_.batch / parts;
+    return {narrow(global.first, 0, part * rows, rows),
+            narrow(global.second, 0, part * rows, rows)};
+  }
+
+  const Flags& f_;
+  int64_t part_, parts_;
+  int64_t vocab_ = 256;
+  std::string description_;
+  std::string text_, train_text_, val_text_;
+  std::optional<Batcher> batcher_;
+  std::vector<std::filesystem::path> train_shards_, val_shards_;
+  std::optional<data::TokenLoader> loader_;
+};
+
 // The validation loss of the model as it trains (every rank: a collective when sharded), on
 // the same --eval-batches batches each time: each rank takes its rows of every global batch as
 // in training, and the loss is averaged over the world.
-double evaluate_during_training(nn::GPT& model, const std::string& val_text, const Flags& f,
+double evaluate_during_training(nn::GPT& model, const TrainingData& data, const Flags& f,
                                 const Layout& l, Device device, bool autocast) {
   NoGradGuard no_grad;
   model.eval();
-  Batcher val{val_text, std::mt19937_64(f.seed + 2)};
-  const int64_t rows = f.batch / l.batch_parts;
+  const BatchStream val = data.validation(l.batch_index, l.batch_parts, f.seed + 2);
   double total = 0;
   for (int64_t i = 0; i < f.eval_batches; ++i) {
-    auto [gx, gy] = val.next(f.batch, f.seq);
-    const Tensor x = to(narrow(gx, 0, l.batch_index * rows, rows), device);
-    const Tensor y = to(narrow(gy, 0, l.batch_index * rows, rows), device);
+    auto [rx, ry] = val();
+    const Tensor x = to(rx, device);
+    const Tensor y = to(ry, device);
     std::optional<AutocastGuard> mixed;
     if (autocast) mixed.emplace(DType::kBF16);
     const Tensor logits = model(x);
-    total += item(l.tp > 1 ? loss_parallel_cross_entropy(logits, y, (*l.mesh)["tp"], 256)
-                           : nn::GPT::loss(logits, y));
+    total +=
+        item(l.tp > 1 ? loss_parallel_cross_entropy(logits, y, (*l.mesh)["tp"], data.vocab_size())
+                      : nn::GPT::loss(logits, y));
   }
   model.train();
   // FSDP's root keeps its gathered parameters after forward for the backward that follows one
@@ -385,6 +541,39 @@ std::unique_ptr<nn::GPT> build_model(const Flags& f, const nn::GptConfig& config
   return model;
 }
 
+// Forward and backward of this rank's rows (x, y) in --grad-accum micro-batches run one after
+// another, each loss scaled by 1/N so that the gradients are those of the whole batch. FSDP and
+// DDP communicate gradients on the last micro-batch only (set_requires_gradient_sync(false)
+// before the others: FSDP keeps unsharded gradients, DDP local ones), or on every one with
+// --grad-sync every (FSDP then holds only sharded gradients between micro-batches). Returns the
+// rank's loss on its rows.
+double accumulate_gradients(nn::GPT& model, DDPModule* ddp, const Tensor& x, const Tensor& y,
+                            const Flags& f, const Layout& l, Device device, bool autocast) {
+  FSDPModule* fsdp = fsdp_module(model);
+  const int64_t micro_rows = x.size(0) / f.grad_accum;
+  double loss_sum = 0;
+  for (int64_t m = 0; m < f.grad_accum; ++m) {
+    const bool sync = f.grad_sync == "every" || m + 1 == f.grad_accum;
+    if (fsdp) fsdp->set_requires_gradient_sync(sync);
+    if (ddp) ddp->set_requires_gradient_sync(sync);
+    const Tensor xm = to(narrow(x, 0, m * micro_rows, micro_rows), device);
+    const Tensor ym = to(narrow(y, 0, m * micro_rows, micro_rows), device);
+    Tensor loss;
+    {
+      std::optional<AutocastGuard> mixed;
+      if (autocast) mixed.emplace(DType::kBF16);
+      const Tensor logits = model(xm);  // with --tp: this rank's share of the vocabulary
+      loss = l.tp > 1 ? loss_parallel_cross_entropy(logits, ym, (*l.mesh)["tp"],
+                                                    model.config().vocab_size)
+                      : nn::GPT::loss(logits, ym);
+      if (f.grad_accum > 1) loss = div(loss, static_cast<double>(f.grad_accum));
+    }
+    backward(loss);
+    loss_sum += item(loss);
+  }
+  return loss_sum;
+}
+
 int run(const Flags& f) {
   const Device device = training_device(f, read_launch_env());
   Layout layout = make_layout(f, device);
@@ -396,12 +585,7 @@ int run(const Flags& f) {
   };
 
   if (f.threads > 0) set_num_threads(f.threads);
-  const std::string text = read_file(f.data);
-  TESSEL_CHECK(text.size() > static_cast<size_t>(10 * (f.seq + 1)), InvalidArgument,
-               "corpus '{}' has {} bytes, too few for sequences of {}", f.data, text.size(), f.seq);
-  const size_t split = text.size() * 9 / 10;
-  const std::string train_text = text.substr(0, split);
-  const std::string val_text = text.substr(split);
+  TrainingData data(f, layout);
 
   // bf16 autocast (f32 parameters and optimizer state) by default on CUDA, as nanoGPT does: the
   // matmuls run on bf16 tensor cores and attention on the fused kernels (cuDNN on Hopper,
@@ -410,7 +594,7 @@ int run(const Flags& f) {
   TESSEL_CHECK(f.autocast == "auto" || f.autocast == "bf16" || f.autocast == "off", InvalidArgument,
                "--autocast {}: expected auto, bf16 or off", f.autocast);
   const bool autocast = f.autocast == "bf16" || (f.autocast == "auto" && device.is_cuda());
-  const nn::GptConfig config{.vocab_size = 256,
+  const nn::GptConfig config{.vocab_size = data.vocab_size(),
                              .block_size = f.seq,
                              .n_layer = f.layers,
                              .n_head = f.heads,
@@ -424,8 +608,6 @@ int run(const Flags& f) {
                                     .min_lr = f.min_lr,
                                     .warmup_steps = std::min(f.warmup, f.steps),
                                     .total_steps = f.steps});
-  Batcher train{train_text, std::mt19937_64(f.seed)};
-  Batcher val{val_text, std::mt19937_64(f.seed + 1)};
 
   // Checkpoints: the model (shards under FSDP), AdamW's state and the sampler's position.
   checkpoint::CheckpointState ckpt_state(layout.world);
@@ -441,7 +623,7 @@ int run(const Flags& f) {
         checkpoint::CheckpointerOptions{.keep_last = f.keep_checkpoints});
     if (f.resume) {
       if (const auto dir = ckpt->load_latest(ckpt_state)) {
-        std::istringstream(ckpt_state.metadata.at("data.sampler")) >> train.rng;
+        data.restore(ckpt_state.metadata);
         first_step = ckpt_state.step;
         resumed_from = *dir;
       }
@@ -479,8 +661,7 @@ int run(const Flags& f) {
       std::fflush(stdout);
     }
   }
-  print("corpus {}: {} bytes ({} train / {} val), unigram entropy {:.3f} nats/byte\n", f.data,
-        text.size(), train_text.size(), val_text.size(), unigram_entropy(text));
+  print("{}\n", data.description());
   print(
       "model: {} layers, {} heads, embd {}, context {}: {} parameters; global batch {} x {}, "
       "{}{}\n",
@@ -507,7 +688,6 @@ int run(const Flags& f) {
   }
 
   const int64_t tokens_per_step = f.batch * f.seq;
-  const int64_t rows = f.batch / layout.batch_parts;
   auto window_start = Clock::now();
   const auto run_start = window_start;
   double window_loss = 0;
@@ -546,24 +726,13 @@ int run(const Flags& f) {
     // Every collective of the step carries its number: hang verdicts name the step.
     tessel::fr::FlightRecorder::global().set_step(step);
     const auto step_start = Clock::now();
-    auto [gx, gy] = train.next(f.batch, f.seq);
-    const Tensor x = to(narrow(gx, 0, layout.batch_index * rows, rows), device);
-    const Tensor y = to(narrow(gy, 0, layout.batch_index * rows, rows), device);
-    Tensor loss;
-    {
-      std::optional<AutocastGuard> mixed;
-      if (autocast) mixed.emplace(DType::kBF16);
-      const Tensor logits = (*model)(x);  // with --tp: this rank's share of the vocabulary
-      loss = layout.tp > 1
-                 ? loss_parallel_cross_entropy(logits, y, (*layout.mesh)["tp"], config.vocab_size)
-                 : nn::GPT::loss(logits, y);
-    }
-    backward(loss);
+    const auto [x, y] = data.next_train();  // this rank's rows of the global batch
+    const double loss = accumulate_gradients(*model, ddp.get(), x, y, f, layout, device, autocast);
     const double norm = clip_grad_norm(model->parameters(), f.clip);
     opt.set_lr(schedule.lr(step));
     opt.step();
     opt.zero_grad();
-    const double step_loss = world_mean(world, item(loss));
+    const double step_loss = world_mean(world, loss);
     window_loss += step_loss;
     ++window_steps;
     if (json.is_open()) {
@@ -592,15 +761,12 @@ int run(const Flags& f) {
     }
     if (ckpt && f.checkpoint_every > 0 && (step + 1) % f.checkpoint_every == 0) {
       ckpt_state.step = step + 1;
-      std::ostringstream sampler;
-      sampler << train.rng;
-      ckpt_state.metadata["data.sampler"] = sampler.str();
+      data.save(ckpt_state.metadata);
       report_save(true);  // async_save waits for the previous save anyway
       pending = PendingSave{ckpt->async_save(ckpt_state), step + 1, Clock::now()};
     }
     if (f.eval_every > 0 && (step + 1) % f.eval_every == 0) {
-      const double val_loss =
-          evaluate_during_training(*model, val_text, f, layout, device, autocast);
+      const double val_loss = evaluate_during_training(*model, data, f, layout, device, autocast);
       print("step {:>5}/{} val loss {:.4f}\n", step + 1, f.steps, val_loss);
       if (json.is_open()) {  // a line of its own: tessel-plot's validation-loss series
         json << fmt::format("{{\"step\": {}, \"val_loss\": {:.6f}}}\n", step + 1, val_loss);
@@ -624,12 +790,15 @@ int run(const Flags& f) {
       "trained {} steps in {:.1f} s ({:.0f} tok/s); peak memory {:.1f} MiB; val loss "
       "{:.4f} nats/byte\n",
       f.steps - first_step, total_seconds, tokens_per_step * (f.steps - first_step) / total_seconds,
-      memory_stats(device).peak_allocated_bytes / 1048576.0, evaluate(whole, val, f));
+      memory_stats(device).peak_allocated_bytes / 1048576.0,
+      evaluate(whole, data.validation(0, 1, f.seed + 1), f));
   whole.save(f.checkpoint, {{"steps", std::to_string(f.steps)},
                             {"config", fmt::format("layers={} heads={} embd={} context={}",
                                                    f.layers, f.heads, f.embd, f.seq)}});
   fmt::print("saved checkpoint {}\n", f.checkpoint);
-  if (f.sample > 0) {
+  // Byte-level tokens (and a document separator, 256) decode as bytes; other vocabularies need
+  // their tokenizer, which train_gpt does not load.
+  if (f.sample > 0 && config.vocab_size <= 257) {
     fmt::print("sample (temperature {}):\n{}{}\n", f.temperature, f.prompt,
                generate_text(whole, f, f.sample));
   }
@@ -660,10 +829,15 @@ void check_flags(const Flags& f) {
                "--prompt '': expected at least one byte for the model to continue");
   TESSEL_CHECK(!f.sequence_parallel || f.tp > 1, InvalidArgument,
                "--sequence-parallel splits over the tp ranks: it needs --tp 2 or more");
-  {
+  if (!names_token_shards(f.data)) {
     std::ifstream data(f.data, std::ios::binary);
-    TESSEL_CHECK(data.good(), InvalidArgument, "--data '{}': cannot open it: expected a text file",
+    TESSEL_CHECK(data.good(), InvalidArgument,
+                 "--data '{}': cannot open it: expected a text file or a glob of token shards",
                  f.data);
+    TESSEL_CHECK(f.val_data.empty(), InvalidArgument,
+                 "--val-data '{}' goes with token shards: --data '{}' is a text file (its last "
+                 "10 % validate)",
+                 f.val_data, f.data);
   }
   // Files written later (at the end, or every step) must have a folder to go into.
   for (const auto& [flag, path] :
@@ -707,7 +881,16 @@ int main(int argc, char** argv) {
   CLI::App app{"train_gpt: train a small byte-level GPT on the bundled corpus (docs/training.md)"};
   cli::show_defaults(app);
   using cli::integer_at_least;
-  app.add_option("--data", f.data, "text file to train on");
+  app.add_option("--data", f.data,
+                 "text file to train on, or a glob of token shards (tessel-tokenize's)");
+  app.add_option("--val-data", f.val_data,
+                 "with token shards: a glob of validation shards (default: the training shards)");
+  app.add_option("--grad-accum", f.grad_accum,
+                 "micro-batches per step: each rank's rows of --batch run in N pieces")
+      ->check(integer_at_least(1));
+  app.add_option("--grad-sync", f.grad_sync,
+                 "FSDP/DDP gradient communication: on the last micro-batch, or every one")
+      ->check(cli::one_of({"last", "every"}));
   app.add_option("--checkpoint", f.checkpoint, "where to save the safetensors checkpoint");
   app.add_option("--steps", f.steps, "optimizer steps")->check(integer_at_least(1));
   app.add_option("--batch", f.batch, "sequences per step (the global batch, split over ranks)")

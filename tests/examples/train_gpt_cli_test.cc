@@ -59,6 +59,10 @@ struct BadFlag {
 const std::vector<BadFlag> kBadFlags = {
     {{"--data", "/no/such/corpus.txt"}, 65, "--data '/no/such/corpus.txt'"},
     {{"--checkpoint", "/no/such/dir/model.safetensors"}, 65, "--checkpoint '/no/such/dir"},
+    {{"--val-data", "val_*.bin"}, 65, "--val-data 'val_*.bin' goes with token shards"},
+    {{"--grad-accum", "0"}, 65, "--grad-accum '0'"},
+    {{"--grad-accum", "3"}, 65, "--grad-accum 3: the 16 sequences"},
+    {{"--grad-sync", "sometimes"}, 65, "--grad-sync 'sometimes'"},
     {{"--steps", "0"}, 65, "--steps '0': expected an integer of at least 1"},
     {{"--steps", "many"}, 65, "--steps 'many'"},
     {{"--steps", "99999999999999999999999"}, 65, "--steps '99999999999999999999999'"},
