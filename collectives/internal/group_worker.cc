@@ -2,6 +2,8 @@
 
 #include <pthread.h>
 
+#include <chrono>
+
 namespace tessel::internal {
 
 void GroupWorker::enqueue(std::function<void()> task) {
@@ -16,14 +18,6 @@ void GroupWorker::enqueue(std::function<void()> task) {
 bool GroupWorker::try_begin_inline() {
   MutexLock lock(mutex_);
   if (busy_ || !queue_.empty()) return false;
-  busy_ = true;
-  return true;
-}
-
-bool GroupWorker::begin_inline_wait(std::chrono::nanoseconds timeout) {
-  MutexLock lock(mutex_);
-  const auto idle = [&]() TESSEL_REQUIRES(mutex_) { return !busy_ && queue_.empty(); };
-  if (!cv_.wait_for(lock, timeout, idle)) return false;
   busy_ = true;
   return true;
 }

@@ -7,7 +7,6 @@
 // Thread-safety: all methods are thread-safe. Ownership: owned by its ProcessGroup; the thread
 // starts on first enqueue and is joined by stop() / the destructor after the queue drains.
 
-#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -29,8 +28,6 @@ class GroupWorker {
   void enqueue(std::function<void()> task);
   // True (and the caller now owns the execution slot) when nothing is queued or running.
   bool try_begin_inline();
-  // As try_begin_inline, waiting up to `timeout` for queued work to finish; false on timeout.
-  bool begin_inline_wait(std::chrono::nanoseconds timeout);
   void end_inline();
   // Runs the queued tasks, then joins the thread. Idempotent.
   void stop();

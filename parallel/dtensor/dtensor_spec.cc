@@ -109,11 +109,6 @@ std::pair<Shape, Shape> DTensorSpec::region(const std::vector<int64_t>& coordina
   return {offset, size};
 }
 
-bool DTensorSpec::has_partial() const {
-  return std::any_of(placements_.begin(), placements_.end(),
-                     [](const Placement& p) { return p.is_partial(); });
-}
-
 DTensorSpec DTensorSpec::with_placements(std::vector<Placement> placements,
                                          std::vector<int64_t> shard_order) const {
   return DTensorSpec(mesh_, std::move(placements), global_shape_, dtype_, std::move(shard_order));

@@ -49,7 +49,6 @@ class DTensorSpec {
   // This rank's box.
   Shape local_offset() const { return region(mesh_.coordinate()).first; }
   Shape local_shape() const { return region(mesh_.coordinate()).second; }
-  bool has_partial() const;
 
   // The same layout with other placements (and the default order unless given).
   DTensorSpec with_placements(std::vector<Placement> placements,

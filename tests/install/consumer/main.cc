@@ -5,6 +5,8 @@
 #include <tessel/collectives/threads/threads_backend.h>
 #include <tessel/kernels/attention/sdpa.h>
 #include <tessel/mesh/device_mesh.h>
+#include <tessel/parallel/fsdp/fsdp.h>
+#include <tessel/store/memory_store.h>
 #include <tessel/tensor/autograd.h>
 #include <tessel/tensor/ops.h>
 
@@ -28,6 +30,16 @@ int main() {
     mesh.group("dp")->all_reduce(t);
     TESSEL_CHECK(item(t) == 4.0, Internal, "rank {}: mesh all_reduce gave {}", pg.rank(), item(t));
   });
+
+  // The store is a library of its own (tessel/store/, tessel::store).
+  auto store = std::make_shared<MemoryStore>();
+  PrefixStore job("job", store);
+  job.set("k", "v");
+  TESSEL_CHECK(store->get("job/k") == "v", Internal, "PrefixStore did not prefix its key");
+
+  // FSDP's header at its folder (tessel/parallel/fsdp/); a real sharding run is the tests' job.
+  FullyShardOptions fsdp_options;
+  (void)fsdp_options;
 
   Generator gen(1);
   Tensor q = randn({1, 2, 16, 32}, gen).set_requires_grad(true);
