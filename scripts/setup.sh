@@ -18,6 +18,8 @@ packages=(
   nlohmann-json3-dev libcli11-dev libfmt-dev
   # the BPE tokenizers' pre-tokenization patterns (data/)
   libpcre2-dev
+  # the demo's real corpus, the Debian Reference (GPL-2+; scripts/real_corpus.sh)
+  debian-reference-en
   # tests; network namespaces for multi-node tests (benchmarks use their own timers)
   libgtest-dev iproute2 procps
 )
