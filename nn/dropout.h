@@ -13,6 +13,9 @@ class Dropout : public Module {
   // generator when null).
   explicit Dropout(double p, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
+  // Where the masks come from (activation checkpointing replays its offsets).
+  Generator& generator() const { return gen_ != nullptr ? *gen_ : default_generator(); }
+  double p() const { return p_; }
 
  private:
   double p_;

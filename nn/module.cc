@@ -18,7 +18,7 @@ Tensors Module::operator()(const Tensors& inputs) {
   for (const auto& [id, hook] : pre_hooks) hook(*this, x);
   const bool backward_hooks =
       grad_enabled() && !(backward_pre_hooks_.empty() && backward_hooks_.empty());
-  Tensors y = backward_hooks ? call_with_backward_hooks(x) : forward_multi(x);
+  Tensors y = backward_hooks ? call_with_backward_hooks(x) : run_forward(x);
   const auto post_hooks = post_hooks_;
   for (const auto& [id, hook] : post_hooks) hook(*this, x, y);
   return y;
@@ -31,6 +31,10 @@ Tensor Module::operator()(const Tensor& input) {
                "all",
                type_name_, out.size());
   return out[0];
+}
+
+Tensors Module::run_forward(const Tensors& inputs) {
+  return forward_wrapper_ ? forward_wrapper_(*this, inputs) : forward_multi(inputs);
 }
 
 Tensor Module::forward(const Tensor&) {
@@ -86,7 +90,7 @@ Tensors Module::call_with_backward_hooks(const Tensors& inputs) {
   const Tensors x = inputs_tracked
                         ? through_identity("BackwardHook", inputs, in_pos, run_backward_hooks)
                         : inputs;
-  Tensors y = forward_multi(x);
+  Tensors y = run_forward(x);
   if (!needs_grad(y)) return y;
   return through_identity("BackwardPreHook", y, differentiable_positions(y),
                           [this, grad_outputs, inputs_tracked, run_backward_hooks](Tensors& grads) {

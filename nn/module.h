@@ -176,6 +176,14 @@ class Module {
   // Returns false when no hook of this module has that handle.
   bool remove_hook(HookHandle handle);
 
+  // Replaces the plain forward_multi(inputs) that operator() runs between the forward hooks
+  // (and inside the backward hooks' identity nodes) by wrapper(*this, inputs), which calls
+  // forward_multi() itself: activation checkpointing (nn/activation_checkpoint.h) runs it there
+  // without saving activations, and again in backward. A null wrapper restores the plain call.
+  using ForwardWrapper = std::function<Tensors(Module& module, const Tensors& inputs)>;
+  void set_forward_wrapper(ForwardWrapper wrapper) { forward_wrapper_ = std::move(wrapper); }
+  bool has_forward_wrapper() const { return forward_wrapper_ != nullptr; }
+
   // State a wrapper keeps with the module and that lives as long as it (FSDP's per-module
   // state), by key; null when absent. Setting a null value removes it.
   void set_attachment(const std::string& key, std::shared_ptr<void> value);
@@ -189,6 +197,8 @@ class Module {
 
   void add_child(const std::string& name, std::shared_ptr<Module> module);
   [[noreturn]] void throw_wrong_type(std::string_view name, const Module& found) const;
+  // forward_multi(), or the forward wrapper when one is set.
+  Tensors run_forward(const Tensors& inputs);
   // Wraps inputs and outputs in identity autograd nodes that run the backward hooks.
   Tensors call_with_backward_hooks(const Tensors& inputs);
   // Replaces each parameter's and buffer's data with fn(tensor).
@@ -210,6 +220,7 @@ class Module {
   std::vector<std::pair<uint64_t, BackwardPreHook>> backward_pre_hooks_;
   std::vector<std::pair<uint64_t, BackwardHook>> backward_hooks_;
   std::map<std::string, std::shared_ptr<void>> attachments_;
+  ForwardWrapper forward_wrapper_;
   uint64_t next_hook_id_ = 1;
 };
 

@@ -16,6 +16,7 @@ namespace {
 thread_local bool t_grad_enabled = true;
 // The end-of-backward callbacks of the backward() running on this thread (null outside one).
 thread_local std::vector<std::function<void()>>* t_callbacks = nullptr;
+thread_local OpOutputCache* t_op_output_cache = nullptr;
 std::atomic<uint64_t> g_next_sequence_nr{0};
 
 Node::OutputMeta meta_of(const Tensor& t) { return {t.shape(), t.dtype(), t.device()}; }
@@ -315,6 +316,45 @@ void queue_callback(std::function<void()> callback) {
 }
 
 bool in_backward() { return t_callbacks != nullptr; }
+
+// ---- Selective recomputation ------------------------------------------------------------------
+
+int64_t OpOutputCache::bytes() const {
+  int64_t total = 0;
+  for (size_t i = next_; i < entries_.size(); ++i) {
+    for (const Tensor& t : entries_[i].outputs) total += t.defined() ? t.nbytes() : 0;
+  }
+  return total;
+}
+
+void OpOutputCache::store(std::string_view op, const std::vector<Tensor>& outputs) {
+  Entry entry{std::string(op), {}};
+  for (const Tensor& t : outputs) entry.outputs.push_back(detach(t));
+  entries_.push_back(std::move(entry));
+}
+
+std::vector<Tensor> OpOutputCache::take(std::string_view op) {
+  TESSEL_CHECK(next_ < entries_.size(), InvalidArgument,
+               "recomputed forward: {} wants a kept output, but the first forward kept only {}", op,
+               entries_.size());
+  Entry& entry = entries_[next_];
+  TESSEL_CHECK(entry.op == op, InvalidArgument,
+               "recomputed forward: op {} of {} is {}, but the first forward kept {} there "
+               "(the recomputation took another path)",
+               next_, entries_.size(), op, entry.op);
+  ++next_;
+  std::vector<Tensor> outputs = std::move(entry.outputs);
+  entry.outputs.clear();
+  return outputs;
+}
+
+OpOutputCacheGuard::OpOutputCacheGuard(OpOutputCache* cache) : previous_(t_op_output_cache) {
+  t_op_output_cache = cache;
+}
+
+OpOutputCacheGuard::~OpOutputCacheGuard() { t_op_output_cache = previous_; }
+
+OpOutputCache* op_output_cache() { return t_op_output_cache; }
 
 // ---- Custom functions -------------------------------------------------------------------------
 

@@ -167,6 +167,58 @@ using FunctionBackward = std::function<std::vector<Tensor>(
 std::vector<Tensor> apply_function(std::string_view name, const std::vector<Tensor>& inputs,
                                    const FunctionForward& forward, FunctionBackward backward);
 
+// ---- Selective recomputation --------------------------------------------------------------
+
+// The outputs of the expensive ops of one forward, kept for its recomputation (the selective
+// policy of nn/activation_checkpoint.h: keep what matmuls and attention produced, recompute the
+// pointwise ops). While a cache is installed on this thread (OpOutputCacheGuard), the ops that
+// consult it — linear, matmul and scaled_dot_product_attention — append their outputs to it in
+// Mode::kStore, and in Mode::kReplay take the stored ones, in the same order, instead of
+// computing them (autograd still records them with the recomputed inputs). Other ops ignore it.
+// Thread-safety: none; a cache is used by the thread it is installed on.
+class OpOutputCache {
+ public:
+  enum class Mode { kStore, kReplay };
+
+  explicit OpOutputCache(Mode mode = Mode::kStore) : mode_(mode) {}
+  Mode mode() const { return mode_; }
+  void set_mode(Mode mode) { mode_ = mode; }
+  // Entries not taken yet, and their bytes.
+  size_t size() const { return entries_.size() - next_; }
+  int64_t bytes() const;
+
+  // For ops: appends `op`'s outputs (kept without their history).
+  void store(std::string_view op, const std::vector<Tensor>& outputs);
+  // For ops: the next stored outputs, dropped from the cache. Throws InvalidArgument when none
+  // is left or the next entry was stored by another op (the recomputed forward did not take
+  // the path of the first).
+  std::vector<Tensor> take(std::string_view op);
+
+ private:
+  struct Entry {
+    std::string op;
+    std::vector<Tensor> outputs;
+  };
+  Mode mode_;
+  std::vector<Entry> entries_;
+  size_t next_ = 0;
+};
+
+// Installs `cache` (may be null: none) on this thread for its scope; restores the previous one.
+class OpOutputCacheGuard {
+ public:
+  explicit OpOutputCacheGuard(OpOutputCache* cache);
+  ~OpOutputCacheGuard();
+  OpOutputCacheGuard(const OpOutputCacheGuard&) = delete;
+  OpOutputCacheGuard& operator=(const OpOutputCacheGuard&) = delete;
+
+ private:
+  OpOutputCache* previous_;
+};
+
+// The cache installed on this thread, or null.
+OpOutputCache* op_output_cache();
+
 // ---- For op authors ----------------------------------------------------------------------------
 
 // True when grad mode is on and some input requires a gradient.

@@ -39,8 +39,12 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
   out_shape.push_back(a.size(-2));
   out_shape.push_back(b.size(-1));
   Tensor out;
-  {
+  OpOutputCache* cache = op_output_cache();
+  if (cache != nullptr && cache->mode() == OpOutputCache::Mode::kReplay) {
+    out = cache->take("matmul")[0];  // kept by the first forward (selective recomputation)
+  } else {
     NoGradGuard no_grad;
+    OpOutputCacheGuard no_cache(nullptr);
     const DType compute = a.dtype() == DType::kF16 ? DType::kF32 : a.dtype();
     Tensor ac = to(detach(a), compute), bc = to(detach(b), compute);
     if (!gemm_layout(ac)) ac = contiguous(ac);
@@ -48,6 +52,7 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
     out = empty(out_shape, compute, a.device());
     internal::backend_of(a).matmul(pad_rank(ac, rank), pad_rank(bc, rank), out);
     out = to(out, a.dtype());
+    if (cache != nullptr) cache->store("matmul", {out});
   }
   if (needs_grad({a, b})) {
     // dA needs B and dB needs A: keep only the operands a gradient will use.
@@ -117,6 +122,12 @@ Tensor fused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, D
     if (!gemm_layout(xc)) xc = contiguous(xc);
     wc = to(detach(weight), compute);
     if (!gemm_layout(wc)) wc = contiguous(wc);
+  }
+  OpOutputCache* cache = op_output_cache();
+  if (cache != nullptr && cache->mode() == OpOutputCache::Mode::kReplay) {
+    out = cache->take("linear")[0];  // kept by the first forward (selective recomputation)
+  } else {
+    NoGradGuard no_grad;
     out = empty(out_shape, compute, x.device());
     const Tensor out2 = out.as_strided({xc.size(0), out_features}, {out_features, 1}, 0);
     Backend& backend = internal::backend_of(x);
@@ -125,6 +136,7 @@ Tensor fused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, D
     } else {
       backend.matmul(xc, transpose(wc, 0, 1), out2);
     }
+    if (cache != nullptr) cache->store("linear", {out});
   }
   if (needs_grad({x, weight, bias})) {
     const bool rx = x.requires_grad(), rw = weight.requires_grad();

@@ -101,9 +101,22 @@ SdpaOutput scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, 
 
   auto forward = [state](FunctionContext& ctx, const std::vector<Tensor>& in) {
     AttentionProblem& prob = state->problem;
-    Tensor out = empty_in_layout_of(in[0]);
-    Tensor lse = empty({prob.batch(), prob.q_heads(), prob.q_len()}, DType::kF32, in[0].device());
-    state->kernel->forward(prob, attention_view_of(out, "out"), lse.data<float>());
+    Tensor out, lse;
+    // Selective recomputation keeps the output and the log-sum-exp of the first forward.
+    OpOutputCache* cache = op_output_cache();
+    if (cache != nullptr && cache->mode() == OpOutputCache::Mode::kReplay) {
+      std::vector<Tensor> kept = cache->take("scaled_dot_product_attention");
+      out = kept[0];
+      lse = kept[1];
+    } else {
+      OpOutputCacheGuard no_cache(nullptr);
+      out = empty_in_layout_of(in[0]);
+      lse = empty({prob.batch(), prob.q_heads(), prob.q_len()}, DType::kF32, in[0].device());
+      state->kernel->forward(prob, attention_view_of(out, "out"), lse.data<float>());
+    }
+    if (cache != nullptr && cache->mode() == OpOutputCache::Mode::kStore) {
+      cache->store("scaled_dot_product_attention", {out, lse});
+    }
     ctx.save_for_backward({in[0], in[1], in[2], out, lse});
     return std::vector<Tensor>{out, lse};
   };
