@@ -43,13 +43,14 @@ Tensors LlamaAttention::forward_multi(const Tensors& inputs) {
                "LlamaAttention takes {{x (B, T, C), cos, sin}}, got {} inputs{}", inputs.size(),
                inputs.empty() ? "" : ", x " + inputs[0].str());
   const Tensor& x = inputs[0];
-  const int64_t B = x.size(0), T = x.size(1), D = options_.head_dim;
-  // (B, T, H D) -> (B, T, H, D), H as the projection gives it (see the header).
+  const int64_t D = options_.head_dim;
+  // (B, T, H D) -> (B, T, H, D), H as the projection gives it (see the header), and T too: under
+  // sequence parallelism x is this rank's sequence shard and the projections gather the whole.
   auto heads = [&](const Tensor& t, const char* name) {
     TESSEL_CHECK(t.dim() == 3 && t.size(2) % D == 0, InvalidArgument,
                  "LlamaAttention: {} gave {}, expected (B, T, heads * {})", name,
                  shape_str(t.shape()), D);
-    return reshape(t, {B, T, t.size(2) / D, D});
+    return reshape(t, {t.size(0), t.size(1), t.size(2) / D, D});
   };
   const Tensor q = kernels::rope(heads(child("q_proj")(x), "q_proj"), inputs[1], inputs[2]);
   const Tensor k = kernels::rope(heads(child("k_proj")(x), "k_proj"), inputs[1], inputs[2]);
@@ -59,7 +60,7 @@ Tensors LlamaAttention::forward_multi(const Tensors& inputs) {
   // (B, H, T, D) views; K/V keep their n_kv_heads heads (grouped-query attention in the kernel).
   Tensor y = kernels::scaled_dot_product_attention(transpose(q, 1, 2), transpose(k, 1, 2),
                                                    transpose(v, 1, 2), sdpa);
-  y = reshape(transpose(y, 1, 2), {B, T, q.size(2) * D});
+  y = reshape(transpose(y, 1, 2), {q.size(0), q.size(1), q.size(2) * D});
   return {child("o_proj")(y)};
 }
 

@@ -13,6 +13,7 @@
 #include "tessel/nn/attention.h"
 #include "tessel/nn/embedding.h"
 #include "tessel/nn/linear.h"
+#include "tessel/nn/llama_layers.h"
 #include "tessel/parallel/tp/layers.h"
 #include "tessel/parallel/tp/regions.h"
 #include "tessel/tensor/autograd.h"
@@ -143,6 +144,18 @@ void check_entry(const ParallelStyle& style, const Match& m, int64_t tp) {
                    "parallelize_module: the attention at '{}' has {} heads, which do not divide "
                    "over the {} ranks of the tensor-parallel group (each rank runs whole heads)",
                    m.path.substr(0, m.path.size() - m.name.size() - 1), heads, tp);
+    }
+    // A LlamaAttention runs the heads its projections give: q_proj's split must be whole query
+    // heads and k_proj's, v_proj's whole K/V heads (grouped-query attention keeps its groups).
+    if (const auto* attn = dynamic_cast<const nn::LlamaAttention*>(m.parent); attn != nullptr) {
+      const bool query = m.name == "q_proj";
+      const int64_t heads = query ? attn->options().n_heads : attn->options().n_kv_heads;
+      TESSEL_CHECK(heads % tp == 0, InvalidArgument,
+                   "parallelize_module: the attention at '{}' has {} {} heads, which do not "
+                   "divide over the {} ranks of the tensor-parallel group (each rank runs whole "
+                   "heads): use a tp that divides {}",
+                   m.path.substr(0, m.path.size() - m.name.size() - 1), heads,
+                   query ? "query" : "key/value", tp, heads);
     }
   } else if (const auto* row = std::get_if<RowwiseParallel>(&style)) {
     if (const auto* linear = dynamic_cast<const nn::Linear*>(m.module)) {

@@ -23,8 +23,9 @@
 //
 // Attention: a CausalSelfAttention's c_attn packs q, k and v and must be ColwiseParallel with
 // sections = 3; each rank then runs n_head / tp heads (the attention derives its local heads
-// from c_attn's output), so the heads must divide over the group. (tessel's attention has no
-// grouped-query kv heads.) Vocabularies and feature sizes may split unevenly (exact).
+// from c_attn's output), so the heads must divide over the group. A LlamaAttention's q_proj,
+// k_proj and v_proj are plain ColwiseParallel: its query heads and its K/V heads must each divide
+// over the group (llama_plan.h). Vocabularies and feature sizes may split unevenly (exact).
 //
 // Every check — the mesh, each path, each style against its module, the heads — runs before
 // anything changes and needs no communication, so a bad plan fails on every rank with the same
