@@ -77,6 +77,7 @@
 #include "tessel/data/token_loader.h"
 #include "tessel/flight_recorder/recorder.h"
 #include "tessel/mesh/device_mesh.h"
+#include "tessel/nn/activation_checkpoint.h"
 #include "tessel/nn/generate.h"
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/optim/adamw.h"
@@ -141,6 +142,7 @@ struct Flags {
   std::string val_data;            // with token shards: validation shards (a glob)
   int64_t grad_accum = 1;          // micro-batches per step, run one after another
   std::string grad_sync = "last";  // gradients communicated on the last micro-batch, or every
+  std::string activation_checkpointing = "none";  // none, full or selective, per block
 };
 
 std::string read_file(const std::string& path) {
@@ -609,6 +611,9 @@ int run(const Flags& f) {
                                     .warmup_steps = std::min(f.warmup, f.steps),
                                     .total_steps = f.steps});
 
+  // Activation checkpointing inside each block's FSDP/DDP/TP hooks (nn/activation_checkpoint.h).
+  nn::checkpoint_blocks(*model, nn::parse_checkpoint_policy(f.activation_checkpointing));
+
   // Checkpoints: the model (shards under FSDP), AdamW's state and the sampler's position.
   checkpoint::CheckpointState ckpt_state(layout.world);
   std::unique_ptr<checkpoint::Checkpointer> ckpt;
@@ -891,6 +896,10 @@ int main(int argc, char** argv) {
   app.add_option("--grad-sync", f.grad_sync,
                  "FSDP/DDP gradient communication: on the last micro-batch, or every one")
       ->check(cli::one_of({"last", "every"}));
+  app.add_option("--activation-checkpointing", f.activation_checkpointing,
+                 "recompute each block's activations in backward: none, full, or selective "
+                 "(keep matmul and attention outputs)")
+      ->check(cli::one_of({"none", "full", "selective"}));
   app.add_option("--checkpoint", f.checkpoint, "where to save the safetensors checkpoint");
   app.add_option("--steps", f.steps, "optimizer steps")->check(integer_at_least(1));
   app.add_option("--batch", f.batch, "sequences per step (the global batch, split over ranks)")
