@@ -50,6 +50,16 @@
 // Generation: --generate --resume --checkpoint-dir DIR continues --prompt by --max-new-tokens
 // bytes sampled from the latest checkpoint's model (--temperature 0: greedy; --top-k K), and
 // trains nothing. The model flags (--layers, --heads, --embd, --seq) must be the training run's.
+//
+// Models: --model gpt (the default) or --model llama, a tiny Llama (RMSNorm, rotary positions,
+// SwiGLU, grouped-query attention with --kv-heads K/V heads) of the same --layers, --heads and
+// --embd; under --tp it is split by llama_tp_plan. --init-hf DIR starts from a Hugging Face
+// folder (LlamaForCausalLM or GPT2LMHeadModel; its config.json sets the model and the shapes,
+// each rank reading only its shards under FSDP and TP), and --export-hf DIR writes the trained
+// model, gathered on rank 0, in that format at the end (transformers loads it):
+//
+//   tessel-run --standalone --nproc-per-node 4 build/release/examples/train_gpt --model llama
+//       --kv-heads 2 --dp-shard 2 --tp 2 --export-hf /tmp/llama-hf         (one command line)
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -80,6 +90,8 @@
 #include "tessel/nn/activation_checkpoint.h"
 #include "tessel/nn/generate.h"
 #include "tessel/nn/gpt.h"
+#include "tessel/nn/hf_format.h"
+#include "tessel/nn/llama.h"
 #include "tessel/nn/optim/adamw.h"
 #include "tessel/nn/optim/clip.h"
 #include "tessel/nn/optim/schedule.h"
@@ -89,6 +101,7 @@
 #include "tessel/parallel/fsdp/fsdp.h"
 #include "tessel/parallel/fsdp/state_dict.h"
 #include "tessel/parallel/tp/gpt_plan.h"
+#include "tessel/parallel/tp/llama_plan.h"
 #include "tessel/parallel/tp/loss.h"
 #include "tessel/tensor/autocast.h"
 #include "tessel/tensor/autograd.h"
@@ -111,6 +124,11 @@ struct Flags {
   int64_t layers = 3;
   int64_t heads = 4;
   int64_t embd = 96;
+  std::string model = "gpt";  // gpt or llama
+  int64_t kv_heads = 0;       // llama: K/V heads (0: --heads)
+  std::string init_hf;        // start from this Hugging Face folder
+  std::string export_hf;      // write the trained model here in Hugging Face's format
+  bool model_given = false;   // --model was on the command line (--init-hf's config must agree)
   double lr = 3e-3;
   double min_lr = 3e-4;
   int64_t warmup = 20;
@@ -185,13 +203,108 @@ struct Batcher {
 // A stream of batches (x, y): each call gives the next.
 using BatchStream = std::function<std::pair<Tensor, Tensor>()>;
 
-double evaluate(nn::GPT& model, const BatchStream& next, const Flags& f) {
+// The model train_gpt trains: a GPT or a Llama, shaped by the flags or, with --init-hf, by the
+// folder's config.json.
+struct ModelSpec {
+  bool is_llama = false;
+  nn::GptConfig gpt;
+  nn::LlamaConfig llama;
+  std::string hf_dir;  // --init-hf: the weights come from there
+
+  int64_t vocab_size() const { return is_llama ? llama.vocab_size : gpt.vocab_size; }
+  int64_t layers() const { return is_llama ? llama.n_layers : gpt.n_layer; }
+  int64_t context() const { return is_llama ? llama.max_seq_len : gpt.block_size; }
+  // The module whose children are the blocks (FSDP shards each).
+  const char* blocks() const { return is_llama ? "model.layers" : "transformer.h"; }
+  std::unique_ptr<nn::Module> make() const {
+    if (is_llama) return std::make_unique<nn::Llama>(llama);
+    return std::make_unique<nn::GPT>(gpt);
+  }
+  void init_weights(nn::Module& model) const {
+    if (is_llama) {
+      dynamic_cast<nn::Llama&>(model).init_weights();
+    } else {
+      dynamic_cast<nn::GPT&>(model).init_weights();
+    }
+  }
+  ParallelizePlan tp_plan(bool sequence_parallel) const {
+    if (is_llama) {
+      return llama_tp_plan({.sequence_parallel = sequence_parallel,
+                            .tie_word_embeddings = llama.tie_word_embeddings});
+    }
+    return gpt_tp_plan({.sequence_parallel = sequence_parallel});
+  }
+  // "3 layers, 4 heads, embd 96, context 64: 342912 parameters", with the Llama's K/V heads.
+  std::string describe() const {
+    if (!is_llama) {
+      return fmt::format("{} layers, {} heads, embd {}, context {}: {} parameters", gpt.n_layer,
+                         gpt.n_head, gpt.n_embd, gpt.block_size, nn::GPT(gpt).num_parameters());
+    }
+    return fmt::format(
+        "llama, {} layers, {} heads ({} K/V), dim {}, hidden {}, {} embeddings, context {}: {} "
+        "parameters",
+        llama.n_layers, llama.n_heads, llama.kv_heads(), llama.dim, llama.ffn_hidden(),
+        llama.tie_word_embeddings ? "tied" : "untied", llama.max_seq_len, llama.num_parameters());
+  }
+};
+
+// The model of the flags — --model at --layers, --heads (--kv-heads), --embd, --seq over the
+// data's vocabulary — or of --init-hf's config.json, which must take the data's tokens and
+// --seq. Throws InvalidArgument naming the mismatch.
+ModelSpec model_spec(const Flags& f, int64_t data_vocab) {
+  ModelSpec spec;
+  if (!f.init_hf.empty()) {
+    const nn::HfConfig hf = nn::read_hf_config(f.init_hf);
+    spec.is_llama = hf.architecture == nn::HfArchitecture::kLlama;
+    spec.hf_dir = f.init_hf;
+    TESSEL_CHECK(!f.model_given || f.model == (spec.is_llama ? "llama" : "gpt"), InvalidArgument,
+                 "--model {} but --init-hf '{}' holds a {}: leave --model out (the folder's "
+                 "config sets the model)",
+                 f.model, f.init_hf, nn::hf_architecture_name(hf.architecture));
+    spec.llama = hf.llama;
+    spec.gpt = hf.gpt;
+    TESSEL_CHECK(data_vocab <= spec.vocab_size(), InvalidArgument,
+                 "--init-hf '{}': the model's vocabulary has {} tokens but the data's has {}: "
+                 "train it on token shards of its own tokenizer",
+                 f.init_hf, spec.vocab_size(), data_vocab);
+    TESSEL_CHECK(f.seq <= spec.context(), InvalidArgument,
+                 "--seq {} is longer than the {} positions of --init-hf '{}'", f.seq,
+                 spec.context(), f.init_hf);
+    return spec;
+  }
+  spec.is_llama = f.model == "llama";
+  spec.gpt = {.vocab_size = data_vocab,
+              .block_size = f.seq,
+              .n_layer = f.layers,
+              .n_head = f.heads,
+              .n_embd = f.embd,
+              .seed = f.seed};
+  // A tiny Llama: Meta's MLP size rule rounded to 32, plain RoPE at theta 10000, untied.
+  spec.llama.vocab_size = data_vocab;
+  spec.llama.dim = f.embd;
+  spec.llama.n_layers = f.layers;
+  spec.llama.n_heads = f.heads;
+  spec.llama.n_kv_heads = f.kv_heads;
+  spec.llama.multiple_of = 32;
+  spec.llama.rope_theta = 10000.0;
+  spec.llama.max_seq_len = f.seq;
+  spec.llama.seed = f.seed;
+  return spec;
+}
+
+// The mean next-token cross-entropy of logits (B, T, V) against targets (B, T) (nn::GPT::loss
+// and nn::Llama::loss are the same).
+Tensor lm_loss(const Tensor& logits, const Tensor& targets) {
+  return nn::GPT::loss(logits, targets);
+}
+
+double evaluate(nn::Module& model, const BatchStream& next, const Flags& f) {
   NoGradGuard no_grad;
   model.eval();
   double total = 0;
   for (int64_t i = 0; i < f.eval_batches; ++i) {
     auto [x, y] = next();
-    total += item(nn::GPT::loss(model(x), y));
+    total += item(lm_loss(model(x), y));
   }
   model.train();
   return total / static_cast<double>(f.eval_batches);
@@ -212,12 +325,13 @@ std::string progress_bar(int64_t done, int64_t total, int width = 20) {
   return bar;
 }
 
-// --prompt continued by `n` bytes of `model` (nn::generate with --temperature, --top-k, --seed).
-std::string generate_text(nn::GPT& model, const Flags& f, int64_t n) {
+// --prompt continued by `n` bytes of `model` (nn::generate with --temperature, --top-k, --seed)
+// over `context` positions.
+std::string generate_text(nn::Module& model, int64_t context, const Flags& f, int64_t n) {
   std::vector<int64_t> prompt;
   for (unsigned char c : f.prompt) prompt.push_back(c);
   const std::vector<int64_t> bytes = nn::generate(
-      model, prompt, model.config().block_size,
+      model, prompt, context,
       {.max_new_tokens = n, .temperature = f.temperature, .top_k = f.top_k, .seed = f.seed});
   std::string text;
   for (const int64_t b : bytes) text += static_cast<char>(b);
@@ -226,12 +340,16 @@ std::string generate_text(nn::GPT& model, const Flags& f, int64_t n) {
 
 // The model flags as a checkpoint records them: "layers=3 heads=4 embd=96 context=64".
 std::string model_config_str(const Flags& f) {
-  return fmt::format("layers={} heads={} embd={} context={}", f.layers, f.heads, f.embd, f.seq);
+  std::string s =
+      fmt::format("layers={} heads={} embd={} context={}", f.layers, f.heads, f.embd, f.seq);
+  if (f.model == "llama") s += fmt::format(" model=llama kv_heads={}", f.kv_heads);
+  if (!f.init_hf.empty()) s += " init_hf=" + f.init_hf;
+  return s;
 }
 
 // --generate: the model of the checkpoint `loaded` (gathered on rank 0 when sharded: every rank
 // calls this) continues --prompt; the text goes to stdout, what produced it to stderr.
-int generate_from_checkpoint(const Flags& f, const nn::GptConfig& config, nn::GPT& model,
+int generate_from_checkpoint(const Flags& f, const ModelSpec& spec, nn::Module& model,
                              const std::string& loaded, const checkpoint::CheckpointState& state,
                              bool lead) {
   TESSEL_CHECK(!loaded.empty(), InvalidArgument,
@@ -245,15 +363,15 @@ int generate_from_checkpoint(const Flags& f, const nn::GptConfig& config, nn::GP
                  "run's --layers, --heads, --embd and --seq",
                  loaded, saved->second, model_config_str(f));
   }
-  nn::GPT whole(config);
+  std::unique_ptr<nn::Module> whole = spec.make();
   {
     const nn::StateDict state = full_state_dict(model);
     if (!lead) return 0;
-    whole.load_state_dict(state);
+    whole->load_state_dict(state);
   }
   fmt::print(stderr, "train_gpt: {} bytes from {} (step {}), temperature {}, top-k {}, seed {}\n",
              f.max_new_tokens, loaded, state.step, f.temperature, f.top_k, f.seed);
-  fmt::print("{}{}\n", f.prompt, generate_text(whole, f, f.max_new_tokens));
+  fmt::print("{}{}\n", f.prompt, generate_text(*whole, spec.context(), f, f.max_new_tokens));
   return 0;
 }
 
@@ -480,8 +598,8 @@ class TrainingData {
 // The validation loss of the model as it trains (every rank: a collective when sharded), on
 // the same --eval-batches batches each time: each rank takes its rows of every global batch as
 // in training, and the loss is averaged over the world.
-double evaluate_during_training(nn::GPT& model, const TrainingData& data, const Flags& f,
-                                const Layout& l, Device device, bool autocast) {
+double evaluate_during_training(nn::Module& model, int64_t vocab, const TrainingData& data,
+                                const Flags& f, const Layout& l, Device device, bool autocast) {
   NoGradGuard no_grad;
   model.eval();
   const BatchStream val = data.validation(l.batch_index, l.batch_parts, f.seed + 2);
@@ -493,9 +611,8 @@ double evaluate_during_training(nn::GPT& model, const TrainingData& data, const 
     std::optional<AutocastGuard> mixed;
     if (autocast) mixed.emplace(DType::kBF16);
     const Tensor logits = model(x);
-    total +=
-        item(l.tp > 1 ? loss_parallel_cross_entropy(logits, y, (*l.mesh)["tp"], data.vocab_size())
-                      : nn::GPT::loss(logits, y));
+    total += item(l.tp > 1 ? loss_parallel_cross_entropy(logits, y, (*l.mesh)["tp"], vocab)
+                           : lm_loss(logits, y));
   }
   model.train();
   // FSDP's root keeps its gathered parameters after forward for the backward that follows one
@@ -505,12 +622,14 @@ double evaluate_during_training(nn::GPT& model, const TrainingData& data, const 
 }
 
 // FSDP (with HSDP when replicated) on each block and then the root; the model is built on the
-// meta device so that only this rank's shards are ever allocated. With --ddp the whole model is
+// meta device so that only this rank's shards are ever allocated, then initialised or, with
+// --init-hf, loaded (each rank reading its shards' bytes). With --ddp the whole model is
 // replicated (`ddp` is then set).
-std::unique_ptr<nn::GPT> build_model(const Flags& f, const nn::GptConfig& config, const Layout& l,
-                                     std::unique_ptr<DDPModule>* ddp, Device device) {
+std::unique_ptr<nn::Module> build_model(const Flags& f, const ModelSpec& spec, const Layout& l,
+                                        std::unique_ptr<DDPModule>* ddp, Device device) {
   if (!l.world || f.ddp) {
-    auto model = std::make_unique<nn::GPT>(config);
+    std::unique_ptr<nn::Module> model = spec.make();
+    if (!spec.hf_dir.empty()) nn::load_hf_weights(*model, spec.hf_dir);
     model->to(device);  // initialised on the CPU: the same values on every device
     if (l.world) {
       // Over every rank: the (dp_replicate, dp_shard) mesh flattened.
@@ -519,27 +638,28 @@ std::unique_ptr<nn::GPT> build_model(const Flags& f, const nn::GptConfig& config
     }
     return model;
   }
-  std::unique_ptr<nn::GPT> model;
+  std::unique_ptr<nn::Module> model;
   {
     DefaultDeviceGuard meta(Device::meta());
-    model = std::make_unique<nn::GPT>(config);
+    model = spec.make();
   }
   // Tensor parallelism first (each layer split over tp), then FSDP over the data-parallel ranks.
-  if (l.tp > 1) {
-    parallelize_module(*model, (*l.mesh)["tp"],
-                       gpt_tp_plan({.sequence_parallel = f.sequence_parallel}));
-  }
+  if (l.tp > 1) parallelize_module(*model, (*l.mesh)["tp"], spec.tp_plan(f.sequence_parallel));
   if (l.replicate * l.shard > 1) {
     const DeviceMesh fsdp_mesh =
         l.replicate > 1 ? l.mesh->slice({"dp_replicate", "dp_shard"}) : (*l.mesh)["dp_shard"];
-    auto& blocks = model->submodule("transformer.h");
-    for (int64_t i = 0; i < config.n_layer; ++i) {
+    auto& blocks = model->submodule(spec.blocks());
+    for (int64_t i = 0; i < spec.layers(); ++i) {
       fully_shard(blocks.child(std::to_string(i)), fsdp_mesh);
     }
     fully_shard(*model, fsdp_mesh);
   }
   model->to_empty(device);
-  model->init_weights();  // each shard gets its part of the whole model's initial values
+  if (!spec.hf_dir.empty()) {
+    nn::load_hf_weights(*model, spec.hf_dir);  // each shard reads its box of every tensor
+  } else {
+    spec.init_weights(*model);  // each shard gets its part of the whole model's initial values
+  }
   return model;
 }
 
@@ -549,8 +669,9 @@ std::unique_ptr<nn::GPT> build_model(const Flags& f, const nn::GptConfig& config
 // before the others: FSDP keeps unsharded gradients, DDP local ones), or on every one with
 // --grad-sync every (FSDP then holds only sharded gradients between micro-batches). Returns the
 // rank's loss on its rows.
-double accumulate_gradients(nn::GPT& model, DDPModule* ddp, const Tensor& x, const Tensor& y,
-                            const Flags& f, const Layout& l, Device device, bool autocast) {
+double accumulate_gradients(nn::Module& model, int64_t vocab, DDPModule* ddp, const Tensor& x,
+                            const Tensor& y, const Flags& f, const Layout& l, Device device,
+                            bool autocast) {
   FSDPModule* fsdp = fsdp_module(model);
   const int64_t micro_rows = x.size(0) / f.grad_accum;
   double loss_sum = 0;
@@ -565,9 +686,8 @@ double accumulate_gradients(nn::GPT& model, DDPModule* ddp, const Tensor& x, con
       std::optional<AutocastGuard> mixed;
       if (autocast) mixed.emplace(DType::kBF16);
       const Tensor logits = model(xm);  // with --tp: this rank's share of the vocabulary
-      loss = l.tp > 1 ? loss_parallel_cross_entropy(logits, ym, (*l.mesh)["tp"],
-                                                    model.config().vocab_size)
-                      : nn::GPT::loss(logits, ym);
+      loss = l.tp > 1 ? loss_parallel_cross_entropy(logits, ym, (*l.mesh)["tp"], vocab)
+                      : lm_loss(logits, ym);
       if (f.grad_accum > 1) loss = div(loss, static_cast<double>(f.grad_accum));
     }
     backward(loss);
@@ -596,14 +716,9 @@ int run(const Flags& f) {
   TESSEL_CHECK(f.autocast == "auto" || f.autocast == "bf16" || f.autocast == "off", InvalidArgument,
                "--autocast {}: expected auto, bf16 or off", f.autocast);
   const bool autocast = f.autocast == "bf16" || (f.autocast == "auto" && device.is_cuda());
-  const nn::GptConfig config{.vocab_size = data.vocab_size(),
-                             .block_size = f.seq,
-                             .n_layer = f.layers,
-                             .n_head = f.heads,
-                             .n_embd = f.embd,
-                             .seed = f.seed};
+  const ModelSpec spec = model_spec(f, data.vocab_size());
   std::unique_ptr<DDPModule> ddp;
-  std::unique_ptr<nn::GPT> model = build_model(f, config, layout, &ddp, device);
+  std::unique_ptr<nn::Module> model = build_model(f, spec, layout, &ddp, device);
   nn::optim::AdamW opt(model->parameters(),
                        {.lr = f.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = f.weight_decay});
   nn::optim::WarmupCosine schedule({.max_lr = f.lr,
@@ -635,7 +750,7 @@ int run(const Flags& f) {
     }
   }
   if (f.generate) {
-    return generate_from_checkpoint(f, config, *model, resumed_from, ckpt_state, lead);
+    return generate_from_checkpoint(f, spec, *model, resumed_from, ckpt_state, lead);
   }
   std::ofstream json;
   if (lead && !f.log_json.empty()) {
@@ -667,12 +782,10 @@ int run(const Flags& f) {
     }
   }
   print("{}\n", data.description());
-  print(
-      "model: {} layers, {} heads, embd {}, context {}: {} parameters; global batch {} x {}, "
-      "{}{}\n",
-      f.layers, f.heads, f.embd, f.seq, nn::GPT(config).num_parameters(), f.batch, f.seq,
-      device.is_cpu() ? fmt::format("{} threads", num_threads()) : device.str(),
-      autocast ? ", bf16 autocast" : "");
+  if (!spec.hf_dir.empty()) print("initialised from Hugging Face folder {}\n", spec.hf_dir);
+  print("model: {}; global batch {} x {}, {}{}\n", spec.describe(), f.batch, f.seq,
+        device.is_cpu() ? fmt::format("{} threads", num_threads()) : device.str(),
+        autocast ? ", bf16 autocast" : "");
   // Under tessel-run --max-restarts: which attempt this is, and where it picks up.
   if (const char* count = std::getenv("TORCHELASTIC_RESTART_COUNT");
       count && std::atoi(count) > 0) {
@@ -732,7 +845,8 @@ int run(const Flags& f) {
     tessel::fr::FlightRecorder::global().set_step(step);
     const auto step_start = Clock::now();
     const auto [x, y] = data.next_train();  // this rank's rows of the global batch
-    const double loss = accumulate_gradients(*model, ddp.get(), x, y, f, layout, device, autocast);
+    const double loss = accumulate_gradients(*model, spec.vocab_size(), ddp.get(), x, y, f, layout,
+                                             device, autocast);
     const double norm = clip_grad_norm(model->parameters(), f.clip);
     opt.set_lr(schedule.lr(step));
     opt.step();
@@ -771,7 +885,8 @@ int run(const Flags& f) {
       pending = PendingSave{ckpt->async_save(ckpt_state), step + 1, Clock::now()};
     }
     if (f.eval_every > 0 && (step + 1) % f.eval_every == 0) {
-      const double val_loss = evaluate_during_training(*model, data, f, layout, device, autocast);
+      const double val_loss =
+          evaluate_during_training(*model, spec.vocab_size(), data, f, layout, device, autocast);
       print("step {:>5}/{} val loss {:.4f}\n", step + 1, f.steps, val_loss);
       if (json.is_open()) {  // a line of its own: tessel-plot's validation-loss series
         json << fmt::format("{{\"step\": {}, \"val_loss\": {:.6f}}}\n", step + 1, val_loss);
@@ -785,27 +900,31 @@ int run(const Flags& f) {
   if (ckpt) ckpt->wait();
   const double total_seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
   // The whole model on rank 0 (a collective when sharded) for evaluation, saving and sampling.
-  nn::GPT whole(config);
+  std::unique_ptr<nn::Module> whole = spec.make();
   {
     const nn::StateDict state = full_state_dict(*model);
     if (!lead) return 0;
-    whole.load_state_dict(state);
+    whole->load_state_dict(state);
   }
   fmt::print(
       "trained {} steps in {:.1f} s ({:.0f} tok/s); peak memory {:.1f} MiB; val loss "
       "{:.4f} nats/byte\n",
       f.steps - first_step, total_seconds, tokens_per_step * (f.steps - first_step) / total_seconds,
       memory_stats(device).peak_allocated_bytes / 1048576.0,
-      evaluate(whole, data.validation(0, 1, f.seed + 1), f));
-  whole.save(f.checkpoint, {{"steps", std::to_string(f.steps)},
-                            {"config", fmt::format("layers={} heads={} embd={} context={}",
-                                                   f.layers, f.heads, f.embd, f.seq)}});
+      evaluate(*whole, data.validation(0, 1, f.seed + 1), f));
+  whole->save(f.checkpoint, {{"steps", std::to_string(f.steps)},
+                             {"config", fmt::format("layers={} heads={} embd={} context={}",
+                                                    f.layers, f.heads, f.embd, f.seq)}});
   fmt::print("saved checkpoint {}\n", f.checkpoint);
+  if (!f.export_hf.empty()) {
+    nn::save_hf(*whole, f.export_hf);
+    fmt::print("exported the model in Hugging Face format to {}\n", f.export_hf);
+  }
   // Byte-level tokens (and a document separator, 256) decode as bytes; other vocabularies need
   // their tokenizer, which train_gpt does not load.
-  if (f.sample > 0 && config.vocab_size <= 257) {
+  if (f.sample > 0 && spec.vocab_size() <= 257) {
     fmt::print("sample (temperature {}):\n{}{}\n", f.temperature, f.prompt,
-               generate_text(whole, f, f.sample));
+               generate_text(*whole, spec.context(), f, f.sample));
   }
   return 0;
 }
@@ -816,6 +935,28 @@ void check_flags(const Flags& f) {
   TESSEL_CHECK(f.embd % f.heads == 0, InvalidArgument,
                "--embd {} does not split over --heads {}: expected a multiple of {}", f.embd,
                f.heads, f.heads);
+  if (f.model == "llama" && f.init_hf.empty()) {
+    const int64_t kv = f.kv_heads > 0 ? f.kv_heads : f.heads;
+    TESSEL_CHECK(f.heads % kv == 0, InvalidArgument,
+                 "--kv-heads {}: expected a divisor of --heads {} (query heads share K/V heads)",
+                 kv, f.heads);
+    TESSEL_CHECK(f.embd / f.heads % 2 == 0, InvalidArgument,
+                 "--embd {} over --heads {} gives heads of {}: rotary positions need an even "
+                 "head size",
+                 f.embd, f.heads, f.embd / f.heads);
+    TESSEL_CHECK(kv % f.tp == 0, InvalidArgument,
+                 "--kv-heads {} does not split over --tp {}: each tp rank runs whole K/V heads, "
+                 "expected a multiple of {}",
+                 kv, f.tp, f.tp);
+  }
+  TESSEL_CHECK(
+      f.init_hf.empty() ||
+          std::filesystem::is_regular_file(std::filesystem::path(f.init_hf) / "config.json"),
+      InvalidArgument, "--init-hf '{}': no config.json there: expected a Hugging Face model folder",
+      f.init_hf);
+  TESSEL_CHECK(f.kv_heads == 0 || f.model == "llama", InvalidArgument,
+               "--kv-heads {} is for --model llama (the GPT's heads are all K/V heads)",
+               f.kv_heads);
   TESSEL_CHECK(f.min_lr <= f.lr, InvalidArgument,
                "--min-lr {} is above --lr {}: expected at most the peak learning rate", f.min_lr,
                f.lr);
@@ -909,6 +1050,14 @@ int main(int argc, char** argv) {
   app.add_option("--heads", f.heads, "attention heads")->check(integer_at_least(1));
   app.add_option("--embd", f.embd, "embedding width (a multiple of --heads)")
       ->check(integer_at_least(1));
+  app.add_option("--model", f.model, "model: gpt or llama (with --init-hf: the folder's)")
+      ->check(cli::one_of({"gpt", "llama"}));
+  app.add_option("--kv-heads", f.kv_heads, "llama: key/value heads, dividing --heads (0: --heads)")
+      ->check(integer_at_least(0));
+  app.add_option("--init-hf", f.init_hf,
+                 "start from this Hugging Face folder (its config.json sets the model)");
+  app.add_option("--export-hf", f.export_hf,
+                 "write the trained model to this folder in Hugging Face format at the end");
   app.add_option("--lr", f.lr, "peak learning rate")->check(cli::number_above(0));
   app.add_option("--min-lr", f.min_lr, "final learning rate (at most --lr)")
       ->check(cli::number_at_least(0));
@@ -963,6 +1112,7 @@ int main(int argc, char** argv) {
       ->check(cli::one_of({"auto", "bf16", "off"}));
   cli::describe_options(app);
   if (const auto status = cli::parse(app, argc, argv, "train_gpt")) return *status;
+  f.model_given = app.count("--model") > 0;
   try {
     check_flags(f);
   } catch (const tessel::Error& e) {
