@@ -63,6 +63,7 @@ LaunchEnv read_launch_env() {
   env.master_port = int_var(kMasterPort).value_or(0);
   env.store_addr = env_string(EnvKnob::kStoreAddr);
   env.restart_count = int_var(kRestartCount).value_or(0);
+  env.max_restarts = int_var(kMaxRestarts).value_or(-1);
   TESSEL_CHECK(env.world_size >= 1 && env.rank < env.world_size, InvalidArgument,
                "launcher '{}' gave rank {} but world size {}", env.launcher, env.rank,
                env.world_size);

@@ -61,6 +61,7 @@ struct LaunchEnv {
   int master_port = 0;          // MASTER_PORT
   std::string store_addr;       // TESSEL_STORE_ADDR (host:port; a knob, read through env.h)
   int restart_count = 0;        // TORCHELASTIC_RESTART_COUNT
+  int max_restarts = -1;        // TORCHELASTIC_MAX_RESTARTS (-1: not set)
 };
 
 // Reads the launcher's variables: RANK/WORLD_SIZE (with LOCAL_RANK) win over Open MPI's, Open

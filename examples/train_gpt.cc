@@ -82,6 +82,7 @@
 #include <vector>
 
 #include "tessel/base/error.h"
+#include "tessel/base/launch_env.h"
 #include "tessel/base/tools/cli.h"
 #include "tessel/collectives/init.h"
 #include "tessel/data/token_loader.h"
@@ -787,11 +788,9 @@ int run(const Flags& f) {
         device.is_cpu() ? fmt::format("{} threads", num_threads()) : device.str(),
         autocast ? ", bf16 autocast" : "");
   // Under tessel-run --max-restarts: which attempt this is, and where it picks up.
-  if (const char* count = std::getenv("TORCHELASTIC_RESTART_COUNT");
-      count && std::atoi(count) > 0) {
-    const char* max = std::getenv("TORCHELASTIC_MAX_RESTARTS");
-    print("restarting: attempt {} of {}, {}\n", std::atoi(count) + 1,
-          max ? fmt::format("{}", std::atoi(max) + 1) : std::string("?"),
+  if (const LaunchEnv launch = read_launch_env(); launch.restart_count > 0) {
+    print("restarting: attempt {} of {}, {}\n", launch.restart_count + 1,
+          launch.max_restarts >= 0 ? fmt::format("{}", launch.max_restarts + 1) : std::string("?"),
           !resumed_from.empty()
               ? fmt::format("resuming from {}",
                             std::filesystem::path(resumed_from).filename().string())
