@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "tessel/base/error.h"
+#include "tessel/kernels/llama/cuda/llama_cuda.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/thread_pool.h"
@@ -61,10 +62,15 @@ void rope_cpu_typed(const Tensor& x, const Tensor& cos, const Tensor& sin, float
                });
 }
 
-Tensor rope_cpu(const Tensor& x_in, const Tensor& cos_in, const Tensor& sin_in, float sign,
-                bool batched_tables) {
+// The fused rotation on the CPU or, for CUDA tensors, rope_cuda.cu.
+Tensor rope_fused(const Tensor& x_in, const Tensor& cos_in, const Tensor& sin_in, float sign,
+                  bool batched_tables) {
   const Tensor x = contiguous(x_in), cos = contiguous(cos_in), sin = contiguous(sin_in);
   Tensor out = empty(x.shape(), x.dtype(), x.device());
+  if (x.device().is_cuda()) {
+    rope_cuda(x, cos, sin, sign, out);
+    return out;
+  }
   switch (x.dtype()) {
     case DType::kF32:
       rope_cpu_typed<float>(x, cos, sin, sign, batched_tables, out);
@@ -151,16 +157,16 @@ RopeTables rope_tables(const Tensor& positions, const Tensor& inv_freq) {
 
 Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin) {
   const bool batched = check_rope_shapes(x, cos, sin);
-  if (!x.device().is_cpu()) return rope_reference(x, cos, sin);
+  if (!x.device().is_cpu() && !x.device().is_cuda()) return rope_reference(x, cos, sin);
   const Tensor c = detach(cos), s = detach(sin);
   return apply_function(
       "rope", {x},
       [c, s, batched](FunctionContext&, const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{rope_cpu(in[0], c, s, 1.0f, batched)};
+        return std::vector<Tensor>{rope_fused(in[0], c, s, 1.0f, batched)};
       },
       [c, s, batched](FunctionContext&, const std::vector<Tensor>& grad) {
         // The rotation is orthogonal: its gradient is the inverse rotation (sin negated).
-        return std::vector<Tensor>{rope_cpu(grad[0], c, s, -1.0f, batched)};
+        return std::vector<Tensor>{rope_fused(grad[0], c, s, -1.0f, batched)};
       })[0];
 }
 

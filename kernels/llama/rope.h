@@ -46,9 +46,10 @@ RopeTables rope_tables(const Tensor& positions, const Tensor& inv_freq);
 // Rotates x (B, T, H, D) (f32, bf16 or f16, any strides) by the tables cos, sin (T, D/2) or
 // (B, T, D/2) (f32): out[..., i] = x[i] cos_i - x[i + D/2] sin_i, out[..., i + D/2] =
 // x[i + D/2] cos_i + x[i] sin_i, computed in f32 and rounded once to x's dtype. Differentiable
-// in x (the tables take no gradient). On the CPU one fused pass (backward: the inverse rotation,
-// also fused); elsewhere the op-by-op rope_reference. Blocks on the CPU. Throws InvalidArgument
-// for mismatched shapes.
+// in x (the tables take no gradient). On the CPU and on CUDA one fused pass (backward: the
+// inverse rotation, also fused; CUDA: llama/cuda/rope_cuda.cu, on the device's current stream);
+// elsewhere the op-by-op rope_reference. Blocks on the CPU. Throws InvalidArgument for
+// mismatched shapes.
 Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin);
 
 // The same rotation as a chain of tensor ops, Hugging Face's apply_rotary_pos_emb written out

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "tessel/base/error.h"
+#include "tessel/kernels/llama/cuda/llama_cuda.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/cpu/cpu_isa.h"
 #include "tessel/tensor/cpu/cpu_math.h"
@@ -108,14 +109,18 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
                "swiglu expects floating gate and up of one shape, dtype and "
                "device, got {} and {}",
                gate.str(), up.str());
-  if (!gate.device().is_cpu()) return swiglu_reference(gate, up);
+  if (!gate.device().is_cpu() && !gate.device().is_cuda()) return swiglu_reference(gate, up);
   return apply_function(
       "swiglu", {gate, up},
       [](FunctionContext& ctx, const std::vector<Tensor>& in) {
         const Tensor g = contiguous(in[0]), u = contiguous(in[1]);
         Tensor out = empty(g.shape(), g.dtype(), g.device());
-        dispatch_floating(g.dtype(),
-                          [&](auto tag) { swiglu_forward_typed<decltype(tag)>(g, u, out); });
+        if (g.device().is_cuda()) {
+          swiglu_cuda_forward(g, u, out);
+        } else {
+          dispatch_floating(g.dtype(),
+                            [&](auto tag) { swiglu_forward_typed<decltype(tag)>(g, u, out); });
+        }
         ctx.save_for_backward({g, u});
         return std::vector<Tensor>{out};
       },
@@ -125,8 +130,12 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
         const Tensor dy = contiguous(to(grad[0], g.dtype()));
         Tensor dg = empty(g.shape(), g.dtype(), g.device());
         Tensor du = empty(g.shape(), g.dtype(), g.device());
-        dispatch_floating(
-            g.dtype(), [&](auto tag) { swiglu_backward_typed<decltype(tag)>(dy, g, u, dg, du); });
+        if (g.device().is_cuda()) {
+          swiglu_cuda_backward(dy, g, u, dg, du);
+        } else {
+          dispatch_floating(
+              g.dtype(), [&](auto tag) { swiglu_backward_typed<decltype(tag)>(dy, g, u, dg, du); });
+        }
         return std::vector<Tensor>{dg, du};
       })[0];
 }

@@ -485,4 +485,9 @@ KernelCase matmul_case();
 KernelCase addmm_case();
 KernelCase adamw_case();
 
+// ---- Case factories of backend_conformance_llama.cc (kernels/llama/) --------------------------
+
+KernelCase rope_case(bool backward);
+KernelCase swiglu_case(bool backward);
+
 }  // namespace tessel::testing

@@ -18,7 +18,8 @@
 // Seeds depend only on the case name and iteration and are printed with every failure, so a
 // failure reproduces by rerunning the same test. Adding a kernel: append a KernelCase to
 // all_cases() (make a Problem, run the kernel, compute the reference). The cases of the
-// neural-net kernels, matmul and AdamW are in backend_conformance_nn.cc.
+// neural-net kernels, matmul and AdamW are in backend_conformance_nn.cc; those of Llama's fused
+// RoPE and SwiGLU (kernels/llama/, fused on the CPU and CUDA) in backend_conformance_llama.cc.
 #include "backend_conformance.h"
 
 #include <gtest/gtest-spi.h>
@@ -555,11 +556,26 @@ const std::vector<KernelCase>& all_cases() {
          {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kProduct}) {
       c.push_back(reduce_case(op));
     }
-    c.insert(c.end(), {argmax_case(), softmax_case(false), softmax_case(true),
-                       softmax_backward_case(false), softmax_backward_case(true), norm_case(false),
-                       norm_backward_case(false), norm_case(true), norm_backward_case(true),
-                       embedding_case(), embedding_backward_case(), cross_entropy_case(),
-                       cross_entropy_backward_case(), matmul_case(), addmm_case(), adamw_case()});
+    c.insert(c.end(), {argmax_case(),
+                       softmax_case(false),
+                       softmax_case(true),
+                       softmax_backward_case(false),
+                       softmax_backward_case(true),
+                       norm_case(false),
+                       norm_backward_case(false),
+                       norm_case(true),
+                       norm_backward_case(true),
+                       embedding_case(),
+                       embedding_backward_case(),
+                       cross_entropy_case(),
+                       cross_entropy_backward_case(),
+                       matmul_case(),
+                       addmm_case(),
+                       adamw_case(),
+                       rope_case(false),
+                       rope_case(true),
+                       swiglu_case(false),
+                       swiglu_case(true)});
     return c;
   }();
   return cases;
