@@ -52,8 +52,17 @@ int64_t LlamaConfig::ffn_hidden() const {
 int64_t LlamaConfig::num_parameters() const {
   const int64_t C = dim, D = head_size(), H = n_heads, Hkv = kv_heads(), F = ffn_hidden();
   const int64_t attention = C * H * D + 2 * C * Hkv * D + H * D * C;
-  const int64_t layer = attention + 3 * C * F + 2 * C;
-  return vocab_size * C + n_layers * layer + C + (tie_word_embeddings ? 0 : vocab_size * C);
+  int64_t layers = 0;
+  for (int64_t l = 0; l < n_layers; ++l) {
+    layers += attention + 2 * C;
+    if (moe && moe->is_moe_layer(l)) {
+      const int64_t Fe = moe->hidden_dim > 0 ? moe->hidden_dim : F;
+      layers += C * moe->num_experts + (moe->num_experts + moe->shared_experts) * 3 * C * Fe;
+    } else {
+      layers += 3 * C * F;
+    }
+  }
+  return vocab_size * C + layers + C + (tie_word_embeddings ? 0 : vocab_size * C);
 }
 
 LlamaConfig LlamaConfig::tiny() {
@@ -72,6 +81,22 @@ LlamaConfig LlamaConfig::tiny() {
                                         .high_freq_factor = 4.0,
                                         .original_max_position_embeddings = 64};
   c.max_seq_len = 256;
+  return c;
+}
+
+LlamaConfig LlamaConfig::tiny_moe() {
+  LlamaConfig c = tiny();
+  c.moe = LlamaMoEConfig{.num_experts = 8,
+                         .top_k = 2,
+                         .hidden_dim = 32,
+                         .shared_experts = 1,
+                         .first_dense_layers = 1,
+                         .layer_interval = 1,
+                         .score = MoEScore::kSigmoid,
+                         .norm_topk = true,
+                         .route_scale = 1.0,
+                         .bias_update_speed = 1e-3,
+                         .aux_loss_coeff = 1e-2};
   return c;
 }
 
@@ -103,9 +128,30 @@ Llama::Llama(const LlamaConfig& config) : Module("Llama"), config_(config), gen_
   model->register_module("embed_tokens",
                          std::make_shared<Embedding>(config.vocab_size, config.dim, &gen_));
   auto layers = model->register_module("layers", std::make_shared<ModuleList>());
+  if (config.moe) {
+    const LlamaMoEConfig& m = *config.moe;
+    TESSEL_CHECK(m.first_dense_layers >= 0 && m.layer_interval > 0, InvalidArgument,
+                 "Llama: moe.first_dense_layers ({}) must be >= 0 and moe.layer_interval ({}) > 0",
+                 m.first_dense_layers, m.layer_interval);
+  }
   for (int64_t l = 0; l < config.n_layers; ++l) {
-    layers->push_back(std::make_shared<LlamaDecoderLayer>(attention, config.ffn_hidden(),
-                                                          config.norm_eps, &gen_));
+    std::optional<MoEOptions> moe;
+    if (config.moe && config.moe->is_moe_layer(l)) {
+      const LlamaMoEConfig& m = *config.moe;
+      moe = MoEOptions{.dim = config.dim,
+                       .hidden_dim = m.hidden_dim > 0 ? m.hidden_dim : config.ffn_hidden(),
+                       .num_experts = m.num_experts,
+                       .top_k = m.top_k,
+                       .score = m.score,
+                       .norm_topk = m.norm_topk,
+                       .route_scale = m.route_scale,
+                       .shared_experts = m.shared_experts,
+                       .bias_update_speed = m.bias_update_speed,
+                       .aux_loss_coeff = m.aux_loss_coeff,
+                       .capacity_factor = m.capacity_factor};
+    }
+    layers->push_back(std::make_shared<LlamaDecoderLayer>(
+        attention, config.ffn_hidden(), config.norm_eps, &gen_, moe ? &*moe : nullptr));
   }
   model->register_module("norm", std::make_shared<RMSNorm>(config.dim, config.norm_eps));
   model->register_module("rotary_emb",
@@ -149,10 +195,17 @@ Tensors Llama::forward_multi(const Tensors& inputs) {
   const Tensors cos_sin = model.child("rotary_emb")(Tensors{positions});
   Tensor x = model.child("embed_tokens")(tokens);
   const auto& layers = model.child_as<ModuleList>("layers");
-  for (size_t l = 0; l < layers.size(); ++l) x = layers[l]({x, cos_sin[0], cos_sin[1]})[0];
+  Tensor aux;  // the MoE layers' auxiliary losses, summed
+  for (size_t l = 0; l < layers.size(); ++l) {
+    Tensors out = layers[l]({x, cos_sin[0], cos_sin[1]});
+    x = out[0];
+    if (out.size() == 2) aux = aux.defined() ? add(aux, out[1]) : out[1];
+  }
   x = model.child("norm")(x);
-  if (config_.tie_word_embeddings) return {linear(x, parameter("model.embed_tokens.weight"))};
-  return {child("lm_head")(x)};
+  Tensor logits = config_.tie_word_embeddings ? linear(x, parameter("model.embed_tokens.weight"))
+                                              : child("lm_head")(x);
+  if (!config_.moe) return {logits};
+  return {logits, aux.defined() ? aux : zeros(Shape{}, DType::kF32, logits.device())};
 }
 
 Tensor Llama::loss(const Tensor& logits, const Tensor& targets) {
@@ -163,6 +216,15 @@ Tensor Llama::loss(const Tensor& logits, const Tensor& targets) {
                shape_str(logits.shape()), shape_str(targets.shape()));
   const int64_t rows = logits.size(0) * logits.size(1);
   return cross_entropy(reshape(logits, {rows, logits.size(2)}), reshape(targets, {rows}));
+}
+
+std::vector<MoE*> Llama::moe_layers() {
+  std::vector<MoE*> out;
+  auto& layers = child("model").child_as<ModuleList>("layers");
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (auto* moe = dynamic_cast<MoE*>(&layers[l].child("mlp"))) out.push_back(moe);
+  }
+  return out;
 }
 
 int64_t Llama::num_parameters() const {

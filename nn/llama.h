@@ -14,13 +14,36 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "tessel/kernels/llama/rope.h"
 #include "tessel/nn/llama_layers.h"
 #include "tessel/nn/module.h"
+#include "tessel/nn/moe.h"
 #include "tessel/tensor/random.h"
 
 namespace tessel::nn {
+
+// The mixture-of-experts part of a Llama-class config (DeepSeek's names in brackets): which
+// layers have an MoE feed-forward, and its router (see MoEOptions).
+struct LlamaMoEConfig {
+  int64_t num_experts = 8;  // [n_routed_experts]
+  int64_t top_k = 2;        // [num_experts_per_tok]
+  int64_t hidden_dim = 0;   // each expert's [moe_intermediate_size]; 0: the config's ffn_hidden()
+  int64_t shared_experts = 0;      // [n_shared_experts]
+  int64_t first_dense_layers = 0;  // the first layers keep a dense MLP [first_k_dense_replace]
+  int64_t layer_interval = 1;      // then every this many layers is MoE [moe_layer_freq]
+  MoEScore score = MoEScore::kSoftmax;
+  bool norm_topk = true;  // [norm_topk_prob]
+  double route_scale = 1.0;
+  double bias_update_speed = 0.0;
+  double aux_loss_coeff = 0.0;
+  double capacity_factor = 0.0;  // 0: dropless
+
+  bool is_moe_layer(int64_t layer) const {
+    return layer >= first_dense_layers && (layer - first_dense_layers) % layer_interval == 0;
+  }
+};
 
 struct LlamaConfig {
   int64_t vocab_size = 256;
@@ -41,6 +64,8 @@ struct LlamaConfig {
   int64_t max_seq_len = 2048;        // longest sequence forward accepts
   double initializer_range = 0.02;   // N(0, this) for every Linear and the embedding
   uint64_t seed = 0;                 // initialisation
+  // A mixture of experts in the layers it names; none: every layer dense.
+  std::optional<LlamaMoEConfig> moe;
 
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   int64_t head_size() const { return head_dim > 0 ? head_dim : dim / n_heads; }
@@ -51,6 +76,10 @@ struct LlamaConfig {
   // A small model for tests: vocab 256, dim 64, 2 layers, 4 heads, 2 K/V heads, hidden 128,
   // Llama 3 rope scaling with a short original context so every band of it is used.
   static LlamaConfig tiny();
+  // tiny() made DeepSeek-like for tests: layer 0 dense, layer 1 MoE with 8 sigmoid-scored
+  // experts of hidden 32, top-2 normalised, one shared expert, bias balancing (step 1e-3) and
+  // the aux loss (coefficient 1e-2).
+  static LlamaConfig tiny_moe();
   // The published shapes (Hugging Face config.json): meta-llama/Llama-3.2-1B (1.24B, tied),
   // Llama-3.1-8B (8.03B) and Llama-3.1-70B (70.6B), vocab 128256, theta 500000, llama3
   // scaling, max_seq_len 131072.
@@ -86,7 +115,9 @@ class Llama : public Module {
   void init_weights();
   // tokens (B, T) integer, 0 < T <= max_seq_len, at positions 0..T-1 -> logits (B, T, V).
   Tensor forward(const Tensor& tokens) override;
-  // {tokens (B, T)} or {tokens, positions ((T) or (B, T) integer)} -> {logits (B, T, V)}.
+  // {tokens (B, T)} or {tokens, positions ((T) or (B, T) integer)} -> {logits (B, T, V)}, and
+  // with config().moe {logits, aux_loss ()}: the sum of the MoE layers' auxiliary losses, for
+  // the training loop to add to its loss (a zero scalar when aux_loss_coeff is 0).
   // Throws InvalidArgument naming the shapes otherwise, OutOfRange for a token outside the
   // vocabulary.
   Tensors forward_multi(const Tensors& inputs) override;
@@ -95,6 +126,9 @@ class Llama : public Module {
 
   const LlamaConfig& config() const { return config_; }
   int64_t num_parameters() const;
+  // The MoE layers, in layer order (empty without config().moe): their load statistics
+  // (MoE::expert_counts) and update_expert_bias() after each step.
+  std::vector<MoE*> moe_layers();
 
  private:
   LlamaConfig config_;

@@ -77,10 +77,14 @@ Tensor LlamaMLP::forward(const Tensor& x) {
 }
 
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaAttentionOptions& attention, int64_t hidden_dim,
-                                     double norm_eps, Generator* gen)
+                                     double norm_eps, Generator* gen, const MoEOptions* moe)
     : Module("LlamaDecoderLayer") {
   register_module("self_attn", std::make_shared<LlamaAttention>(attention, gen));
-  register_module("mlp", std::make_shared<LlamaMLP>(attention.dim, hidden_dim, gen));
+  if (moe != nullptr) {
+    register_module("mlp", std::make_shared<MoE>(*moe, gen));
+  } else {
+    register_module("mlp", std::make_shared<LlamaMLP>(attention.dim, hidden_dim, gen));
+  }
   register_module("input_layernorm", std::make_shared<RMSNorm>(attention.dim, norm_eps));
   register_module("post_attention_layernorm", std::make_shared<RMSNorm>(attention.dim, norm_eps));
 }
@@ -90,6 +94,10 @@ Tensors LlamaDecoderLayer::forward_multi(const Tensors& inputs) {
                "LlamaDecoderLayer takes {{x, cos, sin}}, got {} inputs", inputs.size());
   Tensor x = inputs[0];
   x = add(x, child("self_attn")({child("input_layernorm")(x), inputs[1], inputs[2]})[0]);
+  if (dynamic_cast<MoE*>(&child("mlp")) != nullptr) {
+    const Tensors moe = child("mlp")(Tensors{child("post_attention_layernorm")(x)});
+    return {add(x, moe[0]), moe[1]};
+  }
   x = add(x, child("mlp")(child("post_attention_layernorm")(x)));
   return {x};
 }

@@ -7,6 +7,7 @@
 
 #include "tessel/nn/linear.h"
 #include "tessel/nn/module.h"
+#include "tessel/nn/moe.h"
 #include "tessel/nn/norm.h"
 
 namespace tessel::nn {
@@ -51,13 +52,14 @@ class LlamaMLP : public Module {
 };
 
 // x + self_attn(input_layernorm(x)), then + mlp(post_attention_layernorm(x)). Submodules
-// "self_attn", "mlp", "input_layernorm", "post_attention_layernorm" (RMSNorm), in Hugging Face's
-// order. Thread-safety and ownership: as Module.
+// "self_attn", "mlp" (a LlamaMLP, or an MoE when `moe` is given), "input_layernorm",
+// "post_attention_layernorm" (RMSNorm), in Hugging Face's order. Thread-safety and ownership: as
+// Module.
 class LlamaDecoderLayer : public Module {
  public:
   LlamaDecoderLayer(const LlamaAttentionOptions& attention, int64_t hidden_dim, double norm_eps,
-                    Generator* gen = nullptr);
-  // {x (B, T, C), cos, sin} -> {(B, T, C)}.
+                    Generator* gen = nullptr, const MoEOptions* moe = nullptr);
+  // {x (B, T, C), cos, sin} -> {(B, T, C)}, and with an MoE {(B, T, C), aux_loss ()}.
   Tensors forward_multi(const Tensors& inputs) override;
 };
 
