@@ -226,8 +226,9 @@ TEST(CheckpointTrainTest, KilledWorkerResumesFromTheLastCheckpointUnderMaxRestar
   EXPECT_NE(job.out().find("restarting: attempt 2 of 2, resuming from step_000000"),
             std::string::npos)
       << job.out();
-  EXPECT_NE(job.out().find("saved checkpoint " + (dir / "job_ck/step_00000010") + " (step 10, "),
-            std::string::npos)
+  // (Which save is reported first is a race: rank 0 prints the step-10 line after the commit
+  // that releases the kill, so the kill may beat it; the restarted attempt's saves are printed.)
+  EXPECT_NE(job.out().find("saved checkpoint " + (dir / "job_ck/step_000000")), std::string::npos)
       << job.out();
   expect_losses(losses(dir / "job.jsonl"), ref, 0, 0, kLongSteps);
 }
