@@ -88,6 +88,24 @@ bool process_alive(pid_t pid) {
   return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z';
 }
 
+int open_pidfd(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+
+bool wait_pidfd_exited(int pidfd, std::chrono::milliseconds timeout) {
+  pollfd p{pidfd, POLLIN, 0};
+  return poll(&p, 1, static_cast<int>(timeout.count())) > 0;
+}
+
+std::string describe_process(pid_t pid) {
+  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  if (stat.empty()) return "pid " + std::to_string(pid) + ": gone";
+  const size_t open = stat.find('('), close = stat.rfind(')');
+  if (open == std::string::npos || close == std::string::npos || close + 2 >= stat.size()) {
+    return "pid " + std::to_string(pid) + ": " + stat;
+  }
+  return "pid " + std::to_string(pid) + " state " + stat[close + 2] + " " +
+         stat.substr(open, close - open + 1);
+}
+
 std::vector<pid_t> pids_with_env(const std::string& entry) {
   std::vector<pid_t> found;
   DIR* proc = opendir("/proc");

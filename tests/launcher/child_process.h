@@ -42,6 +42,14 @@ std::string make_temp_dir(const std::string& tag);
 // Live (non-zombie) pids whose environment contains `entry` ("NAME=value").
 std::vector<pid_t> pids_with_env(const std::string& entry);
 bool process_alive(pid_t pid);
+// A pidfd for `pid` (-1 when it has ended). Open it while the process is known to be the one
+// meant: a pid is reused once its process is reaped (pid_max is 32,768 here, and a loaded
+// machine cycles through that in seconds), a pidfd never refers to another process.
+int open_pidfd(pid_t pid);
+// Waits until the process behind PIDFD has ended (a zombie not yet reaped counts as ended).
+bool wait_pidfd_exited(int pidfd, std::chrono::milliseconds timeout);
+// "/proc/PID/stat state R (comm)" for messages: what a process said to be alive is doing.
+std::string describe_process(pid_t pid);
 // Polls `cond` on inotify-free ground: waits on a pidfd-less condition by re-checking every
 // 10 ms up to the deadline. Returns whether it became true. (Used for file and /proc state,
 // which offer no event to wait on.)

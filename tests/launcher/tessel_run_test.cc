@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -271,15 +273,29 @@ TEST(TesselRunTest, KillNineOfTheAgentLeavesNoDescendant) {
     pids.push_back(worker);
     pids.push_back(grandchild);
   }
-  for (pid_t p : pids) ASSERT_TRUE(testing::process_alive(p)) << p;
+  // Each process is watched through a pidfd opened while it is still the job's: after it ends
+  // its pid may be reused by another test's process within seconds (pid_max 32,768), which is
+  // how a pid check once saw two "survivors" under `ctest -j2` at load 280.
+  std::vector<int> pidfds;
+  for (pid_t p : pids) {
+    const int fd = testing::open_pidfd(p);
+    ASSERT_GE(fd, 0) << p;
+    pidfds.push_back(fd);
+    ASSERT_TRUE(testing::process_alive(p)) << testing::describe_process(p);
+  }
+  const std::vector<pid_t> job = testing::pids_with_env(marker);
+  for (pid_t p : pids) {  // the pidfds are the job's processes, not pids reused meanwhile
+    ASSERT_NE(std::find(job.begin(), job.end(), p), job.end()) << testing::describe_process(p);
+  }
   run.signal(SIGKILL);
   EXPECT_EQ(run.wait(10s), 128 + SIGKILL);
-  EXPECT_TRUE(testing::wait_until([&] { return testing::pids_with_env(marker).empty(); }, 10s))
+  EXPECT_TRUE(testing::wait_until([&] { return testing::pids_with_env(marker).empty(); }, 30s))
       << testing::pids_with_env(marker).size() << " processes of the job are still alive";
   // A process in the middle of dying has already dropped its memory (so its environment reads
   // empty and pids_with_env no longer sees it) but is not yet a zombie: wait for each to end.
-  for (pid_t p : pids) {
-    EXPECT_TRUE(testing::wait_until([&] { return !testing::process_alive(p); }, 10s)) << p;
+  for (size_t i = 0; i < pids.size(); ++i) {
+    EXPECT_TRUE(testing::wait_pidfd_exited(pidfds[i], 30s)) << testing::describe_process(pids[i]);
+    close(pidfds[i]);
   }
 }
 
