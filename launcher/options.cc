@@ -14,6 +14,7 @@
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
 #include "tessel/base/launch_env.h"
+#include "tessel/launcher/slurm_env.h"
 
 extern char** environ;
 
@@ -207,6 +208,21 @@ std::chrono::milliseconds conf_seconds(const std::string& key, const std::string
   }
 }
 
+// Under srun: nodes, node rank, run id and endpoint from the step (launcher/slurm_env.h), where
+// flags and PET_* left them open.
+void apply_slurm_step(const SlurmStep& step, const Environment& env, LaunchOptions& o,
+                      std::string& nnodes) {
+  nnodes = std::to_string(step.nnodes);
+  o.topology_source = "slurm";
+  if (o.node_rank < 0) o.node_rank = step.node_rank;
+  if (!step.job_id.empty() && !o.rdzv_id_given) {
+    o.rdzv_id = step.job_id;
+    o.rdzv_id_given = true;
+  }
+  // One node needs no endpoint: it runs standalone, as without Slurm.
+  if (o.rdzv_endpoint.empty() && step.nnodes > 1) o.rdzv_endpoint = slurm_rdzv_endpoint(step, env);
+}
+
 }  // namespace
 
 ParseResult parse_launch_options(int argc, const char* const* argv, const Environment& env) {
@@ -368,18 +384,15 @@ ParseResult parse_launch_options(int argc, const char* const* argv, const Enviro
         o.topology_source = "mpirun";
         if (o.node_rank < 0)
           o.node_rank = parse_int(launch_env::kOmpiRank, *find(env, launch_env::kOmpiRank));
-      } else if (const std::string* n = find(env, launch_env::kSlurmNnodes)) {
-        nnodes = *n;
-        o.topology_source = "slurm";
-        if (const std::string* r = find(env, launch_env::kSlurmNodeId); r && o.node_rank < 0) {
-          o.node_rank = parse_int(launch_env::kSlurmNodeId, *r);
-        }
-        if (const std::string* id = find(env, launch_env::kSlurmJobId); id && !o.rdzv_id_given) {
-          o.rdzv_id = *id;
-          o.rdzv_id_given = true;
-        }
+      } else if (const auto step = read_slurm_step(env)) {
+        apply_slurm_step(*step, env, o, nnodes);
+      } else if (in_slurm_batch_script(env)) {
+        o.notes.push_back(fmt::format(
+            "{}={} but this is the batch script, not an srun step: running on this node only "
+            "(start one tessel-run per node with srun --ntasks-per-node 1)",
+            launch_env::kSlurmNnodes, *find(env, launch_env::kSlurmNnodes)));
       }
-      if (o.topology_source != "flags" && o.rdzv_endpoint.empty()) {
+      if (o.topology_source == "mpirun" && o.rdzv_endpoint.empty()) {
         const std::string* addr = find(env, launch_env::kMasterAddr);
         const std::string* port = find(env, launch_env::kMasterPort);
         if (addr && port) o.rdzv_endpoint = *addr + ":" + *port;
@@ -387,7 +400,9 @@ ParseResult parse_launch_options(int argc, const char* const* argv, const Enviro
     }
     std::tie(o.min_nodes, o.max_nodes) = parse_nnodes(nnodes);
     if (nproc == "auto" || nproc == "cpu" || nproc == "gpu") {
-      o.nproc_per_node = cpu_count();
+      const auto from_slurm =
+          o.topology_source == "slurm" ? slurm_nproc_per_node(nproc, env) : std::nullopt;
+      o.nproc_per_node = from_slurm.value_or(cpu_count());
     } else {
       o.nproc_per_node = parse_int("--nproc-per-node", nproc);
     }

@@ -84,17 +84,16 @@ TEST(OptionsTest, UsesMpirunTopology) {
   EXPECT_EQ(r.options->topology_source, "mpirun");
 }
 
+// Inside an srun step (SLURM_STEP_ID); tests/launcher/slurm_env_test.cc has the rest.
 TEST(OptionsTest, UsesSlurmTopology) {
-  Environment env{{"SLURM_NNODES", "3"},
-                  {"SLURM_NODEID", "1"},
-                  {"SLURM_JOB_ID", "777"},
-                  {"MASTER_ADDR", "n1"},
-                  {"MASTER_PORT", "1234"}};
+  Environment env{{"SLURM_NNODES", "3"},  {"SLURM_NODEID", "1"}, {"SLURM_JOB_ID", "777"},
+                  {"SLURM_STEP_ID", "0"}, {"MASTER_ADDR", "n1"}, {"MASTER_PORT", "1234"}};
   auto r = parse({"prog"}, env);
   ASSERT_TRUE(r.options) << r.message;
   EXPECT_EQ(r.options->max_nodes, 3);
   EXPECT_EQ(r.options->node_rank, 1);
   EXPECT_EQ(r.options->rdzv_id, "777");
+  EXPECT_EQ(r.options->rdzv_endpoint, "n1:1234");
   EXPECT_EQ(r.options->topology_source, "slurm");
 }
 
