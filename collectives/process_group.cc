@@ -368,12 +368,25 @@ void ProcessGroup::fail_device_work(WorkState& work, std::exception_ptr error) {
   Watchdog::global().enforce(this, what);
 }
 
+namespace {
+// Held from a call's sequence number to the end of its enqueue on every group whose backend
+// issues_in_process_order() (NCCL), so those calls reach their transports in one process-wide
+// order: the order of issue. Taken before any group's own mutex.
+std::mutex& process_issue_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+}  // namespace
+
 Work ProcessGroup::issue(Call call) {
   call.issued = SteadyClock::now();
   if (call.stream) {
     call.issued_on_stream.emplace(call.stream->device());
     call.issued_on_stream->record(*call.stream);
   }
+  const bool in_process_order = backend_->issues_in_process_order();
+  std::unique_lock<std::mutex> order_lock;
+  if (in_process_order) order_lock = std::unique_lock(process_issue_mutex());
   std::unique_lock lock(mutex_);
   TESSEL_CHECK(!aborted(), CommError, "group '{}' (id {}) was aborted: {}", name(), id(),
                abort_reason_);
@@ -390,9 +403,11 @@ Work ProcessGroup::issue(Call call) {
     seq = ++seq_;
     record.seq = seq;
   }
-  // A blocking call with nothing queued runs at once on this thread: record it as started.
+  // A blocking call with nothing queued runs at once on this thread: record it as started. So
+  // does every call of a group that issues in process order (under order_lock, nothing of it is
+  // queued or running elsewhere, so the slot is free).
   const bool async = call.async;
-  const bool run_inline = !async && worker_->try_begin_inline();
+  const bool run_inline = (!async || in_process_order) && worker_->try_begin_inline();
   auto& recorder = fr::FlightRecorder::global();
   const uint64_t record_id = run_inline ? recorder.record_started(record) : recorder.record(record);
   std::shared_ptr<WorkState> state;
@@ -411,6 +426,7 @@ Work ProcessGroup::issue(Call call) {
     lock.unlock();
     execute(state, call, /*recorded_started=*/true);
     worker_->end_inline();
+    if (order_lock.owns_lock()) order_lock.unlock();
   } else {
     worker_->enqueue([this, state, call = std::move(call)]() mutable {
       execute(state, call, /*recorded_started=*/false);

@@ -16,7 +16,9 @@
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
 #include "tessel/collectives/comm_backend.h"
+#include "tessel/collectives/internal/padded_exchange.h"
 #include "tessel/tensor/cuda/cuda_check.h"
+#include "tessel/tensor/ops.h"
 #include "tessel/tensor/stream.h"
 
 namespace tessel {
@@ -335,6 +337,9 @@ class NcclBackend final : public CommBackend {
   }
 
   std::string_view name() const override { return "nccl"; }
+  // Kernels of different communicators on one GPU can wait for each other (and split-shared
+  // ones share channels): every rank enqueues in its program's order, on the caller's thread.
+  bool issues_in_process_order() const override { return true; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   Device default_device() const override { return Device::cuda(device_); }
@@ -358,55 +363,54 @@ class NcclBackend final : public CommBackend {
     });
   }
 
+  // Uneven counts (FSDP's flat buffers): one ncclAllGather of max(counts) per rank through a
+  // staging buffer (collectives/internal/padded_exchange.h), the result unpacked into `out`.
   void all_gather(const Tensor& in, Tensor& out, std::span<const int64_t> counts,
                   const OpContext& ctx) override {
-    const bool even =
-        std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; });
     const size_t es = in.element_size();
-    run(ctx, "all_gather", {in, out}, [&](ncclComm_t c, cudaStream_t s) {
-      if (even) {
+    if (internal::counts_even(counts)) {
+      run(ctx, "all_gather", {in, out}, [&](ncclComm_t c, cudaStream_t s) {
         nccl_check(ncclAllGather(in.data_ptr(), out.data_ptr(), counts[0] * es, ncclUint8, c, s),
                    "ncclAllGather");
-        return;
-      }
-      // Uneven: one broadcast per rank into its slice, fused in a group.
-      nccl_check(ncclGroupStart(), "ncclGroupStart");
-      auto* dst = static_cast<uint8_t*>(out.data_ptr());
-      for (int r = 0; r < size_; ++r) {
-        const size_t bytes = static_cast<size_t>(counts[r]) * es;
-        nccl_check(ncclBroadcast(r == rank_ ? in.data_ptr() : dst, dst, bytes, ncclUint8, r, c, s),
-                   "ncclBroadcast");
-        dst += bytes;
-      }
-      nccl_check(ncclGroupEnd(), "ncclGroupEnd");
-    });
+      });
+      return;
+    }
+    const Staging st = staging_for(counts, in.dtype());
+    run(
+        ctx, "all_gather", {in, out, st.buffer},
+        [&](ncclComm_t c, cudaStream_t s) {
+          copy_async(st.mine, in.data_ptr(), in.nbytes(), s);
+          nccl_check(ncclAllGather(st.mine, st.base, st.plan.part * es, ncclUint8, c, s),
+                     "ncclAllGather");
+        },
+        [&](cudaStream_t s) { run_copies(st.plan.unpack, st.base, out.data_ptr(), es, s); });
   }
 
+  // Uneven counts: the input packed into a staging buffer of max(counts) per rank, one
+  // ncclReduceScatter in place, this rank's part copied out.
   void reduce_scatter(const Tensor& in, Tensor& out, std::span<const int64_t> counts, ReduceOp op,
                       const OpContext& ctx) override {
-    const bool even =
-        std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; });
     const size_t es = in.element_size();
     const auto type = nccl_type(in.dtype());
     const auto red = nccl_op(in.dtype(), op);
-    run(ctx, "reduce_scatter", {in, out}, [&](ncclComm_t c, cudaStream_t s) {
-      if (even) {
+    if (internal::counts_even(counts)) {
+      run(ctx, "reduce_scatter", {in, out}, [&](ncclComm_t c, cudaStream_t s) {
         nccl_check(ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(counts[0]),
                                      type, red, c, s),
                    "ncclReduceScatter");
-        return;
-      }
-      // Uneven: one reduce per rank onto its owner, fused in a group.
-      nccl_check(ncclGroupStart(), "ncclGroupStart");
-      const auto* src = static_cast<const uint8_t*>(in.data_ptr());
-      for (int r = 0; r < size_; ++r) {
-        nccl_check(
-            ncclReduce(src, out.data_ptr(), static_cast<size_t>(counts[r]), type, red, r, c, s),
-            "ncclReduce");
-        src += static_cast<size_t>(counts[r]) * es;
-      }
-      nccl_check(ncclGroupEnd(), "ncclGroupEnd");
-    });
+      });
+      return;
+    }
+    const Staging st = staging_for(counts, in.dtype());
+    run(
+        ctx, "reduce_scatter", {in, out, st.buffer},
+        [&](ncclComm_t c, cudaStream_t s) {
+          run_copies(st.plan.pack, in.data_ptr(), st.base, es, s);
+          nccl_check(ncclReduceScatter(st.base, st.mine, static_cast<size_t>(st.plan.part), type,
+                                       red, c, s),
+                     "ncclReduceScatter");
+        },
+        [&](cudaStream_t s) { copy_async(out.data_ptr(), st.mine, out.nbytes(), s); });
   }
 
   void all_to_all(const Tensor& in, Tensor& out, std::span<const int64_t> send_counts,
@@ -466,6 +470,23 @@ class NcclBackend final : public CommBackend {
     if (sub == nullptr) return nullptr;
     auto comm = std::make_shared<NcclComm>(sub, device_);
     wait_ready(*comm, deadline, request.options.timeout, "ncclCommSplit");
+    // ncclCommSplit matches the ranks' calls by order alone: ranks that made different groups
+    // at this point (lazy mesh dimensions asked for in different orders) get a communicator
+    // other than the one they described.
+    int count = 0, user_rank = 0;
+    comm->use("ncclCommCount", [&](ncclComm_t c) {
+      nccl_check(ncclCommCount(c, &count), "ncclCommCount");
+      nccl_check(ncclCommUserRank(c, &user_rank), "ncclCommUserRank");
+    });
+    if (count != static_cast<int>(request.members.size()) || user_rank != request.new_rank) {
+      comm->abort();
+      throw InvalidArgument(fmt::format(
+          "split #{} ('{}'): NCCL made a group of {} ranks with this rank at {}, but this rank "
+          "described {} ranks with itself at {}; the ranks split in different orders (make a "
+          "mesh's groups eagerly, or ask for lazy ones in the same order on every rank)",
+          request.split_index, request.options.name, count, user_rank, request.members.size(),
+          request.new_rank));
+    }
     return std::make_unique<NcclBackend>(std::move(comm), device_, request.new_rank,
                                          static_cast<int>(request.members.size()),
                                          request.options.timeout);
@@ -492,13 +513,20 @@ class NcclBackend final : public CommBackend {
   //   1. the group's stream waits for the work the caller had queued on its stream when it
   //      issued the call (an event recorded then, on the caller's thread);
   //   2. the call, between its start and end events; a non-blocking communicator may return
-  //      before the call is on the stream, so the end event is recorded once it is;
+  //      before the call is on the stream, so `after` (copies out of a staging buffer) and the
+  //      end event are queued once it is;
   //   3. the device part goes back through OpContext::device_work, and the Work completes with
   //      the end event; without a sink (or for `host_waits` calls) the host polls it here.
   // No host thread waits for the device in steps 1-2, and nothing synchronises the device.
   template <typename F>
   void run(const OpContext& ctx, std::string_view what, std::vector<Tensor> tensors, F&& enqueue,
            bool host_waits = false) {
+    run(
+        ctx, what, std::move(tensors), std::forward<F>(enqueue), [](cudaStream_t) {}, host_waits);
+  }
+  template <typename F, typename G>
+  void run(const OpContext& ctx, std::string_view what, std::vector<Tensor> tensors, F&& enqueue,
+           G&& after, bool host_waits = false) {
     CudaDeviceGuard guard(device_);
     const Deadline deadline = Deadline::after(ctx.timeout);
     // Step 1: the event ProcessGroup recorded on the caller's stream at issue; a call made
@@ -516,6 +544,7 @@ class NcclBackend final : public CommBackend {
     cuda_check(cudaEventRecord(work->start(), stream_.get()), "cudaEventRecord");
     comm_->use(what, [&](ncclComm_t c) { enqueue(c, stream_.get()); });
     wait_ready(*comm_, deadline, ctx.timeout, what);
+    after(stream_.get());  // only now is the call on the stream (non-blocking communicator)
     cuda_check(cudaEventRecord(work->end(), stream_.get()), "cudaEventRecord");
     // Step 3.
     if (ctx.device_work != nullptr && !host_waits) {
@@ -530,6 +559,39 @@ class NcclBackend final : public CommBackend {
                                   what, ctx.seq, format_duration(ctx.timeout)));
       }
       backoff.pause(deadline);
+    }
+  }
+
+  // A padded exchange's plan and staging buffer (this rank's part at `mine`). The buffer comes
+  // from the caching allocator's pool of the group's stream: the copies and the call run there,
+  // so the memory's reuse is ordered after them.
+  struct Staging {
+    internal::PaddedExchange plan;
+    Tensor buffer;
+    uint8_t* base = nullptr;
+    uint8_t* mine = nullptr;
+  };
+  Staging staging_for(std::span<const int64_t> counts, DType dtype) const {
+    Staging st;
+    st.plan = internal::plan_padded_exchange(counts);
+    {
+      StreamGuard on_stream(stream_handle_);
+      st.buffer = empty({st.plan.staging_elements()}, dtype, Device::cuda(device_));
+    }
+    st.base = static_cast<uint8_t*>(st.buffer.data_ptr());
+    st.mine = st.base + static_cast<size_t>(rank_ * st.plan.part) * dtype_size(dtype);
+    return st;
+  }
+  static void copy_async(void* dst, const void* src, size_t bytes, cudaStream_t s) {
+    if (bytes == 0) return;
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+  }
+  static void run_copies(std::span<const internal::ElementCopy> copies, const void* from, void* to,
+                         size_t es, cudaStream_t s) {
+    for (const internal::ElementCopy& c : copies) {
+      copy_async(static_cast<uint8_t*>(to) + static_cast<size_t>(c.to) * es,
+                 static_cast<const uint8_t*>(from) + static_cast<size_t>(c.from) * es,
+                 static_cast<size_t>(c.count) * es, s);
     }
   }
 

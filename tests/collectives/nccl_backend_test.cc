@@ -336,6 +336,40 @@ TEST(NcclMultiDeviceTest, SendRecvRingAcrossDevices) {
   });
 }
 
+// Uneven counts (FSDP's flat buffers) go through one padded ncclAllGather / ncclReduceScatter
+// and a staging buffer: the layout is that of the even path, rank parts in rank order.
+TEST(NcclMultiDeviceTest, UnevenAllGatherAndReduceScatterAcrossDevices) {
+  if (auto why = missing_gpus(2)) GTEST_SKIP() << *why;
+  const int size = visible_devices();
+  auto store = std::make_shared<MemoryStore>(seconds(60));
+  std::vector<int64_t> counts;
+  for (int r = 0; r < size; ++r) counts.push_back(r == size - 1 ? 2 : (r == 1 ? 0 : 5 + r));
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  run_ranks(size, [&](int r, int) {
+    auto pg = nccl::create_process_group(store, r, size, {.device = r, .group = {.id = 7203}});
+    std::vector<float> expected;
+    for (int q = 0; q < size; ++q) {
+      const std::vector<float> part = iota_values(counts[q], 100.0f * q);
+      expected.insert(expected.end(), part.begin(), part.end());
+    }
+    Tensor in = device_from(iota_values(counts[r], 100.0f * r), DType::kF32, r);
+    Tensor gathered = device_from(std::vector<float>(total, -1), DType::kF32, r);
+    pg->all_gather(in, gathered, {.counts = counts});
+    EXPECT_EQ(to_host<float>(gathered), expected) << "rank " << r;
+
+    // Every rank reduces the same `expected`: rank r gets its slice times size.
+    Tensor full = device_from(expected, DType::kF32, r);
+    Tensor mine = device_from(std::vector<float>(counts[r], -1), DType::kF32, r);
+    pg->reduce_scatter(full, mine, {.counts = counts});
+    int64_t at = 0;
+    for (int q = 0; q < r; ++q) at += counts[q];
+    std::vector<float> slice(expected.begin() + at, expected.begin() + at + counts[r]);
+    for (float& v : slice) v *= static_cast<float>(size);
+    EXPECT_EQ(to_host<float>(mine), slice) << "rank " << r;
+  });
+}
+
 TEST(NcclMultiDeviceTest, PeerThatNeverComesIsTimedOutAndAborted) {
   if (auto why = missing_gpus(2)) GTEST_SKIP() << *why;
   auto store = std::make_shared<MemoryStore>(seconds(60));
