@@ -20,7 +20,69 @@ Tensor host_indices(const std::vector<int64_t>& values, Device device) {
   return tessel::to(from_vector<int64_t>(values), device);
 }
 
+// w in forward, scale * its gradient in backward.
+Tensor scale_grad(const Tensor& w, double scale) {
+  if (scale == 1.0) return w;
+  return apply_function(
+      "moe_scale_grad", {w},
+      [](FunctionContext&, const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{view(in[0], in[0].shape())};
+      },
+      [scale](FunctionContext&, const std::vector<Tensor>& grad) {
+        return std::vector<Tensor>{mul(grad[0], scale)};
+      })[0];
+}
+
 }  // namespace
+
+GroupedExperts::GroupedExperts(int64_t num_experts, int64_t dim, int64_t hidden_dim, Generator* gen)
+    : Module("GroupedExperts") {
+  const int64_t E = num_experts, C = dim, F = hidden_dim;
+  // Kaiming-uniform bounds of the Linear layers they stand for (fan-in C, then F).
+  auto init = [&](const Shape& shape, int64_t fan_in) {
+    Tensor w = empty(shape);
+    const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+    uniform_(w, -bound, bound, gen);
+    return w;
+  };
+  register_parameter("gate_proj", init({E, C, F}, C));
+  register_parameter("up_proj", init({E, C, F}, C));
+  register_parameter("down_proj", init({E, F, C}, F));
+}
+
+Tensors GroupedExperts::forward_multi(const Tensors& inputs) {
+  const Tensor& gate = parameter("gate_proj");
+  TESSEL_CHECK(inputs.size() == 2 && inputs[0].dim() == 2 && inputs[0].size(1) == gate.size(1) &&
+                   inputs[1].dim() == 1 && inputs[1].dtype() == DType::kI64 &&
+                   inputs[1].size(0) == gate.size(0) + 1,
+               InvalidArgument,
+               "GroupedExperts takes {{xs (M, {}), offsets ({}) i64}}, got {} inputs{}",
+               gate.size(1), gate.size(0) + 1, inputs.size(),
+               inputs.size() == 2 ? ": " + inputs[0].str() + ", " + inputs[1].str() : "");
+  const std::vector<int64_t> offsets = to_vector<int64_t>(tessel::to(inputs[1], Device::cpu()));
+  const Tensor& xs = inputs[0];
+  const Tensor h = kernels::swiglu(
+      kernels::grouped_matmul(xs, scale_grad(gate, grad_scale_), offsets),
+      kernels::grouped_matmul(xs, scale_grad(parameter("up_proj"), grad_scale_), offsets));
+  return {kernels::grouped_matmul(h, scale_grad(parameter("down_proj"), grad_scale_), offsets)};
+}
+
+double load_imbalance(const std::vector<int64_t>& counts) {
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  if (counts.empty() || total == 0) return 0.0;
+  const double mean = static_cast<double>(total) / static_cast<double>(counts.size());
+  return static_cast<double>(*std::max_element(counts.begin(), counts.end())) / mean;
+}
+
+void MoE::set_dispatcher(std::shared_ptr<MoEDispatcher> dispatcher) {
+  TESSEL_CHECK(dispatcher == nullptr || options_.capacity_factor == 0, InvalidArgument,
+               "MoE: capacity_factor {} is not supported with a dispatcher (expert parallelism "
+               "is dropless: set it to 0)",
+               options_.capacity_factor);
+  child_as<GroupedExperts>("experts").set_grad_scale(dispatcher ? dispatcher->expert_grad_scale()
+                                                                : 1.0);
+  dispatcher_ = std::move(dispatcher);
+}
 
 MoE::MoE(const MoEOptions& options, Generator* gen) : Module("MoE"), options_(options) {
   const MoEOptions& o = options;
@@ -38,17 +100,7 @@ MoE::MoE(const MoEOptions& options, Generator* gen) : Module("MoE"), options_(op
                o.route_scale);
   const int64_t E = o.num_experts, C = o.dim, F = o.hidden_dim;
   register_module("gate", std::make_shared<Linear>(LinearOptions{C, E, false}, gen));
-  auto experts = register_module("experts", std::make_shared<Module>("MoEExperts"));
-  // Kaiming-uniform bounds of the Linear layers they stand for (fan-in C, then F).
-  auto init = [&](const Shape& shape, int64_t fan_in) {
-    Tensor w = empty(shape);
-    const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
-    uniform_(w, -bound, bound, gen);
-    return w;
-  };
-  experts->register_parameter("gate_proj", init({E, C, F}, C));
-  experts->register_parameter("up_proj", init({E, C, F}, C));
-  experts->register_parameter("down_proj", init({E, F, C}, F));
+  register_module("experts", std::make_shared<GroupedExperts>(E, C, F, gen));
   if (o.shared_experts > 0) {
     register_module("shared_experts", std::make_shared<LlamaMLP>(C, o.shared_experts * F, gen));
   }
@@ -98,19 +150,22 @@ Tensors MoE::forward_multi(const Tensors& inputs) {
   const std::vector<int64_t> chosen = to_vector<int64_t>(tessel::to(routed[0], Device::cpu()));
 
   // Sort the N k assignments by expert (stable: token order within an expert), keeping at most
-  // `capacity` per expert when one is set.
+  // `capacity` per expert when one is set (never with a dispatcher).
   std::vector<int64_t> routed_counts(static_cast<size_t>(E), 0);
   for (int64_t e : chosen) ++routed_counts[e];
   int64_t capacity = N * k;
   if (options_.capacity_factor > 0) {
     capacity = static_cast<int64_t>(std::ceil(options_.capacity_factor * N * k / E));
   }
-  counts_.assign(static_cast<size_t>(E), 0);
-  for (int64_t e = 0; e < E; ++e) counts_[e] = std::min(routed_counts[e], capacity);
+  std::vector<int64_t> local_counts(static_cast<size_t>(E), 0);
+  for (int64_t e = 0; e < E; ++e) local_counts[e] = std::min(routed_counts[e], capacity);
   std::vector<int64_t> offsets(static_cast<size_t>(E + 1), 0);
-  for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts_[e];
+  for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + local_counts[e];
   const int64_t M = offsets[E];
   dropped_ = N * k - M;
+  // The load the statistics, the aux loss and the bias see: the whole batch's.
+  if (dispatcher_) routed_counts = dispatcher_->global_counts(routed_counts);
+  counts_ = dispatcher_ ? routed_counts : local_counts;
   std::vector<int64_t> rows(static_cast<size_t>(M));  // sorted row -> token
   std::vector<int64_t> position(
       static_cast<size_t>(N * k));  // assignment -> sorted row (M: dropped)
@@ -125,14 +180,14 @@ Tensors MoE::forward_multi(const Tensors& inputs) {
     position[a] = next[e]++;
   }
 
-  // Dispatch, the experts' SwiGLU as three grouped matmuls, then the weighted combine: every
-  // assignment reads its expert's row (a dropped one the zero row appended at M).
-  Module& experts = child("experts");
-  const Tensor xs = embedding(x2, host_indices(rows, x.device()));
-  const Tensor h =
-      kernels::swiglu(kernels::grouped_matmul(xs, experts.parameter("gate_proj"), offsets),
-                      kernels::grouped_matmul(xs, experts.parameter("up_proj"), offsets));
-  const Tensor ys = kernels::grouped_matmul(h, experts.parameter("down_proj"), offsets);
+  // Dispatch (to the ranks holding the experts, when a dispatcher is set), the experts' SwiGLU
+  // as three grouped matmuls, combine back, then the weighted sum: every assignment reads its
+  // expert's row (a dropped one the zero row appended at M).
+  Tensor xs = embedding(x2, host_indices(rows, x.device()));
+  std::vector<int64_t> expert_offsets = offsets;
+  if (dispatcher_) xs = dispatcher_->dispatch(xs, local_counts, &expert_offsets);
+  Tensor ys = child("experts")(Tensors{xs, from_vector<int64_t>(expert_offsets)})[0];
+  if (dispatcher_) ys = dispatcher_->combine(ys);
   const Tensor padded = cat({ys, zeros({1, C}, ys.dtype(), ys.device())}, 0);
   const Tensor yk = reshape(embedding(padded, host_indices(position, x.device())), {N, k, C});
   Tensor y = sum(mul(yk, unsqueeze(tessel::to(routed[1], x.dtype()), 2)), {1});
@@ -140,10 +195,14 @@ Tensors MoE::forward_multi(const Tensors& inputs) {
 
   Tensor aux = zeros(Shape{}, DType::kF32, x.device());
   if (options_.aux_loss_coeff > 0) {
-    // E * sum_e f_e P_e: f_e the fraction of the N k choices that picked e (before any
-    // capacity), P_e the mean score of e over the tokens.
+    // E * sum_e f_e P_e: f_e the fraction of the choices that picked e (before any capacity;
+    // the whole batch's with a dispatcher), P_e the mean score of e over this rank's tokens.
+    const int64_t choices = std::accumulate(routed_counts.begin(), routed_counts.end(), int64_t{0});
     std::vector<float> f(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) f[e] = static_cast<float>(routed_counts[e]) / (N * k);
+    for (int64_t e = 0; e < E; ++e) {
+      f[e] =
+          static_cast<float>(routed_counts[e]) / static_cast<float>(std::max<int64_t>(choices, 1));
+    }
     const Tensor p = mean(routed[2], {0});
     aux = mul(sum(mul(p, tessel::to(from_vector<float>(f), x.device()))),
               options_.aux_loss_coeff * static_cast<double>(E));
