@@ -22,6 +22,9 @@ packages=(
   debian-reference-en
   # tests; network namespaces for multi-node tests (benchmarks use their own timers)
   libgtest-dev iproute2 procps
+  # a real Slurm for the slurm-labelled tests (scripts/slurm-testbed.sh starts its own
+  # slurmctld and slurmd in namespaces; the packages' system services are not used)
+  slurmctld slurmd slurm-client
 )
 
 missing=()

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -198,6 +200,22 @@ TEST(SlurmOptionsTest, InTheBatchScriptItRunsOnThisNodeWithANote) {
   EXPECT_TRUE(r.options->standalone);
   ASSERT_EQ(r.options->notes.size(), 1u);
   EXPECT_NE(r.options->notes[0].find("srun --ntasks-per-node 1"), std::string::npos);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// docs/launching.md shows examples/slurm/train_gpt.sbatch, which slurm_test runs: the page's
+// copy is the file, word for word.
+TEST(SlurmDocsTest, TheSbatchExampleOnThePageIsTheFileTheTestsRun) {
+  const std::string script = read_text(SBATCH_EXAMPLE_PATH);
+  ASSERT_FALSE(script.empty()) << SBATCH_EXAMPLE_PATH;
+  EXPECT_NE(read_text(LAUNCHING_DOC_PATH).find("```sh\n" + script + "```\n"), std::string::npos)
+      << "docs/launching.md's sbatch example differs from " << SBATCH_EXAMPLE_PATH;
 }
 
 }  // namespace

@@ -1,0 +1,285 @@
+// tessel under a real Slurm (22.05, Debian's packages): scripts/slurm-testbed.sh starts
+// slurmctld on a login node and one slurmd per node, each a network namespace, once for the
+// whole suite (ctest runs this binary as one test, SlurmTest). Through real srun and sbatch:
+// tessel-run takes its topology from Slurm; docs/launching.md's sbatch example
+// (examples/slurm/train_gpt.sbatch) trains FSDP on 2 and 3 nodes with the losses of
+// `tessel-run --standalone` on as many workers; under `srun --mpi=pmix` the collectives' MPI
+// test runs, and train_gpt runs on the MPI backend with the same losses. Skipped, with the
+// reason ("slurm-testbed: SKIP"), without root, namespaces or the Slurm packages.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "child_process.h"
+
+namespace tessel::launcher {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::ChildProcess;
+
+const std::string kTestbed = SLURM_TESTBED_PATH;
+const std::string kRun = TESSEL_RUN_PATH;
+const std::string kWorker = TEST_WORKER_PATH;
+const std::string kTrainGpt = TRAIN_GPT_PATH;
+const std::string kSbatchExample = SBATCH_EXAMPLE_PATH;
+const std::string kToken = "TESSEL_RDZV_TOKEN=slurm-test-token-0123456789";
+constexpr int kNodes = 3;
+
+// Directory of a path ("/a/b/c" -> "/a/b").
+std::string dir_of(const std::string& path) { return path.substr(0, path.rfind('/')); }
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+class SlurmTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const auto t0 = std::chrono::steady_clock::now();
+    dir_ = testing::make_temp_dir("slurm");
+    ChildProcess check({kTestbed, "check"}, {}, dir_ + "/check");
+    if (check.wait(30s) != 0) {
+      skip_ = check.out() + check.err();
+      std::printf("slurm-testbed: SKIP (%s)\n", skip_.c_str());
+      return;
+    }
+    cluster_ = dir_ + "/cluster";
+    ChildProcess start({kTestbed, "start", cluster_, std::to_string(kNodes)}, {}, dir_ + "/start");
+    const auto status = start.wait(60s);
+    if (status != 0) {
+      start_error_ = "slurm-testbed.sh start failed: " + start.out() + start.err();
+      return;
+    }
+    std::printf("test bed of %d nodes up in %.2f s\n", kNodes, seconds_since(t0));
+  }
+
+  static void TearDownTestSuite() {
+    if (cluster_.empty()) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    ChildProcess stop({kTestbed, "stop", cluster_}, {}, dir_ + "/stop");
+    EXPECT_EQ(stop.wait(60s), 0) << stop.out() << stop.err();
+    // Nothing of the cluster is left: no daemon, step or job process (they all carry its
+    // SLURM_CONF), and no namespace.
+    const auto left = testing::pids_with_env("SLURM_CONF=" + cluster_ + "/slurm.conf");
+    EXPECT_TRUE(left.empty()) << left.size() << " processes of the test bed left, the first "
+                              << testing::describe_process(left.front());
+    ChildProcess list({"ip", "netns", "list"}, {}, dir_ + "/netns");
+    list.wait(10s);
+    EXPECT_EQ(list.out().find(read_prefix()), std::string::npos) << list.out();
+    std::printf("test bed down in %.2f s\n", seconds_since(t0));
+    cluster_.clear();
+  }
+
+  void SetUp() override {
+    if (!skip_.empty()) GTEST_SKIP() << skip_;
+    ASSERT_TRUE(start_error_.empty()) << start_error_;
+  }
+
+  static std::string read_prefix() {
+    std::string p = testing::read_file(cluster_ + "/prefix");
+    while (!p.empty() && p.back() == '\n') p.pop_back();
+    return p;
+  }
+
+  // Runs CMD on the login node (srun, sbatch...) to the end; returns the process for its
+  // output. Build outputs are on PATH, as after `cmake --install`.
+  std::unique_ptr<ChildProcess> login(std::vector<std::string> cmd, const std::string& tag,
+                                      std::chrono::seconds timeout = 120s) {
+    const char* path = std::getenv("PATH");
+    std::vector<std::string> argv{
+        kTestbed, "login", cluster_, "env",
+        "PATH=" + dir_of(kRun) + ":" + dir_of(kTrainGpt) + ":" + (path ? path : "/usr/bin:/bin")};
+    argv.insert(argv.end(), cmd.begin(), cmd.end());
+    auto p =
+        std::make_unique<ChildProcess>(argv, std::vector<std::string>{kToken}, dir_ + "/" + tag);
+    const auto status = p->wait(timeout);
+    EXPECT_TRUE(status.has_value()) << tag << " did not end in " << timeout.count() << " s";
+    return p;
+  }
+
+  // Submits a batch script and waits for the job's end by polling its state (sbatch --wait
+  // polls every few seconds); returns its exit code ("ExitCode=N:S": N, or 128 + S).
+  int sbatch(std::vector<std::string> args, const std::string& tag) {
+    args.insert(args.begin(), {"sbatch", "--parsable"});
+    auto submit = login(args, tag + "-submit", 30s);
+    const std::string id = submit->out().substr(0, submit->out().find_first_of(";\n"));
+    EXPECT_FALSE(id.empty()) << submit->err();
+    if (id.empty()) return -1;
+    const std::regex state(R"(JobState=(\S+).* ExitCode=(\d+):(\d+))");
+    std::smatch m;
+    std::string text;
+    const bool ended = testing::wait_until(
+        [&] {
+          text = login({"scontrol", "show", "job", "-o", id}, tag + "-state", 30s)->out();
+          if (!std::regex_search(text, m, state)) return false;
+          const std::string s = m[1];
+          return s != "PENDING" && s != "CONFIGURING" && s != "RUNNING" && s != "COMPLETING";
+        },
+        180s);
+    EXPECT_TRUE(ended) << "job " << id << " did not end: " << text;
+    if (!ended) return -1;
+    return std::stoi(m[3]) != 0 ? 128 + std::stoi(m[3]) : std::stoi(m[2]);
+  }
+
+  // The loss of each step of a --log-json file.
+  static std::map<int, double> losses(const std::string& path) {
+    std::map<int, double> out;
+    std::istringstream in(testing::read_file(path));
+    int step = 0;
+    double loss = 0;
+    for (std::string line; std::getline(in, line);) {
+      if (std::sscanf(line.c_str(), "{\"step\": %d, \"loss\": %lf", &step, &loss) == 2)
+        out[step] = loss;
+    }
+    return out;
+  }
+
+  // train_gpt's flags for a tiny, quick FSDP run logging to DIR/TAG.jsonl.
+  static std::vector<std::string> train_flags(const std::string& tag) {
+    return {"--threads",    "1",
+            "--layers",     "2",
+            "--embd",       "32",
+            "--heads",      "2",
+            "--seq",        "32",
+            "--batch",      "12",
+            "--steps",      "20",
+            "--log-every",  "10",
+            "--sample",     "0",
+            "--log-json",   dir_ + "/" + tag + ".jsonl",
+            "--checkpoint", dir_ + "/" + tag + ".safetensors"};
+  }
+
+  // The same training under `tessel-run --standalone` with `workers` workers (once each).
+  static const std::map<int, double>& standalone_losses(int workers) {
+    static std::map<int, std::map<int, double>> cache;
+    if (!cache.contains(workers)) {
+      const std::string tag = "standalone" + std::to_string(workers);
+      std::vector<std::string> argv{kRun, "--standalone", "--nproc-per-node",
+                                    std::to_string(workers), kTrainGpt};
+      for (auto& f : train_flags(tag)) argv.push_back(f);
+      ChildProcess p(argv, {}, dir_ + "/" + tag);
+      EXPECT_EQ(p.wait(120s), 0) << p.err();
+      cache[workers] = losses(dir_ + "/" + tag + ".jsonl");
+      EXPECT_EQ(cache[workers].size(), 20u) << tag;
+    }
+    return cache[workers];
+  }
+
+  static inline std::string dir_, cluster_, skip_, start_error_;
+};
+
+// srun --nodes 3 --ntasks-per-node 1 tessel-run (no --nnodes, --node-rank, --rdzv-*): the
+// step's nodes, each node's rank from SLURM_NODEID, one Gloo world across the nodes.
+TEST_F(SlurmTest, SrunStartsOneTesselRunPerNodeWithSlurmsTopology) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto job = login({"srun", "--nodes", "3", "--ntasks-per-node", "1", kRun, "--nproc-per-node", "2",
+                    kWorker, "all_reduce"},
+                   "srun-all-reduce");
+  ASSERT_EQ(job->wait(0s), 0) << job->out() << job->err();
+  std::set<int> ranks;
+  const std::regex re(R"(^\[(\d):(\d)\] all_reduce rank (\d) of 6 sum 21$)");
+  std::istringstream in(job->out());
+  std::smatch m;
+  for (std::string line; std::getline(in, line);) {
+    ASSERT_TRUE(std::regex_match(line, m, re)) << line;
+    EXPECT_EQ(std::stoi(m[3]) / 2, std::stoi(m[1]));  // node i (SLURM_NODEID) holds 2i, 2i+1
+    ranks.insert(std::stoi(m[3]));
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3, 4, 5}));
+  std::printf("srun of 3 tessel-runs x 2 workers: %.2f s\n", seconds_since(t0));
+}
+
+// --nproc-per-node auto is the task's CPUs (srun --cpus-per-task 3); the run id is the job id
+// and MASTER_ADDR the step's first node (node0, 10.79.1.1).
+TEST_F(SlurmTest, AutoWorkersFromTheAllocationAndTheJobIdAsRunId) {
+  auto job = login({"srun", "--nodes", "2", "--ntasks-per-node", "1", "--cpus-per-task", "3", kRun,
+                    "--nproc-per-node", "auto", kWorker, "env"},
+                   "srun-auto");
+  ASSERT_EQ(job->wait(0s), 0) << job->out() << job->err();
+  std::map<std::string, std::map<std::string, std::string>> env;  // "[n:r]" -> name -> value
+  const std::regex re(R"(^(\[\d:\d\]) ENV ([A-Z_]+)=(.*)$)");
+  std::istringstream in(job->out());
+  std::smatch m;
+  for (std::string line; std::getline(in, line);) {
+    if (std::regex_match(line, m, re)) env[m[1]][m[2]] = m[3];
+  }
+  ASSERT_EQ(env.size(), 6u) << job->out();  // 2 nodes x 3 CPUs
+  for (auto& [worker, vars] : env) {
+    EXPECT_EQ(vars["WORLD_SIZE"], "6") << worker;
+    EXPECT_EQ(vars["LOCAL_WORLD_SIZE"], "3") << worker;
+    EXPECT_FALSE(vars["SLURM_JOB_ID"].empty());
+    EXPECT_EQ(vars["TORCHELASTIC_RUN_ID"], vars["SLURM_JOB_ID"]) << worker;
+    EXPECT_EQ(vars["MASTER_ADDR"], "10.79.1.1") << worker;
+    EXPECT_EQ(vars["GROUP_RANK"], vars["SLURM_NODEID"]) << worker;
+  }
+}
+
+// docs/launching.md's sbatch example as written (examples/slurm/train_gpt.sbatch), one CPU per
+// node: FSDP over 2 and over 3 nodes gives the losses of the same job on one node.
+TEST_F(SlurmTest, SbatchExampleTrainsFsdpWithTheLossesOfAStandaloneRun) {
+  for (int nodes : {2, 3}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string tag = "sbatch" + std::to_string(nodes);
+    std::vector<std::string> args{
+        "--nodes",  std::to_string(nodes),         "--cpus-per-task", "1", "--chdir", dir_,
+        "--output", dir_ + "/" + tag + ".job.out", kSbatchExample};
+    for (auto& f : train_flags(tag)) args.push_back(f);
+    const int status = sbatch(args, tag);
+    const std::string out = testing::read_file(dir_ + "/" + tag + ".job.out");
+    ASSERT_EQ(status, 0) << out;
+    EXPECT_NE(out.find(std::to_string(nodes) + " nodes, world size " + std::to_string(nodes)),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("FSDP over " + std::to_string(nodes) + " ranks (gloo)"), std::string::npos)
+        << out;
+    const double took = seconds_since(t0);
+    const auto got = losses(dir_ + "/" + tag + ".jsonl");
+    EXPECT_EQ(got, standalone_losses(nodes)) << nodes << " nodes";
+    std::printf("sbatch of %d nodes: %.2f s from submission to the job's end\n", nodes, took);
+  }
+}
+
+// srun --mpi=pmix (Debian's Open MPI 4.1 speaks PMIx, not PMI-2): the collectives' MPI test
+// on 3 nodes, and train_gpt started by srun itself (no tessel-run) on the MPI backend with the
+// losses of the standalone run.
+TEST_F(SlurmTest, MpiBackendUnderSrunPmix) {
+  auto list = login({"srun", "--mpi=list"}, "mpi-list");
+  if ((list->out() + list->err()).find("pmix") == std::string::npos)
+    GTEST_SKIP() << "this Slurm has no PMIx plugin: " << list->out() << list->err();
+#ifdef MPI_BACKEND_TEST_PATH
+  auto t0 = std::chrono::steady_clock::now();
+  auto checks =
+      login({"srun", "--mpi=pmix", "--nodes", "3", "--ntasks-per-node", "1", MPI_BACKEND_TEST_PATH},
+            "mpi-backend-test");
+  ASSERT_EQ(checks->wait(0s), 0) << checks->out() << checks->err();
+  const std::string out = checks->out();
+  size_t passed = 0;
+  for (size_t at = out.find("[  PASSED  ]"); at != std::string::npos;
+       at = out.find("[  PASSED  ]", at + 1))
+    ++passed;
+  EXPECT_EQ(passed, 3u) << out;  // every rank's whole suite
+  EXPECT_EQ(out.find("SKIPPED"), std::string::npos) << out;
+  std::printf("mpi_backend_test under srun --mpi=pmix on 3 nodes: %.2f s\n", seconds_since(t0));
+#else
+  GTEST_SKIP() << "this build has no MPI backend";
+#endif
+  std::vector<std::string> cmd{"srun", "--mpi=pmix", "--nodes", "2", "--ntasks-per-node",
+                               "1",    kTrainGpt};
+  for (auto& f : train_flags("mpi2")) cmd.push_back(f);
+  auto train = login(cmd, "mpi-train");
+  ASSERT_EQ(train->wait(0s), 0) << train->out() << train->err();
+  EXPECT_NE(train->out().find("FSDP over 2 ranks (mpi)"), std::string::npos) << train->out();
+  EXPECT_EQ(losses(dir_ + "/mpi2.jsonl"), standalone_losses(2));
+}
+
+}  // namespace
+}  // namespace tessel::launcher
