@@ -181,19 +181,21 @@ class NcclComm {
   bool aborted_ = false;  // guarded by mutex_
 };
 
-// Owns a CUDA event of `device`.
+// Holds a CUDA event of `device` from the CUDA runtime's pool (tensor/cuda/event_pool.h), so
+// a call's start and end events are reused, not created and destroyed per call. Given back
+// complete or not: the next user's record replaces what it captured.
 class CudaEvent {
  public:
-  CudaEvent(int device, unsigned int flags) {
-    CudaDeviceGuard guard(device);
-    cuda_check(cudaEventCreateWithFlags(&event_, flags), "cudaEventCreateWithFlags");
-  }
-  ~CudaEvent() { cudaEventDestroy(event_); }  // complete or not: CUDA frees it once it is
+  CudaEvent(int device, bool timing)
+      : runtime_(&runtime_for(DeviceType::kCUDA)),
+        event_(static_cast<cudaEvent_t>(runtime_->create_event(device, timing))) {}
+  ~CudaEvent() { runtime_->destroy_event(event_); }
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;
   cudaEvent_t get() const { return event_; }
 
  private:
+  DeviceRuntime* runtime_;
   cudaEvent_t event_ = nullptr;
 };
 
@@ -237,8 +239,8 @@ class NcclDeviceWork final : public DeviceWork {
       : comm_(std::move(comm)),
         device_(device),
         tensors_(std::move(tensors)),
-        start_(device, cudaEventDefault),  // timed: the flight recorder's duration
-        end_(device, cudaEventDefault) {}
+        start_(device, /*timing=*/true),  // the flight recorder's duration
+        end_(device, /*timing=*/true) {}
 
   cudaEvent_t start() const { return start_.get(); }
   cudaEvent_t end() const { return end_.get(); }
@@ -307,7 +309,7 @@ class NcclBackend final : public CommBackend {
         timeout_(timeout),
         stream_(device),
         stream_handle_(Device::cuda(device), g_next_stream_id.fetch_add(1), stream_.get()),
-        ready_(device, cudaEventDisableTiming) {
+        ready_(device, /*timing=*/false) {
     CudaDeviceGuard guard(device);
     cuda_check(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
   }

@@ -1,6 +1,7 @@
 #include "tessel/tensor/cuda/caching_allocator.h"
 
 #include <algorithm>
+#include <deque>
 #include <set>
 
 #include "tessel/base/error.h"
@@ -33,8 +34,8 @@ struct CachingAllocator::Block {
   BlockState state = BlockState::kFree;
   Block* prev = nullptr;
   Block* next = nullptr;
-  std::vector<Stream> uses;   // other streams named by record_stream
-  std::vector<void*> events;  // while pending: one per use
+  std::vector<Stream> uses;  // other streams named by record_stream
+  int pending_uses = 0;      // while pending: the uses whose free event has not completed
 };
 
 bool CachingAllocator::BlockOrder::operator()(const Block* a, const Block* b) const {
@@ -44,9 +45,17 @@ bool CachingAllocator::BlockOrder::operator()(const Block* a, const Block* b) co
 }
 
 struct CachingAllocator::DeviceCache {
+  // A free recorded on a stream that used the block: the block's reuse waits for the event.
+  struct PendingFree {
+    void* event = nullptr;
+    Block* block = nullptr;
+  };
   std::unique_ptr<DeviceMemory> memory;
   std::set<Block*, BlockOrder> small_free, large_free;
-  std::vector<Block*> pending;
+  // Per stream (by id), its pending frees in the order they were recorded: a stream's events
+  // complete in that order, so a check stops at the first incomplete one.
+  std::map<int64_t, std::deque<PendingFree>> pending;
+  int64_t pending_blocks = 0;
   int64_t segments = 0;
   MemoryStats stats;
 
@@ -68,14 +77,18 @@ CachingAllocator::~CachingAllocator() {
     if (!d) continue;
     for (Block* b : d->small_free) note(b);
     for (Block* b : d->large_free) note(b);
-    for (Block* b : d->pending) note(b);
+    for (auto& [stream, queue] : d->pending) {
+      for (const DeviceCache::PendingFree& p : queue) {
+        note(p.block);
+        d->memory->destroy_event(p.event);
+      }
+    }
   }
   for (Block* head : heads) {
     DeviceCache& d = *devices_[head->device];
     d.memory->free(head->ptr);
     for (Block* b = head; b != nullptr;) {
       Block* next = b->next;
-      for (void* e : b->events) d.memory->destroy_event(e);
       delete b;
       b = next;
     }
@@ -182,23 +195,19 @@ void CachingAllocator::free_block(DeviceCache& d, Block* block) {
 }
 
 void CachingAllocator::process_pending(DeviceCache& d) {
-  auto done = [&](Block* b) {
-    for (void* e : b->events) {
-      if (!d.memory->event_complete(e)) return false;
+  for (auto it = d.pending.begin(); it != d.pending.end();) {
+    std::deque<DeviceCache::PendingFree>& queue = it->second;
+    while (!queue.empty() && d.memory->event_complete(queue.front().event)) {
+      const DeviceCache::PendingFree done = queue.front();
+      queue.pop_front();
+      d.memory->destroy_event(done.event);
+      if (--done.block->pending_uses == 0) {
+        --d.pending_blocks;
+        free_block(d, done.block);
+      }
     }
-    return true;
-  };
-  std::vector<Block*> still;
-  for (Block* b : d.pending) {
-    if (!done(b)) {
-      still.push_back(b);
-      continue;
-    }
-    for (void* e : b->events) d.memory->destroy_event(e);
-    b->events.clear();
-    free_block(d, b);
+    it = queue.empty() ? d.pending.erase(it) : std::next(it);
   }
-  d.pending = std::move(still);
 }
 
 int64_t CachingAllocator::release_free_segments(DeviceCache& d) {
@@ -257,8 +266,9 @@ void CachingAllocator::deallocate(void* ptr, size_t) noexcept {
     return;
   }
   // Other streams may still be using the memory: reuse waits for their work issued so far.
+  std::vector<void*> events;
   try {
-    for (const Stream& s : b->uses) b->events.push_back(d.memory->record_event(s));
+    for (const Stream& s : b->uses) events.push_back(d.memory->record_event(s));
   } catch (const std::exception& e) {
     // Without the events nothing says when the memory is safe to reuse: keep it out of use.
     log_error(LogComponent::kTensor,
@@ -266,12 +276,15 @@ void CachingAllocator::deallocate(void* ptr, size_t) noexcept {
               "that used it ({}); its {} bytes stay reserved",
               name_, ptr, e.what(), b->size);
     b->state = BlockState::kPending;
-    for (void* ev : b->events) d.memory->destroy_event(ev);
-    b->events.clear();
+    for (void* ev : events) d.memory->destroy_event(ev);
     return;
   }
   b->state = BlockState::kPending;
-  d.pending.push_back(b);
+  b->pending_uses = static_cast<int>(events.size());
+  ++d.pending_blocks;
+  for (size_t i = 0; i < events.size(); ++i) {
+    d.pending[b->uses[i].id()].push_back({events[i], b});
+  }
 }
 
 void CachingAllocator::record_stream(void* ptr, const Stream& stream) {
@@ -325,7 +338,7 @@ CacheInfo CachingAllocator::info(const DeviceCache& d) const {
       c.largest_free = std::max(c.largest_free, static_cast<int64_t>(b->size));
     }
   }
-  c.pending_blocks = static_cast<int64_t>(d.pending.size());
+  c.pending_blocks = d.pending_blocks;
   return c;
 }
 

@@ -15,8 +15,10 @@
 // The stream rule (storage.h): a block allocated for stream S goes back to S's pool when freed
 // and only S's allocations take it. If record_stream() named other streams, the free records an
 // event on each of them and the block joins its pool only once all have completed (checked at
-// every allocation and at empty_cache). Blocks never move between streams except through the
-// device: empty_cache and the retry after a failed allocation give whole free segments back.
+// every allocation and at empty_cache, per stream in the order the frees were recorded, up to
+// the first event not complete: a stream's events complete in order, so a check costs the
+// frees it releases plus one). Blocks never move between streams except through the device:
+// empty_cache and the retry after a failed allocation give whole free segments back.
 
 #include <cstddef>
 #include <cstdint>

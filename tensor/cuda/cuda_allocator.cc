@@ -8,19 +8,18 @@
 namespace tessel::cuda {
 namespace {
 
-// Events shared by both kinds of memory: recorded on a CUDA stream, queried, destroyed.
+// Events shared by both kinds of memory: taken from the runtime's pool, recorded on a CUDA
+// stream, queried, given back.
 void* record_cuda_event(const Stream& stream) {
   const int d = stream.device().index;
   TESSEL_CHECK(stream.device().is_cuda(), InvalidArgument,
                "CUDA memory can be marked as used by CUDA streams only, not {}", stream.str());
+  void* event = cuda_runtime().create_event(d, /*timing=*/false);
   DeviceGuard guard(d);
-  cudaEvent_t event = nullptr;
-  check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags",
-             d);
-  const cudaError_t status =
-      cudaEventRecord(event, static_cast<cudaStream_t>(stream.native_handle()));
+  const cudaError_t status = cudaEventRecord(static_cast<cudaEvent_t>(event),
+                                             static_cast<cudaStream_t>(stream.native_handle()));
   if (status != cudaSuccess) {
-    cudaEventDestroy(event);
+    cuda_runtime().destroy_event(event);
     throw_cuda_error(status, "cudaEventRecord", d);
   }
   return event;
@@ -60,9 +59,7 @@ class CudaDeviceMemory final : public DeviceMemory {
   }
   void* record_event(const Stream& stream) override { return record_cuda_event(stream); }
   bool event_complete(void* event) override { return cuda_event_complete(event); }
-  void destroy_event(void* event) noexcept override {
-    cudaEventDestroy(static_cast<cudaEvent_t>(event));
-  }
+  void destroy_event(void* event) noexcept override { cuda_runtime().destroy_event(event); }
   std::string describe() override {
     DeviceGuard guard(device_);
     size_t free_bytes = 0, total = 0;
@@ -91,9 +88,7 @@ class PinnedHostMemory final : public DeviceMemory {
   void free(void* ptr) noexcept override { cudaFreeHost(ptr); }
   void* record_event(const Stream& stream) override { return record_cuda_event(stream); }
   bool event_complete(void* event) override { return cuda_event_complete(event); }
-  void destroy_event(void* event) noexcept override {
-    cudaEventDestroy(static_cast<cudaEvent_t>(event));
-  }
+  void destroy_event(void* event) noexcept override { cuda_runtime().destroy_event(event); }
   std::string describe() override { return "page-locked host memory (cudaHostAlloc)"; }
 };
 

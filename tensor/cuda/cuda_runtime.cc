@@ -84,7 +84,22 @@ struct CudaRuntime::DeviceState {
   std::atomic<ErrorRecordMemory*> errors_ready{nullptr};
 };
 
-CudaRuntime::CudaRuntime() = default;
+namespace {
+EventPool::Hooks cuda_event_hooks() {
+  return {.create =
+              [](int index, bool timing) {
+                DeviceGuard guard(index);
+                cudaEvent_t event = nullptr;
+                check_cuda(cudaEventCreateWithFlags(
+                               &event, timing ? cudaEventDefault : cudaEventDisableTiming),
+                           "cudaEventCreateWithFlags", index);
+                return static_cast<void*>(event);
+              },
+          .destroy = [](void* event) { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }};
+}
+}  // namespace
+
+CudaRuntime::CudaRuntime() : events_(cuda_event_hooks()) {}
 CudaRuntime::~CudaRuntime() = default;
 
 int CudaRuntime::device_count() const {
@@ -183,16 +198,10 @@ void CudaRuntime::synchronize_stream(const Stream& stream) {
 // current device for error messages.
 void* CudaRuntime::create_event(int index, bool timing) {
   state(index);
-  DeviceGuard guard(index);
-  cudaEvent_t event = nullptr;
-  check_cuda(cudaEventCreateWithFlags(&event, timing ? cudaEventDefault : cudaEventDisableTiming),
-             "cudaEventCreateWithFlags", index);
-  return event;
+  return events_.acquire(index, timing);
 }
 
-void CudaRuntime::destroy_event(void* event) noexcept {
-  cudaEventDestroy(static_cast<cudaEvent_t>(event));
-}
+void CudaRuntime::destroy_event(void* event) noexcept { events_.release(event); }
 
 void CudaRuntime::record_event(void* event, const Stream& stream) {
   const int d = stream.device().index;

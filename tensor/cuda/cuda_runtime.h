@@ -4,6 +4,9 @@
 // device-side error records that turn a bad index found by a kernel into an error at the next
 // synchronisation.
 //
+// Events come from a pool (event_pool.h): destroy_event gives one back for the next
+// create_event of its device and kind.
+//
 // Streams: default_stream(i) is CUDA's legacy default stream (what the NCCL backend orders
 // against); create_stream() hands out, round robin, one of 32 non-blocking streams per device
 // and priority class (normal for priority >= 0, high otherwise), created on first use and
@@ -22,6 +25,7 @@
 
 #include "tessel/tensor/cuda/cuda_check.h"
 #include "tessel/tensor/cuda/cuda_kernels.h"
+#include "tessel/tensor/cuda/event_pool.h"
 #include "tessel/tensor/storage.h"
 #include "tessel/tensor/stream.h"
 
@@ -50,6 +54,10 @@ class CudaRuntime final : public DeviceRuntime {
   Nanoseconds event_elapsed(void* start, void* end) override;
   void synchronize_device(int index) override;
 
+  // The pool behind create_event / destroy_event (and the allocator's events): what it made and
+  // reused, for tests.
+  EventPool::Counts event_counts() const { return events_.counts(); }
+
   // Why device_count() is 0 (CUDA's error text), or "" when devices were found.
   std::string unavailable_reason() const;
   // The device's multiprocessor count and name (device must exist).
@@ -72,6 +80,7 @@ class CudaRuntime final : public DeviceRuntime {
   mutable std::string unavailable_reason_;
   std::mutex mu_;
   std::vector<std::unique_ptr<DeviceState>> devices_;  // guarded by mu_ (created on demand)
+  EventPool events_;
 };
 
 CudaRuntime& cuda_runtime();

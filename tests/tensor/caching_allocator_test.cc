@@ -31,7 +31,9 @@ class FakeDevice final : public DeviceMemory {
     std::map<void*, size_t> segments;
     std::map<int*, Stream> events;  // live events and the stream each was recorded on
     std::set<int*> completed;
+    std::vector<int*> recorded;  // live events in the order they were recorded
     int64_t events_recorded = 0;
+    int64_t event_queries = 0;
   };
   explicit FakeDevice(State* state) : s_(state) {}
 
@@ -50,16 +52,19 @@ class FakeDevice final : public DeviceMemory {
   void* record_event(const Stream& stream) override {
     int* e = new int(0);
     s_->events.emplace(e, stream);
+    s_->recorded.push_back(e);
     ++s_->events_recorded;
     return e;
   }
   bool event_complete(void* event) override {
+    ++s_->event_queries;
     return s_->completed.count(static_cast<int*>(event)) > 0;
   }
   void destroy_event(void* event) noexcept override {
     int* e = static_cast<int*>(event);
     s_->events.erase(e);
     s_->completed.erase(e);
+    std::erase(s_->recorded, e);
     delete e;
   }
   std::string describe() override {
@@ -81,6 +86,16 @@ class CachingAllocatorTest : public ::testing::Test {
   void complete(const Stream& stream) {
     for (auto& [e, s] : devices_[stream.device().index].events) {
       if (s == stream) devices_[stream.device().index].completed.insert(e);
+    }
+  }
+
+  // Completes the first `n` events recorded on `stream` that are not complete yet (a stream
+  // passes its events in order).
+  void complete_first(const Stream& stream, int n) {
+    FakeDevice::State& d = devices_[stream.device().index];
+    for (int* e : d.recorded) {
+      if (n == 0) return;
+      if (d.events.at(e) == stream && d.completed.insert(e).second) --n;
     }
   }
 
@@ -150,6 +165,44 @@ TEST_F(CachingAllocatorTest, RecordedStreamHoldsTheBlockUntilItsEventCompletes) 
   EXPECT_EQ(c, a);
   EXPECT_EQ(allocator_.cache_info(0).pending_blocks, 0);
   EXPECT_TRUE(devices_[0].events.empty()) << "events are destroyed once complete";
+}
+
+// Pending frees are checked per stream in the order they were recorded, up to the first event
+// not complete: an allocation costs the frees it releases plus one query per stream, not a
+// query per pending block.
+TEST_F(CachingAllocatorTest, PendingFreesAreCheckedPerStreamUpToTheFirstIncompleteEvent) {
+  std::vector<void*> blocks;
+  for (int i = 0; i < 64; ++i) {
+    blocks.push_back(allocator_.allocate(4096, s0_));
+    allocator_.record_stream(blocks.back(), s1_);
+  }
+  void* both = allocator_.allocate(4096, s0_);  // used by s1 and s2
+  allocator_.record_stream(both, s1_);
+  allocator_.record_stream(both, s2_);
+  for (void* b : blocks) allocator_.deallocate(b, 4096);
+  allocator_.deallocate(both, 4096);
+  EXPECT_EQ(allocator_.cache_info(0).pending_blocks, 65);
+
+  devices_[0].event_queries = 0;
+  void* x = allocator_.allocate(4096, s0_);
+  EXPECT_EQ(devices_[0].event_queries, 2) << "one query per stream: its first pending free";
+  EXPECT_EQ(allocator_.cache_info(0).pending_blocks, 65);
+
+  complete_first(s1_, 10);
+  devices_[0].event_queries = 0;
+  allocator_.deallocate(allocator_.allocate(4096, s0_), 4096);
+  EXPECT_EQ(devices_[0].event_queries, 10 + 1 + 1);  // s1: ten done and one not; s2: one
+  EXPECT_EQ(allocator_.cache_info(0).pending_blocks, 55);
+
+  // A block two streams used waits for both.
+  complete(s1_);
+  allocator_.deallocate(allocator_.allocate(4096, s0_), 4096);
+  EXPECT_EQ(allocator_.cache_info(0).pending_blocks, 1);
+  complete(s2_);
+  allocator_.deallocate(allocator_.allocate(4096, s0_), 4096);
+  EXPECT_EQ(allocator_.cache_info(0).pending_blocks, 0);
+  EXPECT_TRUE(devices_[0].events.empty()) << "events are destroyed once complete";
+  allocator_.deallocate(x, 4096);
 }
 
 TEST_F(CachingAllocatorTest, FreeNeighboursMergeBackIntoTheSegment) {
