@@ -11,6 +11,7 @@
 #include "tessel/kernels/attention/cuda/flash_cuda_plan.h"
 #include "tessel/kernels/attention/cuda/math_cuda.h"
 #include "tessel/kernels/attention/cudnn/cudnn_sdpa.h"
+#include "tessel/kernels/attention/cudnn/cudnn_sdpa_support.h"
 
 namespace tessel::kernels {
 namespace {
@@ -95,8 +96,13 @@ class FlashCudaKernel final : public SdpaKernel {
   }
 };
 
+std::string describe(const AttentionProblem& p);
+
 // cuDNN's fused attention (attention/cudnn/cudnn_sdpa.h): first choice on Hopper, where it is
 // the fastest; below sm_90 after flash_cuda (still ahead of math, and runnable when forced).
+// What cuDNN declines goes to flash_cuda with the reason recorded (cudnn_sdpa_fallbacks()): in
+// forward through the dispatcher passing it over, in backward (whose graph is built only now)
+// by running flash_cuda's backward on cuDNN's output and logsumexp.
 class CudnnKernel final : public SdpaKernel {
  public:
   SdpaBackend backend() const override { return SdpaBackend::kCudnn; }
@@ -106,7 +112,11 @@ class CudnnKernel final : public SdpaKernel {
                                                                                               : 150;
   }
   std::string unsupported_reason(const AttentionProblem& p) const override {
-    return attention::cudnn_sdpa_unsupported_reason(p);
+    std::string why = attention::cudnn_sdpa_unsupported_reason(p);
+    if (!why.empty() && p.q.device.is_cuda()) {
+      attention::record_cudnn_sdpa_fallback(attention::SdpaDirection::kForward, describe(p), why);
+    }
+    return why;
   }
   void forward(const AttentionProblem& p, const AttentionView& out, float* lse) const override {
     attention::cudnn_sdpa_forward(p, out, lse);
@@ -114,7 +124,14 @@ class CudnnKernel final : public SdpaKernel {
   void backward(const AttentionProblem& p, const AttentionView& out, const AttentionView& dout,
                 const float* lse, const AttentionView& dq, const AttentionView& dk,
                 const AttentionView& dv) const override {
-    attention::cudnn_sdpa_backward(p, out, dout, lse, dq, dk, dv);
+    const std::string why =
+        attention::cudnn_sdpa_backward_unsupported_reason(p, out, dout, dq, dk, dv);
+    if (why.empty()) {
+      attention::cudnn_sdpa_backward(p, out, dout, lse, dq, dk, dv);
+      return;
+    }
+    attention::record_cudnn_sdpa_fallback(attention::SdpaDirection::kBackward, describe(p), why);
+    attention::flash_cuda_backward(p, out, dout, lse, dq, dk, dv);
   }
 };
 

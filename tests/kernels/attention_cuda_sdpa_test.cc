@@ -114,6 +114,57 @@ TEST(SdpaCudaTest, ForcedBackendsThatCannotRunACallSayWhatTheySupport) {
   EXPECT_EQ(scaled_dot_product_attention(wide, wide, wide).backend, SdpaBackend::kMath);
 }
 
+// Where the dispatcher picks cudnn (sm_90): an inference call builds a forward graph and no
+// backward one; the first backward builds the backward graph; a deterministic backward whose
+// S_q x S_k workspace cuDNN would need exceeds the limit runs on flash_cuda, recorded, without
+// an error, and is bitwise reproducible.
+TEST(SdpaCudaTest, CudnnBuildsGraphsPerDirectionAndFallsBackInBackward) {
+  TESSEL_SKIP_WITHOUT_CUDA();
+  if (expected_default() != SdpaBackend::kCudnn) GTEST_SKIP() << "cudnn is not the default here";
+  using attention::SdpaDirection;
+  Generator gen(4);
+  auto leaf = [&](const Shape& shape) {
+    Tensor t = on_gpu(randn(shape, gen), DType::kBF16);
+    t.set_requires_grad(true);
+    return t;
+  };
+  SdpaOptions opts;
+  opts.causal = true;
+  {
+    const Tensor q = on_gpu(randn({1, 2, 200, 64}, gen), DType::kBF16);  // a shape of its own
+    const int64_t fwd = attention::cudnn_sdpa_graph_builds(SdpaDirection::kForward);
+    const int64_t bwd = attention::cudnn_sdpa_graph_builds(SdpaDirection::kBackward);
+    EXPECT_EQ(scaled_dot_product_attention(q, q, q, opts).backend, SdpaBackend::kCudnn);
+    EXPECT_EQ(attention::cudnn_sdpa_graph_builds(SdpaDirection::kForward), fwd + 1);
+    EXPECT_EQ(attention::cudnn_sdpa_graph_builds(SdpaDirection::kBackward), bwd)
+        << "an inference call built a backward graph";
+    const Tensor qg = leaf({1, 2, 200, 64});
+    backward(sum(scaled_dot_product_attention(qg, qg, qg, opts).output));
+    EXPECT_EQ(attention::cudnn_sdpa_graph_builds(SdpaDirection::kBackward), bwd + 1);
+  }
+  // B 1, H 16, S 8192: cuDNN's deterministic workspace would be 2 GiB.
+  opts.deterministic = true;
+  const Tensor q = leaf({1, 16, 8192, 64}), k = leaf({1, 16, 8192, 64}),
+               v = leaf({1, 16, 8192, 64});
+  std::vector<Tensor> grads[2];
+  for (auto& g : grads) {
+    for (const Tensor* t : {&q, &k, &v}) t->set_grad(Tensor());
+    const SdpaOutput r = scaled_dot_product_attention(q, k, v, opts);
+    EXPECT_EQ(r.backend, SdpaBackend::kCudnn);
+    backward(sum(r.output));
+    g = {on_cpu_f32(q.grad()), on_cpu_f32(k.grad()), on_cpu_f32(v.grad())};
+  }
+  bool recorded = false;
+  for (const attention::CudnnFallback& f : attention::cudnn_sdpa_fallbacks()) {
+    recorded |= f.direction == SdpaDirection::kBackward &&
+                f.reason.find("deterministic backward") != std::string::npos;
+  }
+  EXPECT_TRUE(recorded);
+  for (int t = 0; t < 3; ++t) {
+    EXPECT_EQ(to_vector<float>(grads[0][t]), to_vector<float>(grads[1][t])) << "gradient " << t;
+  }
+}
+
 // A bf16 model, and an f32 model under bf16 autocast (as train_gpt runs on CUDA): every layer's
 // attention goes to a fused kernel, none to math.
 TEST(SdpaCudaTest, GptOnCudaRunsItsAttentionOnTheFusedKernels) {

@@ -88,6 +88,7 @@ inline AttentionView view_of(const Tensor& t) { return attention_view_of(t, "ten
 // out, lse, dq, dk, dv of one backend, as CPU f32 values.
 struct Results {
   std::vector<float> out, lse, dq, dk, dv;
+  std::string declined;  // kCudnn: why cuDNN declines the call (nothing ran); tests skip
 };
 
 // ---- Running the backends on one set of inputs --------------------------------------------
@@ -128,10 +129,16 @@ inline Results run(Which which, const Inputs& in, DType dtype, bool deterministi
       flash_cuda_forward(p, o, lse.data<float>());
       flash_cuda_backward(p, o, g, lse.data<float>(), view_of(dq), view_of(dk), view_of(dv));
       break;
-    case Which::kCudnn:
+    case Which::kCudnn: {
+      std::string why = cudnn_sdpa_unsupported_reason(p);
+      if (why.empty())
+        why =
+            cudnn_sdpa_backward_unsupported_reason(p, o, g, view_of(dq), view_of(dk), view_of(dv));
+      if (!why.empty()) return {.declined = why};
       cudnn_sdpa_forward(p, o, lse.data<float>());
       cudnn_sdpa_backward(p, o, g, lse.data<float>(), view_of(dq), view_of(dk), view_of(dv));
       break;
+    }
     case Which::kMathCuda:
       math_cuda_forward(p, o, lse.data<float>());
       math_cuda_backward(p, g, view_of(dq), view_of(dk), view_of(dv));

@@ -1,5 +1,6 @@
 // The cuDNN backend: cudnn-frontend graphs for scaled dot-product attention, built once per
-// (device, shapes, strides, mask, scale, direction) and cached; every cuDNN and frontend call
+// (device, shapes, strides, mask, scale, direction) when that direction first runs, and cached
+// (cudnn_sdpa_support.h); every cuDNN and frontend call
 // checked and turned into a tessel error that names it.
 #include "tessel/kernels/attention/cudnn/cudnn_sdpa.h"
 
@@ -7,8 +8,6 @@
 #include <cudnn_frontend.h>
 
 #include <algorithm>
-#include <array>
-#include <compare>
 #include <functional>
 #include <map>
 #include <memory>
@@ -18,7 +17,7 @@
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
 #include "tessel/kernels/attention/cuda/flash_cuda.h"
-#include "tessel/kernels/attention/internal/lru_cache.h"
+#include "tessel/kernels/attention/cudnn/cudnn_sdpa_support.h"
 #include "tessel/tensor/cuda/cuda_check.h"
 #include "tessel/tensor/stream.h"
 #include "tessel/tensor/tensor.h"
@@ -56,59 +55,6 @@ cudnnHandle_t thread_handle(int device) {
   return h.get();
 }
 
-// The mask in cuDNN's terms: a diagonal band around the aligned position. cuDNN keeps key j of
-// query i when j <= p + right_bound and j > p - left_bound (p the aligned position), so our
-// window (left w) is its left_bound w + 1.
-struct Band {
-  int64_t left = -1;   // ours: keys before the position; -1 unbounded
-  int64_t right = -1;  // ours: keys after it; -1 unbounded
-  bool bottom_right = false;
-  auto operator<=>(const Band&) const = default;
-};
-
-Band band_of(const AttentionProblem& p) {
-  Band band;
-  band.left = p.mask.window_left;
-  band.right = p.mask.window_right;
-  if (p.mask.causal) band.right = band.right < 0 ? 0 : std::min<int64_t>(band.right, 0);
-  band.bottom_right = p.mask.alignment == MaskAlignment::kBottomRight;
-  return band;
-}
-
-std::vector<int64_t> dims_of(const AttentionView& v) {
-  return {v.sizes[0], v.sizes[1], v.sizes[2], v.sizes[3]};
-}
-std::vector<int64_t> strides_of(const AttentionView& v) {
-  return {v.strides[0], v.strides[1], v.strides[2], v.strides[3]};
-}
-// Strides of a dense tensor shaped like `v` with its dims in memory in v's order of decreasing
-// stride: how scaled_dot_product_attention lays out outputs and gradients (sdpa.cc).
-std::vector<int64_t> dense_strides_like(const AttentionView& v) {
-  std::array<int, 4> order{0, 1, 2, 3};
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return v.strides[a] > v.strides[b]; });
-  std::vector<int64_t> strides(4);
-  int64_t stride = 1;
-  for (int k = 3; k >= 0; --k) {
-    strides[order[k]] = stride;
-    stride *= v.sizes[order[k]];
-  }
-  return strides;
-}
-
-// Everything a graph depends on.
-struct GraphKey {
-  int device = 0;
-  bool backward = false;
-  DType dtype = DType::kBF16;
-  std::vector<int64_t> q_dims, kv_dims;
-  std::vector<std::vector<int64_t>> strides;  // q, k, v, out (then dout, dq, dk, dv)
-  Band band;
-  float scale = 1.0f;
-  bool deterministic = false;
-  auto operator<=>(const GraphKey&) const = default;
-};
-
 struct CachedGraph {
   std::shared_ptr<fe::graph::Graph> graph;  // null when the build failed
   int64_t workspace_bytes = 0;
@@ -116,16 +62,8 @@ struct CachedGraph {
   std::mutex run;     // one execute at a time per graph object
 };
 
-std::string key_str(const GraphKey& k) {
-  return fmt::format("{} {} q ({}, {}, {}, {}) kv ({}, {}, {}, {}) band ({}, {}){}",
-                     k.backward ? "backward" : "forward", dtype_name(k.dtype), k.q_dims[0],
-                     k.q_dims[1], k.q_dims[2], k.q_dims[3], k.kv_dims[0], k.kv_dims[1],
-                     k.kv_dims[2], k.kv_dims[3], k.band.left, k.band.right,
-                     k.band.bottom_right ? " bottom-right" : "");
-}
-
 // Builds the graph of `key`; returns the frontend's error message instead of throwing.
-std::shared_ptr<CachedGraph> build_graph(const GraphKey& key, cudnnHandle_t handle) {
+std::shared_ptr<CachedGraph> build_graph(const CudnnGraphKey& key, cudnnHandle_t handle) {
   auto cached = std::make_shared<CachedGraph>();
   auto graph = std::make_shared<fe::graph::Graph>();
   graph
@@ -153,7 +91,7 @@ std::shared_ptr<CachedGraph> build_graph(const GraphKey& key, cudnnHandle_t hand
     if (key.band.left >= 0)
       attributes.set_diagonal_band_left_bound(static_cast<int>(key.band.left + 1));
   };
-  if (!key.backward) {
+  if (key.direction == SdpaDirection::kForward) {
     auto options =
         fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(
             key.scale);
@@ -206,120 +144,26 @@ std::shared_ptr<CachedGraph> build_graph(const GraphKey& key, cudnnHandle_t hand
     std::string plan;
     if (cached->graph->get_plan_name(plan).is_good()) {
       log_debug(LogComponent::kKernels, "cudnn: built a graph for {}: plan {}, workspace {} bytes",
-                key_str(key), plan, cached->workspace_bytes);
+                cudnn_graph_key_str(key), plan, cached->workspace_bytes);
     }
   }
   return cached;
 }
 
-// The process-wide graph cache (one of the documented singletons; never destroyed, since
-// calls may run during exit), bounded: variable shapes would otherwise grow it without end. The
-// least recently used graph is forgotten first; a caller still holding it keeps it alive.
-// Failed builds are cached too, so a shape cuDNN cannot run is asked about once while cached.
+// The process-wide graphs (one of the documented singletons; never destroyed, since calls may
+// run during exit), built per direction on first use: an inference call builds no backward.
 constexpr size_t kMaxCachedGraphs = 256;
 
-std::shared_ptr<CachedGraph> graph_for(const GraphKey& key) {
-  static std::mutex mu;
-  static auto* cache = new LruCache<GraphKey, std::shared_ptr<CachedGraph>>(kMaxCachedGraphs);
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (auto* found = cache->find(key)) return *found;
-  }
-  std::shared_ptr<CachedGraph> built = build_graph(key, thread_handle(key.device));
-  std::lock_guard<std::mutex> lock(mu);
-  return cache->insert(key, std::move(built));  // keeps a racing thread's graph
+CudnnSdpaGraphs<CachedGraph>& graphs() {
+  static auto* g = new CudnnSdpaGraphs<CachedGraph>(kMaxCachedGraphs, [](const CudnnGraphKey& key) {
+    return build_graph(key, thread_handle(key.device));
+  });
+  return *g;
 }
 
-GraphKey forward_key(const AttentionProblem& p, const std::vector<int64_t>& out_strides) {
-  GraphKey key;
-  key.device = p.q.device.index;
-  key.dtype = p.q.dtype;
-  key.q_dims = dims_of(p.q);
-  key.kv_dims = dims_of(p.k);
-  key.strides = {strides_of(p.q), strides_of(p.k), strides_of(p.v), out_strides};
-  key.band = band_of(p);
-  key.scale = static_cast<float>(p.softmax_scale());
-  return key;
-}
-
-GraphKey backward_key(const AttentionProblem& p, const std::vector<int64_t>& out,
-                      const std::vector<int64_t>& dout, const std::vector<int64_t>& dq,
-                      const std::vector<int64_t>& dk, const std::vector<int64_t>& dv) {
-  GraphKey key = forward_key(p, out);
-  key.backward = true;
-  key.strides.insert(key.strides.end(), {dout, dq, dk, dv});
-  key.deterministic = p.deterministic;
-  return key;
-}
-
-std::string view_reason(const AttentionView& v, const char* name) {
-  if (v.strides[3] != 1 && v.head_dim() > 1) {
-    return fmt::format("{} has stride {} along D; cudnn needs a contiguous last dimension", name,
-                       v.strides[3]);
-  }
-  for (int d = 0; d < 3; ++d) {
-    if (v.strides[d] % 8 != 0 && v.sizes[d] > 1) {
-      return fmt::format("{} has stride {} along dim {}; cudnn needs 16-byte aligned rows", name,
-                         v.strides[d], d);
-    }
-  }
-  if (reinterpret_cast<uintptr_t>(v.data) % 16 != 0) {
-    return fmt::format("{} is not 16-byte aligned; cudnn needs 16-byte aligned rows", name);
-  }
-  return {};
-}
-
-// The checks that need no graph: what this backend maps onto cuDNN's attention at all.
-std::string static_reason(const AttentionProblem& p) {
-  if (!p.q.device.is_cuda()) {
-    return fmt::format("tensors are on {}; cudnn runs CUDA tensors", p.q.device.str());
-  }
-  const int cc = cuda_compute_capability(p.q.device.index);
-  if (cc < 80) {
-    return cc == 0 ? fmt::format("cannot read the compute capability of {}", p.q.device.str())
-                   : fmt::format("{} is sm_{}; cuDNN's fused attention needs sm_80 or newer",
-                                 p.q.device.str(), cc);
-  }
-  if (cudnnGetVersion() < 90000) {
-    return fmt::format("cuDNN {} is loaded; this backend needs cuDNN 9", cudnnGetVersion());
-  }
-  if (p.q.dtype != DType::kBF16 && p.q.dtype != DType::kF16) {
-    return fmt::format("dtype {}; cudnn supports bf16 and f16", dtype_name(p.q.dtype));
-  }
-  const int64_t d = p.head_dim();
-  if (d < 8 || d > 128 || d % 8 != 0) {
-    return fmt::format("head dim {}; cudnn supports head dims 8 to 128 that are multiples of 8", d);
-  }
-  if (p.q_len() == 0 || p.kv_len() == 0 || p.batch() == 0 || p.q_heads() == 0) {
-    return "an empty sequence, batch or head count; cudnn needs every size >= 1";
-  }
-  for (const auto& [view, name] : {std::pair{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"}}) {
-    std::string why = view_reason(*view, name);
-    if (!why.empty()) return why;
-  }
-  const AttentionMask& m = p.mask;
-  if (!m.prefix_lengths.empty() || m.has_documents() || m.mask_fn) {
-    return "prefix lengths, documents or a mask predicate; cudnn supports causal masks and "
-           "sliding windows (flash_cuda runs the rest)";
-  }
-  if (p.dropout.p > 0) {
-    return "dropout; cuDNN draws its own dropout mask, unlike every other backend (flash_cuda "
-           "runs it)";
-  }
-  const Band band = band_of(p);
-  if (band.left >= 0 && band.right < 0) {
-    return "a left window without a right bound; cudnn needs causal or window_right with a "
-           "window_left";
-  }
-  if (band.right >= 0 && band.bottom_right && p.q_len() > p.kv_len()) {
-    return fmt::format("a bottom-right mask with S_q {} > S_k {}; cudnn needs S_q <= S_k there",
-                       p.q_len(), p.kv_len());
-  }
-  if (band.left >= 0 && p.q_len() > p.kv_len()) {
-    return fmt::format("a sliding window with S_q {} > S_k {}; cudnn needs S_q <= S_k there",
-                       p.q_len(), p.kv_len());
-  }
-  return {};
+CudnnEnvironment environment_of(const AttentionProblem& p) {
+  if (!p.q.device.is_cuda()) return {};
+  return {cuda_compute_capability(p.q.device.index), static_cast<int64_t>(cudnnGetVersion())};
 }
 
 void check_output(const AttentionView& view, const AttentionView& like, const char* what) {
@@ -327,16 +171,16 @@ void check_output(const AttentionView& view, const AttentionView& like, const ch
   TESSEL_CHECK(view.dtype == like.dtype, InvalidArgument,
                "cudnn: {} has dtype {}; expected {} like the inputs", what, dtype_name(view.dtype),
                dtype_name(like.dtype));
-  const std::string why = view_reason(view, what);
+  const std::string why = cudnn_view_reason(view, what);
   TESSEL_CHECK(why.empty(), InvalidArgument, "cudnn: {}", why);
 }
 
-// Runs a cached graph on the current stream of the problem's device.
-void execute(const GraphKey& key, std::unordered_map<int64_t, void*>& pack, Device device) {
+// Runs the graph of `key` (cached, or built now) on the current stream of the problem's device.
+void execute(const CudnnGraphKey& key, std::unordered_map<int64_t, void*>& pack, Device device) {
   tessel::cuda::DeviceGuard guard(device.index);
-  const std::shared_ptr<CachedGraph> g = graph_for(key);
-  TESSEL_CHECK(g->graph != nullptr, InvalidArgument, "cudnn: cuDNN cannot run {}: {}", key_str(key),
-               g->error);
+  const std::shared_ptr<CachedGraph> g = graphs().graph(key);
+  TESSEL_CHECK(g->graph != nullptr, InvalidArgument, "cudnn: cuDNN cannot run {}: {}",
+               cudnn_graph_key_str(key), g->error);
   cudnnHandle_t handle = thread_handle(device.index);
   check_cudnn(
       cudnnSetStream(handle, static_cast<cudaStream_t>(current_stream(device).native_handle())),
@@ -346,13 +190,13 @@ void execute(const GraphKey& key, std::unordered_map<int64_t, void*>& pack, Devi
   std::lock_guard<std::mutex> lock(g->run);
   fe::error_t status =
       g->graph->execute(handle, pack, workspace.defined() ? workspace.data_ptr() : nullptr);
-  TESSEL_CHECK(status.is_good(), Internal, "cudnn-frontend execute ({}) failed: {}", key_str(key),
-               status.get_message());
+  TESSEL_CHECK(status.is_good(), Internal, "cudnn-frontend execute ({}) failed: {}",
+               cudnn_graph_key_str(key), status.get_message());
 }
 
-void check_problem(const AttentionProblem& p) {
+void check_problem(const AttentionProblem& p, SdpaDirection direction) {
   validate_attention_problem(p);
-  const std::string why = static_reason(p);
+  const std::string why = cudnn_sdpa_rule_reason(p, environment_of(p), direction);
   TESSEL_CHECK(why.empty(), InvalidArgument, "cudnn: {}", why);
 }
 
@@ -361,23 +205,35 @@ void check_problem(const AttentionProblem& p) {
 bool cudnn_sdpa_is_available() { return true; }
 
 std::string cudnn_sdpa_unsupported_reason(const AttentionProblem& p) {
-  std::string why = static_reason(p);
+  const CudnnEnvironment env = environment_of(p);
+  std::string why = cudnn_sdpa_rule_reason(p, env, SdpaDirection::kForward);
   if (!why.empty()) return why;
-  // Ask cuDNN itself, with the layouts scaled_dot_product_attention allocates (outputs and
-  // gradients laid out like q, k, v; the output gradient like the output): both graphs are
-  // built now and cached for the calls that follow.
+  // Ask cuDNN itself about the forward only, with the output laid out like q as
+  // scaled_dot_product_attention allocates it; the graph is cached for the call that follows.
+  // The backward graph waits for the first backward (cudnn_sdpa_backward_unsupported_reason).
   tessel::cuda::DeviceGuard guard(p.q.device.index);
-  const std::vector<int64_t> out = dense_strides_like(p.q), dk = dense_strides_like(p.k);
-  const std::vector<int64_t> dv = dense_strides_like(p.v);
-  for (const GraphKey& key : {forward_key(p, out), backward_key(p, out, out, out, dk, dv)}) {
-    const std::shared_ptr<CachedGraph> g = graph_for(key);
-    if (g->graph == nullptr) return "cuDNN cannot run this " + key_str(key) + ": " + g->error;
-  }
-  return {};
+  return graphs().forward_reason(p, env, dense_strides_like(p.q));
 }
 
+std::string cudnn_sdpa_backward_unsupported_reason(const AttentionProblem& p,
+                                                   const AttentionView& out,
+                                                   const AttentionView& dout,
+                                                   const AttentionView& dq, const AttentionView& dk,
+                                                   const AttentionView& dv) {
+  const CudnnEnvironment env = environment_of(p);
+  std::string why = cudnn_sdpa_rule_reason(p, env, SdpaDirection::kBackward);
+  if (!why.empty()) return why;
+  tessel::cuda::DeviceGuard guard(p.q.device.index);
+  return graphs().backward_reason(
+      p, env,
+      {cudnn_strides_of(out), cudnn_strides_of(dout), cudnn_strides_of(dq), cudnn_strides_of(dk),
+       cudnn_strides_of(dv)});
+}
+
+int64_t cudnn_sdpa_graph_builds(SdpaDirection direction) { return graphs().builds(direction); }
+
 void cudnn_sdpa_forward(const AttentionProblem& p, const AttentionView& out, float* lse) {
-  check_problem(p);
+  check_problem(p, SdpaDirection::kForward);
   check_output(out, p.q, "out");
   Tensor lse_scratch;
   if (lse == nullptr) {
@@ -386,13 +242,13 @@ void cudnn_sdpa_forward(const AttentionProblem& p, const AttentionView& out, flo
   }
   std::unordered_map<int64_t, void*> pack = {
       {kQ, p.q.data}, {kK, p.k.data}, {kV, p.v.data}, {kO, out.data}, {kStats, lse}};
-  execute(forward_key(p, strides_of(out)), pack, p.q.device);
+  execute(cudnn_forward_graph_key(p, cudnn_strides_of(out)), pack, p.q.device);
 }
 
 void cudnn_sdpa_backward(const AttentionProblem& p, const AttentionView& out,
                          const AttentionView& dout, const float* lse, const AttentionView& dq,
                          const AttentionView& dk, const AttentionView& dv) {
-  check_problem(p);
+  check_problem(p, SdpaDirection::kBackward);
   check_output(out, p.q, "out");
   check_output(dout, p.q, "dout");
   check_output(dq, p.q, "dq");
@@ -404,8 +260,9 @@ void cudnn_sdpa_backward(const AttentionProblem& p, const AttentionView& out,
       {kQ, p.q.data}, {kK, p.k.data},     {kV, p.v.data},
       {kO, out.data}, {kDout, dout.data}, {kStats, const_cast<float*>(lse)},
       {kDq, dq.data}, {kDk, dk.data},     {kDv, dv.data}};
-  execute(backward_key(p, strides_of(out), strides_of(dout), strides_of(dq), strides_of(dk),
-                       strides_of(dv)),
+  execute(cudnn_backward_graph_key(
+              p, {cudnn_strides_of(out), cudnn_strides_of(dout), cudnn_strides_of(dq),
+                  cudnn_strides_of(dk), cudnn_strides_of(dv)}),
           pack, p.q.device);
 }
 

@@ -14,6 +14,14 @@ bool cudnn_sdpa_is_available() { return false; }
 
 std::string cudnn_sdpa_unsupported_reason(const AttentionProblem&) { return kWhy; }
 
+std::string cudnn_sdpa_backward_unsupported_reason(const AttentionProblem&, const AttentionView&,
+                                                   const AttentionView&, const AttentionView&,
+                                                   const AttentionView&, const AttentionView&) {
+  return kWhy;
+}
+
+int64_t cudnn_sdpa_graph_builds(SdpaDirection) { return 0; }
+
 void cudnn_sdpa_forward(const AttentionProblem&, const AttentionView&, float*) { unavailable(); }
 
 void cudnn_sdpa_backward(const AttentionProblem&, const AttentionView&, const AttentionView&,
