@@ -11,7 +11,6 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "tessel/base/error.h"
@@ -19,6 +18,7 @@
 #include "tessel/tensor/cuda/cuda_backend.h"
 #include "tessel/tensor/cuda/cuda_gemm_plan.h"
 #include "tessel/tensor/cuda/cuda_runtime.h"
+#include "tessel/tensor/cuda/gemm_cache.h"
 
 namespace tessel::cuda {
 namespace {
@@ -93,24 +93,9 @@ class Preference {
   cublasLtMatmulPreference_t pref_ = nullptr;
 };
 
-// ---- Per-device handle and algorithm cache ------------------------------------------------------
+// ---- Per-device handle; per-thread cache of each GEMM's cuBLASLt setup ------------------------
 
-// What identifies a GEMM for the heuristic: every scalar of the problem.
-using GemmKey = std::vector<int64_t>;
-struct GemmKeyHash {
-  size_t operator()(const GemmKey& key) const {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
-    for (int64_t x : key) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
-    return static_cast<size_t>(h);
-  }
-};
-
-struct CachedAlgo {
-  cublasLtMatmulAlgo_t algo;
-  size_t workspace = 0;
-};
-
-// One device's cuBLASLt handle (thread-safe to share) and heuristic results.
+// One device's cuBLASLt handle (thread-safe to share).
 class DeviceLt {
  public:
   explicit DeviceLt(int device) {
@@ -122,23 +107,8 @@ class DeviceLt {
   DeviceLt& operator=(const DeviceLt&) = delete;
   cublasLtHandle_t handle() const { return handle_; }
 
-  bool find(const GemmKey& key, CachedAlgo* out) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = cache_.find(key);
-    if (it == cache_.end()) return false;
-    *out = it->second;
-    return true;
-  }
-  void store(const GemmKey& key, const CachedAlgo& algo) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (cache_.size() > 8192) cache_.clear();
-    cache_.emplace(key, algo);
-  }
-
  private:
   cublasLtHandle_t handle_ = nullptr;
-  std::mutex mu_;
-  std::unordered_map<GemmKey, CachedAlgo, GemmKeyHash> cache_;  // guarded by mu_
 };
 
 DeviceLt& device_lt(int device) {
@@ -192,6 +162,28 @@ void check_int32(int64_t v, const char* what) {
                "matmul: {} is {}; cuBLASLt takes at most 2^31 - 1", what, v);
 }
 
+// Everything cuBLASLt needs for one problem but the pointers: made once per GemmKey.
+struct GemmSetup {
+  GemmSetup(cublasComputeType_t compute, cudaDataType ab_type, cudaDataType d_type,
+            const GemmPlan& p, int dev)
+      : desc(compute, dev),
+        la(ab_type, p.A.rows, p.A.cols, p.A.ld, static_cast<int32_t>(p.batch), p.stride_a, dev),
+        lb(ab_type, p.B.rows, p.B.cols, p.B.ld, static_cast<int32_t>(p.batch), p.stride_b, dev),
+        ld(d_type, p.m, p.n, p.ldd, static_cast<int32_t>(p.batch), p.stride_d, dev) {}
+  MatmulDesc desc;
+  MatrixLayout la, lb, ld;
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;
+};
+
+// Setups this thread made, by problem (gemm_cache.h): a training step's GEMMs repeat, so after
+// the first step no matmul creates a descriptor, a layout or a preference, or asks the heuristic.
+constexpr size_t kGemmCacheEntries = 1024;
+GemmCache<std::unique_ptr<GemmSetup>>& thread_gemm_cache() {
+  thread_local GemmCache<std::unique_ptr<GemmSetup>> cache(kGemmCacheEntries);
+  return cache;
+}
+
 void run_gemm(const Launch& l, const Gemm& g) {
   const GemmPlan& p = g.plan;
   for (auto [v, what] : {std::pair{p.m, "N"},
@@ -210,54 +202,39 @@ void run_gemm(const Launch& l, const Gemm& g) {
   const int32_t batch = static_cast<int32_t>(p.batch);
   const size_t ab_size = dtype_size(g.ab_dtype), d_size = dtype_size(g.d_dtype);
 
-  MatmulDesc desc(compute, dev);
   const cublasOperation_t op_a = p.A.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = p.B.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
-  desc.set(CUBLASLT_MATMUL_DESC_TRANSA, op_a, dev);
-  desc.set(CUBLASLT_MATMUL_DESC_TRANSB, op_b, dev);
   const cublasLtEpilogue_t epilogue =
       g.bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-  if (g.bias != nullptr) {
-    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue, dev);
-    desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias, dev);
-    desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(g.bias_dtype), dev);
-  }
-  MatrixLayout la(ab_type, p.A.rows, p.A.cols, p.A.ld, batch, p.stride_a, dev);
-  MatrixLayout lb(ab_type, p.B.rows, p.B.cols, p.B.ld, batch, p.stride_b, dev);
-  MatrixLayout ld(d_type, p.m, p.n, p.ldd, batch, p.stride_d, dev);
-
   const uint32_t align_a = alignment(g.a, batch > 1 ? p.stride_a * int64_t(ab_size) : 0);
   const uint32_t align_b = alignment(g.b, batch > 1 ? p.stride_b * int64_t(ab_size) : 0);
   const uint32_t align_d = alignment(g.d, batch > 1 ? p.stride_d * int64_t(d_size) : 0);
   const uint32_t align_bias = g.bias != nullptr ? alignment(g.bias, 0) : 256;
 
   DeviceLt& lt = device_lt(dev);
-  const GemmKey key = {static_cast<int64_t>(g.ab_dtype),
-                       static_cast<int64_t>(g.d_dtype),
-                       tf32,
-                       p.A.transpose,
-                       p.B.transpose,
-                       p.A.rows,
-                       p.A.cols,
-                       p.A.ld,
-                       p.B.rows,
-                       p.B.cols,
-                       p.B.ld,
-                       p.m,
-                       p.n,
-                       p.ldd,
-                       p.batch,
-                       p.stride_a,
-                       p.stride_b,
-                       p.stride_d,
-                       epilogue,
-                       static_cast<int64_t>(g.bias_dtype),
-                       align_a,
-                       align_b,
-                       align_d,
-                       align_bias};
-  CachedAlgo algo;
-  if (!lt.find(key, &algo)) {
+  GemmKey key = gemm_key(p, {.device = dev,
+                             .ab_dtype = g.ab_dtype,
+                             .d_dtype = g.d_dtype,
+                             .tf32 = tf32,
+                             .epilogue = static_cast<int>(epilogue),
+                             .bias_dtype = g.bias_dtype,
+                             .align_a = align_a,
+                             .align_b = align_b,
+                             .align_d = align_d,
+                             .align_bias = align_bias});
+  auto& cache = thread_gemm_cache();
+  GemmSetup* setup = nullptr;
+  if (auto* cached = cache.find(key)) {
+    setup = cached->get();
+  } else {
+    auto made = std::make_unique<GemmSetup>(compute, ab_type, d_type, p, dev);
+    MatmulDesc& desc = made->desc;
+    desc.set(CUBLASLT_MATMUL_DESC_TRANSA, op_a, dev);
+    desc.set(CUBLASLT_MATMUL_DESC_TRANSB, op_b, dev);
+    if (g.bias != nullptr) {
+      desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue, dev);
+      desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(g.bias_dtype), dev);
+    }
     Preference pref(dev);
     pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kMaxWorkspaceBytes, dev);
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a, dev);
@@ -266,25 +243,28 @@ void run_gemm(const Launch& l, const Gemm& g) {
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d, dev);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    check_cublas(cublasLtMatmulAlgoGetHeuristic(lt.handle(), desc.get(), la.get(), lb.get(),
-                                                ld.get(), ld.get(), pref.get(), 1, &result, &found),
+    check_cublas(cublasLtMatmulAlgoGetHeuristic(lt.handle(), desc.get(), made->la.get(),
+                                                made->lb.get(), made->ld.get(), made->ld.get(),
+                                                pref.get(), 1, &result, &found),
                  "cublasLtMatmulAlgoGetHeuristic", dev);
     TESSEL_CHECK(found > 0, NotImplemented,
                  "matmul: cuBLASLt has no algorithm for {} x {} -> {} with m={} n={} k={} "
                  "batch={} (operand alignment {}/{}/{} bytes)",
                  dtype_name(g.ab_dtype), dtype_name(g.ab_dtype), dtype_name(g.d_dtype), p.m, p.n,
                  p.k, p.batch, align_a, align_b, align_d);
-    algo.algo = result.algo;
-    algo.workspace = result.workspaceSize;
-    lt.store(key, algo);
+    made->algo = result.algo;
+    made->workspace = result.workspaceSize;
+    setup = cache.insert(std::move(key), std::move(made)).get();
   }
+  // The one attribute that changes between calls of one problem.
+  if (g.bias != nullptr) setup->desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias, dev);
   // The workspace comes from the caching allocator for this stream and goes back after the
   // call: later work on the stream is ordered after the GEMM, so reuse is safe.
-  const Scratch workspace(static_cast<int64_t>(algo.workspace), Device::cuda(dev));
+  const Scratch workspace(static_cast<int64_t>(setup->workspace), Device::cuda(dev));
   const float alpha = 1.0f, beta = 0.0f;
-  check_cublas(cublasLtMatmul(lt.handle(), desc.get(), &alpha, g.a, la.get(), g.b, lb.get(), &beta,
-                              g.d, ld.get(), g.d, ld.get(), &algo.algo, workspace.get(),
-                              algo.workspace, l.stream),
+  check_cublas(cublasLtMatmul(lt.handle(), setup->desc.get(), &alpha, g.a, setup->la.get(), g.b,
+                              setup->lb.get(), &beta, g.d, setup->ld.get(), g.d, setup->ld.get(),
+                              &setup->algo, workspace.get(), setup->workspace, l.stream),
                "cublasLtMatmul", dev);
 }
 
