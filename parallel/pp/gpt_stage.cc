@@ -1,0 +1,112 @@
+// GPT pipeline stages: the layers of one stage under the whole model's names.
+#include "tessel/parallel/pp/gpt_stage.h"
+
+#include <string>
+
+#include "tessel/base/error.h"
+#include "tessel/parallel/pp/stage_layout.h"
+#include "tessel/tensor/ops.h"
+
+namespace tessel::pp {
+namespace {
+
+// The child `name` of `parent` as the shared handle the registry holds.
+std::shared_ptr<nn::Module> shared_child(const nn::Module& parent, std::string_view name) {
+  for (const auto& [child_name, child] : parent.children()) {
+    if (child_name == name) return child;
+  }
+  parent.child(name);  // throws OutOfRange naming it
+  return nullptr;
+}
+
+}  // namespace
+
+GptStage::GptStage(std::shared_ptr<nn::GPT> model, int stage, int first_block, int num_blocks,
+                   bool with_embedding, bool with_head)
+    : Module("GptStage"),
+      model_(std::move(model)),
+      stage_(stage),
+      first_block_(first_block),
+      num_blocks_(num_blocks),
+      with_embedding_(with_embedding),
+      with_head_(with_head) {
+  TESSEL_CHECK(model_ != nullptr && first_block >= 0 && num_blocks >= 0 &&
+                   first_block + num_blocks <= model_->config().n_layer,
+               InvalidArgument, "GptStage {}: blocks [{}, {}) outside the model's {} blocks", stage,
+               first_block, first_block + num_blocks,
+               model_ ? model_->config().n_layer : int64_t{0});
+  Module& whole = model_->child("transformer");
+  auto transformer = register_module("transformer", std::make_shared<Module>("ModuleDict"));
+  // The head's weight is the token embedding's (tied), so the last stage holds wte too.
+  if (with_embedding || with_head) transformer->register_module("wte", shared_child(whole, "wte"));
+  if (with_embedding) {
+    transformer->register_module("wpe", shared_child(whole, "wpe"));
+    transformer->register_module("drop", shared_child(whole, "drop"));
+  }
+  auto h = transformer->register_module("h", std::make_shared<Module>("ModuleDict"));
+  for (int l = first_block; l < first_block + num_blocks; ++l) {
+    const std::string name = std::to_string(l);
+    h->register_module(name, shared_child(whole.child("h"), name));
+  }
+  if (with_head) transformer->register_module("ln_f", shared_child(whole, "ln_f"));
+}
+
+Tensor GptStage::forward(const Tensor& input) {
+  Module& transformer = child("transformer");
+  Tensor x = input;
+  if (with_embedding_) {
+    const int64_t block_size = model_->config().block_size;
+    TESSEL_CHECK(input.dim() == 2 && !is_floating(input.dtype()) && input.size(1) > 0 &&
+                     input.size(1) <= block_size,
+                 InvalidArgument,
+                 "GPT stage {} expects integer tokens (B, T) with 0 < T <= block_size {}, got {}",
+                 stage_, block_size, input.str());
+    const int64_t T = input.size(1);
+    x = add(transformer.child("wte")(input),
+            transformer.child("wpe")(arange(T, DType::kI64, input.device())));
+    x = transformer.child("drop")(x);
+  }
+  Module& h = transformer.child("h");
+  for (int l = first_block_; l < first_block_ + num_blocks_; ++l) x = h.child(std::to_string(l))(x);
+  if (with_head_) {
+    x = linear(transformer.child("ln_f")(x), parameter("transformer.wte.weight"));
+  }
+  return x;
+}
+
+std::vector<std::shared_ptr<GptStage>> make_gpt_stages(const nn::GptConfig& config,
+                                                       const std::vector<int>& layout, int rank,
+                                                       int num_ranks, Device device) {
+  const int S = static_cast<int>(layout.size());
+  TESSEL_CHECK(
+      num_ranks >= 1 && S >= num_ranks && S % num_ranks == 0 && rank >= 0 && rank < num_ranks,
+      InvalidArgument,
+      "GPT stages for rank {} of {}: the layout has {} stages; expected a positive "
+      "multiple of the rank count and 0 <= rank < ranks",
+      rank, num_ranks, S);
+  check_layout(layout, static_cast<int>(config.n_layer), S);
+  // The whole model on the meta device: shapes only, and the generator's positions.
+  std::shared_ptr<nn::GPT> model;
+  {
+    DefaultDeviceGuard meta(Device::meta());
+    model = std::make_shared<nn::GPT>(config);
+  }
+  std::vector<std::shared_ptr<GptStage>> stages;
+  int first = 0;
+  for (int s = 0; s < S; ++s) {
+    if (s % num_ranks == rank) {
+      stages.push_back(std::make_shared<GptStage>(model, s, first, layout[static_cast<size_t>(s)],
+                                                  s == 0, s == S - 1));
+      stages.back()->to_empty(device);
+    }
+    first += layout[static_cast<size_t>(s)];
+  }
+  // Draws every parameter's values in the whole model's order: the ones with memory (this
+  // rank's) get them, the meta ones only advance the generator.
+  model->init_weights();
+  return stages;
+}
+
+std::vector<std::string> gpt_tied_parameters() { return {"transformer.wte.weight"}; }
+
+}  // namespace tessel::pp

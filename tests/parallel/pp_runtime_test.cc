@@ -1,0 +1,323 @@
+// The pipeline runtime on rank threads: a tiny GPT split into stages (uniform, user-given and
+// balanced layouts; virtual stages; uneven and empty stages) trains 20 steps with every built-in
+// schedule for pp = 1 (virtual stages only), 2 and 4, and its losses match one process training
+// the whole model on the whole batch. The activations each rank holds at once, counted by the
+// runtime, equal the validator's peak (1F1B: at most p on stage 0). A malformed schedule, and
+// ranks running different schedules, fail on every rank naming the problem.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tessel/base/error.h"
+#include "tessel/collectives/threads/threads_backend.h"
+#include "tessel/nn/gpt.h"
+#include "tessel/nn/optim/adamw.h"
+#include "tessel/nn/optim/clip.h"
+#include "tessel/parallel/pp/gpt_stage.h"
+#include "tessel/parallel/pp/runtime.h"
+#include "tessel/parallel/pp/schedule_generate.h"
+#include "tessel/parallel/pp/schedule_validate.h"
+#include "tessel/parallel/pp/stage_layout.h"
+#include "tessel/tensor/autograd.h"
+#include "tessel/tensor/ops.h"
+
+namespace tessel::pp {
+namespace {
+
+constexpr int kSteps = 20;
+constexpr int64_t kBatch = 8;
+constexpr int64_t kSeq = 8;
+constexpr double kMaxNorm = 1.0;
+// Relative, per step: the pipeline sums micro-batch gradients where one process takes the
+// whole batch's, so f32 sums run in another order.
+constexpr double kTolerance = 2e-4;
+
+nn::GptConfig tiny_config() {
+  return {.vocab_size = 64, .block_size = kSeq, .n_layer = 6, .n_head = 2, .n_embd = 16, .seed = 7};
+}
+
+nn::optim::AdamWOptions adamw_options() { return {.lr = 1e-2, .weight_decay = 0.1}; }
+
+// Step i's batch: rows of a repeating pattern the model can learn, so the loss moves.
+std::pair<Tensor, Tensor> batch(int step) {
+  std::vector<int64_t> tokens, targets;
+  for (int64_t b = 0; b < kBatch; ++b) {
+    for (int64_t t = 0; t <= kSeq; ++t) {
+      const int64_t v = (step * 5 + b * 3 + t * (b % 3 + 1)) % 64;
+      if (t < kSeq) tokens.push_back(v);
+      if (t > 0) targets.push_back(v);
+    }
+  }
+  return {from_vector<int64_t>(tokens, {kBatch, kSeq}),
+          from_vector<int64_t>(targets, {kBatch, kSeq})};
+}
+
+// One process, the whole model, the whole batch: the losses every pipeline must match.
+const std::vector<double>& reference_losses() {
+  static const std::vector<double> losses = [] {
+    nn::GPT model(tiny_config());
+    nn::optim::AdamW opt(model.parameters(), adamw_options());
+    std::vector<double> out;
+    for (int step = 0; step < kSteps; ++step) {
+      auto [x, y] = batch(step);
+      model.zero_grad();
+      Tensor loss = nn::GPT::loss(model(x), y);
+      tessel::backward(loss);
+      nn::optim::clip_grad_norm(model.parameters(), kMaxNorm);
+      opt.step();
+      out.push_back(item(loss));
+    }
+    return out;
+  }();
+  return losses;
+}
+
+struct PipelineRun {
+  std::vector<double> losses;               // rank 0's, per step
+  std::vector<int> peak_in_flight;          // per rank
+  std::vector<int> peak_in_flight_stage0;   // per rank: its first local stage's peak
+  int64_t recvs_posted_early = 0;           // over ranks
+  std::vector<int64_t> buffers_after_step;  // rank p−1's allocations after each step
+  bool ranks_agree = true;                  // every rank returned rank 0's loss
+};
+
+PipelineRun train(const PipelineSchedule& schedule, const std::vector<int>& layout,
+                  int steps = kSteps) {
+  const int p = schedule.num_ranks;
+  PipelineRun run;
+  run.peak_in_flight.assign(static_cast<size_t>(p), 0);
+  run.peak_in_flight_stage0.assign(static_cast<size_t>(p), 0);
+  std::vector<std::vector<double>> losses(static_cast<size_t>(p));
+  std::mutex mu;
+  threads::run_ranks(p, [&](ProcessGroup& pg) {
+    const int rank = pg.rank();
+    auto stages = make_gpt_stages(tiny_config(), layout, rank, p);
+    std::vector<LocalStage> local;
+    for (auto& s : stages) local.push_back({s->stage(), s});
+    nn::optim::AdamW* opt = nullptr;
+    PipelineRuntime* self = nullptr;
+    PipelineRuntime runtime(pg.shared_from_this(), schedule, local, nn::GPT::loss,
+                            {.on_step =
+                                 [&] {
+                                   clip_grad_norm(*self, kMaxNorm);
+                                   opt->step();
+                                 },
+                             .tied_parameters = gpt_tied_parameters()});
+    self = &runtime;
+    nn::optim::AdamW adamw(runtime.parameters(), adamw_options());
+    opt = &adamw;
+    std::vector<double> mine;
+    std::vector<int64_t> buffers;
+    for (int step = 0; step < steps; ++step) {
+      auto [x, y] = batch(step);
+      mine.push_back(runtime.step(x, y));
+      buffers.push_back(runtime.stats().buffers_allocated);
+    }
+    std::lock_guard lock(mu);
+    losses[static_cast<size_t>(rank)] = mine;
+    run.peak_in_flight[static_cast<size_t>(rank)] = runtime.stats().peak_in_flight_rank;
+    run.peak_in_flight_stage0[static_cast<size_t>(rank)] = runtime.stats().peak_in_flight[0];
+    run.recvs_posted_early += runtime.stats().recvs_posted_early;
+    if (rank == p - 1) run.buffers_after_step = buffers;
+  });
+  run.losses = losses[0];
+  for (const auto& l : losses) run.ranks_agree = run.ranks_agree && l == losses[0];
+  return run;
+}
+
+struct Case {
+  std::string name;
+  int p;
+  std::string schedule;
+  int v;
+  std::string layout;  // empty: uniform
+};
+
+class PipelineParityTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PipelineParityTest, LossesMatchOneProcessFor20Steps) {
+  const Case& c = GetParam();
+  const int m = 4;
+  const PipelineSchedule schedule = make_schedule(c.schedule, c.p, m, c.v);
+  const int S = schedule.num_stages;
+  const int blocks = static_cast<int>(tiny_config().n_layer);
+  const std::vector<int> layout =
+      c.layout.empty() ? uniform_layout(blocks, S) : parse_layout(c.layout, blocks, S);
+  const PipelineRun run = train(schedule, layout);
+  const auto& ref = reference_losses();
+  ASSERT_EQ(run.losses.size(), ref.size());
+  EXPECT_TRUE(run.ranks_agree) << "every rank returns the last stage's loss";
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_NEAR(run.losses[i], ref[i], kTolerance * std::abs(ref[i])) << "step " << i;
+  }
+  EXPECT_LT(ref.back(), ref.front() * 0.9) << "the reference run learns";
+  // The activations each rank held at once are the schedule's.
+  const ScheduleCheck check = validate_schedule(schedule);
+  EXPECT_EQ(run.peak_in_flight, check.peak_in_flight);
+  if (c.p > 1) {
+    EXPECT_GT(run.recvs_posted_early, 0) << "receives are posted ahead from the second step";
+    // Receive buffers are made in the first step and reused afterwards.
+    EXPECT_EQ(run.buffers_after_step.back(), run.buffers_after_step[1]);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, PipelineParityTest,
+    ::testing::Values(Case{"pp1_interleaved_v2", 1, "interleaved-1f1b", 2, ""},
+                      Case{"pp2_gpipe", 2, "gpipe", 1, ""},
+                      Case{"pp2_1f1b_uneven", 2, "1f1b", 1, "4,2"},
+                      Case{"pp2_interleaved_v2", 2, "interleaved-1f1b", 2, ""},
+                      Case{"pp2_zero_bubble", 2, "zero-bubble", 1, ""},
+                      Case{"pp4_gpipe", 4, "gpipe", 1, ""}, Case{"pp4_1f1b", 4, "1f1b", 1, ""},
+                      Case{"pp4_interleaved_v2_empty_stages", 4, "interleaved-1f1b", 2, ""},
+                      Case{"pp4_zero_bubble_uneven", 4, "zero-bubble", 1, "1,3,0,2"}),
+    [](const auto& info) { return info.param.name; });
+
+// 1F1B holds at most p micro-batches on stage 0, however many micro-batches run; GPipe all m.
+TEST(PipelineMemoryTest, OneFOneBHoldsAtMostPOnStageZero) {
+  const int p = 4;
+  const int m = 8;
+  const std::vector<int> layout = uniform_layout(6, p);
+  const PipelineRun one_f_one_b = train(make_1f1b(p, m), layout, 1);
+  EXPECT_EQ(one_f_one_b.peak_in_flight_stage0[0], p);
+  for (int r = 0; r < p; ++r) EXPECT_EQ(one_f_one_b.peak_in_flight[static_cast<size_t>(r)], p - r);
+  const PipelineRun gpipe = train(make_gpipe(p, m), layout, 1);
+  EXPECT_EQ(gpipe.peak_in_flight_stage0[0], m);
+}
+
+// Every rank throws the same error, naming the action, before anything is sent.
+std::vector<std::string> errors_on_every_rank(int p,
+                                              const std::function<PipelineSchedule(int)>& make) {
+  std::vector<std::string> errors(static_cast<size_t>(p));
+  std::mutex mu;
+  threads::run_ranks(p, [&](ProcessGroup& pg) {
+    auto stages = make_gpt_stages(tiny_config(), uniform_layout(6, p), pg.rank(), p);
+    std::vector<LocalStage> local;
+    for (auto& s : stages) local.push_back({s->stage(), s});
+    try {
+      PipelineRuntime runtime(pg.shared_from_this(), make(pg.rank()), local, nn::GPT::loss);
+    } catch (const InvalidArgument& e) {
+      std::lock_guard lock(mu);
+      errors[static_cast<size_t>(pg.rank())] = e.what();
+    }
+  });
+  return errors;
+}
+
+TEST(PipelineRuntimeErrorTest, MalformedScheduleFailsOnEveryRankNamingTheAction) {
+  const auto errors = errors_on_every_rank(2, [](int) {
+    PipelineSchedule s = make_1f1b(2, 2);
+    // Rank 0 never sends micro-batch 1's activation.
+    auto& actions = s.ranks[0];
+    actions.erase(
+        std::find(actions.begin(), actions.end(), Action{ActionKind::kSendActivation, 1, 0, 1}));
+    return s;
+  });
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("RECV_F1s1<0"), std::string::npos) << e;
+    EXPECT_EQ(e, errors[0]);
+  }
+}
+
+TEST(PipelineRuntimeErrorTest, RanksRunningDifferentSchedulesFailOnEveryRank) {
+  const auto errors = errors_on_every_rank(
+      2, [](int rank) { return rank == 0 ? make_1f1b(2, 4) : make_gpipe(2, 4); });
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("ranks 1 run a schedule that differs from rank 0's"), std::string::npos) << e;
+  }
+}
+
+TEST(PipelineRuntimeErrorTest, StagesNotTheSchedulesFail) {
+  threads::run_ranks(1, [&](ProcessGroup& pg) {
+    auto stages = make_gpt_stages(tiny_config(), uniform_layout(6, 2), 0, 1);
+    std::vector<LocalStage> local{{stages[0]->stage(), stages[0]}};  // stage 1 missing
+    try {
+      PipelineRuntime runtime(pg.shared_from_this(), make_interleaved_1f1b(1, 2, 2), local,
+                              nn::GPT::loss);
+      ADD_FAILURE() << "expected InvalidArgument";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("given stages [0]"), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST(PipelineRuntimeErrorTest, BatchNotDivisibleByMicroBatches) {
+  threads::run_ranks(1, [&](ProcessGroup& pg) {
+    auto stages = make_gpt_stages(tiny_config(), {6}, 0, 1);
+    PipelineRuntime runtime(pg.shared_from_this(), make_gpipe(1, 3), {{0, stages[0]}},
+                            nn::GPT::loss);
+    auto [x, y] = batch(0);
+    EXPECT_THROW(runtime.step(x, y), InvalidArgument);
+  });
+}
+
+// Stages hold only their own layers, with the whole model's names and initial values.
+TEST(GptStageTest, StagesHoldOnlyTheirLayersWithTheWholeModelsValues) {
+  const nn::GptConfig cfg = tiny_config();
+  nn::GPT whole(cfg);
+  const auto expected = whole.state_dict();
+  const std::vector<int> layout = {1, 2, 2, 1};
+  std::set<std::string> seen;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto stages = make_gpt_stages(cfg, layout, rank, 2);
+    ASSERT_EQ(stages.size(), 2u);
+    for (const auto& stage : stages) {
+      EXPECT_EQ(stage->stage() % 2, rank);
+      for (const auto& [name, t] : stage->named_parameters()) {
+        ASSERT_FALSE(t.is_meta()) << name;
+        ASSERT_TRUE(expected.count(name)) << name;
+        EXPECT_EQ(to_vector<float>(t), to_vector<float>(expected.at(name))) << name;
+        seen.insert(name);
+      }
+    }
+    // Stage 1 on rank 1 holds blocks 1 and 2 only.
+    if (rank == 1) {
+      std::vector<std::string> names;
+      for (const auto& [name, t] : stages[0]->named_parameters()) names.push_back(name);
+      EXPECT_TRUE(std::all_of(names.begin(), names.end(), [](const std::string& n) {
+        return n.rfind("transformer.h.1.", 0) == 0 || n.rfind("transformer.h.2.", 0) == 0;
+      }));
+    }
+  }
+  EXPECT_EQ(seen.size(), expected.size()) << "the stages together hold the whole model";
+}
+
+TEST(GptStageTest, ChainedStagesComputeTheWholeModel) {
+  const nn::GptConfig cfg = tiny_config();
+  nn::GPT whole(cfg);
+  auto stages = make_gpt_stages(cfg, {2, 0, 3, 1}, 0, 1);
+  auto [x, y] = batch(3);
+  Tensor h = x;
+  for (auto& s : stages) h = (*s)(h);
+  EXPECT_EQ(to_vector<float>(h), to_vector<float>(whole(x)));
+}
+
+TEST(StageLayoutTest, UniformParsedAndBalanced) {
+  EXPECT_EQ(uniform_layout(6, 4), (std::vector<int>{2, 2, 1, 1}));
+  EXPECT_EQ(uniform_layout(2, 4), (std::vector<int>{1, 1, 0, 0}));
+  EXPECT_EQ(parse_layout("1,3,0,2", 6, 4), (std::vector<int>{1, 3, 0, 2}));
+  EXPECT_THROW(parse_layout("1,3,2", 6, 4), InvalidArgument);
+  EXPECT_THROW(parse_layout("1,x,3,2", 6, 4), InvalidArgument);
+  EXPECT_THROW(parse_layout("1,4,0,2", 6, 4), InvalidArgument);
+  // A head worth 3 blocks takes a stage to itself; an embedding worth 2 leaves stage 0 one block.
+  EXPECT_EQ(balanced_layout(std::vector<double>{0, 1, 1, 1, 1, 1, 1, 3}, 3),
+            (std::vector<int>{3, 3, 0}));
+  EXPECT_EQ(balanced_layout(std::vector<double>{2, 1, 1, 1, 1, 0}, 2), (std::vector<int>{1, 3}));
+  // Even costs spread evenly.
+  const std::vector<double> even = {0, 1, 1, 1, 1, 0};
+  EXPECT_EQ(balanced_layout(even, 2), (std::vector<int>{2, 2}));
+  const auto gpt = gpt_layer_costs(tiny_config(), kSeq);
+  EXPECT_EQ(gpt.size(), 8u);
+  EXPECT_EQ(format_layout(balanced_layout(gpt, 2)).size(), 3u);
+  EXPECT_THROW(balanced_layout(std::vector<double>{1, -1, 1}, 2), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace tessel::pp
