@@ -8,6 +8,9 @@
 #   scripts/slurm-testbed.sh login DIR CMD [ARGS]  # CMD on the login node: srun, sbatch, sinfo...
 #   scripts/slurm-testbed.sh stop DIR              # every process and namespace gone
 #
+# With SLURM_TESTBED_OWNER=PID in start's environment, the test bed is stopped when process
+# PID ends, whatever way it ends.
+#
 # DIR (created; empty or absent) holds slurm.conf, the daemons' state, spool and logs. The
 # login node "login" (10.79.1.254, on the bridge) runs slurmctld and the client commands; node i
 # is "node<i>" at 10.79.1.<i+1>, with 4 CPUs and host name node<i>; every namespace's /etc/hosts
@@ -50,7 +53,7 @@ in_ns() {
   local dir=$1 name=$2
   shift 2
   mkdir -p "$dir/tmp.$name"
-  nsenter --net="/run/netns/$(ns_of "$dir" "$name")" unshare --mount --uts \
+  exec nsenter --net="/run/netns/$(ns_of "$dir" "$name")" unshare --mount --uts \
     env SLURM_CONF="$dir/slurm.conf" sh -c \
     'mount --bind "$0/hosts" /etc/hosts && mount --bind "$0/tmp.$1" "$0/tmp" &&
      hostname "$1" && shift && exec "$@"' "$dir" "$name" "$@"
@@ -145,21 +148,38 @@ start() {
     mkdir -p "$dir/spool/node$i"
     in_ns "$dir" "node$i" slurmd -D -N "node$i" >"$dir/log/slurmd.node$i.out" 2>&1 &
   done
-  # Every node idle (sinfo reports one line per state; "idle" alone means all are).
-  local deadline=$((SECONDS + 30)) states=""
+  # With SLURM_TESTBED_OWNER=PID (a test process), the test bed goes when that process does,
+  # even when it is killed before it can call `stop` (a ctest timeout).
+  if [[ -n ${SLURM_TESTBED_OWNER:-} ]]; then
+    (
+      tail --pid="$SLURM_TESTBED_OWNER" -f /dev/null
+      stop "$dir"
+    ) </dev/null >/dev/null 2>&1 &
+    echo $! >"$dir/reaper.pid"
+  fi
+  # Every node idle (sinfo reports one line per state; "idle" alone means all are). About a
+  # second on an idle machine; the bound is for a loaded one.
+  local deadline=$((SECONDS + 90)) states=""
   while ((SECONDS < deadline)); do
     states=$(in_ns "$dir" login sinfo -h -o '%T %D' 2>/dev/null || true)
     [[ $states == "idle $nodes" ]] && { echo "slurm-testbed: $nodes nodes idle in $dir"; return; }
     sleep 0.1
   done
-  echo "slurm-testbed: nodes not idle after 30 s (sinfo: ${states:-no answer}); logs in $dir/log" >&2
+  echo "slurm-testbed: nodes not idle after 90 s (sinfo: ${states:-no answer}); logs in $dir/log" >&2
   stop "$dir"
   exit 1
 }
 
 stop() {
-  local dir=$1 ns pids round
+  local dir=$1 ns pids round reaper
   [[ -f $dir/namespaces ]] || return 0
+  # The owner's reaper (see start), unless this is it.
+  if [[ -f $dir/reaper.pid ]]; then
+    reaper=$(cat "$dir/reaper.pid")
+    rm -f "$dir/reaper.pid"
+    [[ $reaper == "$BASHPID" ]] || pkill -P "$reaper" 2>/dev/null || true
+    [[ $reaper == "$BASHPID" ]] || kill "$reaper" 2>/dev/null || true
+  fi
   # Everything in the namespaces: daemons, slurmstepd, job steps. TERM first so slurmctld saves
   # nothing half-written, then KILL whatever is left; wait until the namespaces are empty.
   for round in TERM KILL; do

@@ -49,12 +49,15 @@ class SlurmTest : public ::testing::Test {
     ChildProcess check({kTestbed, "check"}, {}, dir_ + "/check");
     if (check.wait(30s) != 0) {
       skip_ = check.out() + check.err();
+      while (!skip_.empty() && skip_.back() == '\n') skip_.pop_back();
       std::printf("slurm-testbed: SKIP (%s)\n", skip_.c_str());
       return;
     }
     cluster_ = dir_ + "/cluster";
-    ChildProcess start({kTestbed, "start", cluster_, std::to_string(kNodes)}, {}, dir_ + "/start");
-    const auto status = start.wait(60s);
+    // The test bed goes with this process, also when it is killed (a ctest timeout).
+    ChildProcess start({kTestbed, "start", cluster_, std::to_string(kNodes)},
+                       {"SLURM_TESTBED_OWNER=" + std::to_string(getpid())}, dir_ + "/start");
+    const auto status = start.wait(120s);
     if (status != 0) {
       start_error_ = "slurm-testbed.sh start failed: " + start.out() + start.err();
       return;
