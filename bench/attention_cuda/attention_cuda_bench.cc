@@ -5,9 +5,12 @@
 //   attention_cuda_bench                                  # tessel only
 //   attention_cuda_bench --torch python3                  # with the PyTorch peer
 //   attention_cuda_bench --seq 1024,4096 --dim 128 --causal 1 --modes fb --rounds 5
+//   attention_cuda_bench --dry-run                        # the rows it would time; no GPU needed
 //
 // Shapes follow FlashAttention's benchmark: --tokens per call (batch = tokens / seq) and a
-// model width --hidden (heads = hidden / dim). Both sides call the user-facing entry point
+// model width --hidden (heads = hidden / dim). --groups adds grouped-query rows: group g has
+// heads / g key/value heads (1: multi-head; default also 4, Llama 3's ratio); PyTorch runs
+// them with enable_gqa. Both sides call the user-facing entry point
 // (tessel::kernels::scaled_dot_product_attention, F.scaled_dot_product_attention) with
 // autograd: "fwd" is a forward without gradients, "fb" forward plus backward given the output
 // gradient. Each figure is the median over --rounds rounds of --calls calls timed between two
@@ -16,7 +19,8 @@
 // inputs are identical (a formula, computed exactly in f32 and rounded to bf16 on both sides),
 // so the sums agree to bf16 rounding of the outputs.
 //
-// Convention: forward flops 4 * B * H * S^2 * D, halved when causal; forward + backward 3.5x.
+// Convention: forward flops 4 * B * H * S^2 * D (H the query heads, whatever the group),
+// halved when causal; forward + backward 3.5x.
 // Where there is no CUDA device the program prints why and exits 0.
 #include <fmt/format.h>
 #include <sys/wait.h>
@@ -51,7 +55,8 @@ using kernels::SdpaBackend;
 
 struct Flags {
   std::string seqs = "512,1024,2048,4096,8192,16384", dims = "64,128", causals = "0,1";
-  std::string backends = "flash,cudnn", modes = "fwd,fb";
+  std::string backends = "flash,cudnn", modes = "fwd,fb", groups = "1,4";
+  bool dry_run = false;
   int64_t tokens = 16384, hidden = 2048;
   int calls = 10, rounds = 3;
   std::string device = "cuda:0";
@@ -90,6 +95,7 @@ Tensor bench_values(const Shape& shape, int64_t salt, Device device) {
 struct Problem {
   int64_t b, h, s, d;
   bool causal;
+  int64_t h_kv;  // key/value heads: h / the GQA group
   double flops(bool backward) const {
     const double fwd = 4.0 * b * h * s * s * d * (causal ? 0.5 : 1.0);
     return backward ? 3.5 * fwd : fwd;
@@ -100,10 +106,10 @@ struct Problem {
 class TesselSide {
  public:
   TesselSide(const Problem& p, Device device) : p_(p), device_(device) {
-    const Shape shape{p.b, p.h, p.s, p.d};
+    const Shape shape{p.b, p.h, p.s, p.d}, kv_shape{p.b, p.h_kv, p.s, p.d};
     q_ = bench_values(shape, 1, device);
-    k_ = bench_values(shape, 2, device);
-    v_ = bench_values(shape, 3, device);
+    k_ = bench_values(kv_shape, 2, device);
+    v_ = bench_values(kv_shape, 3, device);
     dout_ = bench_values(shape, 4, device);
   }
 
@@ -224,10 +230,44 @@ std::string tflops(double flops, double ms) {
   return std::isfinite(ms) && ms > 0 ? fmt::format("{:.1f}", flops / (ms * 1e-3) / 1e12) : "-";
 }
 
+// The rows' problems, in the order they are timed.
+std::vector<Problem> problems(const Flags& f) {
+  std::vector<Problem> out;
+  for (const std::string& seq_text : split(f.seqs)) {
+    for (const std::string& dim_text : split(f.dims)) {
+      for (const std::string& group_text : split(f.groups)) {
+        for (const std::string& causal_text : split(f.causals)) {
+          const int64_t s = std::stoll(seq_text), d = std::stoll(dim_text);
+          const int64_t group = std::stoll(group_text);
+          const int64_t h = std::max<int64_t>(1, f.hidden / d);
+          TESSEL_CHECK(group >= 1 && h % group == 0, InvalidArgument,
+                       "--groups {}: {} heads (width {} / dim {}) are not a multiple of it", group,
+                       h, f.hidden, d);
+          out.push_back(
+              {std::max<int64_t>(1, f.tokens / s), h, s, d, causal_text == "1", h / group});
+        }
+      }
+    }
+  }
+  return out;
+}
+
 int run(const Flags& f) {
   const Device device = parse_device(f.device);
   TESSEL_CHECK(device.is_cuda(), InvalidArgument, "--device {}: expected a CUDA device",
                device.str());
+  const std::vector<Problem> all = problems(f);
+  if (f.dry_run) {
+    fmt::print("attention_cuda_bench --dry-run: {} problems x backends {} x modes {}\n", all.size(),
+               f.backends, f.modes);
+    for (const Problem& p : all) {
+      fmt::print(
+          "  S {:>6} D {:>4} B {:>4} H {:>3} H_kv {:>3} causal {}: {:.1f} / {:.1f} GFLOP "
+          "(fwd / fb)\n",
+          p.s, p.d, p.b, p.h, p.h_kv, p.causal ? 1 : 0, p.flops(false) / 1e9, p.flops(true) / 1e9);
+    }
+    return 0;
+  }
   if (cuda::device_count() <= device.index) {
     fmt::print("attention_cuda_bench: skipped, no {}: {}\n", device.str(),
                cuda::device_count() == 0 ? cuda::unavailable_reason()
@@ -241,59 +281,53 @@ int run(const Flags& f) {
       "calls; PyTorch: {}\n",
       device.str(), f.tokens, f.hidden, f.rounds, f.calls,
       torch ? torch->info() : "not run (--torch PYTHON)");
-  fmt::print("\n{:>6} {:>4} {:>4} {:>4} {:>6} {:>6} {:>5} {:>11} {:>11} {:>9} {:>9} {:>7}\n", "seq",
-             "dim", "B", "H", "causal", "which", "mode", "tessel ms", "torch ms", "tessel TF",
-             "torch TF", "ratio");
-  for (const std::string& seq_text : split(f.seqs)) {
-    for (const std::string& dim_text : split(f.dims)) {
-      for (const std::string& causal_text : split(f.causals)) {
-        const int64_t s = std::stoll(seq_text), d = std::stoll(dim_text);
-        const Problem p{std::max<int64_t>(1, f.tokens / s), std::max<int64_t>(1, f.hidden / d), s,
-                        d, causal_text == "1"};
-        TesselSide ours(p, device);
-        std::string sums = "tessel";
-        for (const std::string& name : split(f.backends)) {
-          sums += fmt::format(" {}={}", name, ours.output_sum(backend_named(name)));
-        }
-        if (torch) {
-          sums += "; torch " + torch->ask(fmt::format("load {} {} {} {} {}", p.b, p.h, p.s, p.d,
-                                                      p.causal ? 1 : 0));
-        }
-        fmt::print("# S={} D={} causal={}: output sums {}\n", s, d, p.causal ? 1 : 0, sums);
-        for (const std::string& name : split(f.backends)) {
-          for (const std::string& mode : split(f.modes)) {
-            const bool backward = mode == "fb";
-            std::vector<double> mine, theirs;
-            std::string note;
-            for (int round = 0; round < f.rounds && note.empty(); ++round) {
-              try {
-                mine.push_back(ours.time_calls(backend_named(name), backward, f.calls));
-              } catch (const Unavailable& e) {
-                note = e.message();
-              }
-              if (!torch) continue;
-              const std::string answer =
-                  torch->ask(fmt::format("time {} {} {}", name, mode, f.calls));
-              if (answer.rfind("unsupported", 0) == 0 || answer.empty()) {
-                theirs.clear();
-                if (note.empty()) note = "torch: " + (answer.empty() ? "no answer" : answer);
-              } else {
-                theirs.push_back(std::stod(answer));
-              }
-            }
-            const double a = median(mine), b = median(theirs);
-            fmt::print(
-                "{:>6} {:>4} {:>4} {:>4} {:>6} {:>6} {:>5} {:>11} {:>11} {:>9} {:>9} {:>7}"
-                "{}\n",
-                s, d, p.b, p.h, p.causal ? 1 : 0, name, mode,
-                std::isfinite(a) ? fmt::format("{:.3f}", a) : "-",
-                std::isfinite(b) ? fmt::format("{:.3f}", b) : "-", tflops(p.flops(backward), a),
-                tflops(p.flops(backward), b),
-                std::isfinite(a) && std::isfinite(b) ? fmt::format("{:.2f}x", b / a) : "-",
-                note.empty() ? "" : "  " + note);
-            std::fflush(stdout);
+  fmt::print("\n{:>6} {:>4} {:>4} {:>4} {:>4} {:>6} {:>6} {:>5} {:>11} {:>11} {:>9} {:>9} {:>7}\n",
+             "seq", "dim", "B", "H", "H_kv", "causal", "which", "mode", "tessel ms", "torch ms",
+             "tessel TF", "torch TF", "ratio");
+  for (const Problem& p : all) {
+    const int64_t s = p.s, d = p.d;
+    TesselSide ours(p, device);
+    std::string sums = "tessel";
+    for (const std::string& name : split(f.backends)) {
+      sums += fmt::format(" {}={}", name, ours.output_sum(backend_named(name)));
+    }
+    if (torch) {
+      sums += "; torch " + torch->ask(fmt::format("load {} {} {} {} {} {}", p.b, p.h, p.s, p.d,
+                                                  p.causal ? 1 : 0, p.h_kv));
+    }
+    fmt::print("# S={} D={} H_kv={} causal={}: output sums {}\n", s, d, p.h_kv, p.causal ? 1 : 0,
+               sums);
+    for (const std::string& name : split(f.backends)) {
+      for (const std::string& mode : split(f.modes)) {
+        const bool backward = mode == "fb";
+        std::vector<double> mine, theirs;
+        std::string note;
+        for (int round = 0; round < f.rounds && note.empty(); ++round) {
+          try {
+            mine.push_back(ours.time_calls(backend_named(name), backward, f.calls));
+          } catch (const Unavailable& e) {
+            note = e.message();
+          }
+          if (!torch) continue;
+          const std::string answer = torch->ask(fmt::format("time {} {} {}", name, mode, f.calls));
+          if (answer.rfind("unsupported", 0) == 0 || answer.empty()) {
+            theirs.clear();
+            if (note.empty()) note = "torch: " + (answer.empty() ? "no answer" : answer);
+          } else {
+            theirs.push_back(std::stod(answer));
           }
         }
+        const double a = median(mine), b = median(theirs);
+        fmt::print(
+            "{:>6} {:>4} {:>4} {:>4} {:>4} {:>6} {:>6} {:>5} {:>11} {:>11} {:>9} {:>9} {:>7}"
+            "{}\n",
+            s, d, p.b, p.h, p.h_kv, p.causal ? 1 : 0, name, mode,
+            std::isfinite(a) ? fmt::format("{:.3f}", a) : "-",
+            std::isfinite(b) ? fmt::format("{:.3f}", b) : "-", tflops(p.flops(backward), a),
+            tflops(p.flops(backward), b),
+            std::isfinite(a) && std::isfinite(b) ? fmt::format("{:.2f}x", b / a) : "-",
+            note.empty() ? "" : "  " + note);
+        std::fflush(stdout);
       }
     }
   }
@@ -312,6 +346,9 @@ int main(int argc, char** argv) {
   app.add_option("--modes", f.modes, "fwd (no gradients) and/or fb (forward + backward)");
   app.add_option("--tokens", f.tokens, "tokens per call: batch = tokens / seq");
   app.add_option("--hidden", f.hidden, "model width: heads = hidden / dim");
+  app.add_option("--groups", f.groups,
+                 "query heads per key/value head, comma-separated (1: multi-head; >1: GQA)");
+  app.add_flag("--dry-run", f.dry_run, "print the problems and exit (no GPU needed)");
   app.add_option("--calls", f.calls, "calls timed per round");
   app.add_option("--rounds", f.rounds, "rounds, alternating tessel and PyTorch");
   app.add_option("--device", f.device, "the CUDA device");

@@ -3,8 +3,11 @@ backend forced (FLASH_ATTENTION or CUDNN_ATTENTION), timed when the bench asks, 
 rounds alternate with tessel's on the same GPU.
 
 Protocol, one command per line on stdin, one answer per line on stdout:
-  load B H S D CAUSAL   -> makes q, k, v and the output gradient (bf16, (B, H, S, D)) with the
-                           bench's formula, so both processes hold identical values; answers
+  load B H S D CAUSAL [HKV]
+                        -> makes q and the output gradient (bf16, (B, H, S, D)) and k, v
+                           ((B, HKV, S, D); HKV defaults to H, fewer is grouped-query attention,
+                           run with enable_gqa) with the bench's formula, so both processes hold
+                           identical values; answers
                            "ok flash=<sum of out> cudnn=<sum of out>" ("-" where unsupported)
   time BACKEND MODE N   -> BACKEND flash|cudnn, MODE fwd|fb; N calls between CUDA events after
                            one warm-up call the first time; answers the milliseconds per call, or
@@ -28,6 +31,14 @@ def values(n, salt, scale):
     return ((u * 2 - 1) * scale).to(torch.bfloat16)
 
 
+def sdpa(q, k, v, st):
+    """F.scaled_dot_product_attention, with enable_gqa only for grouped rows (older torch lacks
+    the argument; they then answer "unsupported")."""
+    if st["gqa"]:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=st["causal"], enable_gqa=True)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=st["causal"])
+
+
 def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.cuda.get_device_name()
@@ -41,19 +52,21 @@ def main():
             continue
         if cmd[0] == "load":
             b, h, s, d, causal = (int(x) for x in cmd[1:6])
-            n = b * h * s * d
-            shape = (b, h, s, d)
-            q, k, v, do = (values(n, salt, 1.0).view(shape) for salt in (1, 2, 3, 4))
+            h_kv = int(cmd[6]) if len(cmd) > 6 else h
+            shape, kv_shape = (b, h, s, d), (b, h_kv, s, d)
+            q, do = (values(b * h * s * d, salt, 1.0).view(shape) for salt in (1, 4))
+            k, v = (values(b * h_kv * s * d, salt, 1.0).view(kv_shape) for salt in (2, 3))
             qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
-            state = dict(q=q, k=k, v=v, do=do, qg=qg, kg=kg, vg=vg, causal=bool(causal))
+            state = dict(q=q, k=k, v=v, do=do, qg=qg, kg=kg, vg=vg, causal=bool(causal),
+                         gqa=h_kv != h)
             warm.clear()
             sums = []
             for name, backend in BACKENDS.items():
                 try:
                     with sdpa_kernel(backend), torch.no_grad():
-                        out = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+                        out = sdpa(q, k, v, state)
                     sums.append(f"{name}={out.double().sum().item()!r}")
-                except RuntimeError:
+                except (RuntimeError, TypeError):
                     sums.append(f"{name}=-")
             print("ok", " ".join(sums), flush=True)
         elif cmd[0] == "time":
@@ -62,12 +75,11 @@ def main():
 
             def fwd():
                 with torch.no_grad():
-                    F.scaled_dot_product_attention(st["q"], st["k"], st["v"], is_causal=st["causal"])
+                    sdpa(st["q"], st["k"], st["v"], st)
 
             def fb():
                 st["qg"].grad = st["kg"].grad = st["vg"].grad = None
-                out = F.scaled_dot_product_attention(st["qg"], st["kg"], st["vg"],
-                                                     is_causal=st["causal"])
+                out = sdpa(st["qg"], st["kg"], st["vg"], st)
                 out.backward(st["do"])
 
             fn = fwd if mode == "fwd" else fb
@@ -85,7 +97,7 @@ def main():
                     end.record()
                     end.synchronize()
                 print(start.elapsed_time(end) / calls, flush=True)
-            except RuntimeError as e:
+            except (RuntimeError, TypeError) as e:
                 print("unsupported", str(e).splitlines()[0][:120].replace(" ", "_"), flush=True)
         else:
             break

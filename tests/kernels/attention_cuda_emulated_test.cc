@@ -20,6 +20,7 @@
 
 #include "attention_cuda_emulator.h"
 #include "attention_test_util.h"
+#include "tessel/kernels/attention/attention_dropout.h"
 #include "tessel/kernels/attention/attention_math.h"
 #include "tessel/kernels/attention/cuda/flash_cuda_backward.cu"
 #include "tessel/kernels/attention/cuda/flash_cuda_forward.cu"
@@ -137,6 +138,13 @@ void emulate_backward(const FlashParams& p, Elem elem) {
                          bf16 ? flash_backward_dkdv_cta<T, Elem::kBf16>(p, bx, by, bz, smem)
                               : flash_backward_dkdv_cta<T, Elem::kF16>(p, bx, by, bz, smem);
                        });
+    if (s.reduce_rows_grid > 0) {
+      const int reduce_grid[3] = {s.reduce_rows_grid, 1, 1};
+      emulator::run_grid(reduce_grid, kRowThreads, 0, [&](int bx, int, int, char*) {
+        bf16 ? backward_reduce_dkdv_cta<kD, Elem::kBf16>(p, bx)
+             : backward_reduce_dkdv_cta<kD, Elem::kF16>(p, bx);
+      });
+    }
   }
   if (p.q_len == 0) return;
   if (p.dq_accum != nullptr) {
@@ -154,9 +162,11 @@ void emulate_backward(const FlashParams& p, Elem elem) {
   }
 }
 
-// Runs flash_cuda's backward on host memory through the emulator.
+// Runs flash_cuda's backward on host memory through the emulator. Under GQA/MQA the query heads
+// of a group run in parallel with a dK/dV workspace as flash_cuda_backward sets it up, or
+// (split_heads false) one CTA per key/value head walks them in turn.
 void backward(const AttentionProblem& problem, Half16& out, Half16& dout, std::vector<float>& lse,
-              Half16& dq, Half16& dk, Half16& dv, bool deterministic) {
+              Half16& dq, Half16& dk, Half16& dv, bool deterministic, bool split_heads = true) {
   FlashPlan plan = host_plan(problem);
   FlashParams& f = plan.params;
   f.out = device_view(out.view());
@@ -169,6 +179,13 @@ void backward(const AttentionProblem& problem, Half16& out, Half16& dout, std::v
   std::vector<float> dq_accum(std::max<size_t>(1, lse.size() * plan.kernel_head_dim), -7.0f);
   f.delta = delta.data();
   f.dq_accum = deterministic ? nullptr : dq_accum.data();
+  // The workspace starts as NaN: a partial the kernels forget to write poisons the sums.
+  const int64_t floats = split_heads ? flash_backward_dkdv_workspace_floats(plan) : 0;
+  std::vector<float> dkdv_accum(static_cast<size_t>(floats), std::nanf(""));
+  if (floats > 0) {
+    f.dk_accum = dkdv_accum.data();
+    f.dv_accum = f.dk_accum + floats / 2;
+  }
   if (plan.kernel_head_dim == 64) {
     emulate_backward<BackwardD64, DqD64, 64>(f, plan.elem);
   } else {
@@ -235,50 +252,60 @@ TEST_P(FlashCudaEmulatedTest, ForwardMatchesMath) {
 class FlashCudaEmulatedBackwardTest
     : public ::testing::TestWithParam<std::tuple<Case, bool /*deterministic*/>> {};
 
+// The f64 reference gradients of a case, and the bound each of dq, dk, dv must keep to it:
+// FlashAttention's rule for bf16 (twice the error of the math backend with bf16
+// intermediates), a fixed relative bound for f16.
+struct ReferenceGradients {
+  testing::Buffer dq, dk, dv;
+  double bounds[3];
+
+  ReferenceGradients(const Case& c, Inputs& in)
+      : dq(DType::kF32, c.b, c.hq, c.sq, c.d), dk(DType::kF32, c.b, c.hkv, c.sk, c.d), dv(dk) {
+    testing::Buffer qf = in.q.f32(), kf = in.k.f32(), vf = in.v.f32(), dof = in.dout.f32();
+    AttentionProblem rp = in.p;
+    rp.q = qf.view();
+    rp.k = kf.view();
+    rp.v = vf.view();
+    math_attention_backward(rp, dof.view(), dq.view(), dk.view(), dv.view(),
+                            {.f64_accumulate = true});
+    const testing::Buffer* refs[] = {&dq, &dk, &dv};
+    if (c.dtype == DType::kBF16) {
+      testing::Buffer m_dq(DType::kBF16, c.b, c.hq, c.sq, c.d),
+          m_dk(DType::kBF16, c.b, c.hkv, c.sk, c.d);
+      testing::Buffer m_dv = m_dk;
+      math_attention_backward(in.p, in.dout.view(), m_dq.view(), m_dk.view(), m_dv.view(),
+                              {.round_intermediates = true});
+      const testing::Buffer* maths[] = {&m_dq, &m_dk, &m_dv};
+      for (int t = 0; t < 3; ++t) {
+        bounds[t] = 2 * testing::max_abs_diff(maths[t]->values(), refs[t]->f32) + 1e-4;
+      }
+    } else {
+      for (int t = 0; t < 3; ++t) bounds[t] = 4e-3 * std::max(1.0, testing::max_abs(refs[t]->f32));
+    }
+  }
+
+  void expect_within(const Half16& got_dq, const Half16& got_dk, const Half16& got_dv,
+                     const char* what) const {
+    const testing::Buffer* refs[] = {&dq, &dk, &dv};
+    const Half16* got[] = {&got_dq, &got_dk, &got_dv};
+    const char* names[] = {"dq", "dk", "dv"};
+    for (int t = 0; t < 3; ++t) {
+      EXPECT_LE(testing::max_abs_diff(got[t]->values(), refs[t]->f32), bounds[t])
+          << names[t] << " " << what;
+    }
+  }
+};
+
 TEST_P(FlashCudaEmulatedBackwardTest, GradientsMatchMath) {
   const auto& [c, deterministic] = GetParam();
   Inputs in(c);
-  Half16 &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
-  const AttentionProblem& p = in.p;
-
   Half16 out(c.dtype, c.b, c.hq, c.sq, c.d);
   std::vector<float> lse(c.b * c.hq * c.sq);
-  forward(p, out, lse);
-  Half16 dq = q, dk = k, dv = v;
+  forward(in.p, out, lse);
+  Half16 dq = in.q, dk = in.k, dv = in.v;
   for (Half16* g : {&dq, &dk, &dv}) std::fill(g->bits.begin(), g->bits.end(), uint16_t{0x7fc0});
-  backward(p, out, dout, lse, dq, dk, dv, deterministic);
-
-  testing::Buffer qf = q.f32(), kf = k.f32(), vf = v.f32(), dof = dout.f32();
-  AttentionProblem rp = p;
-  rp.q = qf.view();
-  rp.k = kf.view();
-  rp.v = vf.view();
-  testing::Buffer ref_dq(DType::kF32, c.b, c.hq, c.sq, c.d),
-      ref_dk(DType::kF32, c.b, c.hkv, c.sk, c.d);
-  testing::Buffer ref_dv = ref_dk;
-  math_attention_backward(rp, dof.view(), ref_dq.view(), ref_dk.view(), ref_dv.view(),
-                          {.f64_accumulate = true});
-  const testing::Buffer* refs[] = {&ref_dq, &ref_dk, &ref_dv};
-  const Half16* got[] = {&dq, &dk, &dv};
-  const char* names[] = {"dq", "dk", "dv"};
-  double bounds[3];
-  if (c.dtype == DType::kBF16) {
-    // FlashAttention's rule against the math backend in bf16 (bf16 intermediates).
-    testing::Buffer m_dq(DType::kBF16, c.b, c.hq, c.sq, c.d),
-        m_dk(DType::kBF16, c.b, c.hkv, c.sk, c.d);
-    testing::Buffer m_dv = m_dk;
-    math_attention_backward(p, dout.view(), m_dq.view(), m_dk.view(), m_dv.view(),
-                            {.round_intermediates = true});
-    const testing::Buffer* maths[] = {&m_dq, &m_dk, &m_dv};
-    for (int t = 0; t < 3; ++t) {
-      bounds[t] = 2 * testing::max_abs_diff(maths[t]->values(), refs[t]->f32) + 1e-4;
-    }
-  } else {
-    for (int t = 0; t < 3; ++t) bounds[t] = 4e-3 * std::max(1.0, testing::max_abs(refs[t]->f32));
-  }
-  for (int t = 0; t < 3; ++t) {
-    EXPECT_LE(testing::max_abs_diff(got[t]->values(), refs[t]->f32), bounds[t]) << names[t];
-  }
+  backward(in.p, out, in.dout, lse, dq, dk, dv, deterministic);
+  ReferenceGradients(c, in).expect_within(dq, dk, dv, "");
 }
 
 std::vector<Case> forward_cases() {
@@ -328,12 +355,110 @@ std::vector<std::tuple<Case, bool>> backward_cases() {
   return cases;
 }
 
+// GQA and MQA backward with the query heads of a group in parallel (partial dK, dV per query
+// head, then summed) against the f64 reference, beside the serial path (one CTA per key/value
+// head) on the same inputs; and the launch: H_q dK/dV CTAs per key block, a reduction over the
+// B * H_kv * S_k key rows.
+struct GqaCase {
+  Case c;
+  bool deterministic;
+};
+
+class FlashCudaEmulatedGqaTest : public ::testing::TestWithParam<GqaCase> {};
+
+TEST_P(FlashCudaEmulatedGqaTest, ParallelQueryHeadsMatchReferenceAndSerialPath) {
+  const auto& [c, deterministic] = GetParam();
+  Inputs in(c);
+  const AttentionProblem& p = in.p;
+  Half16 out(c.dtype, c.b, c.hq, c.sq, c.d);
+  std::vector<float> lse(c.b * c.hq * c.sq);
+  forward(p, out, lse);
+  Half16 dq = in.q, dk = in.k, dv = in.v;
+  Half16 dq_serial = in.q, dk_serial = in.k, dv_serial = in.v;
+  backward(p, out, in.dout, lse, dq, dk, dv, deterministic, /*split_heads=*/true);
+  backward(p, out, in.dout, lse, dq_serial, dk_serial, dv_serial, deterministic,
+           /*split_heads=*/false);
+
+  const ReferenceGradients ref(c, in);
+  ref.expect_within(dq, dk, dv, "parallel query heads");
+  ref.expect_within(dq_serial, dk_serial, dv_serial, "serial query heads");
+  const FlashPlan plan = make_flash_plan(p);
+  FlashParams f = plan.params;
+  float marker = 0;
+  f.dk_accum = f.dv_accum = &marker;
+  const BackwardLaunch s = backward_launch_shape<BackwardD64, DqD64, 64>(f);
+  EXPECT_EQ(s.dkdv_grid[1], c.hq);
+  EXPECT_EQ(s.reduce_rows_grid,
+            (c.b * c.hkv * c.sk + RowChunks<64>::kRows - 1) / RowChunks<64>::kRows);
+  EXPECT_EQ(flash_backward_dkdv_workspace_floats(plan),
+            2 * c.b * c.hq * c.sk * plan.kernel_head_dim);
+}
+
+// Small (the emulator runs a host thread per CUDA thread); the backward sweep above runs the
+// parallel path too, under every mask kind, with two query heads per key/value head.
+std::vector<GqaCase> gqa_cases() {
+  return {
+      {{DType::kBF16, 1, 4, 2, 70, 130, 64, MaskKind::kCausalBottomRight}, false},  // GQA
+      {{DType::kF16, 1, 3, 1, 40, 70, 128, MaskKind::kNone}, true},                 // MQA
+      {{DType::kBF16, 1, 2, 1, 40, 129, 64, MaskKind::kDropout}, false},            // MQA
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, FlashCudaEmulatedGqaTest, ::testing::ValuesIn(gqa_cases()),
+                         [](const ::testing::TestParamInfo<GqaCase>& info) {
+                           return kernel_case_name({info.param.c, info.index}) +
+                                  (info.param.deterministic ? "_deterministic" : "_atomic");
+                         });
+
 INSTANTIATE_TEST_SUITE_P(Sweep, FlashCudaEmulatedBackwardTest,
                          ::testing::ValuesIn(backward_cases()),
                          [](const ::testing::TestParamInfo<std::tuple<Case, bool>>& info) {
                            return kernel_case_name({std::get<0>(info.param), info.index}) +
                                   (std::get<1>(info.param) ? "_deterministic" : "_atomic");
                          });
+
+// ---- Dropout in the kernels' layouts -----------------------------------------------------------
+
+// The keep bits every thread of the forward (queries as rows), the backward's dK/dV (keys as
+// rows, S^T) and the dQ kernel compute for their fragments equal the CPU reference's mask
+// (DropoutMask, which the CPU and math backends use) element by element: forward and backward
+// drop the same elements, one Philox call per four elements.
+TEST(FlashCudaDropoutTest, KernelLayoutsMatchTheCpuMask) {
+  AttentionProblem p;
+  p.dropout = {0.3, 0x1234567890ull, (uint64_t{3} << 32) + 17};
+  const DropoutParams d = make_dropout_params(p);
+  const DropoutMask mask(p.dropout.p, p.dropout.seed, p.dropout.offset);
+  auto check = [&](auto bits, bool transposed, int kmt, int knt, int row0, int col0,
+                   const char* what) {
+    for (int idx = 0; idx < kmt * knt * 4; ++idx) {
+      const int mt = idx / (knt * 4), nt = (idx / 4) % knt, c = idx % 4;
+      const int row = row0 + mt * 16 + 8 * (c / 2), col = col0 + nt * 8 + (c % 2);
+      const int i = transposed ? col : row, j = transposed ? row : col;
+      const bool kept = (bits.w[idx / 32] >> (idx % 32)) & 1u;
+      ASSERT_EQ(kept, mask.keep(1, 3, i, j)) << what << " i " << i << " j " << j;
+    }
+  };
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    for (const int block : {0, 1, 5}) {
+      // Forward: ForwardD64's warp rows (kMT m-tiles) x 64 keys; block offsets as the kernel's.
+      using F = ForwardD64;
+      const int f_row0 = block * F::kBlockM + 16 * F::kMT + g, f_col0 = block * F::kBlockN + 2 * t;
+      check(dropout_bits<false, F::kMT, F::kNT>(d, 1, 3, f_row0, f_col0), false, F::kMT, F::kNT,
+            f_row0, f_col0, "forward");
+      // dK/dV: 16 keys of warp 3 x a query block.
+      using B = BackwardD128;
+      const int b_row0 = block * B::kBlockN + 3 * 16 + g, b_col0 = block * B::kBlockM + 2 * t;
+      check(dropout_bits<true, 1, B::kNT>(d, 1, 3, b_row0, b_col0), true, 1, B::kNT, b_row0, b_col0,
+            "dkdv");
+      // dQ: 16 queries of warp 2 x a key block.
+      using Q = DqD64;
+      const int q_row0 = block * Q::kBlockM + 2 * 16 + g, q_col0 = block * Q::kBlockN + 2 * t;
+      check(dropout_bits<false, 1, Q::kNT>(d, 1, 3, q_row0, q_col0), false, 1, Q::kNT, q_row0,
+            q_col0, "dq");
+    }
+  }
+}
 
 // ---- The emulator's model of cp.async -------------------------------------------------------
 

@@ -124,13 +124,71 @@ TEST(FlashCudaPlanTest, DropoutMatchesCpuMask) {
   std::mt19937 gen(3);
   std::uniform_int_distribution<int> pick(0, 5000);
   for (int n = 0; n < 20000; ++n) {
-    const int b = pick(gen) % 7, h = pick(gen) % 33, i = pick(gen), j = pick(gen) & ~1;
+    const int b = pick(gen) % 7, h = pick(gen) % 33, i = pick(gen), j = pick(gen);
     EXPECT_EQ(dropout_keep(d, b, h, i, j), mask.keep(b, h, i, j));
-    bool k0, k1;
-    dropout_keep2(d, b, h, i, j, &k0, &k1);
-    ASSERT_EQ(k0, mask.keep(b, h, i, j));
-    ASSERT_EQ(k1, mask.keep(b, h, i, j + 1));
+    // One Philox call decides the group (i, j), (i, j + 8), (i + 8, j), (i + 8, j + 8).
+    const int gi = i & ~8, gj = j & ~8;
+    bool keep[4];
+    dropout_keep4(d, b, h, gi, gj, keep);
+    ASSERT_EQ(keep[0], mask.keep(b, h, gi, gj));
+    ASSERT_EQ(keep[1], mask.keep(b, h, gi, gj + 8));
+    ASSERT_EQ(keep[2], mask.keep(b, h, gi + 8, gj));
+    ASSERT_EQ(keep[3], mask.keep(b, h, gi + 8, gj + 8));
   }
+  // fill() (the CPU kernels' row at a time) agrees with keep() over any key range.
+  std::vector<float> row(301);
+  const std::pair<int, int> ranges[] = {{0, 300}, {3, 17}, {8, 8}, {9, 1}, {7, 2}, {250, 50}};
+  for (const int i : {0, 5, 13, 21, 4099}) {
+    for (const auto& [j0, n] : ranges) {
+      std::fill(row.begin(), row.end(), -1.0f);
+      mask.fill(1, 2, i, j0, n, row.data());
+      for (int j = j0; j < j0 + n; ++j) {
+        ASSERT_EQ(row[j - j0], mask.keep(1, 2, i, j) ? mask.keep_scale() : 0.0f)
+            << "i " << i << " j " << j << " range " << j0 << "+" << n;
+      }
+      ASSERT_EQ(row[n], -1.0f) << "fill wrote past its range";
+    }
+  }
+  // fill_rows() (two rows of a group per call) likewise, over tiles at any offset.
+  for (const int i0 : {0, 5, 13}) {
+    for (const int rows : {1, 9, 24}) {
+      for (const auto& [j0, n] : ranges) {
+        const int ld = n + 3;
+        std::vector<float> tile(static_cast<size_t>(rows * ld), -1.0f);
+        mask.fill_rows(1, 2, i0, rows, j0, n, tile.data(), ld);
+        for (int r = 0; r < rows; ++r) {
+          for (int j = j0; j < j0 + n; ++j) {
+            ASSERT_EQ(tile[r * ld + j - j0], mask.keep(1, 2, i0 + r, j) ? mask.keep_scale() : 0.0f)
+                << "i " << i0 + r << " j " << j;
+          }
+          ASSERT_EQ(tile[r * ld + n], -1.0f) << "fill_rows wrote past its row";
+        }
+      }
+    }
+  }
+}
+
+// About the dropout rate: the fraction kept over many elements is 1 - p, and neighbouring
+// groups (and the four words of a group) are not correlated into whole kept or dropped blocks.
+TEST(FlashCudaPlanTest, DropoutKeepsOneMinusP) {
+  const DropoutMask mask(0.25, 42, 5);
+  int64_t kept = 0, total = 0, whole_groups = 0;
+  for (int i = 0; i < 256; i += 16) {
+    for (int j = 0; j < 256; j += 16) {
+      for (int r = 0; r < 8; ++r) {
+        for (int c = 0; c < 8; ++c) {
+          const int k = mask.keep(0, 0, i + r, j + c) + mask.keep(0, 0, i + r, j + c + 8) +
+                        mask.keep(0, 0, i + r + 8, j + c) + mask.keep(0, 0, i + r + 8, j + c + 8);
+          kept += k;
+          total += 4;
+          whole_groups += k == 0 || k == 4;
+        }
+      }
+    }
+  }
+  EXPECT_NEAR(static_cast<double>(kept) / total, 0.75, 0.01);
+  // Independent words: P(all kept or all dropped) = 0.75^4 + 0.25^4 ~ 0.32.
+  EXPECT_NEAR(static_cast<double>(whole_groups) / (total / 4), 0.32, 0.03);
 }
 
 TEST(FlashCudaPlanTest, UnsupportedLayoutsNameWhatIsSupported) {

@@ -211,9 +211,9 @@ const float* backward_probabilities(const TileOps& ops, const MaskEvaluator& mas
     ops.exp2_affine(prow, bk, s_mul, lse[r] * kLog2e);
   }
   if (!drop.enabled()) return s;
+  drop.fill_rows(t.b, t.h, t.i0, t.rows, t.j0, t.cols, keep, bk);
   for (int64_t r = 0; r < t.rows; ++r) {
     float* k = keep + r * bk;
-    drop.fill(t.b, t.h, t.i0 + r, t.j0, t.cols, k);
     std::fill(k + t.cols, k + bk, 0.0f);
     for (int64_t c = 0; c < bk; ++c) pdrop[r * bk + c] = s[r * bk + c] * k[c];
   }

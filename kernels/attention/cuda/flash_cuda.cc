@@ -201,6 +201,13 @@ void flash_cuda_backward(const AttentionProblem& p, const AttentionView& out,
     dq_accum = empty({std::max<int64_t>(rows * plan.kernel_head_dim, 1)}, DType::kF32, device);
     f.dq_accum = dq_accum.data<float>();
   }
+  // GQA/MQA: the query heads of a group compute partial dK, dV in parallel (flash_cuda.h).
+  Tensor dkdv_accum;
+  if (const int64_t floats = cuda::flash_backward_dkdv_workspace_floats(plan); floats > 0) {
+    dkdv_accum = empty({floats}, DType::kF32, device);
+    f.dk_accum = dkdv_accum.data<float>();
+    f.dv_accum = f.dk_accum + floats / 2;
+  }
   cuda::launch_flash_backward(f, plan.elem, plan.kernel_head_dim, stream);
 }
 

@@ -12,14 +12,18 @@
 // multi-query heads; causal masks in either alignment; sliding windows; prefix-LM; documents
 // (variable-length sequences packed in one batch entry); predicates (evaluated on the host
 // into a block mask, see flash_cuda_plan.h); dropout (the same Philox mask as every backend).
-// Memory: forward none beyond out and lse; backward an f32 row sum per query row and, unless
-// deterministic, an f32 dQ accumulator (S_q x D per head) — never S_q x S_k.
+// Memory: forward none beyond out and lse; backward an f32 row sum per query row, unless
+// deterministic an f32 dQ accumulator (S_q x D per head), and under GQA/MQA f32 partial dK and
+// dV per query head (2 x S_k x D per query head) — never S_q x S_k.
 //
-// Backward: one CTA per (key block of 128, batch entry, key/value head) keeps dK and dV in
-// registers over every query block of every query head of its group. dQ is accumulated with
-// f32 atomics (fast; float sums in arrival order), or — AttentionProblem::deterministic — by a
-// second kernel per query block that recomputes the scores, so every gradient is bitwise
-// reproducible (about 1.4x the backward's work).
+// Backward: one CTA per (key block of 128, batch entry, head) keeps dK and dV in registers over
+// every query block of its head. Without GQA the head is the key/value head and the CTA writes
+// dK and dV; under GQA/MQA it is a query head — the query heads of a group run in parallel, not
+// one after another in one CTA — and writes its partial dK, dV to the workspace, which a last
+// kernel sums over each group in head order. dQ is accumulated with f32 atomics (fast; float
+// sums in arrival order), or — AttentionProblem::deterministic — by a second kernel per query
+// block that recomputes the scores, so every gradient is bitwise reproducible (about 1.4x the
+// backward's work).
 //
 // Calls issue kernels on the current stream (tensor/stream.h) of the tensors' device and return
 // without waiting; scratch comes from the device's caching allocator (tensor/storage.h).

@@ -1,10 +1,13 @@
-// FlashAttention-2 backward on tensor cores. Four kernels, each CTA algorithm first, then the
+// FlashAttention-2 backward on tensor cores. Five kernels, each CTA algorithm first, then the
 // kernels and their launcher; the algorithms run on the CPU too (attention_cuda_emulated_test).
 //
 //   1. preprocess: delta_i = rowsum(dO_i * O_i) per query row; zero the f32 dQ accumulator.
-//   2. dK/dV: one CTA per (key block of kBlockN, key/value head, batch entry); its keys' dK and
-//      dV stay in registers while it walks every query block of every query head of its GQA
-//      group. With 8 warps of 16 keys each, a warp computes S^T = K Q^T and dP^T = V dO^T for
+//   2. dK/dV: one CTA per (key block of kBlockN, head, batch entry); its keys' dK and dV stay in
+//      registers while it walks every query block of its query head. Without GQA the head is
+//      the key/value head and the CTA writes dK and dV. Under GQA/MQA the head is a query head,
+//      so the query heads of a group run in parallel (H_q CTAs per key block, not H_kv), each
+//      writing its partial dK, dV in f32 to a per-query-head workspace that step 5 sums. With
+//      8 warps of 16 keys each, a warp computes S^T = K Q^T and dP^T = V dO^T for
 //      its keys, so P^T and dS^T come out in the accumulator layout that is also the A operand
 //      of dV += P^T dO and dK += dS^T Q (no shared-memory round trip, the forward's trick).
 //      Only dS^T goes to shared memory, for dQ = dS K, which the CTA adds to the f32
@@ -13,6 +16,8 @@
 //      recomputes S and dP over its key blocks and keeps dQ in registers — no atomics, so the
 //      result is bitwise reproducible; the dK/dV kernel then skips its dQ part.
 //   4. postprocess: dQ = scale * accumulator, rounded to the output dtype.
+//   5. GQA/MQA: dK, dV = the sums of the workspace's partials over each group's query heads, in
+//      head order (so a deterministic backward stays bitwise reproducible), rounded.
 // Query blocks (Q, dO, logsumexp, delta) are double-buffered: the next block's cp.async copies
 // run while the current one is computed. P = exp2(S scale log2(e) - lse log2(e)) is recomputed
 // from the forward's logsumexp, so nothing of size S_q x S_k is ever stored.
@@ -94,6 +99,36 @@ TESSEL_DEVICE void backward_postprocess_cta(const FlashParams& p, int block) {
   store16(static_cast<uint16_t*>(p.dq.data) + p.dq.offset(b, h, i) + c, packed);
 }
 
+// kD / 8 threads per key row (b, hk, j): the group's partial dK and dV summed in head order.
+template <int kD, Elem E>
+TESSEL_DEVICE void backward_reduce_dkdv_cta(const FlashParams& p, int block) {
+  using R = RowChunks<kD>;
+  const int tid = thread_index();
+  const int64_t row = static_cast<int64_t>(block) * R::kRows + tid / R::kChunks;
+  const int c = (tid % R::kChunks) * 8;
+  if (row >= static_cast<int64_t>(p.batch) * p.kv_heads * p.kv_len || c >= p.head_dim) return;
+  const int j = static_cast<int>(row % p.kv_len);
+  const int64_t bh = row / p.kv_len;
+  const int hk = static_cast<int>(bh % p.kv_heads), b = static_cast<int>(bh / p.kv_heads);
+  const int group = p.q_heads / p.kv_heads;
+  // Partial of query head h: row ((b H_q + h) S_k + j) of the workspace.
+  const int64_t first = ((static_cast<int64_t>(b) * p.q_heads + hk * group) * p.kv_len + j) * kD;
+  const int64_t head_stride = static_cast<int64_t>(p.kv_len) * kD;
+  for (int which = 0; which < 2; ++which) {
+    const float* acc = (which == 0 ? p.dk_accum : p.dv_accum) + first + c;
+    float sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int g = 0; g < group; ++g) {
+      TESSEL_UNROLL
+      for (int k = 0; k < 8; ++k) sum[k] += acc[g * head_stride + k];
+    }
+    uint32_t packed[4];
+    TESSEL_UNROLL
+    for (int k = 0; k < 4; ++k) packed[k] = pack2<E>(sum[2 * k], sum[2 * k + 1]);
+    const DeviceView& out = which == 0 ? p.dk : p.dv;
+    store16(static_cast<uint16_t*>(out.data) + out.offset(b, hk, j) + c, packed);
+  }
+}
+
 // ---- 2. dK and dV (and dQ by atomics) ----------------------------------------------------
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_>
@@ -127,14 +162,19 @@ struct BackwardTraits {
 using BackwardD64 = BackwardTraits<64, 64, 128, 8>;
 using BackwardD128 = BackwardTraits<128, 64, 128, 8>;
 
+// `head`: the query head whose partial dK, dV go to the workspace (p.dk_accum set), else the
+// key/value head whose group's query heads the CTA walks in turn.
 template <class T, Elem E>
-TESSEL_DEVICE void flash_backward_dkdv_cta(const FlashParams& p, int n_block, int hk, int b,
+TESSEL_DEVICE void flash_backward_dkdv_cta(const FlashParams& p, int n_block, int head, int b,
                                            char* smem) {
   constexpr int kD = T::kHeadDim, kBM = T::kBlockM, kBN = T::kBlockN;
   constexpr int kNT = T::kNT, kDT = T::kDT;
   const int tid = thread_index(), warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
+  const bool partial = p.dk_accum != nullptr;
   const int group = p.q_heads / p.kv_heads;
+  const int hk = partial ? head / group : head;
+  const int first_head = partial ? head : head * group, heads = partial ? 1 : group;
   const int j0 = n_block * kBN, keys = imin(kBN, p.kv_len - j0);
   const int warp_key0 = warp * 16;
 
@@ -150,11 +190,11 @@ TESSEL_DEVICE void flash_backward_dkdv_cta(const FlashParams& p, int n_block, in
   auto slse = [&](int buf) { return base + T::kLseOffset + buf * kBM * 4; };
   auto sdelta = [&](int buf) { return base + T::kDeltaOffset + buf * kBM * 4; };
 
-  // The work: query blocks [m_lo, m_hi) of each query head of the group, empty ones skipped.
+  // The work: query blocks [m_lo, m_hi) of each of the CTA's query heads, empty ones skipped.
   int m_lo, m_hi;
   query_block_range(p.mask, p.q_len, kBM, j0, j0 + keys, &m_lo, &m_hi);
-  const int blocks = m_hi - m_lo, items = blocks > 0 ? group * blocks : 0;
-  auto head_of = [&](int item) { return hk * group + item / blocks; };
+  const int blocks = m_hi - m_lo, items = blocks > 0 ? heads * blocks : 0;
+  auto head_of = [&](int item) { return first_head + item / blocks; };
   auto row_of = [&](int item) { return (m_lo + item % blocks) * kBM; };
   auto classify = [&](int item) {
     const int i0 = row_of(item), i1 = imin(i0 + kBM, p.q_len);
@@ -287,6 +327,28 @@ TESSEL_DEVICE void flash_backward_dkdv_cta(const FlashParams& p, int n_block, in
   }
   cp_async_wait<0>();
   cta_sync();
+
+  if (partial) {
+    // Epilogue under GQA: this query head's partial dK (times the softmax scale) and dV, in
+    // f32 straight from the accumulators to the workspace, for kernel 5 to sum.
+    const int64_t row0 = (static_cast<int64_t>(b) * p.q_heads + head) * p.kv_len;
+    TESSEL_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const int j = j0 + warp_key0 + g + 8 * r;
+      if (j >= p.kv_len) continue;
+      float* dk_row = p.dk_accum + (row0 + j) * kD;
+      float* dv_row = p.dv_accum + (row0 + j) * kD;
+      TESSEL_UNROLL
+      for (int dt = 0; dt < kDT; ++dt) {
+        const int d = dt * 8 + 2 * t;
+        dk_row[d] = dk[0][dt][2 * r] * p.scale;
+        dk_row[d + 1] = dk[0][dt][2 * r + 1] * p.scale;
+        dv_row[d] = dv[0][dt][2 * r];
+        dv_row[d + 1] = dv[0][dt][2 * r + 1];
+      }
+    }
+    return;
+  }
 
   // Epilogue: dK (times the softmax scale) and dV through shared memory.
   accumulators_to_tile<E>(dk, p.scale, sk, warp_key0, 0, lane);
@@ -445,16 +507,21 @@ TESSEL_DEVICE void flash_backward_dq_cta(const FlashParams& p, int m_block, int 
 // ---- Launch shapes (shared with the emulator) --------------------------------------------
 
 struct BackwardLaunch {
-  int rows_grid;     // preprocess / postprocess CTAs (RowChunks::kThreads threads)
-  int dkdv_grid[3];  // (key blocks, H_kv, B)
-  int dq_grid[3];    // (query blocks, H_q, B)
+  int rows_grid;         // preprocess / postprocess CTAs (RowChunks::kThreads threads)
+  int dkdv_grid[3];      // (key blocks, H_q with a dK/dV workspace else H_kv, B)
+  int dq_grid[3];        // (query blocks, H_q, B)
+  int reduce_rows_grid;  // GQA's dK/dV sums (RowChunks::kThreads threads); 0 without
 };
 template <class T, class Q, int kD>
 inline BackwardLaunch backward_launch_shape(const FlashParams& p) {
+  constexpr int kRows = RowChunks<kD>::kRows;
   const int64_t rows = static_cast<int64_t>(p.batch) * p.q_heads * p.q_len;
-  return {static_cast<int>((rows + RowChunks<kD>::kRows - 1) / RowChunks<kD>::kRows),
-          {(p.kv_len + T::kBlockN - 1) / T::kBlockN, p.kv_heads, p.batch},
-          {(p.q_len + Q::kBlockM - 1) / Q::kBlockM, p.q_heads, p.batch}};
+  const int64_t key_rows = static_cast<int64_t>(p.batch) * p.kv_heads * p.kv_len;
+  const bool partial = p.dk_accum != nullptr;
+  return {static_cast<int>((rows + kRows - 1) / kRows),
+          {(p.kv_len + T::kBlockN - 1) / T::kBlockN, partial ? p.q_heads : p.kv_heads, p.batch},
+          {(p.q_len + Q::kBlockM - 1) / Q::kBlockM, p.q_heads, p.batch},
+          partial ? static_cast<int>((key_rows + kRows - 1) / kRows) : 0};
 }
 
 }  // namespace tessel::kernels::attention::cuda
@@ -476,6 +543,12 @@ template <int kD, Elem E>
 __global__ void __launch_bounds__(RowChunks<kD>::kThreads)
     backward_postprocess_kernel(const FlashParams p) {
   backward_postprocess_cta<kD, E>(p, blockIdx.x);
+}
+
+template <int kD, Elem E>
+__global__ void __launch_bounds__(RowChunks<kD>::kThreads)
+    backward_reduce_dkdv_kernel(const FlashParams p) {
+  backward_reduce_dkdv_cta<kD, E>(p, blockIdx.x);
 }
 
 template <class T, Elem E>
@@ -506,6 +579,10 @@ void launch_backward(const FlashParams& p, cudaStream_t stream) {
     dkdv<<<dim3(s.dkdv_grid[0], s.dkdv_grid[1], s.dkdv_grid[2]), T::kThreads, T::kSmemBytes,
            stream>>>(p);
     ::tessel::cuda::check_launch("flash_backward_dkdv_kernel", device);
+    if (s.reduce_rows_grid > 0) {
+      backward_reduce_dkdv_kernel<kD, E><<<s.reduce_rows_grid, kRowThreads, 0, stream>>>(p);
+      ::tessel::cuda::check_launch("backward_reduce_dkdv_kernel", device);
+    }
   }
   if (p.q_len == 0) return;
   if (p.dq_accum != nullptr) {

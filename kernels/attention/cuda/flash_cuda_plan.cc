@@ -291,6 +291,12 @@ DropoutParams make_dropout_params(const AttentionProblem& p) {
   return d;
 }
 
+int64_t flash_backward_dkdv_workspace_floats(const FlashPlan& plan) {
+  const FlashParams& f = plan.params;
+  if (f.q_heads == f.kv_heads) return 0;
+  return 2 * static_cast<int64_t>(f.batch) * f.q_heads * f.kv_len * plan.kernel_head_dim;
+}
+
 FlashPlan make_flash_plan(const AttentionProblem& p) {
   const std::string why = flash_cuda_layout_reason(p);
   TESSEL_CHECK(why.empty(), InvalidArgument, "flash_cuda: {}", why);

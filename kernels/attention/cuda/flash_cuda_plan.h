@@ -61,6 +61,11 @@ std::string flash_cuda_output_reason(const AttentionView& view, const AttentionV
 // above when the layout is unsupported.
 FlashPlan make_flash_plan(const AttentionProblem& problem);
 
+// The f32 elements of the backward's per-query-head dK/dV workspace under GQA/MQA (dk_accum
+// then dv_accum, each B * H_q * S_k * kernel_head_dim): the query heads of a group compute
+// their partial dK, dV in parallel, summed afterwards. 0 without GQA (dK, dV written directly).
+int64_t flash_backward_dkdv_workspace_floats(const FlashPlan& plan);
+
 // The mask of `problem` (already validated) resolved as described above; also used by the
 // math backend on CUDA.
 MaskPlan make_mask_plan(const AttentionProblem& problem);

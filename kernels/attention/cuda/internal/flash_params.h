@@ -48,8 +48,9 @@ struct MaskParams {
   int64_t kv_docs_stride = 0;
 };
 
-// Dropout as attention_dropout.h defines it: keep (b, h, i, j) when word j % 4 of
-// philox4x32({j / 4, i, (b << 16) ^ h, offset}, {key0, key1}) >= threshold.
+// Dropout as attention_dropout.h defines it: keep (b, h, i, j) when word
+// 2 ((i / 8) % 2) + (j / 8) % 2 of philox4x32({g(j), g(i), (b << 16) ^ h, offset}, {key0, key1})
+// >= threshold, g(x) = 8 (x / 16) + x % 8: one call per four elements.
 struct DropoutParams {
   uint32_t threshold = 0;  // 0: no dropout
   float keep_scale = 1.0f;
@@ -64,6 +65,9 @@ struct FlashParams {
   float* delta = nullptr;       // backward scratch: rowsum(dO * O), (B, H_q, S_q)
   float* dq_accum = nullptr;    // backward scratch: f32 (B, H_q, S_q, kernel head dim); null
                                 // in the deterministic backward (dQ by its own kernel)
+  float* dk_accum = nullptr;    // backward scratch under GQA/MQA: f32 (B, H_q, S_k, kernel head
+  float* dv_accum = nullptr;    // dim) partial dK, dV per query head, summed over each group
+                                // afterwards; null: one CTA per key/value head writes dK, dV
   int batch = 0, q_heads = 0, kv_heads = 0, q_len = 0, kv_len = 0;
   int head_dim = 0;                        // D of the views (<= the kernel's head dim; zero-padded)
   float scale = 1.0f;                      // softmax scale
@@ -190,25 +194,32 @@ TESSEL_HD void philox4x32_10(uint32_t (&c)[4], uint32_t k0, uint32_t k1) {
   }
 }
 
-// Keep decision of key j for query i of (b, h).
-TESSEL_HD bool dropout_keep(const DropoutParams& d, int b, int h, int i, int j) {
-  uint32_t c[4] = {static_cast<uint32_t>(j >> 2), static_cast<uint32_t>(i),
-                   static_cast<uint32_t>((static_cast<int64_t>(b) << 16) ^ h), d.offset};
+// The Philox words of the dropout group of (i, j) (attention_dropout.h).
+TESSEL_HD void dropout_group(const DropoutParams& d, int b, int h, int i, int j, uint32_t (&c)[4]) {
+  c[0] = static_cast<uint32_t>((j >> 4) * 8 + (j & 7));
+  c[1] = static_cast<uint32_t>((i >> 4) * 8 + (i & 7));
+  c[2] = static_cast<uint32_t>((static_cast<int64_t>(b) << 16) ^ h);
+  c[3] = d.offset;
   philox4x32_10(c, d.key0, d.key1);
-  const uint32_t r = (j & 2) ? ((j & 1) ? c[3] : c[2]) : ((j & 1) ? c[1] : c[0]);
+}
+
+// Keep decision of key j for query i of (b, h) (one call for one element: the math backend).
+TESSEL_HD bool dropout_keep(const DropoutParams& d, int b, int h, int i, int j) {
+  uint32_t c[4];
+  dropout_group(d, b, h, i, j, c);
+  const uint32_t r = (i & 8) ? ((j & 8) ? c[3] : c[2]) : ((j & 8) ? c[1] : c[0]);
   return r >= d.threshold;
 }
 
-// Keep decisions of keys j and j + 1 (j even) for query i of (b, h): one Philox call.
-TESSEL_HD void dropout_keep2(const DropoutParams& d, int b, int h, int i, int j, bool* keep0,
-                             bool* keep1) {
-  uint32_t c[4] = {static_cast<uint32_t>(j >> 2), static_cast<uint32_t>(i),
-                   static_cast<uint32_t>((static_cast<int64_t>(b) << 16) ^ h), d.offset};
-  philox4x32_10(c, d.key0, d.key1);
-  // j is even: words 0, 1 or 2, 3 (selected without indexing, so c stays in registers).
-  const bool hi = (j & 2) != 0;
-  *keep0 = (hi ? c[2] : c[0]) >= d.threshold;
-  *keep1 = (hi ? c[3] : c[1]) >= d.threshold;
+// The four decisions of one Philox call, for i % 16 < 8 and j % 16 < 8: keep[0] (i, j),
+// keep[1] (i, j + 8), keep[2] (i + 8, j), keep[3] (i + 8, j + 8).
+TESSEL_HD void dropout_keep4(const DropoutParams& d, int b, int h, int i, int j, bool (&keep)[4]) {
+  uint32_t c[4];
+  dropout_group(d, b, h, i, j, c);
+  keep[0] = c[0] >= d.threshold;
+  keep[1] = c[1] >= d.threshold;
+  keep[2] = c[2] >= d.threshold;
+  keep[3] = c[3] >= d.threshold;
 }
 
 // ---- Shared-memory tiles -----------------------------------------------------------------

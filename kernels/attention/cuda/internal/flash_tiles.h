@@ -269,28 +269,33 @@ TESSEL_DEVICE void mask_bits(float (&x)[kMT][kNT][4], const ElementBits<kMT, kNT
   }
 }
 
-// Dropout's keep decisions for the warp's elements (bit set: kept).
+// Dropout's keep decisions for the warp's elements (bit set: kept). A thread's elements of two
+// adjacent n-tiles at one column parity — rows r and r + 8, columns c and c + 8 — are one
+// dropout group (attention_dropout.h), rows being queries or (kTransposed) keys: one Philox call
+// per four elements, FlashAttention-2's rate. Needs row0 % 16 < 8 and col0 % 16 < 8 (tiles at
+// multiples of 16) and an even kNT.
 template <bool kTransposed, int kMT, int kNT>
 TESSEL_DEVICE ElementBits<kMT, kNT> dropout_bits(const DropoutParams& d, int b, int h, int row0,
                                                  int col0) {
+  static_assert(kNT % 2 == 0, "dropout groups span two n-tiles");
   ElementBits<kMT, kNT> bits;
   TESSEL_UNROLL
   for (int w = 0; w < bits.kWords; ++w) {
     uint32_t word = 0;
-    // Two columns at a time: one Philox call gives both keys of a pair (rows are queries), or
-    // a call per element (rows are keys).
+    // A word holds 8 n-tiles' 4 elements: 4 n-tile pairs x 2 column parities = 8 groups. The
+    // group's first element is (n-tile even, c = parity); +2 is row + 8, +4 the next n-tile
+    // (column + 8), +6 both.
     TESSEL_NO_UNROLL
-    for (int e = 0; e < 32; e += 2) {
+    for (int q = 0; q < 8; ++q) {
+      const int e = (q / 2) * 8 + (q % 2);
       int i, j;
       element_position<kTransposed, kNT>(w * 32 + e, row0, col0, &i, &j);
-      bool k0, k1;
-      if (!kTransposed) {
-        dropout_keep2(d, b, h, i, j, &k0, &k1);
-      } else {
-        k0 = dropout_keep(d, b, h, i, j);
-        k1 = dropout_keep(d, b, h, i + 1, j);
-      }
-      word |= (static_cast<uint32_t>(k0) << e) | (static_cast<uint32_t>(k1) << (e + 1));
+      bool keep[4];  // (i, j), (i, j + 8), (i + 8, j), (i + 8, j + 8)
+      dropout_keep4(d, b, h, i, j, keep);
+      const bool row8 = kTransposed ? keep[1] : keep[2], col8 = kTransposed ? keep[2] : keep[1];
+      word |= (static_cast<uint32_t>(keep[0]) << e) | (static_cast<uint32_t>(row8) << (e + 2)) |
+              (static_cast<uint32_t>(col8) << (e + 4)) |
+              (static_cast<uint32_t>(keep[3]) << (e + 6));
     }
     bits.w[w] = word;
   }
