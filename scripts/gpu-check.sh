@@ -73,7 +73,7 @@ plan=(
   "2 train 60 train_gpt --device cuda (60 steps)"
   "2 parallel 150 parallel stack on CUDA (threads backend, DTensor, FSDP, TP, NCCL)"
   "2 bench-quick 60 bench --quick: 2-layer GPT, bf16, beside PyTorch"
-  "2 attention-bench-quick 90 bench --quick: attention at 1k and 4k beside PyTorch SDPA"
+  "2 attention-bench-quick 90 bench --quick: attention at 1k and 4k, MHA and GQA, beside PyTorch SDPA"
   "2 fsdp-bench-quick 90 bench --quick: FSDP step beside PyTorch FSDP2, with its trace"
   "2 fsdp-trace 20 tessel-trace export of the FSDP run (Perfetto)"
   "3 bench 240 bench: GPT-2 124M, bf16 autocast, beside PyTorch eager and torch.compile"
@@ -286,8 +286,8 @@ run_batch_2() {
   # shellcheck disable=SC2046
   run bench-quick "$root/bench/gpt_cuda_bench" --dtype bf16 --layers 2 --steps 10 \
       $(peer_for bench/gpt_cuda/gpt_cuda_torch.py)
-  run attention-bench-quick "$root/bench/attention_cuda_bench" --seq 1024,4096 \
-      $(peer_for bench/attention_cuda/sdpa_torch_peer.py)
+  run attention-bench-quick "$root/bench/attention_cuda_bench" --seq 1024,4096 --dim 128 \
+      --groups 1,4 $(peer_for bench/attention_cuda/sdpa_torch_peer.py)
   rm -rf "$trace"
   run fsdp-bench-quick "$root/bench/fsdp_cuda_bench" --layers 2 --steps 10 --trace-dir "$trace" \
       $(peer_for bench/fsdp_cuda/fsdp_cuda_torch.py)
@@ -297,7 +297,7 @@ run_batch_2() {
 
 run_batch_3() {
   run bench "$root/bench/gpt_cuda_bench" --dtype bf16 $(peer_for bench/gpt_cuda/gpt_cuda_torch.py)
-  run attention-bench "$root/bench/attention_cuda_bench" \
+  run attention-bench "$root/bench/attention_cuda_bench" --groups 1 \
       $(peer_for bench/attention_cuda/sdpa_torch_peer.py)
 }
 
