@@ -93,17 +93,23 @@ class SlurmTest : public ::testing::Test {
     return p;
   }
 
-  // Runs CMD on the login node (srun, sbatch...) to the end; returns the process for its
-  // output. Build outputs are on PATH, as after `cmake --install`.
-  std::unique_ptr<ChildProcess> login(std::vector<std::string> cmd, const std::string& tag,
-                                      std::chrono::seconds timeout = 120s) {
+  // Starts CMD on the login node (srun, sbatch...), with `env` ("NAME=value") added; build
+  // outputs are on PATH, as after `cmake --install`.
+  std::unique_ptr<ChildProcess> start_login(std::vector<std::string> cmd, const std::string& tag,
+                                            std::vector<std::string> env = {}) {
     const char* path = std::getenv("PATH");
     std::vector<std::string> argv{
         kTestbed, "login", cluster_, "env",
         "PATH=" + dir_of(kRun) + ":" + dir_of(kTrainGpt) + ":" + (path ? path : "/usr/bin:/bin")};
     argv.insert(argv.end(), cmd.begin(), cmd.end());
-    auto p =
-        std::make_unique<ChildProcess>(argv, std::vector<std::string>{kToken}, dir_ + "/" + tag);
+    env.push_back(kToken);
+    return std::make_unique<ChildProcess>(argv, env, dir_ + "/" + tag);
+  }
+
+  // Runs CMD on the login node to the end; returns the process for its output.
+  std::unique_ptr<ChildProcess> login(std::vector<std::string> cmd, const std::string& tag,
+                                      std::chrono::seconds timeout = 120s) {
+    auto p = start_login(std::move(cmd), tag);
     const auto status = p->wait(timeout);
     EXPECT_TRUE(status.has_value()) << tag << " did not end in " << timeout.count() << " s";
     return p;
@@ -224,6 +230,33 @@ TEST_F(SlurmTest, AutoWorkersFromTheAllocationAndTheJobIdAsRunId) {
     EXPECT_EQ(vars["MASTER_ADDR"], "10.79.1.1") << worker;
     EXPECT_EQ(vars["GROUP_RANK"], vars["SLURM_NODEID"]) << worker;
   }
+}
+
+// scancel of a running job: Slurm's SIGTERM reaches every node's tessel-run, which stops its
+// workers and exits 143 (128 + SIGTERM); nothing of the job is left on any node.
+TEST_F(SlurmTest, ScancelStopsEveryNodeAndLeavesNoProcess) {
+  const std::string marker = "LAUNCH_TEST_MARKER=" + dir_ + "/cancel";
+  auto job =
+      start_login({"srun", "--job-name", "tessel-cancel", "--nodes", "3", "--ntasks-per-node", "1",
+                   kRun, "--nproc-per-node", "2", kWorker, "sleep"},
+                  "scancel-job", {marker});
+  // srun, 3 agents and 6 workers carry the marker once the job runs.
+  ASSERT_TRUE(testing::wait_until([&] { return testing::pids_with_env(marker).size() >= 10; }, 60s))
+      << job->err();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto cancel = login({"scancel", "--name", "tessel-cancel"}, "scancel");
+  ASSERT_EQ(cancel->wait(0s), 0) << cancel->err();
+  ASSERT_TRUE(job->wait(60s).has_value()) << job->err();
+  EXPECT_NE(job->wait(0s), 0);
+  const std::string err = job->err();
+  size_t stopped = 0;
+  for (size_t at = err.find("tessel-run exits with status 143"); at != std::string::npos;
+       at = err.find("tessel-run exits with status 143", at + 1))
+    ++stopped;
+  EXPECT_GE(stopped, 3u) << err;  // every node's agent (a failed job also repeats it in its report)
+  EXPECT_TRUE(testing::wait_until([&] { return testing::pids_with_env(marker).empty(); }, 30s))
+      << testing::pids_with_env(marker).size() << " processes of the job left";
+  std::printf("scancel to the job's end on every node: %.2f s\n", seconds_since(t0));
 }
 
 // docs/launching.md's sbatch example as written (examples/slurm/train_gpt.sbatch), one CPU per
