@@ -1,11 +1,14 @@
 // CUDA reductions (sum, avg, max, min, product) over the rows or the leading dim of a
-// contiguous [R, C] array, and argmax along rows. The combination order depends only on the
-// shape (fixed chunk sizes, fixed block sizes, butterfly exchanges), never on the device, so
-// results repeat bit for bit; it differs from the CPU's order, so sums agree with the CPU's
-// within rounding.
+// contiguous [R, C] array, and argmax along rows. Long rows and tall columns are cut into
+// chunks reduced by separate blocks; the partials are then combined per output by a block (a
+// full reduction's one output) or by a thread (many outputs), as cuda_reduce_plan.h decides. The
+// combination order depends only on the shape (fixed chunk sizes, fixed block sizes, butterfly
+// exchanges), never on the device, so results repeat bit for bit; it differs from the CPU's order,
+// so sums agree with the CPU's within rounding.
 #include <cmath>
 
 #include "tessel/tensor/cuda/cuda_device.cuh"
+#include "tessel/tensor/cuda/cuda_reduce_plan.h"
 
 namespace tessel::cuda {
 namespace {
@@ -102,6 +105,41 @@ __global__ void combine_chunks_kernel(ReduceOp op, const Acc* partial, int64_t r
   for (int64_t k = 0; k < chunks; ++k)
     acc = combine(acc, partial[row * row_stride + k * chunk_stride]);
   out[row] = convert<Out>(combine.finish(acc, count));
+}
+
+// One block per output (cuda_reduce_plan.h): thread t combines chunks t, t + blockDim.x, ... in
+// order, then the block combines its threads' results.
+template <typename Acc, typename Out>
+__global__ void combine_chunks_block_kernel(ReduceOp op, const Acc* partial, int64_t chunks,
+                                            int64_t count, Out* out, int64_t chunk_stride,
+                                            int64_t row_stride) {
+  __shared__ Acc shared[32];
+  const Combine<Acc> combine{op};
+  const int64_t row = blockIdx.x;
+  Acc acc = combine.identity();
+  for (int64_t k = threadIdx.x; k < chunks; k += blockDim.x)
+    acc = combine(acc, partial[row * row_stride + k * chunk_stride]);
+  acc = block_reduce(acc, combine, combine.identity(), shared);
+  if (threadIdx.x == 0) out[row] = convert<Out>(combine.finish(acc, count));
+}
+
+// Combines each output's chunk partials as plan_chunk_combine says.
+template <typename Acc, typename Out>
+void launch_combine_chunks(const Launch& l, ReduceOp op, const Acc* partial, int64_t outputs,
+                           int64_t chunks, int64_t count, Out* out, int64_t chunk_stride,
+                           int64_t row_stride) {
+  const ChunkCombine plan = plan_chunk_combine(outputs, chunks);
+  if (plan.blocks == 0) return;
+  if (plan.per_block) {
+    combine_chunks_block_kernel<Acc, Out>
+        <<<static_cast<unsigned>(plan.blocks), plan.threads, 0, l.stream>>>(
+            op, partial, chunks, count, out, chunk_stride, row_stride);
+  } else {
+    combine_chunks_kernel<Acc, Out>
+        <<<static_cast<unsigned>(plan.blocks), plan.threads, 0, l.stream>>>(
+            op, partial, outputs, chunks, count, out, chunk_stride, row_stride);
+  }
+  check_launch("reduce_combine", l.device);
 }
 
 // Blocks of 32 columns x 8 row lanes; block (tile, chunk) combines rows [chunk * kColChunk,
@@ -228,11 +266,8 @@ void launch_reduce_rows(const Launch& l, ReduceOp op, const void* x, DType x_dty
     reduce_rows_kernel<T, Out><<<static_cast<unsigned>(R * chunks), row_threads(C), 0, l.stream>>>(
         op, static_cast<const T*>(x), C, chunks, partial, static_cast<Out*>(out));
     check_launch("reduce_rows", l.device);
-    if (chunks > 1) {
-      combine_chunks_kernel<Acc, Out><<<static_cast<unsigned>((R + 255) / 256), 256, 0, l.stream>>>(
-          op, partial, R, chunks, C, static_cast<Out*>(out), 1, chunks);
-      check_launch("reduce_rows_combine", l.device);
-    }
+    launch_combine_chunks<Acc, Out>(l, op, partial, R, chunks, C, static_cast<Out*>(out), 1,
+                                    chunks);
   });
 }
 
@@ -258,12 +293,8 @@ void launch_reduce_cols(const Launch& l, ReduceOp op, const void* x, DType x_dty
     reduce_cols_kernel<T, Out><<<static_cast<unsigned>(tiles * chunks), dim3(32, 8), 0, l.stream>>>(
         op, static_cast<const T*>(x), R, C, chunks, partial, static_cast<Out*>(out));
     check_launch("reduce_cols", l.device);
-    if (chunks > 1) {
-      // Column c's partials sit at k * C + c.
-      combine_chunks_kernel<Acc, Out><<<static_cast<unsigned>((C + 255) / 256), 256, 0, l.stream>>>(
-          op, partial, C, chunks, R, static_cast<Out*>(out), C, 1);
-      check_launch("reduce_cols_combine", l.device);
-    }
+    // Column c's partials sit at k * C + c.
+    launch_combine_chunks<Acc, Out>(l, op, partial, C, chunks, R, static_cast<Out*>(out), C, 1);
   });
 }
 

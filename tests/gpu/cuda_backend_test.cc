@@ -13,6 +13,7 @@
 #include "tessel/tensor/cuda/caching_allocator.h"
 #include "tessel/tensor/cuda/cuda.h"
 #include "tessel/tensor/cuda/cuda_check.h"
+#include "tessel/tensor/cuda/cuda_runtime.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/storage.h"
 #include "tessel/tensor/stream.h"
@@ -96,6 +97,41 @@ TEST(CudaRuntimeTest, StreamsEventsAndTiming) {
   a.synchronize();
   EXPECT_TRUE(a.query());
   synchronize(kGpu);
+}
+
+// Events come from the runtime's pool: an operation's events are reused, not made anew.
+TEST(CudaRuntimeTest, EventsAreReusedFromThePool) {
+  TESSEL_REQUIRE_CUDA();
+  { Event warm(kGpu, true); }
+  const auto before = cuda::cuda_runtime().event_counts();
+  for (int i = 0; i < 100; ++i) {
+    Event start(kGpu, true), end(kGpu, true);
+    start.record();
+    end.record();
+    end.synchronize();
+  }
+  const auto after = cuda::cuda_runtime().event_counts();
+  EXPECT_LE(after.created - before.created, 1) << "two events at a time: one more at most";
+  EXPECT_GE(after.reused - before.reused, 199);
+}
+
+// Full reductions and tall columns: many chunk partials, combined by one block per output
+// (cuda_reduce_plan.h); integer-valued floats, so every order gives the CPU's sum exactly.
+TEST(CudaReduceTest, FullAndTallReductionsMatchTheCpu) {
+  TESSEL_REQUIRE_CUDA();
+  const int64_t n = (int64_t{1} << 21) + 7;  // 129 chunks of 16,384
+  std::vector<float> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(i)] = static_cast<float>(i % 7 - 3);
+  const Tensor host = from_vector<float>(values);
+  const Tensor gpu = to(host, kGpu);
+  EXPECT_EQ(item(sum(gpu)), item(sum(host)));
+  EXPECT_EQ(item(max(gpu)), 3.0);
+  EXPECT_NEAR(item(mean(gpu)), item(mean(host)), 1e-6);
+  // [n / 3, 3] summed over rows: 3 columns of 699,052 rows, 2,731 chunks each.
+  const Tensor tall = view(narrow(gpu, 0, 0, n / 3 * 3), {n / 3, 3});
+  const Tensor tall_host = view(narrow(host, 0, 0, n / 3 * 3), {n / 3, 3});
+  EXPECT_EQ(to_vector<float>(to(sum(tall, {0}), Device::cpu())),
+            to_vector<float>(sum(tall_host, {0})));
 }
 
 // ---- The caching allocator
