@@ -12,9 +12,7 @@
 
 namespace tessel {
 
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
-  TESSEL_CHECK(max_norm > 0, InvalidArgument, "clip_grad_norm: max_norm must be > 0, got {}",
-               max_norm);
+double grad_sum_of_squares(const std::vector<Tensor>& params) {
   NoGradGuard no_grad;
   // Local sums of squares, summed per set of groups to reduce over (the sharded dimensions),
   // in the order the sets first appear (the same on every rank).
@@ -23,7 +21,6 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
     std::vector<Tensor> sums;
   };
   std::vector<Partial> partials;
-  std::vector<Tensor> grads;
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor g = params[i].grad();
     if (!g.defined()) continue;
@@ -42,7 +39,6 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
     if (it == partials.end()) it = partials.insert(partials.end(), Partial{groups, {}});
     const Tensor g32 = to(g, DType::kF32);
     it->sums.push_back(sum(mul(g32, g32)));
-    grads.push_back(g);
   }
   double sum_sq = 0;
   for (const Partial& p : partials) {
@@ -50,10 +46,19 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
     for (const auto& group : p.groups) group->all_reduce(total);
     sum_sq += item(total);
   }
-  const double norm = std::sqrt(sum_sq);
+  return sum_sq;
+}
+
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  TESSEL_CHECK(max_norm > 0, InvalidArgument, "clip_grad_norm: max_norm must be > 0, got {}",
+               max_norm);
+  const double norm = std::sqrt(grad_sum_of_squares(params));
   const double coeff = max_norm / (norm + 1e-6);
   if (std::isfinite(norm) && coeff < 1.0) {
-    for (const Tensor& g : grads) mul_(g, coeff);
+    NoGradGuard no_grad;
+    for (const Tensor& p : params) {
+      if (p.grad().defined()) mul_(p.grad(), coeff);
+    }
   }
   return norm;
 }

@@ -13,4 +13,9 @@ namespace tessel {
 // global norm on every rank; scales as nn::optim::clip_grad_norm does. Collective.
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 
+// clip_grad_norm's norm, squared, without scaling anything: each gradient's sum of squares,
+// summed over the mesh dimensions its parameter is sharded on. Collective as clip_grad_norm
+// (pp::clip_grad_norm sums it over the pipeline's stages too).
+double grad_sum_of_squares(const std::vector<Tensor>& params);
+
 }  // namespace tessel

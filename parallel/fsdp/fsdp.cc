@@ -76,6 +76,9 @@ class Group final : public FSDPModule {
   void set_requires_all_reduce(bool on) override {
     for_each_group_below([on](Group& g) { g.all_reduce_ = on; });
   }
+  void set_reshard_after_backward(bool on) override {
+    for_each_group_below([on](Group& g) { g.reshard_after_backward_ = on; });
+  }
   void set_modules_to_forward_prefetch(std::vector<FSDPModule*> modules) override {
     forward_prefetch_ = std::move(modules);
   }
@@ -627,7 +630,7 @@ class Group final : public FSDPModule {
     }
     for (Group* g : ctx.groups) {
       if (g->pending_reduce_) g->finish_reduce();
-      g->reshard();
+      if (g->reshard_after_backward_) g->reshard();
       g->grads_ready_ = 0;
     }
     ctx.reducing = nullptr;
@@ -717,6 +720,7 @@ class Group final : public FSDPModule {
   Work gather_work_;
   bool sync_ = true;
   bool all_reduce_ = true;
+  bool reshard_after_backward_ = true;
   int64_t grads_ready_ = 0;
   bool pending_reduce_ = false;
   Tensor reduce_out_;

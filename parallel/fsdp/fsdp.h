@@ -98,6 +98,10 @@ class FSDPModule {
   // HSDP, false: reduce_scatter within each replica but skip the all_reduce across replicas
   // (the sharded gradients accumulate per replica) until it is set again.
   virtual void set_requires_all_reduce(bool on) = 0;
+  // false: the end of backward keeps this module's groups unsharded (a pipeline stage running
+  // several micro-batches' backward in one step gathers once); true (the default) frees them.
+  // A backward that reduce-scatters (sync on) still frees them.
+  virtual void set_reshard_after_backward(bool on) = 0;
   // Explicit prefetch lists (e.g. for experts): these modules' all_gathers are issued at this
   // module's pre-forward / pre-backward instead of the recorded order's next one.
   virtual void set_modules_to_forward_prefetch(std::vector<FSDPModule*> modules) = 0;

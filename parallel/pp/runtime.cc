@@ -11,6 +11,8 @@
 #include <tuple>
 
 #include "tessel/base/error.h"
+#include "tessel/parallel/fsdp/clip_grad_norm.h"
+#include "tessel/parallel/fsdp/fsdp.h"
 #include "tessel/parallel/pp/schedule_validate.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
@@ -347,6 +349,27 @@ double PipelineRuntime::step(const Tensor& inputs, const Tensor& targets) {
   const Nanoseconds timeout = I.options.timeout;
   const auto& actions = schedule_.ranks[static_cast<size_t>(I.rank)];
   auto local = [&](int stage) { return static_cast<size_t>(I.local_index.at(stage)); };
+
+  // FSDP stages: gradients accumulate unsharded until the stage's last backward of the step,
+  // which reduce-scatters them; with gather-once the parameters stay gathered until then.
+  std::vector<FSDPModule*> fsdp(L, nullptr);
+  std::vector<size_t> last_backward(L, 0);
+  for (size_t k = 0; k < actions.size(); ++k) {
+    const ActionKind kind = actions[k].kind;
+    if (kind == ActionKind::kBackward || kind == ActionKind::kBackwardInput) {
+      last_backward[local(actions[k].stage)] = k;
+    }
+  }
+  for (size_t li = 0; li < L; ++li) {
+    fsdp[li] = fsdp_module(*stages_[li].module);
+    if (fsdp[li] == nullptr) continue;
+    fsdp[li]->set_requires_gradient_sync(false);
+    if (I.options.fsdp_gather_once_per_step) {
+      fsdp[li]->set_reshard_after_backward(false);
+      // From the second step: the first forward checks the shards across ranks before any gather.
+      if (stats_.steps > 0) fsdp[li]->unshard(/*async=*/true);
+    }
+  }
   auto is_local = [&](int stage) { return schedule_.stage_rank(stage) == I.rank; };
 
   // Receives, posted ahead while their shapes are known, in list order (so in each channel's
@@ -493,6 +516,10 @@ double PipelineRuntime::step(const Tensor& inputs, const Tensor& targets) {
       case ActionKind::kBackwardInput: {
         const size_t li = local(s);
         MicroState& st = I.state[li][static_cast<size_t>(mb)];
+        if (fsdp[li] != nullptr && k == last_backward[li]) {
+          fsdp[li]->set_requires_gradient_sync(true);
+          fsdp[li]->set_reshard_after_backward(true);
+        }
         if (s == S - 1) {
           tessel::backward(st.output);
         } else {
@@ -553,13 +580,7 @@ double clip_grad_norm(PipelineRuntime& runtime, double max_norm) {
   TESSEL_CHECK(max_norm > 0, InvalidArgument, "pp::clip_grad_norm: max_norm must be > 0, got {}",
                max_norm);
   NoGradGuard no_grad;
-  double sum_sq = 0;
-  for (const Tensor& p : runtime.norm_parameters()) {
-    const Tensor g = p.grad();
-    if (!g.defined()) continue;
-    const Tensor g32 = to(g, DType::kF32);
-    sum_sq += item(sum(mul(g32, g32)));
-  }
+  double sum_sq = grad_sum_of_squares(runtime.norm_parameters());
   ProcessGroup& group = runtime.group();
   if (group.size() > 1) {
     Tensor total = to(from_vector<float>({static_cast<float>(sum_sq)}), group.default_device());

@@ -70,6 +70,13 @@ struct PipelineOptions {
   int recv_lookahead = 2;
   // Per point-to-point call; 0: the group's default.
   Nanoseconds timeout{0};
+  // Stages under fully_shard (over a data-parallel mesh dimension, applied before the runtime
+  // is made): true gathers each stage's parameters once per step for all its micro-batches
+  // (issued at the start of the step, freed after the stage's last backward); false gathers
+  // them per micro-batch as FSDP does by default (less memory, more all_gathers). Either way
+  // the gradients accumulate unsharded and are reduce-scattered once per step, in the stage's
+  // last backward.
+  bool fsdp_gather_once_per_step = true;
 };
 
 // What the runtime has done, for tests and logs.
@@ -128,8 +135,9 @@ class PipelineRuntime {
 };
 
 // Gradient clipping by the global norm over every stage of the pipeline: each rank's sum of
-// squares over norm_parameters(), all-reduced over the pipeline group, then every gradient
-// scaled as nn::optim::clip_grad_norm does. Returns the norm. Collective over the group: call it
+// squares over norm_parameters() (shards summed over their mesh dimensions, as
+// tessel::clip_grad_norm does), all-reduced over the pipeline group, then every gradient scaled
+// as nn::optim::clip_grad_norm does. Returns the norm. Collective over the group: call it
 // on every rank (from on_step).
 double clip_grad_norm(PipelineRuntime& runtime, double max_norm);
 

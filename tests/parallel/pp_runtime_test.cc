@@ -17,9 +17,11 @@
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/threads/threads_backend.h"
+#include "tessel/mesh/device_mesh.h"
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/optim/adamw.h"
 #include "tessel/nn/optim/clip.h"
+#include "tessel/parallel/fsdp/fsdp.h"
 #include "tessel/parallel/pp/gpt_stage.h"
 #include "tessel/parallel/pp/runtime.h"
 #include "tessel/parallel/pp/schedule_generate.h"
@@ -179,6 +181,76 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"pp4_interleaved_v2_empty_stages", 4, "interleaved-1f1b", 2, ""},
                       Case{"pp4_zero_bubble_uneven", 4, "zero-bubble", 1, "1,3,0,2"}),
     [](const auto& info) { return info.param.name; });
+
+// (pp, dp_shard) = (2, 2): each stage fully_shard'ed over its dp_shard pair, each dp rank on half
+// the batch. Parameters are gathered once per step per stage (or per micro-batch by option) and
+// gradients reduce-scattered once per step; the losses match one process.
+void train_with_fsdp(bool gather_once, int steps) {
+  const int pp = 2, dp = 2, m = 2;
+  const PipelineSchedule schedule = make_1f1b(pp, m);
+  std::vector<std::vector<double>> losses(pp * dp);
+  std::vector<FSDPStats> fsdp_stats(pp * dp);
+  std::mutex mu;
+  threads::run_ranks(pp * dp, [&](ProcessGroup& pg) {
+    DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {pp, dp}, {"pp", "dp_shard"});
+    const int stage_rank = static_cast<int>(mesh.local_rank("pp"));
+    const int dp_rank = static_cast<int>(mesh.local_rank("dp_shard"));
+    auto stages = make_gpt_stages(tiny_config(), uniform_layout(6, pp), stage_rank, pp);
+    std::vector<LocalStage> local;
+    for (auto& s : stages) {
+      fully_shard(*s, mesh["dp_shard"]);
+      local.push_back({s->stage(), s});
+    }
+    nn::optim::AdamW* opt = nullptr;
+    PipelineRuntime* self = nullptr;
+    PipelineRuntime runtime(mesh.group("pp"), schedule, local, nn::GPT::loss,
+                            {.on_step =
+                                 [&] {
+                                   clip_grad_norm(*self, kMaxNorm);
+                                   opt->step();
+                                 },
+                             .tied_parameters = gpt_tied_parameters(),
+                             .fsdp_gather_once_per_step = gather_once});
+    self = &runtime;
+    nn::optim::AdamW adamw(runtime.parameters(), adamw_options());
+    opt = &adamw;
+    std::vector<double> mine;
+    for (int step = 0; step < steps; ++step) {
+      auto [x, y] = batch(step);
+      const int64_t rows = kBatch / dp;
+      Tensor xs = contiguous(narrow(x, 0, dp_rank * rows, rows));
+      Tensor ys = contiguous(narrow(y, 0, dp_rank * rows, rows));
+      mine.push_back(runtime.step(xs, ys));
+    }
+    std::lock_guard lock(mu);
+    losses[static_cast<size_t>(pg.rank())] = mine;
+    fsdp_stats[static_cast<size_t>(pg.rank())] = fsdp_module(*stages[0])->stats();
+  });
+  const auto& ref = reference_losses();
+  for (int step = 0; step < steps; ++step) {
+    // The batch's mean loss: the mean over the dp ranks' halves (rank r = pp * dp_rank...).
+    double sum = 0;
+    for (const auto& l : losses) sum += l[static_cast<size_t>(step)];
+    const double mean = sum / (pp * dp);
+    EXPECT_NEAR(mean, ref[static_cast<size_t>(step)], kTolerance * std::abs(ref[step])) << step;
+  }
+  for (const FSDPStats& st : fsdp_stats) {
+    EXPECT_EQ(st.reduce_scatters, steps) << "one reduce_scatter per stage and step";
+    if (gather_once) {
+      EXPECT_EQ(st.all_gathers, steps) << "one all_gather per stage and step";
+    } else {
+      EXPECT_GT(st.all_gathers, steps);
+    }
+  }
+}
+
+TEST(PipelineFsdpTest, Pp2DpShard2MatchesOneProcessGatheringOncePerStep) {
+  train_with_fsdp(/*gather_once=*/true, kSteps);
+}
+
+TEST(PipelineFsdpTest, GatheringPerMicroBatchAlsoMatches) {
+  train_with_fsdp(/*gather_once=*/false, 5);
+}
 
 // 1F1B holds at most p micro-batches on stage 0, however many micro-batches run; GPipe all m.
 TEST(PipelineMemoryTest, OneFOneBHoldsAtMostPOnStageZero) {
