@@ -1,10 +1,14 @@
 #include "tessel/launcher/agent.h"
 
+#include <fmt/ranges.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,6 +24,7 @@
 #include "tessel/base/env.h"
 #include "tessel/base/launch_env.h"
 #include "tessel/base/logging.h"
+#include "tessel/launcher/event_log.h"
 #include "tessel/launcher/exec_path.h"
 #include "tessel/launcher/failure_report.h"
 #include "tessel/launcher/hang_dump.h"
@@ -193,7 +198,69 @@ RendezvousServerOptions server_options(const LaunchOptions& o, const std::string
   s.dump_on_hang = o.dump_on_hang;
   s.tls = o.tls;
   s.host_name = hostname();
+  s.exclude_culprits = o.exclude_culprits;
   return s;
+}
+
+// Runs a recovery hook (ARGV, with EXTRA "NAME=value" entries added to this environment, the job
+// token left out) and waits up to TIMEOUT, then SIGKILL. Returns its exit status, -1 when it
+// could not be started. Called between rounds, when no worker runs.
+int run_hook(const std::vector<std::string>& argv, const std::vector<std::string>& extra,
+             std::chrono::milliseconds timeout) {
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    if (std::string_view(*e).rfind("TESSEL_RDZV_TOKEN=", 0) != 0) env.emplace_back(*e);
+  }
+  env.insert(env.end(), extra.begin(), extra.end());
+  std::vector<char*> cargv, cenv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  for (const auto& e : env) cenv.push_back(const_cast<char*>(e.c_str()));
+  cenv.push_back(nullptr);
+  pid_t pid = -1;
+  if (posix_spawnp(&pid, cargv[0], nullptr, nullptr, cargv.data(), cenv.data()) != 0) return -1;
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  pollfd p{pidfd, POLLIN, 0};
+  if (pidfd < 0 || ::poll(&p, 1, static_cast<int>(timeout.count())) <= 0) {
+    log_warn(kL, "{} did not end within {}: killed", argv.front(), format_duration(timeout));
+    kill(pid, SIGKILL);
+  }
+  if (pidfd >= 0) ::close(pidfd);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+constexpr auto kHookTimeout = std::chrono::seconds(60);
+
+// Serves the rendezvous (no workers here) until the job ends: a dedicated server's life, and
+// that of an agent whose node was taken out while it serves the job. SIGINT/SIGTERM stop the job.
+AgentResult serve_until_outcome(RendezvousServer& server, int signal_fd, int max_restarts,
+                                const std::string& log_dir) {
+  for (;;) {
+    JobOutcome outcome = server.wait_outcome(std::chrono::milliseconds(0));
+    if (outcome.kind != proto::JobEvent::NONE) {
+      server.wait_all_notified(kNotifyWait);
+      if (outcome.kind == proto::JobEvent::SUCCEEDED) return {0, "", log_dir};
+      return {root_cause_exit_status(outcome.root_cause),
+              format_failure_report(outcome.root_cause, outcome.restart_count, max_restarts),
+              log_dir};
+    }
+    // Sleeps only in poll(2) on the signal fd; the outcome is checked between waits.
+    pollfd p{signal_fd, POLLIN, 0};
+    if (::poll(&p, 1, 200) > 0) {
+      signalfd_siginfo info{};
+      if (::read(signal_fd, &info, sizeof(info)) == sizeof(info) &&
+          (info.ssi_signo == SIGINT || info.ssi_signo == SIGTERM)) {
+        proto::Failure f;
+        f.set_rank(-1);
+        f.set_host(hostname());
+        f.set_signal(static_cast<int>(info.ssi_signo));
+        f.set_reason("interrupted");
+        server.stop_job(f);
+      }
+    }
+  }
 }
 
 // A knob's variable name, from the one table of them (base/env.cc).
@@ -249,6 +316,57 @@ struct NodeAgent::Impl {
   int local_token_port = 0;
   bool published_token = false;
   std::optional<proto::Failure> last_root_cause;  // of the last failed round, for every exit
+  std::unique_ptr<EventLog> events;
+
+  // The closed loop's side effects, run by the agent that serves the rendezvous for each node
+  // a failed round took out: the job's record in its store (tessel/excluded_nodes, a JSON
+  // array), the user's --on-exclude command and, with --drain-excluded under Slurm, the drain.
+  void after_exclusions(const proto::Failure& root) {
+    if (!server || root.excluded().empty()) return;
+    try {
+      StoreClientOptions client;
+      client.address = endpoint;
+      client.token = token;
+      client.tls = o.tls;
+      client.connect_timeout = std::chrono::seconds(5);
+      client.rpc_timeout = std::chrono::seconds(2);
+      nlohmann::json all = nlohmann::json::array();
+      for (const proto::Exclusion& x : server->excluded()) {
+        all.push_back({{"host", x.host()},
+                       {"addr", x.addr()},
+                       {"round", x.round()},
+                       {"ranks", std::vector<int>(x.ranks().begin(), x.ranks().end())},
+                       {"reason", x.reason()}});
+      }
+      StoreClient(client).set("tessel/excluded_nodes", all.dump());
+    } catch (const Error& e) {
+      log_warn(kL, "could not record the excluded nodes in the job's store: {}", e.message());
+    }
+    for (const proto::Exclusion& x : root.excluded()) {
+      const std::string ranks = fmt::format("{}", fmt::join(x.ranks(), ","));
+      if (!o.on_exclude.empty()) {
+        const int status = run_hook(
+            {"/bin/sh", "-c", o.on_exclude},
+            {"TESSEL_EXCLUDED_HOST=" + x.host(), "TESSEL_EXCLUDED_ADDR=" + x.addr(),
+             "TESSEL_EXCLUDED_RANKS=" + ranks, "TESSEL_EXCLUDED_ROUND=" + std::to_string(x.round()),
+             "TESSEL_EXCLUDED_REASON=" + x.reason()},
+            kHookTimeout);
+        if (status != 0) log_warn(kL, "--on-exclude for {} exited with {}", x.host(), status);
+      }
+      const char* slurm_job = std::getenv("SLURM_JOB_ID");
+      if (o.drain_excluded && slurm_job != nullptr && *slurm_job != '\0') {
+        const std::string reason = ("tessel verdict: " + x.reason()).substr(0, 200);
+        const int status = run_hook(
+            {"scontrol", "update", "nodename=" + x.host(), "state=drain", "reason=" + reason}, {},
+            kHookTimeout);
+        if (status != 0) {
+          log_warn(kL, "scontrol update nodename={} state=drain exited with {}", x.host(), status);
+        } else {
+          log_info(kL, "drained Slurm node {}: {}", x.host(), reason);
+        }
+      }
+    }
+  }
 
   std::vector<std::string> base_environment() const {
     std::vector<std::string> env;
@@ -527,6 +645,15 @@ struct NodeAgent::Impl {
           }
           case grpc::StatusCode::ALREADY_EXISTS:
             return {.exit = error_result(ExitCode::kInvalidConfig, e.message())};
+          case grpc::StatusCode::PERMISSION_DENIED:  // this node was taken out of the job
+            events->node_refused(e.message());
+            if (server) {
+              log_warn(kL,
+                       "this node serves the job's rendezvous: it goes on serving (no "
+                       "workers) until the job ends");
+              return {.exit = serve_until_outcome(*server, signal_fd, o.max_restarts, log_dir)};
+            }
+            return {.exit = error_with_cause(ExitCode::kNodeExcluded, e.message())};
           case grpc::StatusCode::UNAUTHENTICATED:
             return {.exit = error_result(ExitCode::kUnauthenticated, e.message())};
           case grpc::StatusCode::DEADLINE_EXCEEDED:
@@ -554,7 +681,10 @@ struct NodeAgent::Impl {
   AgentResult final_result(const proto::JobEvent& event) {
     if (server) server->wait_all_notified(kNotifyWait);
     AgentResult result{0, "", log_dir};
-    if (event.kind() == proto::JobEvent::SUCCEEDED) return result;
+    if (event.kind() == proto::JobEvent::SUCCEEDED) {
+      events->job_finished("succeeded", 0);
+      return result;
+    }
     const proto::Failure& root = event.root_cause();
     result.exit_status = root_cause_exit_status(root);
     result.report = format_failure_report(root, event.restart_count(), o.max_restarts);
@@ -564,6 +694,8 @@ struct NodeAgent::Impl {
     } catch (const Error& e) {
       result.report += fmt::format("  (could not write failure.json: {})\n", e.message());
     }
+    events->job_finished(event.kind() == proto::JobEvent::STOP ? "stopped" : "failed",
+                         result.exit_status);
     return result;
   }
 
@@ -657,6 +789,11 @@ struct NodeAgent::Impl {
     guard = std::make_unique<OrphanGuard>(node_id);  // before any thread
     default_log_dir = o.log_dir.empty();
     log_dir = make_log_dir(o);
+    try {
+      events = std::make_unique<EventLog>(o.event_log, host, o.rdzv_id);
+    } catch (const IoError& e) {
+      throw InvalidArgument(e.message());
+    }
 
     start_rendezvous();
     // The worker-facing address: the one that reaches the rendezvous (or --local-addr).
@@ -694,6 +831,7 @@ struct NodeAgent::Impl {
       if (joined.exit) return *joined.exit;
       if (joined.finished) return final_result(*joined.finished);
       const proto::JoinResponse& r = *joined.round;
+      events->round_started(r, route.address);
       log_info(kL, "round {}: group rank {} of {}, ranks {}..{} of {}", r.round(), r.group_rank(),
                r.group_world_size(), r.rank_offset(), r.rank_offset() + o.nproc_per_node - 1,
                r.world_size());
@@ -708,11 +846,15 @@ struct NodeAgent::Impl {
       proto::JobEvent event;
       const RoundEnd end = supervise(r, control, &event);
       control.stop();
+      if (end == RoundEnd::kLinkLost) continue;  // workers stopped; join the job again
+      if (event.kind() != proto::JobEvent::SUCCEEDED) {
+        events->round_failed(event);
+        after_exclusions(event.root_cause());
+      }
       if (end == RoundEnd::kRestart) {
         last_root_cause = event.root_cause();
         continue;
       }
-      if (end == RoundEnd::kLinkLost) continue;  // workers stopped; join the job again
       return final_result(event);
     }
   }
@@ -794,30 +936,7 @@ AgentResult run_rendezvous_server(const LaunchOptions& o, int signal_fd) {
     so.on_hang = hang_hook(o, address, token, log_dir);
     RendezvousServer server(so);
     *address = server.address();
-    for (;;) {
-      JobOutcome outcome = server.wait_outcome(std::chrono::milliseconds(0));
-      if (outcome.kind != proto::JobEvent::NONE) {
-        server.wait_all_notified(kNotifyWait);
-        if (outcome.kind == proto::JobEvent::SUCCEEDED) return {0, "", log_dir};
-        return {root_cause_exit_status(outcome.root_cause),
-                format_failure_report(outcome.root_cause, outcome.restart_count, o.max_restarts),
-                log_dir};
-      }
-      // Sleeps only in poll(2) on the signal fd; the outcome is checked between waits.
-      pollfd p{signal_fd, POLLIN, 0};
-      if (::poll(&p, 1, 200) > 0) {
-        signalfd_siginfo info{};
-        if (::read(signal_fd, &info, sizeof(info)) == sizeof(info) &&
-            (info.ssi_signo == SIGINT || info.ssi_signo == SIGTERM)) {
-          proto::Failure f;
-          f.set_rank(-1);
-          f.set_host(hostname());
-          f.set_signal(static_cast<int>(info.ssi_signo));
-          f.set_reason("interrupted");
-          server.stop_job(f);
-        }
-      }
-    }
+    return serve_until_outcome(server, signal_fd, o.max_restarts, log_dir);
   } catch (const InvalidArgument& e) {
     return error_result(ExitCode::kUnauthenticated, e.message());
   } catch (const CommError& e) {

@@ -16,6 +16,8 @@ std::string_view exit_code_name(ExitCode code) {
       return "internal";
     case ExitCode::kRendezvousTimeout:
       return "rendezvous-timeout";
+    case ExitCode::kNodeExcluded:
+      return "node-excluded";
     case ExitCode::kUnauthenticated:
       return "unauthenticated";
     case ExitCode::kProgramNotExecutable:

@@ -14,6 +14,7 @@ enum class ExitCode : int {
   kRendezvousUnreachable = 69,  // the rendezvous endpoint did not answer after bounded retries
   kInternal = 70,               // a bug or an unexpected system failure in the launcher
   kRendezvousTimeout = 75,      // the round did not form before --rdzv-timeout
+  kNodeExcluded = 76,           // this node was taken out of the job (--exclude-culprits)
   kUnauthenticated = 77,        // no token, or the server refused ours
   kProgramNotExecutable = 126,  // PROGRAM exists but cannot be executed
   kProgramNotFound = 127,       // PROGRAM is not a file and not found on PATH

@@ -35,6 +35,8 @@ std::string what_happened(const proto::Failure& f) {
   return fmt::format("{} (exit code {})", f.reason(), f.exit_code());
 }
 
+}  // namespace
+
 std::string utc_time(int64_t us) {
   const time_t secs = static_cast<time_t>(us / 1000000);
   tm t{};
@@ -43,8 +45,6 @@ std::string utc_time(int64_t us) {
   strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &t);
   return fmt::format("{}.{:03d}Z", buf, static_cast<int>((us / 1000) % 1000));
 }
-
-}  // namespace
 
 std::string node_label(const proto::Failure& f) {
   if (f.addr().empty()) return fmt::format("host {}", f.host());
@@ -103,6 +103,11 @@ std::string format_failure_report(const proto::Failure& f, int restart_count, in
     out +=
         fmt::format("  first failure in time (a consequence, by the verdict): {}\n", f.symptom());
   }
+  for (const proto::Exclusion& x : f.excluded()) {
+    out += fmt::format("  taken out of the job: node {} ({}, host {})\n", x.group_rank(), x.addr(),
+                       x.host());
+  }
+  if (!f.outcome_note().empty()) out += fmt::format("  {}\n", f.outcome_note());
   if (!f.error_file().empty()) {
     out += "  its error file (TORCHELASTIC_ERROR_FILE):\n";
     size_t pos = 0;
@@ -130,6 +135,15 @@ std::string format_failure_report(const proto::Failure& f, int restart_count, in
 }
 
 std::string failure_report_json(const proto::Failure& f, int restart_count) {
+  nlohmann::json excluded = nlohmann::json::array();
+  for (const proto::Exclusion& x : f.excluded()) {
+    excluded.push_back({{"host", x.host()},
+                        {"addr", x.addr()},
+                        {"group_rank", x.group_rank()},
+                        {"round", x.round()},
+                        {"ranks", std::vector<int>(x.ranks().begin(), x.ranks().end())},
+                        {"reason", x.reason()}});
+  }
   nlohmann::json j = {
       {"host", f.host()},
       {"node_id", f.node_id()},
@@ -155,6 +169,9 @@ std::string failure_report_json(const proto::Failure& f, int restart_count) {
       {"evidence", std::vector<std::string>(f.evidence().begin(), f.evidence().end())},
       {"symptom", f.symptom()},
       {"symptom_rank", f.symptom().empty() ? -1 : f.symptom_rank()},
+      // The closed loop: nodes this failure took out of the job, and why it could not go on.
+      {"excluded", excluded},
+      {"outcome_note", f.outcome_note()},
   };
   return j.dump(2) + "\n";
 }

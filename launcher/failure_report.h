@@ -16,6 +16,9 @@ std::string signal_name(int signal);
 // worker (or interrupted the job), else the worker's exit code; 1 when a whole node was lost.
 int root_cause_exit_status(const proto::Failure& root_cause);
 
+// "2026-11-21T21:20:45.113Z" for microseconds since the epoch.
+std::string utc_time(int64_t us);
+
 // "node 1 (10.0.0.2, host node-b)": how reports name a node (address and group rank).
 std::string node_label(const proto::Failure& failure);
 // The root cause in one line, for messages of exits that are not the job's failure itself
@@ -32,7 +35,8 @@ std::string format_failure_report(const proto::Failure& root_cause, int restart_
 // The same as a JSON object (keys: host, node_id, addr, group_rank, error_file, rank,
 // local_rank, pid, exit_code, signal, signal_name, reason, stderr_tail, server_time_us, round,
 // restart_count, exit_status, and from the hang path: verdict, culprits, evidence, symptom,
-// symptom_rank). With a verdict that names culprits, rank is its first culprit.
+// symptom_rank; excluded, outcome_note from --exclude-culprits). With a verdict that names
+// culprits, rank is its first culprit.
 std::string failure_report_json(const proto::Failure& root_cause, int restart_count);
 
 // Writes failure_report_json to `path`. Throws IoError.

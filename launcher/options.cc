@@ -291,6 +291,18 @@ ParseResult parse_launch_options(int argc, const char* const* argv, const Enviro
   app.add_option("--hang-dump-timeout", hang_dump_timeout,
                  "how long to wait for every rank's flight-recorder dump on a hang");
   app.add_option("--trace-tool", o.trace_tool, "program run as `TOOL analyze DIR` on dumps");
+  bool exclude_on = false, exclude_off = false;  // neither: on with --nnodes MIN:MAX, MIN < MAX
+  app.add_flag("--exclude-culprits", exclude_on,
+               "take a failed round's culprit nodes out of the job for its life (default: on "
+               "with --nnodes MIN:MAX)");
+  app.add_flag("--no-exclude-culprits", exclude_off, "never take nodes out of the job");
+  app.add_option("--on-exclude", o.on_exclude,
+                 "command (sh -c) run when a node is taken out; TESSEL_EXCLUDED_HOST, _ADDR, "
+                 "_REASON in its environment");
+  app.add_flag("--drain-excluded", o.drain_excluded,
+               "under Slurm (SLURM_JOB_ID set): scontrol update nodename=HOST state=drain for a "
+               "node taken out");
+  app.add_option("--event-log", o.event_log, "append one JSON object per job event to this file");
   app.add_option("--log-dir", o.log_dir,
                  "log directory (one attempt_N folder per attempt); default: a new one under "
                  "$TMPDIR/tessel-run-UID, removed after success unless --keep-logs");
@@ -315,7 +327,8 @@ ParseResult parse_launch_options(int argc, const char* const* argv, const Enviro
                  "accepted (spawn, fork, forkserver): workers "
                  "are always fork+exec'd processes");
   app.add_option("--logs-specs", logs_specs, "accepted; Python log specs do not apply here");
-  app.add_option("--event-log-handler", event_log_handler, "accepted; no event log here");
+  app.add_option("--event-log-handler", event_log_handler,
+                 "accepted; tessel-run writes its own JSON events with --event-log");
   app.add_option("--numa-binding", numa_binding, "accepted; no NUMA binding here");
   app.add_flag("--virtual-local-rank", virtual_local_rank, "accepted; LOCAL_RANK is real here");
 
@@ -430,6 +443,9 @@ ParseResult parse_launch_options(int argc, const char* const* argv, const Enviro
       o.signal_grace = std::chrono::seconds(secs);
     }
     o.hang_dump_timeout = positive("--hang-dump-timeout", hang_dump_timeout);
+    TESSEL_CHECK(!(exclude_on && exclude_off), InvalidArgument,
+                 "--exclude-culprits and --no-exclude-culprits contradict each other");
+    o.exclude_culprits = exclude_on || (!exclude_off && o.min_nodes < o.max_nodes);
     o.forward_usr_signals = !no_usr_forward;
     o.redirects = parse_stream_selection(redirects);
     o.tee = parse_stream_selection(tee);

@@ -51,6 +51,13 @@ struct LaunchOptions {
   bool dump_on_hang = false;
   std::chrono::milliseconds hang_dump_timeout{std::chrono::seconds(30)};  // wait for rank dumps
   std::string trace_tool = "tessel-trace";  // run as `<tool> analyze DIR`
+  // Recovery (docs/launching.md#recovery): take culprit nodes out of the job (default: on
+  // with --nnodes MIN:MAX, MIN < MAX), the command run when one is (sh -c, TESSEL_EXCLUDED_*
+  // in its environment), and Slurm's drain of it (scontrol, when SLURM_JOB_ID is set).
+  bool exclude_culprits = false;
+  std::string on_exclude;
+  bool drain_excluded = false;
+  std::string event_log;  // --event-log: one JSON object per job event, appended
 
   // Logs.
   std::string log_dir;     // empty: a fresh one under default_log_root()

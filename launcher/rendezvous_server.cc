@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <csignal>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -15,6 +16,8 @@
 #include "tessel/base/clock.h"
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
+#include "tessel/launcher/failure_report.h"
+#include "tessel/launcher/hang_dump.h"
 #include "tessel/launcher/proto/rendezvous.grpc.pb.h"
 #include "tessel/launcher/token.h"
 #include "tessel/store/server_kit.h"
@@ -24,12 +27,24 @@ namespace {
 
 using proto::JobEvent;
 constexpr auto kL = LogComponent::kLauncher;
+// The exit status of a worker whose configuration cannot work (base/tools/cli.h's
+// kExitBadValue, tessel-run's own invalid-config status): the job is not restarted.
+constexpr int kConfigurationExitCode = 65;
 
 // "ipv4:10.0.0.2:5555" -> "10.0.0.2"; "ipv6:[::1]:5555" -> "::1".
 std::string peer_host(const std::string& peer) {
   std::string rest = peer.substr(peer.find(':') + 1);
   if (!rest.empty() && rest.front() == '[') return rest.substr(1, rest.find(']') - 1);
   return rest.substr(0, rest.rfind(':'));
+}
+
+// A node's identity across agents (an agent killed and started again is the same node).
+std::string node_key(const std::string& host, const std::string& addr) { return host + " " + addr; }
+
+// Signals that end a worker through no decision of the job's: a crash, or a kill from outside.
+bool fatal_signal(int sig) {
+  return sig == SIGSEGV || sig == SIGBUS || sig == SIGILL || sig == SIGFPE || sig == SIGABRT ||
+         sig == SIGKILL || sig == SIGSYS;
 }
 
 grpc::Status unauthenticated() {
@@ -82,6 +97,17 @@ class RendezvousServer::State {
     }
     check_stall_locked(lock);
     const std::string addr = req->addr().empty() ? peer_host(ctx->peer()) : req->addr();
+    if (auto d = died_.find(req->node_id()); d != died_.end()) {
+      // Taken out because its connection closed, yet the same agent joins: it did not die (it
+      // gave the server up after the heartbeat bound and cancelled its calls). It stays in.
+      log_warn(kL, "node {} ({}) was taken out as dead but its agent joins again: it stays in",
+               req->node_id(), addr);
+      excluded_.erase(d->second);
+      died_.erase(d);
+    }
+    if (auto x = excluded_.find(node_key(req->host(), addr)); x != excluded_.end()) {
+      return finish_now(ctx, excluded_status(x->second));
+    }
     if (grpc::Status taken = check_rank_free_locked(*req); !taken.ok()) {
       return finish_now(ctx, taken);
     }
@@ -146,6 +172,7 @@ class RendezvousServer::State {
     if (auto m = members_.find(req->node_id()); m != members_.end()) {
       failure.set_addr(m->second.assignment.addr());
       failure.set_group_rank(m->second.assignment.group_rank());
+      if (failure.host().empty()) failure.set_host(m->second.assignment.host());
     }
     resp->set_root_cause(fail_round_locked(std::move(failure), lock));
     return finish_now(ctx, grpc::Status::OK);
@@ -213,6 +240,7 @@ class RendezvousServer::State {
         proto::Failure failure =
             node_failure_locked(node_id, "node lost (its agent's connection closed)");
         members_[node_id].lost = true;
+        members_[node_id].died = true;
         fail_round_locked(std::move(failure), lock);
       }
       if (lock.owns_lock()) lock.unlock();
@@ -260,6 +288,7 @@ class RendezvousServer::State {
         if (first) {
           first->set_server_time_us(root_.server_time_us());
           first->set_round(root_.round());
+          if (first->addr().empty()) name_node_of_rank_locked(*first);
           root_ = std::move(*first);
         }
         last_tick_ = SteadyClock::now();  // busy gathering dumps, not stalled
@@ -324,6 +353,10 @@ class RendezvousServer::State {
     std::lock_guard lock(mu_);
     return outcome_.restart_count;
   }
+  std::vector<proto::Exclusion> excluded() const {
+    std::lock_guard lock(mu_);
+    return exclusion_order_;
+  }
 
   // Marks the server as stopping: cancellations are no longer failures; the monitor exits.
   void begin_stop() {
@@ -354,6 +387,7 @@ class RendezvousServer::State {
     bool done = false;
     bool notified = false;
     bool lost = false;  // its agent is gone: nobody to notify
+    bool died = false;  // its agent's connection closed while the round ran
   };
   struct Finisher {
     ParkedCall* call;
@@ -552,12 +586,137 @@ class RendezvousServer::State {
     return done;
   }
 
+  // The member whose ranks include RANK, or null.
+  const Member* member_of_rank_locked(int rank) const {
+    for (const auto& [id, m] : members_) {
+      const auto& a = m.assignment;
+      if (rank >= a.rank_offset() && rank < a.rank_offset() + a.nproc()) return &m;
+    }
+    return nullptr;
+  }
+
+  // The verdict named a rank the first report did not come from: name its node too.
+  void name_node_of_rank_locked(proto::Failure& f) const {
+    if (const Member* m = member_of_rank_locked(f.rank())) {
+      f.set_node_id(m->assignment.node_id());
+      f.set_addr(m->assignment.addr());
+      f.set_group_rank(m->assignment.group_rank());
+      if (f.host().empty()) f.set_host(m->assignment.host());
+    }
+  }
+
+  grpc::Status excluded_status(const proto::Exclusion& x) const {
+    return grpc::Status(
+        grpc::StatusCode::PERMISSION_DENIED,
+        fmt::format("this node ({}, host {}) was taken out of the job after round {}: {}", x.addr(),
+                    x.host(), x.round(), x.reason()));
+  }
+
+  // The nodes the round's root cause blames, when exclude_culprits is on: the nodes of the
+  // verdict's culprits when they hung or crashed (a culprit that exited with its own code is
+  // the program's error, which any node would repeat), the node of a worker killed by a fatal
+  // signal, a node lost. Nothing for interrupts, membership changes, a node that lost contact
+  // and came back, a verdict that names nobody (INCONCLUSIVE, stragglers).
+  std::vector<proto::Exclusion> culprit_nodes_locked() const {
+    std::vector<proto::Exclusion> out;
+    if (!options_.exclude_culprits) return out;
+    const proto::Failure& r = root_;
+    std::map<std::string, std::vector<int>> ranks;  // node id -> its culprit ranks
+    if (r.reason() == "interrupted" || r.reason().rfind("membership change", 0) == 0) return out;
+    if (!r.culprits().empty()) {
+      // Hung (124) or killed; a culprit that exited with its own code is the program's error.
+      const bool node_fault = r.signal() != 0 || r.exit_code() == kCollectiveTimeoutExitCode;
+      for (int c : r.culprits()) {
+        const Member* m = node_fault ? member_of_rank_locked(c) : nullptr;
+        if (m != nullptr) ranks[m->assignment.node_id()].push_back(c);
+      }
+    } else if (r.rank() >= 0 && fatal_signal(r.signal())) {
+      if (const Member* m = member_of_rank_locked(r.rank()))
+        ranks[m->assignment.node_id()].push_back(r.rank());
+    }
+    // A node whose agent died during the round is gone whatever the verdict says: its
+    // workers' peers may have reported their own failures first. (A node that only fell
+    // silent, a link blip or a starved agent, is not taken out: it may come back.)
+    for (const auto& [id, m] : members_) {
+      if (m.died) ranks[id];
+    }
+    for (const auto& [id, culprit_ranks] : ranks) {
+      const proto::NodeAssignment& a = members_.at(id).assignment;
+      proto::Exclusion x;
+      x.set_host(a.host());
+      x.set_addr(a.addr());
+      x.set_group_rank(a.group_rank());
+      x.set_round(round_);
+      x.set_reason(one_line_root_cause(r));
+      for (int c : culprit_ranks) x.add_ranks(c);
+      out.push_back(std::move(x));
+    }
+    return out;
+  }
+
+  // Takes the root cause's culprit nodes out of the job. Returns false when too few nodes
+  // would be left (root_ then says why).
+  bool exclude_culprits_locked(std::vector<Finisher>& refused) {
+    const std::vector<proto::Exclusion> taken = culprit_nodes_locked();
+    if (taken.empty()) return true;
+    for (const auto& [id, m] : members_) {
+      if (m.died) died_[id] = node_key(m.assignment.host(), m.assignment.addr());
+    }
+    for (const proto::Exclusion& x : taken) {
+      excluded_[node_key(x.host(), x.addr())] = x;
+      exclusion_order_.push_back(x);
+      *root_.add_excluded() = x;
+      log_warn(kL, "node {} ({}, host {}) is taken out of the job for its life: {}", x.group_rank(),
+               x.addr(), x.host(), x.reason());
+    }
+    for (auto it = joining_.begin(); it != joining_.end();) {
+      auto x = excluded_.find(node_key(it->request.host(), it->addr));
+      if (x == excluded_.end()) {
+        ++it;
+        continue;
+      }
+      refused.push_back({it->call, excluded_status(x->second)});
+      it = joining_.erase(it);
+    }
+    int left = 0;
+    for (const auto& [id, m] : members_) {
+      left += excluded_.count(node_key(m.assignment.host(), m.assignment.addr())) == 0 ? 1 : 0;
+    }
+    if (left >= options_.min_nodes) return true;
+    std::string names;
+    for (const proto::Exclusion& x : taken) {
+      names += fmt::format("{}node {} ({})", names.empty() ? "" : ", ", x.group_rank(), x.addr());
+    }
+    root_.set_outcome_note(fmt::format(
+        "taking out {} leaves {} node{} of the round's {}, fewer than the --nnodes minimum {}: "
+        "the job cannot go on",
+        names, left, left == 1 ? "" : "s", members_.size(), options_.min_nodes));
+    log_error(kL, "{}", root_.outcome_note());
+    return false;
+  }
+
   // Ends a failed round: the next round when restarts are left, else the job fails.
   std::vector<Finisher> end_round_locked() {
-    const bool fatal = root_.reason() == "interrupted";
-    if (fatal || outcome_.restart_count >= options_.max_restarts) {
-      outcome_.kind = fatal ? JobEvent::STOP : JobEvent::FAILED;
-      return finish_job_locked();
+    const bool interrupted = root_.reason() == "interrupted";
+    // A worker that exited 65 said its configuration cannot work in this world (train_gpt's
+    // --dp-shard 3 on 4 ranks): every restart would repeat it.
+    const bool unfit =
+        root_.rank() >= 0 && root_.signal() == 0 && root_.exit_code() == kConfigurationExitCode;
+    if (unfit) {
+      root_.set_outcome_note(fmt::format(
+          "rank {} exited {}: its configuration cannot work with {} ranks on {} nodes (its "
+          "message says why); a restart would repeat it, so the job ends here",
+          root_.rank(), kConfigurationExitCode, world_size_, members_.size()));
+      log_error(kL, "{}", root_.outcome_note());
+    }
+    const bool fatal = interrupted || unfit;
+    std::vector<Finisher> refused;
+    const bool enough = fatal || exclude_culprits_locked(refused);
+    if (!enough || fatal || outcome_.restart_count >= options_.max_restarts) {
+      outcome_.kind = interrupted ? JobEvent::STOP : JobEvent::FAILED;
+      std::vector<Finisher> done = finish_job_locked();
+      done.insert(done.end(), refused.begin(), refused.end());
+      return done;
     }
     ++outcome_.restart_count;
     ++round_;
@@ -565,6 +724,7 @@ class RendezvousServer::State {
     log_info(kL, "restart {} of {}: round {}", outcome_.restart_count, options_.max_restarts,
              round_);
     std::vector<Finisher> done = answer_waits_locked();
+    done.insert(done.end(), refused.begin(), refused.end());
     if (static_cast<int>(joining_.size()) >= options_.min_nodes) {
       last_call_ = SteadyClock::now() + options_.last_call_timeout;
     }
@@ -628,6 +788,9 @@ class RendezvousServer::State {
   std::vector<PendingJoin> joining_;
   std::vector<PendingWait> waits_;
   std::map<std::string, Member> members_;
+  std::map<std::string, proto::Exclusion> excluded_;  // by node_key: refused for the job's life
+  std::vector<proto::Exclusion> exclusion_order_;
+  std::map<std::string, std::string> died_;  // node id -> node_key of nodes taken out as dead
   bool round_failed_ = false;
   bool pending_hang_ = false;
   proto::Failure root_;
@@ -742,6 +905,7 @@ bool RendezvousServer::wait_all_notified(std::chrono::milliseconds timeout) {
 }
 int64_t RendezvousServer::current_round() const { return state_->round(); }
 int RendezvousServer::restart_count() const { return state_->restart_count(); }
+std::vector<proto::Exclusion> RendezvousServer::excluded() const { return state_->excluded(); }
 size_t RendezvousServer::parked_calls() const { return state_->parked(); }
 
 void RendezvousServer::stop() {

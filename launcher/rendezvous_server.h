@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tessel/launcher/proto/rendezvous.pb.h"
 #include "tessel/store/store_tls.h"
@@ -51,6 +52,11 @@ struct RendezvousServerOptions {
                                               int world_size)>
       on_hang;
   bool dump_on_hang = false;
+  // The closed loop (docs/launching.md#recovery): when a round fails because of a node — a
+  // flight-recorder verdict naming hung or crashed ranks, a worker killed by a fatal signal, a
+  // node lost — that node (by host and address) is refused for the rest of the job. When fewer
+  // than min_nodes would be left the job fails instead, saying why.
+  bool exclude_culprits = false;
 };
 
 // Final state of a job as the server saw it.
@@ -86,6 +92,8 @@ class RendezvousServer {
   // and tests.
   size_t parked_calls() const;
   int restart_count() const;
+  // Every node taken out of the job so far (exclude_culprits), oldest first.
+  std::vector<proto::Exclusion> excluded() const;
 
   // Shuts the gRPC server down (pending calls are cancelled) and joins the monitor thread.
   void stop();

@@ -34,7 +34,19 @@
 //                            (KIND hang), dies of SIGSEGV (crash) or SIGKILL (kill), or exits
 //                            0 (exit); the
 //                            others' next all_reduce fails: exit 124 on a timeout, 1 otherwise
+//   train DIR STEPS EVERY HANG_RANK HANG_STEP TIMEOUT_S PACE_MS
+//                            data-parallel least squares on a fixed global stream (12 samples a
+//                            step, split over the world), one all_reduce a step (Gloo, TIMEOUT_S
+//                            collective timeout), each step at least PACE_MS long. Rank 0
+//                            commits DIR/ckpt/step_<N> (tmp + rename) every EVERY steps; every
+//                            attempt resumes from the latest. On attempt 0 rank HANG_RANK stops
+//                            taking part at step HANG_STEP ("hanging at step S time_ns T", then
+//                            alive) and the others time out (124). Prints "resumed from step S
+//                            world W attempt A" and "step S loss L world W attempt A time_ns T"
+//                            (T: CLOCK_REALTIME ns)
+#include <dirent.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -92,6 +104,126 @@ void on_term(int) {
 
 [[noreturn]] void sleep_forever() {
   for (;;) pause();
+}
+
+long long realtime_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+// The "train" mode (see the top of the file).
+constexpr int kFeatures = 4;
+constexpr int kGlobalBatch = 12;  // divisible by every world size the tests use (4, 6)
+
+struct Checkpoint {
+  int step = 0;
+  std::vector<float> w = std::vector<float>(kFeatures, 0.0f);
+};
+
+// The latest committed checkpoint in DIR/ckpt (step 0 and zeros when none).
+Checkpoint latest_checkpoint(const std::string& dir) {
+  Checkpoint best;
+  DIR* d = opendir((dir + "/ckpt").c_str());
+  if (d == nullptr) return best;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind("step_", 0) != 0 || name.find('.') != std::string::npos) continue;
+    Checkpoint c;
+    c.step = std::atoi(name.c_str() + 5);
+    if (c.step <= best.step) continue;
+    FILE* f = std::fopen((dir + "/ckpt/" + name).c_str(), "r");
+    if (f == nullptr) continue;
+    bool ok = true;
+    for (float& v : c.w) ok = ok && std::fscanf(f, "%a", &v) == 1;
+    std::fclose(f);
+    if (ok) best = c;
+  }
+  closedir(d);
+  return best;
+}
+
+void commit_checkpoint(const std::string& dir, const Checkpoint& c) {
+  mkdir((dir + "/ckpt").c_str(), 0755);
+  const std::string path = dir + "/ckpt/step_" + std::to_string(c.step);
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  for (float v : c.w) std::fprintf(f, "%a\n", static_cast<double>(v));
+  std::fflush(f);
+  fsync(fileno(f));
+  std::fclose(f);
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+// Sample i of the global stream: features in -2..2 and a target from fixed weights plus noise.
+void sample(long long i, float* x, float* y) {
+  const float truth[kFeatures] = {1.0f, -2.0f, 3.0f, 0.5f};
+  *y = 0.1f * static_cast<float>(i % 3 - 1);
+  for (int j = 0; j < kFeatures; ++j) {
+    x[j] = static_cast<float>((i * 7 + j * 3 + i / 5) % 5 - 2);
+    *y += truth[j] * x[j];
+  }
+}
+
+int train(char** argv) {
+  const std::string dir = argv[2];
+  const int steps = std::atoi(argv[3]), every = std::atoi(argv[4]);
+  const int hang_rank = std::atoi(argv[5]), hang_step = std::atoi(argv[6]);
+  const int timeout_s = std::atoi(argv[7]), pace_ms = std::atoi(argv[8]);
+  const int rank = env_int("RANK"), world = env_int("WORLD_SIZE");
+  const int attempt = env_int("TORCHELASTIC_RESTART_COUNT");
+  Checkpoint c = latest_checkpoint(dir);  // before any rank can commit a newer one
+  try {
+    tessel::InitOptions options;
+    options.backend = "gloo";
+    options.timeout = std::chrono::seconds(timeout_s);
+    auto pg = tessel::init_process_group(options);
+    if (c.step > 0) {
+      std::printf("resumed from step %d world %d attempt %d\n", c.step, world, attempt);
+    }
+    const int per_rank = kGlobalBatch / world;
+    for (int step = c.step; step < steps; ++step) {
+      const long long started = monotonic_ns();
+      tessel::fr::FlightRecorder::global().set_step(step);
+      if (attempt == 0 && rank == hang_rank && step == hang_step) {
+        std::printf("hanging at step %d time_ns %lld\n", step, realtime_ns());
+        std::fflush(stdout);
+        sleep_forever();
+      }
+      std::vector<float> acc(kFeatures + 1, 0.0f);  // gradient sums, then the loss sum
+      for (int k = 0; k < per_rank; ++k) {
+        float x[kFeatures], y;
+        sample(static_cast<long long>(step) * kGlobalBatch + rank * per_rank + k, x, &y);
+        float err = -y;
+        for (int j = 0; j < kFeatures; ++j) err += c.w[static_cast<size_t>(j)] * x[j];
+        for (int j = 0; j < kFeatures; ++j) acc[static_cast<size_t>(j)] += err * x[j];
+        acc[kFeatures] += 0.5f * err * err;
+      }
+      tessel::Tensor t = tessel::from_vector<float>(acc);
+      pg->all_reduce(t);
+      const float* sum = t.data<float>();
+      for (int j = 0; j < kFeatures; ++j) {
+        c.w[static_cast<size_t>(j)] -= 0.02f * sum[j] / kGlobalBatch;
+      }
+      c.step = step + 1;
+      std::printf("step %d loss %.9g world %d attempt %d time_ns %lld\n", step,
+                  static_cast<double>(sum[kFeatures] / kGlobalBatch), world, attempt,
+                  realtime_ns());
+      std::fflush(stdout);
+      if (rank == 0 && c.step % every == 0) commit_checkpoint(dir, c);
+      const long long left_ns = pace_ms * 1000000LL - (monotonic_ns() - started);
+      if (left_ns > 0) usleep(static_cast<useconds_t>(left_ns / 1000));  // the step's length
+    }
+    tessel::Tensor done = tessel::from_vector<float>({1.0f});
+    pg->all_reduce(done);  // nobody ends while another still trains
+    return 0;
+  } catch (const tessel::Timeout& e) {
+    std::fprintf(stderr, "train rank %d: %s\n", rank, e.what());
+    return 124;
+  } catch (const tessel::Error& e) {
+    std::fprintf(stderr, "train rank %d: %s\n", rank, e.what());
+    return 1;
+  }
 }
 
 }  // namespace
@@ -303,6 +435,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  if (mode == "train" && argc >= 9) return train(argv);
   std::fprintf(stderr, "launcher_test_worker: unknown mode '%s'\n", mode.c_str());
   return 2;
 }

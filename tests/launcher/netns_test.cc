@@ -17,83 +17,21 @@
 #include <thread>
 
 #include "child_process.h"
+#include "netns_cluster.h"
 
 namespace tessel::launcher {
 namespace {
 
 using namespace std::chrono_literals;
 using testing::ChildProcess;
+using testing::NetnsCluster;
+using testing::sh;
+using testing::skip_reason;
+using testing::write_token_file;
 
 const std::string kRun = TESSEL_RUN_PATH;
 const std::string kWorker = TEST_WORKER_PATH;
 constexpr int kPort = 29400;
-
-int sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
-
-// Three (or more) namespaces as nodes joined by a bridge in a fourth. RAII: the destructor
-// deletes every namespace it made (which deletes their veths).
-class NetnsCluster {
- public:
-  explicit NetnsCluster(int nodes) {
-    const std::string base = "tslt" + std::to_string(getpid()) + "-";
-    switch_ = base + "sw";
-    ok_ = sh("ip netns add " + switch_) == 0;
-    if (ok_) made_.push_back(switch_);
-    ok_ = ok_ && sh("ip -n " + switch_ + " link add br0 type bridge") == 0 &&
-          sh("ip -n " + switch_ + " link set br0 up") == 0;
-    for (int i = 0; i < nodes && ok_; ++i) {
-      const std::string ns = base + std::to_string(i);
-      ok_ = sh("ip netns add " + ns) == 0;
-      if (!ok_) break;
-      made_.push_back(ns);
-      nodes_.push_back(ns);
-      const std::string port = "p" + std::to_string(i);
-      ok_ = sh("ip -n " + ns + " link add eth0 type veth peer name " + port + " netns " +
-               switch_) == 0 &&
-            sh("ip -n " + ns + " addr add " + addr(i) + "/24 dev eth0") == 0 &&
-            sh("ip -n " + ns + " link set eth0 up") == 0 &&
-            sh("ip -n " + ns + " link set lo up") == 0 &&
-            sh("ip -n " + switch_ + " link set " + port + " master br0") == 0 &&
-            sh("ip -n " + switch_ + " link set " + port + " up") == 0;
-    }
-  }
-  ~NetnsCluster() {
-    for (const auto& ns : made_) {
-      sh("ip netns del " + ns);
-      sh("rm -rf /etc/netns/" + ns);
-    }
-  }
-  // As on a stock Debian host: node i's host name is "node<i>" and maps to 127.0.1.1 in its
-  // /etc/hosts (`ip netns exec` mounts /etc/netns/<ns>/hosts over /etc/hosts).
-  void debian_hosts(int i) {
-    sh("mkdir -p /etc/netns/" + ns(i));
-    std::ofstream("/etc/netns/" + ns(i) + "/hosts")
-        << "127.0.0.1 localhost\n127.0.1.1 node" << i << "\n";
-  }
-  bool ok() const { return ok_; }
-  const std::string& ns(int i) const { return nodes_[static_cast<size_t>(i)]; }
-  static std::string addr(int i) { return "10.77.1." + std::to_string(i + 1); }
-  // Takes node i off the network (its link goes down).
-  void cut(int i) { sh("ip -n " + ns(i) + " link set eth0 down"); }
-
- private:
-  std::string switch_;
-  std::vector<std::string> nodes_, made_;
-  bool ok_ = false;
-};
-
-std::string skip_reason() {
-  if (geteuid() != 0) return "needs root to create network namespaces";
-  if (sh("ip netns list") != 0) return "`ip netns` is not available";
-  return "";
-}
-
-std::string write_token_file(const std::string& dir, const std::string& token) {
-  const std::string path = dir + "/token";
-  std::ofstream(path) << token << "\n";
-  chmod(path.c_str(), 0600);
-  return path;
-}
 
 class NetnsTest : public ::testing::Test {
  protected:
@@ -383,7 +321,7 @@ TEST_F(NetnsTest, LinkBlipEndsInARestartNotARendezvousTimeout) {
       [&] { return processes_of(0) >= 4 && processes_of(1) >= 4 && processes_of(2) >= 4; }, 30s));
   cluster_->cut(2);
   std::this_thread::sleep_for(1500ms);
-  sh("ip -n " + cluster_->ns(2) + " link set eth0 up");
+  cluster_->reconnect(2);
   for (int i = 0; i < 3; ++i) {
     auto& node = *nodes_[static_cast<size_t>(i)];
     ASSERT_EQ(node.wait(60s), 0) << node.err();

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "child_process.h"
+#include "rendezvous_test_util.h"
 #include "tessel/launcher/rendezvous_client.h"
 
 namespace tessel::launcher {
@@ -17,7 +18,7 @@ namespace {
 using namespace std::chrono_literals;
 using proto::JobEvent;
 
-constexpr char kToken[] = "test-token-123";
+constexpr const char* kToken = testing::kRendezvousTestToken;
 
 RendezvousServerOptions options(int min_nodes, int max_nodes, int max_restarts = 0) {
   RendezvousServerOptions o;
@@ -44,20 +45,7 @@ proto::JoinRequest join_request(const std::string& id, const std::string& host, 
   return r;
 }
 
-// Joins every request concurrently (one client each) and returns the responses in order.
-std::vector<proto::JoinResponse> join_all(const std::string& address,
-                                          const std::vector<proto::JoinRequest>& requests) {
-  std::vector<std::future<proto::JoinResponse>> futures;
-  for (const auto& req : requests) {
-    futures.push_back(std::async(std::launch::async, [&address, req] {
-      RendezvousClient client(address, kToken);
-      return client.join(req, 10s);
-    }));
-  }
-  std::vector<proto::JoinResponse> out;
-  for (auto& f : futures) out.push_back(f.get());
-  return out;
-}
+using testing::join_all;
 
 class RendezvousRankOrderTest : public ::testing::TestWithParam<int> {};
 
