@@ -64,17 +64,32 @@ std::shared_ptr<Store> connect_job_store(const LaunchEnv& env, const std::string
   return std::make_shared<StoreClient>(std::move(client));
 }
 
+int process_cuda_device(const LaunchEnv& env, Device requested, int visible) {
+  TESSEL_CHECK(visible > 0, Unavailable, "rank {}: a CUDA device is needed and none is visible",
+               env.rank);
+  if (requested.is_cuda()) {
+    TESSEL_CHECK(requested.index >= 0 && requested.index < visible, InvalidArgument,
+                 "rank {}: {} requested but {} CUDA devices are visible", env.rank, requested.str(),
+                 visible);
+    return requested.index;
+  }
+  return (env.local_rank_set ? env.local_rank : env.rank) % visible;
+}
+
 std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   init_logging();
   log_env_knobs_once();
   const LaunchEnv env = read_launch_env();
   set_log_rank(env.rank);
-  // One GPU per process: its device is current on the main thread before any CUDA call, so no
-  // rank makes a context on GPU 0 by default.
-  if (options.device.is_cuda()) cuda::set_device(options.device.index);
   const Nanoseconds timeout = resolve_group_timeout({.timeout = options.timeout});
   std::string backend = options.backend;
   if (backend.empty()) backend = env_string(EnvKnob::kPgBackend);
+  // One GPU per process: its device is current on the main thread before any CUDA call, so no
+  // rank makes a context on GPU 0 by default (also for nccl named with a CPU device).
+  if (options.device.is_cuda() || backend == "nccl") {
+    options.device = Device::cuda(process_cuda_device(env, options.device, cuda::device_count()));
+    cuda::set_device(options.device.index);
+  }
   if (backend.empty() || backend == "auto") {
     if (options.device.is_cuda()) {
       backend = "nccl";
@@ -133,10 +148,9 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   if (env.world_size > 1) enable_flight_recorder_dumps(store, env.rank, env.world_size);
   return nccl::create_process_group(
       rendezvous, env.rank, env.world_size,
-      NcclOptions{
-          .device = options.device.is_cuda() ? options.device.index : -1,
-          .local_rank = env.launcher == "torchrun" && env.local_rank_set ? env.local_rank : -1,
-          .group = group});
+      NcclOptions{.device = options.device.index,
+                  .local_rank = env.local_rank_set ? env.local_rank : -1,
+                  .group = group});
 }
 
 }  // namespace tessel

@@ -43,7 +43,15 @@ struct InitOptions {
 std::shared_ptr<Store> connect_job_store(const LaunchEnv& env, const std::string& store_dir,
                                          Nanoseconds timeout);
 
-// Creates the world group (collective over every rank of the job). The backends get the
+// The CUDA device this process owns: `requested`'s index when it is a CUDA device, else
+// cuda:LOCAL_RANK as the launcher named it (tessel-run/torchrun LOCAL_RANK, Open MPI's or
+// Slurm's local rank), else the rank, modulo the `visible` devices. Throws InvalidArgument when
+// a requested index is not below `visible`, Unavailable when no device is visible.
+int process_cuda_device(const LaunchEnv& env, Device requested, int visible);
+
+// Creates the world group (collective over every rank of the job). For a CUDA device, or the
+// nccl backend, it first makes process_cuda_device() current on the calling thread (before any
+// other CUDA work, so no rank makes a context on GPU 0) and gives it to NCCL. The backends get the
 // launcher's local rank and local world size through their options (they read no environment).
 // Throws InvalidArgument for a bad backend name or environment, Unavailable for a backend this
 // build lacks or a missing store, and whatever the backend throws while connecting.

@@ -62,6 +62,30 @@ TEST_F(InitTest, ReadsTorchrunThenMpiThenSlurm) {
   EXPECT_EQ(env.master_port, 29500);
 }
 
+// The GPU a process owns, set before any CUDA work: the requested one, else the launcher's
+// local rank (under every launcher), else the rank, modulo the visible devices.
+TEST_F(InitTest, ProcessDeviceFollowsTheLaunchersLocalRank) {
+  ::setenv("SLURM_PROCID", "5", 1);
+  ::setenv("SLURM_NTASKS", "8", 1);
+  ::setenv("SLURM_LOCALID", "1", 1);
+  EXPECT_EQ(process_cuda_device(read_launch_env(), Device::cpu(), 4), 1) << "not rank 5 % 4";
+  ::setenv("OMPI_COMM_WORLD_RANK", "6", 1);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3", 1);
+  EXPECT_EQ(process_cuda_device(read_launch_env(), Device::cpu(), 4), 3);
+  ::setenv("RANK", "7", 1);
+  ::setenv("WORLD_SIZE", "8", 1);
+  ::setenv("LOCAL_RANK", "2", 1);
+  const LaunchEnv env = read_launch_env();
+  EXPECT_EQ(process_cuda_device(env, Device::cpu(), 8), 2);
+  EXPECT_EQ(process_cuda_device(env, Device::cpu(), 2), 0) << "modulo the visible devices";
+  EXPECT_EQ(process_cuda_device(env, Device::cuda(5), 8), 5) << "a requested device wins";
+  EXPECT_THROW(process_cuda_device(env, Device::cuda(8), 8), InvalidArgument);
+  EXPECT_THROW(process_cuda_device(env, Device::cpu(), 0), Unavailable);
+  ::unsetenv("LOCAL_RANK");
+  EXPECT_EQ(process_cuda_device(read_launch_env(), Device::cpu(), 4), 3) << "no local rank: rank";
+}
+
 TEST_F(InitTest, RejectsBadNumbersAndRanks) {
   ::setenv("RANK", "x", 1);
   ::setenv("WORLD_SIZE", "2", 1);
