@@ -2,7 +2,7 @@
 // Pipeline schedules as data: an action (forward, backward-input, backward-weight, full backward,
 // send/receive of an activation or a gradient, optimizer step), a schedule (per rank, an ordered
 // list of actions), and their plain text form. Generators are in schedule_generate.h, the checks
-// in schedule_validate.h, the timing model in schedule_simulate.h. No runtime executes these yet.
+// in schedule_validate.h, the timing model in schedule_simulate.h; runtime.h executes them.
 //
 // Layout. A schedule has S stages over p ranks (S = v·p, v virtual stages per rank); stage s
 // lives on rank s % p (the "loop" layout of interleaved 1F1B; v = 1 gives stage s on rank s).
