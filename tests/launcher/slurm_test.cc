@@ -7,7 +7,6 @@
 // test runs, and train_gpt runs on the MPI backend with the same losses. Skipped, with the
 // reason ("slurm-testbed: SKIP"), without root, namespaces or the Slurm packages.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <map>
@@ -19,6 +18,7 @@
 #include <vector>
 
 #include "child_process.h"
+#include "slurm_testbed.h"
 
 namespace tessel::launcher {
 namespace {
@@ -46,97 +46,33 @@ class SlurmTest : public ::testing::Test {
   static void SetUpTestSuite() {
     const auto t0 = std::chrono::steady_clock::now();
     dir_ = testing::make_temp_dir("slurm");
-    ChildProcess check({kTestbed, "check"}, {}, dir_ + "/check");
-    if (check.wait(30s) != 0) {
-      skip_ = check.out() + check.err();
-      while (!skip_.empty() && skip_.back() == '\n') skip_.pop_back();
-      std::printf("slurm-testbed: SKIP (%s)\n", skip_.c_str());
-      return;
-    }
-    cluster_ = dir_ + "/cluster";
-    // The test bed goes with this process, also when it is killed (a ctest timeout).
-    ChildProcess start({kTestbed, "start", cluster_, std::to_string(kNodes)},
-                       {"SLURM_TESTBED_OWNER=" + std::to_string(getpid())}, dir_ + "/start");
-    const auto status = start.wait(120s);
-    if (status != 0) {
-      start_error_ = "slurm-testbed.sh start failed: " + start.out() + start.err();
-      return;
-    }
+    bed_ = testing::SlurmTestbed::start(kTestbed, kNodes, dir_, &why_, &skipped_);
+    if (skipped_) std::printf("slurm-testbed: SKIP (%s)\n", why_.c_str());
+    if (!bed_) return;
+    bed_->set_path({dir_of(kRun), dir_of(kTrainGpt)});
     std::printf("test bed of %d nodes up in %.2f s\n", kNodes, seconds_since(t0));
   }
 
   static void TearDownTestSuite() {
-    if (cluster_.empty()) return;
+    if (!bed_) return;
     const auto t0 = std::chrono::steady_clock::now();
-    ChildProcess stop({kTestbed, "stop", cluster_}, {}, dir_ + "/stop");
-    EXPECT_EQ(stop.wait(60s), 0) << stop.out() << stop.err();
-    // Nothing of the cluster is left: no daemon, step or job process (they all carry its
-    // SLURM_CONF), and no namespace.
-    const auto left = testing::pids_with_env("SLURM_CONF=" + cluster_ + "/slurm.conf");
-    EXPECT_TRUE(left.empty()) << left.size() << " processes of the test bed left, the first "
-                              << testing::describe_process(left.front());
-    ChildProcess list({"ip", "netns", "list"}, {}, dir_ + "/netns");
-    list.wait(10s);
-    EXPECT_EQ(list.out().find(read_prefix()), std::string::npos) << list.out();
+    bed_.reset();  // stops it and checks that nothing is left
     std::printf("test bed down in %.2f s\n", seconds_since(t0));
-    cluster_.clear();
   }
 
   void SetUp() override {
-    if (!skip_.empty()) GTEST_SKIP() << skip_;
-    ASSERT_TRUE(start_error_.empty()) << start_error_;
+    if (skipped_) GTEST_SKIP() << why_;
+    ASSERT_TRUE(bed_) << why_;
   }
 
-  static std::string read_prefix() {
-    std::string p = testing::read_file(cluster_ + "/prefix");
-    while (!p.empty() && p.back() == '\n') p.pop_back();
-    return p;
-  }
-
-  // Starts CMD on the login node (srun, sbatch...), with `env` ("NAME=value") added; build
-  // outputs are on PATH, as after `cmake --install`.
+  // CMD on the login node, with the job token in the environment.
   std::unique_ptr<ChildProcess> start_login(std::vector<std::string> cmd, const std::string& tag,
                                             std::vector<std::string> env = {}) {
-    const char* path = std::getenv("PATH");
-    std::vector<std::string> argv{
-        kTestbed, "login", cluster_, "env",
-        "PATH=" + dir_of(kRun) + ":" + dir_of(kTrainGpt) + ":" + (path ? path : "/usr/bin:/bin")};
-    argv.insert(argv.end(), cmd.begin(), cmd.end());
     env.push_back(kToken);
-    return std::make_unique<ChildProcess>(argv, env, dir_ + "/" + tag);
+    return bed_->start_login(cmd, tag, env);
   }
-
-  // Runs CMD on the login node to the end; returns the process for its output.
-  std::unique_ptr<ChildProcess> login(std::vector<std::string> cmd, const std::string& tag,
-                                      std::chrono::seconds timeout = 120s) {
-    auto p = start_login(std::move(cmd), tag);
-    const auto status = p->wait(timeout);
-    EXPECT_TRUE(status.has_value()) << tag << " did not end in " << timeout.count() << " s";
-    return p;
-  }
-
-  // Submits a batch script and waits for the job's end by polling its state (sbatch --wait
-  // polls every few seconds); returns its exit code ("ExitCode=N:S": N, or 128 + S).
-  int sbatch(std::vector<std::string> args, const std::string& tag) {
-    args.insert(args.begin(), {"sbatch", "--parsable"});
-    auto submit = login(args, tag + "-submit", 30s);
-    const std::string id = submit->out().substr(0, submit->out().find_first_of(";\n"));
-    EXPECT_FALSE(id.empty()) << submit->err();
-    if (id.empty()) return -1;
-    const std::regex state(R"(JobState=(\S+).* ExitCode=(\d+):(\d+))");
-    std::smatch m;
-    std::string text;
-    const bool ended = testing::wait_until(
-        [&] {
-          text = login({"scontrol", "show", "job", "-o", id}, tag + "-state", 30s)->out();
-          if (!std::regex_search(text, m, state)) return false;
-          const std::string s = m[1];
-          return s != "PENDING" && s != "CONFIGURING" && s != "RUNNING" && s != "COMPLETING";
-        },
-        180s);
-    EXPECT_TRUE(ended) << "job " << id << " did not end: " << text;
-    if (!ended) return -1;
-    return std::stoi(m[3]) != 0 ? 128 + std::stoi(m[3]) : std::stoi(m[2]);
+  std::unique_ptr<ChildProcess> login(std::vector<std::string> cmd, const std::string& tag) {
+    return bed_->login(cmd, tag, {kToken});
   }
 
   // The loss of each step of a --log-json file.
@@ -183,7 +119,9 @@ class SlurmTest : public ::testing::Test {
     return cache[workers];
   }
 
-  static inline std::string dir_, cluster_, skip_, start_error_;
+  static inline std::string dir_, why_;
+  static inline bool skipped_ = false;
+  static inline std::unique_ptr<testing::SlurmTestbed> bed_;
 };
 
 // srun --nodes 3 --ntasks-per-node 1 tessel-run (no --nnodes, --node-rank, --rdzv-*): the
@@ -269,7 +207,7 @@ TEST_F(SlurmTest, SbatchExampleTrainsFsdpWithTheLossesOfAStandaloneRun) {
         "--nodes",  std::to_string(nodes),         "--cpus-per-task", "1", "--chdir", dir_,
         "--output", dir_ + "/" + tag + ".job.out", kSbatchExample};
     for (auto& f : train_flags(tag)) args.push_back(f);
-    const int status = sbatch(args, tag);
+    const int status = bed_->sbatch(args, tag);
     const std::string out = testing::read_file(dir_ + "/" + tag + ".job.out");
     ASSERT_EQ(status, 0) << out;
     EXPECT_NE(out.find(std::to_string(nodes) + " nodes, world size " + std::to_string(nodes)),
