@@ -2,11 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "tessel/collectives/threads/threads_backend.h"
 #include "tessel/nn/optim/adamw.h"
 #include "tessel/nn/optim/clip.h"
+#include "tessel/parallel/cp/gpt_cp.h"
 #include "tessel/parallel/dtensor/dtensor.h"
 #include "tessel/parallel/fsdp/clip_grad_norm.h"
 #include "tessel/parallel/fsdp/fsdp.h"
@@ -73,18 +75,27 @@ TpRun train_tensor_parallel(const std::shared_ptr<ProcessGroup>& world, const Tp
   DeviceMesh mesh = init_device_mesh(world, s.shape, s.names);
   nn::GPT model(config);
   model.to(s.device);  // initialised on the CPU: the same values on every device
+  // Context parallelism first (it keeps the attention's children for the TP plan to replace).
+  const bool cp = std::find(s.names.begin(), s.names.end(), "cp") != s.names.end();
+  const parallel::CpLayout layout =
+      parallel::cp_layout_load_balanced(config.block_size, cp ? mesh.size("cp") : 1);
+  if (cp) parallel::apply_gpt_context_parallel(model, mesh.group("cp"), layout);
   parallelize_module(
       model, mesh["tp"],
       gpt_tp_plan({.sequence_parallel = s.sequence_parallel, .overlap_chunks = s.overlap_chunks}));
-  const std::vector<std::string> dp_dims(s.names.begin(), s.names.end() - 1);
+  const std::vector<std::string> fsdp_dims(s.names.begin(), s.names.end() - 1);
   int64_t dp_size = 1, dp_rank = 0;
-  if (!dp_dims.empty()) {
-    const DeviceMesh dp = mesh.slice(dp_dims);
+  if (!fsdp_dims.empty()) {
+    // FSDP shards over dp_shard and cp flattened together, as torchtitan folds them.
+    const DeviceMesh dp = cp && fsdp_dims.size() > 1
+                              ? mesh.flatten(fsdp_dims, "dp_shard_cp")["dp_shard_cp"]
+                              : mesh.slice(fsdp_dims);
     for (int64_t i = 0; i < config.n_layer; ++i) {
       fully_shard(model.submodule("transformer.h").child(std::to_string(i)), dp);
     }
     fully_shard(model, dp);
-    for (const std::string& d : dp_dims) {
+    for (const std::string& d : fsdp_dims) {
+      if (d == "cp") continue;  // cp ranks hold slices of the same sequences
       dp_rank = dp_rank * mesh.size(d) + mesh.local_rank(d);
       dp_size *= mesh.size(d);
     }
@@ -95,9 +106,13 @@ TpRun train_tensor_parallel(const std::shared_ptr<ProcessGroup>& world, const Tp
   TpRun run;
   for (int step = 0; step < s.steps; ++step) {
     const auto [x, y] = batch_of(step);
-    const Tensor logits = model(to(narrow(x, 0, dp_rank * rows, rows), s.device));
-    const Tensor loss = loss_parallel_cross_entropy(
-        logits, to(narrow(y, 0, dp_rank * rows, rows), s.device), mesh["tp"], config.vocab_size);
+    const parallel::CpBatch b = parallel::cp_shard_batch(narrow(x, 0, dp_rank * rows, rows),
+                                                         narrow(y, 0, dp_rank * rows, rows), layout,
+                                                         cp ? mesh.local_rank("cp") : 0);
+    const Tensor logits = model(to(b.tokens, s.device));
+    const Tensor loss = mul(
+        loss_parallel_cross_entropy(logits, to(b.targets, s.device), mesh["tp"], config.vocab_size),
+        b.loss_scale);
     backward(loss);
     if (step == 0) {
       for (auto& [name, p] : model.named_parameters()) {

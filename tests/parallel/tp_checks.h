@@ -27,8 +27,10 @@ struct TpRun {
 TpRun train_single_process(int steps, Device device = Device::cpu());
 
 struct TpSetup {
-  std::vector<int64_t> shape;      // of the mesh
-  std::vector<std::string> names;  // "tp" last; dp_shard / dp_replicate before it
+  std::vector<int64_t> shape;  // of the mesh
+  // "tp" last; dp_shard / dp_replicate before it; "cp" (context parallelism of the GPT, FSDP
+  // then over dp_shard and cp flattened) before "tp"
+  std::vector<std::string> names;
   bool sequence_parallel = false;
   int64_t overlap_chunks = 0;
   int steps = 20;
