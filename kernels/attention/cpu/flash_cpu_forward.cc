@@ -154,7 +154,7 @@ struct ForwardScratch {
         m(blocks * n),
         l(blocks * n),
         alpha(n),
-        keep(plan.bk),
+        keep(plan.bk * std::max(n, plan.bq)),
         rows(plan.bq * plan.dp),
         qt_pairs(plan.bf16 ? blocks * plan.dp / 2 * n : 0),
         pt_pairs(plan.bf16 ? plan.bk / 2 * n : 0),
@@ -214,10 +214,11 @@ void forward_task_amx(const AttentionProblem& p, const FlashPlan& plan, const Kv
       }
     }
     if (drop.enabled()) {
+      drop.fill_rows(t.b, t.h, t.i0, t.rows, j0, cols, w.keep.data(), bk);
       for (int64_t r = 0; r < t.rows; ++r) {
-        drop.fill(t.b, t.h, t.i0 + r, j0, cols, w.keep.data());
+        const float* keep = w.keep.data() + r * bk;
         float* col = w.keep_tile.data() + r / 16 * s_tile + r % 16;
-        for (int64_t c = 0; c < cols; ++c) col[c * 16] = w.keep[c];
+        for (int64_t c = 0; c < cols; ++c) col[c * 16] = keep[c];
       }
     }
     // Online softmax (rescales O^T) into P^T pairs, then O^T += V^T P^T.
@@ -340,10 +341,11 @@ void forward_task_fma(const AttentionProblem& p, const FlashPlan& plan, const Kv
       }
       ops.softmax_step(w.st.data(), cols, n, s_mul, q.m, q.l, q.ot, d, w.alpha.data());
       if (drop.enabled()) {
+        drop.fill_rows(t.b, t.h, q.i0, q.rows, j0, cols, w.keep.data(), bk);
         for (int64_t r = 0; r < q.rows; ++r) {
           if (q.m[r] == kNegInf) continue;  // an all-zero column
-          drop.fill(t.b, t.h, q.i0 + r, j0, cols, w.keep.data());
-          for (int64_t c = 0; c < cols; ++c) w.st[c * n + r] *= w.keep[c];
+          const float* keep = w.keep.data() + r * bk;
+          for (int64_t c = 0; c < cols; ++c) w.st[c * n + r] *= keep[c];
         }
       }
       // O^T += V^T P^T.
