@@ -60,7 +60,8 @@ std::vector<int64_t> generate(Module& model, const std::vector<int64_t>& prompt,
     const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - context);
     const std::vector<int64_t> window(tokens.begin() + start, tokens.end());
     const int64_t T = static_cast<int64_t>(window.size());
-    const Tensor logits = model(to(from_vector<int64_t>(window, {1, T}), device));
+    // The first output is the logits (an MoE model's second is its aux loss).
+    const Tensor logits = model(Tensors{to(from_vector<int64_t>(window, {1, T}), device)})[0];
     const Tensor last = select(select(logits, 0, 0), 0, T - 1);
     tokens.push_back(sample_token(last, sampling, rng));
     out.push_back(tokens.back());

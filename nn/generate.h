@@ -34,7 +34,7 @@ struct GenerateOptions {
 };
 
 // Continues `prompt` (token ids, at least one) by max_new_tokens tokens and returns the new ones.
-// Each step runs `model` ((1, T) i64 tokens -> (1, T, V) logits, on the device of its
+// Each step runs `model` ((1, T) i64 tokens -> (1, T, V) logits first, on the device of its
 // parameters) on the last `context` tokens at most and samples from the last position's
 // logits with sample_token. Runs without gradients and in eval mode, restoring the model's
 // training mode afterwards. Blocking; not thread-safe for one model. Throws InvalidArgument for

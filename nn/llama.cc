@@ -174,6 +174,11 @@ void Llama::init_weights() {
       normal_(p, 0.0, config_.initializer_range, &gen_);
     }
   }
+  // The MoE layers' balancing bias starts at zero (a model built on the meta device and given
+  // memory by to_empty holds garbage there).
+  for (auto& [name, b] : named_buffers()) {
+    if (ends_with(name, "expert_bias")) fill_(b, 0.0);
+  }
 }
 
 Tensor Llama::forward(const Tensor& tokens) { return forward_multi({tokens})[0]; }

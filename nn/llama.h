@@ -111,7 +111,8 @@ class Llama : public Module {
   // a bad head_dim / rope scaling.
   explicit Llama(const LlamaConfig& config);
   // (Re)initialises every parameter from a generator seeded with config().seed, in place (a
-  // shard receives its box of the whole parameter's values, as GPT::init_weights).
+  // shard receives its box of the whole parameter's values, as GPT::init_weights), and zeroes
+  // the MoE layers' balancing bias.
   void init_weights();
   // tokens (B, T) integer, 0 < T <= max_seq_len, at positions 0..T-1 -> logits (B, T, V).
   Tensor forward(const Tensor& tokens) override;

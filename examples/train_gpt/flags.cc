@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "data.h"
+#include "moe.h"
 #include "tessel/base/error.h"
 #include "tessel/base/launch_env.h"
 #include "tessel/base/tools/cli.h"
@@ -38,8 +39,10 @@ void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--heads", f.heads, "attention heads")->check(integer_at_least(1));
   app.add_option("--embd", f.embd, "embedding width (a multiple of --heads)")
       ->check(integer_at_least(1));
-  app.add_option("--model", f.model, "model: gpt or llama (with --init-hf: the folder's)")
-      ->check(cli::one_of({"gpt", "llama"}));
+  app.add_option("--model", f.model,
+                 "model: gpt, llama or llama-moe (with --init-hf: the folder's)")
+      ->check(cli::one_of({"gpt", "llama", "llama-moe"}));
+  add_moe_flags(app, f);
   app.add_option("--kv-heads", f.kv_heads, "llama: key/value heads, dividing --heads (0: --heads)")
       ->check(integer_at_least(0));
   app.add_option("--init-hf", f.init_hf,
@@ -103,7 +106,8 @@ void add_flags(CLI::App& app, Flags& f) {
 std::string model_config_str(const Flags& f) {
   std::string s =
       fmt::format("layers={} heads={} embd={} context={}", f.layers, f.heads, f.embd, f.seq);
-  if (f.model == "llama") s += fmt::format(" model=llama kv_heads={}", f.kv_heads);
+  if (f.model != "gpt") s += fmt::format(" model={} kv_heads={}", f.model, f.kv_heads);
+  if (f.model == "llama-moe") s += fmt::format(" experts={} top_k={}", f.experts, f.experts_top_k);
   if (!f.init_hf.empty()) s += " init_hf=" + f.init_hf;
   return s;
 }
@@ -112,7 +116,7 @@ void check_flags(const Flags& f) {
   TESSEL_CHECK(f.embd % f.heads == 0, InvalidArgument,
                "--embd {} does not split over --heads {}: expected a multiple of {}", f.embd,
                f.heads, f.heads);
-  if (f.model == "llama" && f.init_hf.empty()) {
+  if (f.model != "gpt" && f.init_hf.empty()) {
     const int64_t kv = f.kv_heads > 0 ? f.kv_heads : f.heads;
     TESSEL_CHECK(f.heads % kv == 0, InvalidArgument,
                  "--kv-heads {}: expected a divisor of --heads {} (query heads share K/V heads)",
@@ -131,7 +135,7 @@ void check_flags(const Flags& f) {
           std::filesystem::is_regular_file(std::filesystem::path(f.init_hf) / "config.json"),
       InvalidArgument, "--init-hf '{}': no config.json there: expected a Hugging Face model folder",
       f.init_hf);
-  TESSEL_CHECK(f.kv_heads == 0 || f.model == "llama", InvalidArgument,
+  TESSEL_CHECK(f.kv_heads == 0 || f.model != "gpt", InvalidArgument,
                "--kv-heads {} is for --model llama (the GPT's heads are all K/V heads)",
                f.kv_heads);
   TESSEL_CHECK(f.min_lr <= f.lr, InvalidArgument,
@@ -152,6 +156,7 @@ void check_flags(const Flags& f) {
                "--prompt '': expected at least one byte for the model to continue");
   TESSEL_CHECK(!f.sequence_parallel || f.tp > 1, InvalidArgument,
                "--sequence-parallel splits over the tp ranks: it needs --tp 2 or more");
+  check_moe_flags(f);
   if (!names_token_shards(f.data)) {
     std::ifstream data(f.data, std::ios::binary);
     TESSEL_CHECK(data.good(), InvalidArgument,

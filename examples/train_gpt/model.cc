@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "moe.h"
 #include "tessel/base/error.h"
 #include "tessel/nn/hf_format.h"
 #include "tessel/parallel/fsdp/fsdp.h"
@@ -34,11 +35,17 @@ std::string ModelSpec::describe() const {
     return fmt::format("{} layers, {} heads, embd {}, context {}: {} parameters", gpt.n_layer,
                        gpt.n_head, gpt.n_embd, gpt.block_size, nn::GPT(gpt).num_parameters());
   }
+  const std::string moe = llama.moe
+                              ? fmt::format(" (MoE from layer {}: {} experts of hidden {}, top-{})",
+                                            llama.moe->first_dense_layers, llama.moe->num_experts,
+                                            llama.moe->hidden_dim, llama.moe->top_k)
+                              : "";
   return fmt::format(
       "llama, {} layers, {} heads ({} K/V), dim {}, hidden {}, {} embeddings, context {}: {} "
-      "parameters",
+      "parameters{}",
       llama.n_layers, llama.n_heads, llama.kv_heads(), llama.dim, llama.ffn_hidden(),
-      llama.tie_word_embeddings ? "tied" : "untied", llama.max_seq_len, llama.num_parameters());
+      llama.tie_word_embeddings ? "tied" : "untied", llama.max_seq_len, llama.num_parameters(),
+      moe);
 }
 ModelSpec model_spec(const Flags& f, int64_t data_vocab) {
   ModelSpec spec;
@@ -61,7 +68,7 @@ ModelSpec model_spec(const Flags& f, int64_t data_vocab) {
                  spec.context(), f.init_hf);
     return spec;
   }
-  spec.is_llama = f.model == "llama";
+  spec.is_llama = f.model != "gpt";
   spec.gpt = {.vocab_size = data_vocab,
               .block_size = f.seq,
               .n_layer = f.layers,
@@ -78,6 +85,7 @@ ModelSpec model_spec(const Flags& f, int64_t data_vocab) {
   spec.llama.rope_theta = 10000.0;
   spec.llama.max_seq_len = f.seq;
   spec.llama.seed = f.seed;
+  if (f.model == "llama-moe") spec.llama.moe = moe_config(f);
   return spec;
 }
 
@@ -85,7 +93,8 @@ Tensor lm_loss(const Tensor& logits, const Tensor& targets) {
   return nn::GPT::loss(logits, targets);
 }
 std::unique_ptr<nn::Module> build_model(const Flags& f, const ModelSpec& spec, const Layout& l,
-                                        std::unique_ptr<DDPModule>* ddp, Device device) {
+                                        std::unique_ptr<DDPModule>* ddp, Device device,
+                                        std::shared_ptr<ExpertParallel>* ep) {
   if (!l.world || f.ddp) {
     std::unique_ptr<nn::Module> model = spec.make();
     if (!spec.hf_dir.empty()) nn::load_hf_weights(*model, spec.hf_dir);
@@ -104,6 +113,7 @@ std::unique_ptr<nn::Module> build_model(const Flags& f, const ModelSpec& spec, c
   }
   // Tensor parallelism first (each layer split over tp), then FSDP over the data-parallel ranks.
   if (l.tp > 1) parallelize_module(*model, (*l.mesh)["tp"], spec.tp_plan(f.sequence_parallel));
+  if (ep != nullptr) *ep = parallelize_moe(*model, f, l);  // --ep: the experts over ep, efsdp
   if (l.replicate * l.shard > 1) {
     const DeviceMesh fsdp_mesh =
         l.replicate > 1 ? l.mesh->slice({"dp_replicate", "dp_shard"}) : (*l.mesh)["dp_shard"];

@@ -11,6 +11,7 @@
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/llama.h"
 #include "tessel/nn/module.h"
+#include "tessel/parallel/ep/expert_parallel.h"
 #include "tessel/parallel/fsdp/ddp.h"
 #include "tessel/parallel/tp/parallelize.h"
 
@@ -48,8 +49,10 @@ Tensor lm_loss(const Tensor& logits, const Tensor& targets);
 // FSDP (with HSDP when replicated) on each block and then the root; the model is built on the
 // meta device so that only this rank's shards are ever allocated, then initialised or, with
 // --init-hf, loaded (each rank reading its shards' bytes). With --ddp the whole model is
-// replicated (`ddp` is then set).
+// replicated (`ddp` is then set). With --ep, the experts are sharded over ep first (`ep` is
+// then set; moe.h).
 std::unique_ptr<nn::Module> build_model(const Flags& f, const ModelSpec& spec, const Layout& l,
-                                        std::unique_ptr<DDPModule>* ddp, Device device);
+                                        std::unique_ptr<DDPModule>* ddp, Device device,
+                                        std::shared_ptr<ExpertParallel>* ep = nullptr);
 
 }  // namespace tessel::train_gpt

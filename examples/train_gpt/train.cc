@@ -17,6 +17,7 @@
 #include "generate.h"
 #include "layout.h"
 #include "model.h"
+#include "moe.h"
 #include "tessel/base/error.h"
 #include "tessel/base/launch_env.h"
 #include "tessel/flight_recorder/recorder.h"
@@ -46,7 +47,7 @@ double evaluate(nn::Module& model, const BatchStream& next, const Flags& f) {
   double total = 0;
   for (int64_t i = 0; i < f.eval_batches; ++i) {
     auto [x, y] = next();
-    total += item(lm_loss(model(x), y));
+    total += item(lm_loss(model(nn::Tensors{x})[0], y));  // an MoE's second output: aux loss
   }
   model.train();
   return total / static_cast<double>(f.eval_batches);
@@ -82,7 +83,7 @@ double evaluate_during_training(nn::Module& model, int64_t vocab, const Training
     const Tensor y = to(ry, device);
     std::optional<AutocastGuard> mixed;
     if (autocast) mixed.emplace(DType::kBF16);
-    const Tensor logits = model(x);
+    const Tensor logits = model(nn::Tensors{x})[0];
     total += item(l.tp > 1 ? loss_parallel_cross_entropy(logits, y, (*l.mesh)["tp"], vocab)
                            : lm_loss(logits, y));
   }
@@ -115,9 +116,12 @@ double accumulate_gradients(nn::Module& model, int64_t vocab, DDPModule* ddp, co
     {
       std::optional<AutocastGuard> mixed;
       if (autocast) mixed.emplace(DType::kBF16);
-      const Tensor logits = model(xm);  // with --tp: this rank's share of the vocabulary
+      // {logits} ({logits, aux loss} for an MoE); with --tp: this rank's share of the vocabulary
+      const nn::Tensors out = model(nn::Tensors{xm});
+      const Tensor& logits = out[0];
       loss = l.tp > 1 ? loss_parallel_cross_entropy(logits, ym, (*l.mesh)["tp"], vocab)
                       : lm_loss(logits, ym);
+      if (out.size() == 2) loss = add(loss, out[1]);
       if (f.grad_accum > 1) loss = div(loss, static_cast<double>(f.grad_accum));
     }
     backward(loss);
@@ -254,7 +258,9 @@ int run(const Flags& f) {
   const bool autocast = f.autocast == "bf16" || (f.autocast == "auto" && device.is_cuda());
   const ModelSpec spec = model_spec(f, data.vocab_size());
   std::unique_ptr<DDPModule> ddp;
-  std::unique_ptr<nn::Module> model = build_model(f, spec, layout, &ddp, device);
+  std::shared_ptr<ExpertParallel> ep;
+  std::unique_ptr<nn::Module> model = build_model(f, spec, layout, &ddp, device, &ep);
+  const std::unique_ptr<MoELog> moe_log = MoELog::attach(*model, ep);
   nn::optim::AdamW opt(model->parameters(),
                        {.lr = f.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = f.weight_decay});
   nn::optim::WarmupCosine schedule({.max_lr = f.lr,
@@ -313,6 +319,7 @@ int run(const Flags& f) {
     opt.set_lr(schedule.lr(step));
     opt.step();
     opt.zero_grad();
+    if (moe_log) moe_log->after_step();  // the balancing bias, the step's expert counts
     const double step_loss = world_mean(world, loss);
     window_loss += step_loss;
     ++window_steps;
@@ -320,9 +327,9 @@ int run(const Flags& f) {
       const double seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
       json << fmt::format(
           "{{\"step\": {}, \"loss\": {:.6f}, \"grad_norm\": {:.6f}, \"lr\": {:.6g}, "
-          "\"tokens_per_s\": {:.1f}, \"peak_memory_bytes\": {}}}\n",
+          "\"tokens_per_s\": {:.1f}, \"peak_memory_bytes\": {}{}}}\n",
           step + 1, step_loss, norm, opt.lr(), tokens_per_step / seconds,
-          memory_stats(device).peak_allocated_bytes);
+          memory_stats(device).peak_allocated_bytes, moe_log ? moe_log->json_fields() : "");
       json.flush();
     }
     if ((step + 1) % f.log_every == 0 || step + 1 == f.steps) {
@@ -331,10 +338,11 @@ int run(const Flags& f) {
       const double eta = elapsed / static_cast<double>(step + 1 - first_step) *
                          static_cast<double>(f.steps - step - 1);
       print(
-          "step {:>5}/{} [{}] loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
+          "step {:>5}/{} [{}] loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s{} | "
           "ETA {}\n",
           step + 1, f.steps, progress_bar(step + 1, f.steps), window_loss / window_steps, opt.lr(),
-          norm, tokens_per_step * window_steps / seconds, duration_str(eta));
+          norm, tokens_per_step * window_steps / seconds, moe_log ? moe_log->log_str() : "",
+          duration_str(eta));
       std::fflush(stdout);
       window_loss = 0;
       window_steps = 0;
