@@ -6,8 +6,6 @@
 // a --model that contradicts the folder fail naming the flags.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -17,52 +15,17 @@
 #include <string>
 #include <vector>
 
+#include "tests/examples/train_gpt_run.h"
+
 namespace {
 
-namespace fs = std::filesystem;
+using namespace train_gpt_test;
 
 constexpr double kLossRtol = 1e-5;
 
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-class TrainGptLlamaTest : public ::testing::Test {
+class TrainGptLlamaTest : public TrainGptRunTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           fmt::format("train_gpt_llama_{}_{}", ::getpid(),
-                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  // `program args` in the scratch folder without a launcher's environment; bounded by ctest's
-  // timeout.
-  Result run(const std::string& program, const std::vector<std::string>& args) {
-    std::string command =
-        fmt::format("cd '{}' && env -u RANK -u WORLD_SIZE {}", dir_.string(), program);
-    for (const std::string& a : args) command += " '" + a + "'";
-    command += " >out.txt 2>err.txt";
-    const int raw = std::system(command.c_str());
-    Result r;
-    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-    r.out = slurp(dir_ / "out.txt");
-    r.err = slurp(dir_ / "err.txt");
-    return r;
-  }
-
-  static std::string on_four_ranks() {
-    return fmt::format("'{}' --standalone --nproc-per-node 4 '{}'", TESSEL_RUN_PATH,
-                       TRAIN_GPT_PATH);
-  }
+  TrainGptLlamaTest() : TrainGptRunTest("train_gpt_llama") {}
 
   // A tiny Llama on the bundled corpus, `steps` steps, logged to `log`.
   std::vector<std::string> training(int steps, const std::string& log,
@@ -102,8 +65,6 @@ class TrainGptLlamaTest : public ::testing::Test {
       EXPECT_NEAR(got.at(step), loss, kLossRtol * loss) << got_log << " step " << step;
     }
   }
-
-  fs::path dir_;
 };
 
 TEST_F(TrainGptLlamaTest, FsdpTimesTpOnFourRanksMatchesOneProcess) {

@@ -6,8 +6,6 @@
 // without an MoE model fail naming the flags.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -19,16 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "tests/examples/train_gpt_run.h"
+
 namespace {
 
-namespace fs = std::filesystem;
+using namespace train_gpt_test;
 
 constexpr double kLossRtol = 1e-5;
-
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
 
 struct Step {
   double loss = 0;
@@ -36,39 +31,9 @@ struct Step {
   std::vector<double> imbalance;
 };
 
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-class TrainGptMoeTest : public ::testing::Test {
+class TrainGptMoeTest : public TrainGptRunTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           fmt::format("train_gpt_moe_{}_{}", ::getpid(),
-                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  Result run(const std::string& program, const std::vector<std::string>& args) {
-    std::string command =
-        fmt::format("cd '{}' && env -u RANK -u WORLD_SIZE {}", dir_.string(), program);
-    for (const std::string& a : args) command += " '" + a + "'";
-    command += " >out.txt 2>err.txt";
-    const int raw = std::system(command.c_str());
-    Result r;
-    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-    r.out = slurp(dir_ / "out.txt");
-    r.err = slurp(dir_ / "err.txt");
-    return r;
-  }
-
-  static std::string on_four_ranks() {
-    return fmt::format("'{}' --standalone --nproc-per-node 4 '{}'", TESSEL_RUN_PATH,
-                       TRAIN_GPT_PATH);
-  }
+  TrainGptMoeTest() : TrainGptRunTest("train_gpt_moe") {}
 
   // A tiny MoE Llama (8 experts, top-2) on the bundled corpus, logged to `log`.
   std::vector<std::string> training(int steps, const std::string& log,
@@ -115,8 +80,6 @@ class TrainGptMoeTest : public ::testing::Test {
       EXPECT_EQ(got.at(step).counts, want.at(step).counts) << got_log << " step " << step;
     }
   }
-
-  fs::path dir_;
 };
 
 TEST_F(TrainGptMoeTest, ExpertParallelOnFourRanksMatchesOneProcess) {
