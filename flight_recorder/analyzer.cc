@@ -541,7 +541,7 @@ class Analysis {
                    const std::string& evidence = "") {
     const Op& op = w.op;
     const bool is_send = op.src == rank;
-    const std::string what = m_.describe_p2p(op, !is_send);
+    const std::string what = m_.describe_p2p(op, !is_send, w.entry);
     if (!in_cycle && !w.missing.empty() && !w.unknown &&
         v_.positions[w.missing.front()].where == RankPosition::Where::kInOperation) {
       return;

@@ -18,6 +18,7 @@
 #include "tessel/base/env.h"
 #include "tessel/base/error.h"
 #include "tessel/base/logging.h"
+#include "tessel/flight_recorder/record_text.h"
 
 namespace tessel::fr {
 
@@ -109,9 +110,34 @@ ThreadTag& this_thread_tag() noexcept {
   return tag;
 }
 
+// The calling thread's ScopedRecordText (record_text.h), read by every record without text.
+char* this_thread_record_text() noexcept {
+  static thread_local char text[kMaxRecordText] __attribute__((tls_model("initial-exec"))) = {};
+  return text;
+}
+
 enum : uint8_t { kTicksAreNanoseconds = 0, kTicksAreCycles = 1 };
 
 }  // namespace
+
+static_assert(sizeof(Entry::text) == kMaxRecordText, "record_text.h sizes the entry's text");
+
+ScopedRecordText::ScopedRecordText(std::string_view text) noexcept {
+  char* current = this_thread_record_text();
+  std::memcpy(previous_, current, kMaxRecordText);
+  const size_t n = std::min(text.size(), kMaxRecordText - 1);
+  std::memset(current, 0, kMaxRecordText);
+  if (n > 0) std::memcpy(current, text.data(), n);
+}
+
+ScopedRecordText::~ScopedRecordText() {
+  std::memcpy(this_thread_record_text(), previous_, kMaxRecordText);
+}
+
+std::string_view record_text() noexcept {
+  const char* text = this_thread_record_text();
+  return std::string_view(text, strnlen(text, kMaxRecordText));
+}
 
 ThreadScope::ThreadScope(std::string_view purpose, int64_t step) noexcept {
   ThreadTag& tag = this_thread_tag();
@@ -590,8 +616,10 @@ uint64_t FlightRecorder::record_(const RecordArgs& args, bool started) noexcept 
   r.state = started ? EntryState::kStarted : EntryState::kScheduled;
   r.input = args.input;
   r.output = args.output;
-  const size_t n = std::min(args.text.size(), sizeof(r.text) - 1);
-  if (n > 0) std::memcpy(r.text, args.text.data(), n);
+  // Without text of its own, the calling thread's ScopedRecordText names the operation.
+  const std::string_view text = args.text.empty() ? record_text() : args.text;
+  const size_t n = std::min(text.size(), sizeof(r.text) - 1);
+  if (n > 0) std::memcpy(r.text, text.data(), n);
   r.text[n] = '\0';
   r.stack_depth = 0;
   if (stacks_ != nullptr) {

@@ -597,8 +597,9 @@ RankPosition Model::position(int rank) const {
     if (!e.finished() && pending == nullptr) pending = &e;
   }
   auto describe_entry = [&](const HeldEntry& e) {
-    return e.is_p2p() ? fmt::format("{} #{} (group '{}')", op_name(e.op), e.p2p_seq,
-                                    group_name(e.group_id))
+    const std::string& text = call(e.call).text;
+    return e.is_p2p() ? fmt::format("{} #{} (group '{}'{})", op_name(e.op), e.p2p_seq,
+                                    group_name(e.group_id), text.empty() ? "" : "; " + text)
                       : describe_collective(e.group_id, e.seq, e);
   };
   std::string where, place;
@@ -631,7 +632,7 @@ RankPosition Model::position(int rank) const {
     p.where = RankPosition::Where::kLate;
   } else if (it != waits_.end()) {
     const Wait& w = it->second;
-    const std::string op = w.op.p2p ? describe_p2p(w.op, w.op.dst == rank)
+    const std::string op = w.op.p2p ? describe_p2p(w.op, w.op.dst == rank, w.entry)
                                     : describe_collective(w.op.group, w.op.seq, *w.entry);
     if (w.entry->state == EntryState::kFailed) {
       place = fmt::format("stuck in {} until it failed", op);
@@ -966,13 +967,15 @@ std::string Model::describe_collective(uint64_t group, uint64_t seq, const Call&
                      args);
 }
 
-std::string Model::describe_p2p(const Op& op, bool as_recv) const {
+std::string Model::describe_p2p(const Op& op, bool as_recv, const HeldEntry* entry) const {
+  const std::string text = entry != nullptr ? call(entry->call).text : std::string();
+  const std::string what = text.empty() ? "" : fmt::format(" ({})", text);
   if (as_recv) {
-    return fmt::format("recv #{} at rank {} from rank {} in group '{}'", op.seq, op.dst, op.src,
-                       group_name(op.group));
+    return fmt::format("recv #{} at rank {} from rank {} in group '{}'{}", op.seq, op.dst, op.src,
+                       group_name(op.group), what);
   }
-  return fmt::format("send #{} from rank {} to rank {} in group '{}'", op.seq, op.src, op.dst,
-                     group_name(op.group));
+  return fmt::format("send #{} from rank {} to rank {} in group '{}'{}", op.seq, op.src, op.dst,
+                     group_name(op.group), what);
 }
 
 std::string Model::describe_deviation(const StepDeviation& d) const {

@@ -167,7 +167,10 @@ class Model {
   }
   // "send #3 from rank 1 to rank 2 in group 'tp'" or, seen from the receiver, "recv #3 at rank
   // 2 from rank 1 in group 'tp'".
-  std::string describe_p2p(const Op& op, bool as_recv = false) const;
+  // "recv #2 at rank 1 from rank 0 in group 'g'", followed by the entry's text in parentheses
+  // when it has one (a pipeline action: "(pipeline RECV_F1s1<0: mb 1, stage 1)").
+  std::string describe_p2p(const Op& op, bool as_recv = false,
+                           const HeldEntry* entry = nullptr) const;
   std::string describe_deviation(const StepDeviation& d) const;
 
  private:

@@ -55,7 +55,7 @@ struct Call {
   std::optional<ReduceOp> reduce_op;
   int32_t root = -1;
   TensorMeta input, output;
-  std::string text;     // split: the new group's name (other operations record none)
+  std::string text;     // split: the new group's name; send/recv: a ScopedRecordText's
   std::string purpose;  // the issuing thread's ThreadScope ("" for the training loop's)
   bool operator==(const Call& o) const;
 };

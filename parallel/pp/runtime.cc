@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "tessel/base/error.h"
+#include "tessel/flight_recorder/record_text.h"
 #include "tessel/parallel/fsdp/clip_grad_norm.h"
 #include "tessel/parallel/fsdp/fsdp.h"
 #include "tessel/parallel/pp/schedule_validate.h"
@@ -74,6 +75,11 @@ struct MicroState {
   Tensor input_buffer;  // the receive buffer the input came in, returned to the pool at release
   bool held = false;
 };
+
+// What the flight recorder notes on a send or receive: "pipeline RECV_F1s1<0: mb 1, stage 1".
+std::string record_text(const Action& a) {
+  return fmt::format("pipeline {}: mb {}, stage {}", to_string(a), a.microbatch, a.stage);
+}
 
 }  // namespace
 
@@ -383,6 +389,7 @@ double PipelineRuntime::step(const Tensor& inputs, const Tensor& targets) {
         const BoundaryKey key = boundary_of(a);
         if (I.shapes.count(key) == 0) break;
         Tensor buffer = I.acquire(key, stats_);
+        const fr::ScopedRecordText text(record_text(a));
         Work w = I.channels.at(channel_of(a, I.rank))
                      ->recv(buffer, 0, {.timeout = timeout, .async = true});
         I.posted.emplace(I.next_to_post, std::make_pair(std::move(w), buffer));
@@ -403,6 +410,7 @@ double PipelineRuntime::step(const Tensor& inputs, const Tensor& targets) {
     }
     const BoundaryKey key = boundary_of(a);
     ProcessGroup& channel = *I.channels.at(channel_of(a, I.rank));
+    const fr::ScopedRecordText text(record_text(a));
     if (I.shapes.count(key) == 0) {
       Tensor header = empty({kHeaderSize}, DType::kI64, channel.default_device());
       channel.recv(header, 0, {.timeout = timeout});
@@ -420,6 +428,7 @@ double PipelineRuntime::step(const Tensor& inputs, const Tensor& targets) {
     ++stats_.sends;
     const BoundaryKey key = boundary_of(a);
     ProcessGroup& channel = *I.channels.at(channel_of(a, I.rank));
+    const fr::ScopedRecordText text(record_text(a));
     Tensor t = contiguous(detach(tensor));
     auto known = I.shapes.find(key);
     if (known == I.shapes.end()) {

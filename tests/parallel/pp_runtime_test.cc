@@ -17,6 +17,7 @@
 
 #include "tessel/base/error.h"
 #include "tessel/collectives/threads/threads_backend.h"
+#include "tessel/flight_recorder/recorder.h"
 #include "tessel/mesh/device_mesh.h"
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/optim/adamw.h"
@@ -262,6 +263,20 @@ TEST(PipelineMemoryTest, OneFOneBHoldsAtMostPOnStageZero) {
   for (int r = 0; r < p; ++r) EXPECT_EQ(one_f_one_b.peak_in_flight[static_cast<size_t>(r)], p - r);
   const PipelineRun gpipe = train(make_gpipe(p, m), layout, 1);
   EXPECT_EQ(gpipe.peak_in_flight_stage0[0], m);
+}
+
+// Every send and receive is flight-recorded with the pipeline action it serves, so tessel-trace
+// names the stage, micro-batch and action of a hang (tests/flight_recorder/pipeline_hang_test).
+TEST(PipelineRuntimeRecordTest, SendsAndReceivesCarryTheirAction) {
+  train(make_1f1b(2, 2), uniform_layout(6, 2), 1);
+  int sends = 0, recvs = 0;
+  for (const fr::Entry& e : fr::FlightRecorder::global().snapshot()) {
+    const std::string text = e.text;
+    if (e.op == fr::OpType::kSend && text == "pipeline SEND_F1s0>1: mb 1, stage 0") ++sends;
+    if (e.op == fr::OpType::kRecv && text == "pipeline RECV_B1s0<1: mb 1, stage 0") ++recvs;
+  }
+  EXPECT_GE(sends, 1);
+  EXPECT_GE(recvs, 1);
 }
 
 // Every rank throws the same error, naming the action, before anything is sent.
