@@ -208,11 +208,11 @@ std::chrono::milliseconds conf_seconds(const std::string& key, const std::string
   }
 }
 
-// Under srun: nodes, node rank, run id and endpoint from the step (launcher/slurm_env.h), where
-// flags and PET_* left them open.
-void apply_slurm_step(const SlurmStep& step, const Environment& env, LaunchOptions& o,
-                      std::string& nnodes) {
-  nnodes = std::to_string(step.nnodes);
+// Under srun: nodes (unless --nnodes was given: an elastic MIN:MAX, say), node rank, run id
+// and endpoint from the step (launcher/slurm_env.h), where flags and PET_* left them open.
+void apply_slurm_step(const SlurmStep& step, const Environment& env, bool nnodes_given,
+                      LaunchOptions& o, std::string& nnodes) {
+  if (!nnodes_given) nnodes = std::to_string(step.nnodes);
   o.topology_source = "slurm";
   if (o.node_rank < 0) o.node_rank = step.node_rank;
   if (!step.job_id.empty() && !o.rdzv_id_given) {
@@ -391,14 +391,19 @@ ParseResult parse_launch_options(int argc, const char* const* argv, const Enviro
     o.node_rank = parse_int("--node-rank", node_rank);
     o.master_port = parse_int("--master-port", master_port);
     // Values mpirun or Slurm provide, where flags and PET_* left them open.
-    if (given.count("nnodes") == 0) {
+    const bool nnodes_given = given.count("nnodes") != 0;
+    if (nnodes_given && !o.standalone && find(env, launch_env::kOmpiSize) == nullptr &&
+        parse_nnodes(nnodes).second > 1) {
+      if (const auto step = read_slurm_step(env)) apply_slurm_step(*step, env, true, o, nnodes);
+    }
+    if (!nnodes_given) {
       if (const std::string* n = find(env, launch_env::kOmpiSize)) {
         nnodes = *n;
         o.topology_source = "mpirun";
         if (o.node_rank < 0)
           o.node_rank = parse_int(launch_env::kOmpiRank, *find(env, launch_env::kOmpiRank));
       } else if (const auto step = read_slurm_step(env)) {
-        apply_slurm_step(*step, env, o, nnodes);
+        apply_slurm_step(*step, env, false, o, nnodes);
       } else if (in_slurm_batch_script(env)) {
         o.notes.push_back(fmt::format(
             "{}={} but this is the batch script, not an srun step: running on this node only "

@@ -175,6 +175,14 @@ TEST(SlurmOptionsTest, AnUnchangedScriptTakesEverythingFromSrun) {
   EXPECT_EQ(r.options->rdzv_id, "4242");
   EXPECT_EQ(r.options->rdzv_endpoint, "127.0.0.1:29642");
   EXPECT_EQ(r.options->nproc_per_node, 2);
+  // An elastic range under srun: the rest still comes from the step.
+  r = parse({"--nnodes", "2:3", "prog"}, env);
+  ASSERT_TRUE(r.options) << r.message;
+  EXPECT_EQ(r.options->min_nodes, 2);
+  EXPECT_EQ(r.options->max_nodes, 3);
+  EXPECT_EQ(r.options->node_rank, 1);
+  EXPECT_EQ(r.options->rdzv_id, "4242");
+  EXPECT_EQ(r.options->rdzv_endpoint, "127.0.0.1:29642");
   // Flags still win.
   r = parse({"--nnodes", "1", "--standalone", "--rdzv-id", "x", "prog"}, env);
   ASSERT_TRUE(r.options) << r.message;

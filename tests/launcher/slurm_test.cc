@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <regex>
@@ -253,6 +254,45 @@ TEST_F(SlurmTest, MpiBackendUnderSrunPmix) {
   ASSERT_EQ(train->wait(0s), 0) << train->out() << train->err();
   EXPECT_NE(train->out().find("FSDP over 2 ranks (mpi)"), std::string::npos) << train->out();
   EXPECT_EQ(losses(dir_ + "/mpi2.jsonl"), standalone_losses(2));
+}
+
+// The closed loop under Slurm (docs/launching.md#recovery): an elastic job (--nnodes 2:3)
+// started by srun on 3 nodes; rank 5 on node2 stops taking part at step 5; the verdict names
+// it, node2 is taken out of the job and drained in Slurm (--drain-excluded), and the job
+// resumes from its step-4 checkpoint on node0 and node1. Runs last: it resumes node2 after.
+TEST_F(SlurmTest, HungRankOnANodeDrainsItAndTheJobContinuesOnTheOthers) {
+  const std::string ckpt = dir_ + "/closed-loop";
+  std::filesystem::create_directories(ckpt);
+  std::vector<std::string> cmd{"srun", "--nodes", "3", "--ntasks-per-node", "1", kRun, "--nnodes",
+                               "2:3", "--nproc-per-node", "2", "--max-restarts", "2",
+                               "--last-call-timeout", "300ms", "--hang-dump-timeout", "5s",
+                               "--drain-excluded", kWorker,
+                               // train DIR STEPS EVERY HANG_RANK HANG_STEP TIMEOUT_S PACE_MS
+                               "train", ckpt, "10", "2", "5", "5", "2", "0"};
+  const auto t0 = std::chrono::steady_clock::now();
+  auto job = login(cmd, "closed-loop");
+  const std::string err = job->err(), out = job->out();
+  // node2's tessel-run is refused when it joins again (exit 76, which srun passes on); the
+  // others finish the job.
+  EXPECT_EQ(job->wait(0s), 76) << err;
+  EXPECT_NE(err.find("node 2 (10.79.1.3, host node2) taken out of the job for its life "
+                     "(culprit ranks 5)"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("round 1 started: 2 nodes, world size 4"), std::string::npos) << err;
+  size_t succeeded = 0;
+  for (size_t at = err.find("job succeeded"); at != std::string::npos;
+       at = err.find("job succeeded", at + 1))
+    ++succeeded;
+  EXPECT_EQ(succeeded, 2u) << err;
+  EXPECT_NE(out.find("[0:0] resumed from step 4 world 4 attempt 1"), std::string::npos) << out;
+  std::printf("srun job with a hung rank on node2 to its end on node0 and node1: %.2f s\n",
+              seconds_since(t0));
+  // Slurm drained node2 with the verdict as the reason; then it is given back.
+  auto node2 = login({"sinfo", "-h", "-N", "-n", "node2", "-o", "%T %E"}, "closed-loop-sinfo");
+  EXPECT_EQ(node2->out().rfind("drained tessel verdict: round 0: rank 5", 0), 0u) << node2->out();
+  auto resume = login({"scontrol", "update", "nodename=node2", "state=resume"}, "resume");
+  EXPECT_EQ(resume->wait(0s), 0) << resume->err();
 }
 
 }  // namespace
