@@ -184,6 +184,12 @@ GemmCache<std::unique_ptr<GemmSetup>>& thread_gemm_cache() {
   return cache;
 }
 
+}  // namespace
+
+GemmCacheCounts thread_gemm_cache_counts() { return thread_gemm_cache().counts(); }
+
+namespace {
+
 void run_gemm(const Launch& l, const Gemm& g) {
   const GemmPlan& p = g.plan;
   for (auto [v, what] : {std::pair{p.m, "N"},

@@ -39,13 +39,18 @@ struct GemmKeyHash {
 // Equal keys: the same cuBLASLt problem; any difference in the plan or the parts: another key.
 GemmKey gemm_key(const GemmPlan& plan, const GemmKeyParts& parts);
 
+struct GemmCacheCounts {
+  int64_t hits = 0, misses = 0, evictions = 0;
+};
+
+// The calling thread's matmul cache so far (defined where the build has CUDA: cuda_matmul.cc).
+GemmCacheCounts thread_gemm_cache_counts();
+
 // At most `capacity` entries under GemmKeys; the least recently used one goes first.
 template <typename V>
 class GemmCache {
  public:
-  struct Counts {
-    int64_t hits = 0, misses = 0, evictions = 0;
-  };
+  using Counts = GemmCacheCounts;
 
   explicit GemmCache(size_t capacity) : capacity_(capacity < 1 ? 1 : capacity) {}
 

@@ -14,6 +14,7 @@
 #include "tessel/tensor/cuda/cuda.h"
 #include "tessel/tensor/cuda/cuda_check.h"
 #include "tessel/tensor/cuda/cuda_runtime.h"
+#include "tessel/tensor/cuda/gemm_cache.h"
 #include "tessel/tensor/ops.h"
 #include "tessel/tensor/storage.h"
 #include "tessel/tensor/stream.h"
@@ -113,6 +114,19 @@ TEST(CudaRuntimeTest, EventsAreReusedFromThePool) {
   const auto after = cuda::cuda_runtime().event_counts();
   EXPECT_LE(after.created - before.created, 1) << "two events at a time: one more at most";
   EXPECT_GE(after.reused - before.reused, 199);
+}
+
+// A repeated matmul reuses its cuBLASLt setup (gemm_cache.h): one miss, then hits.
+TEST(CudaMatmulTest, RepeatedProblemReusesItsCublasLtSetup) {
+  TESSEL_REQUIRE_CUDA();
+  const Tensor a = randn({48, 40}, DType::kBF16, kGpu), b = randn({40, 56}, DType::kBF16, kGpu);
+  const auto before = cuda::thread_gemm_cache_counts();
+  auto product = [&] { return to_vector<float>(to(to(matmul(a, b), DType::kF32), Device::cpu())); };
+  const std::vector<float> first = product();
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(product(), first) << "same setup, same bits";
+  const auto after = cuda::thread_gemm_cache_counts();
+  EXPECT_EQ(after.misses - before.misses, 1);
+  EXPECT_EQ(after.hits - before.hits, 10);
 }
 
 // Full reductions and tall columns: many chunk partials, combined by one block per output
