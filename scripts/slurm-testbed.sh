@@ -13,10 +13,11 @@
 #
 # DIR (created; empty or absent) holds slurm.conf, the daemons' state, spool and logs. The
 # login node "login" (10.79.1.254, on the bridge) runs slurmctld and the client commands; node i
-# is "node<i>" at 10.79.1.<i+1>, with 4 CPUs and host name node<i>; every namespace's /etc/hosts
-# names them all. Authentication is Slurm's auth/none (no munge): the daemons trust any local
-# user, which is fine for a test bed and nowhere else. `start` returns once sinfo shows every
-# node idle; `stop` kills every process left in the namespaces (job steps included).
+# is "node<i>" at 10.79.1.<i+1>, with 4 CPUs, 2 GPUs (gres with no device behind them) and host
+# name node<i>; every namespace's /etc/hosts names them all. Authentication is Slurm's auth/none
+# (no munge): the daemons trust any local user, which is fine for a test bed and nowhere else.
+# `start` returns once sinfo shows every node idle; `stop` kills every process left in the
+# namespaces (job steps included).
 set -euo pipefail
 
 subnet=10.79.1
@@ -96,10 +97,17 @@ MessageTimeout=10
 SlurmctldDebug=info
 SlurmdDebug=info
 EOF
+  # Two GPUs per node as a generic resource with no devices behind it: enough for Slurm to
+  # allocate them (--gpus-per-node) and set SLURM_GPUS_ON_NODE; nothing can run on them.
+  echo "GresTypes=gpu" >>"$dir/slurm.conf"
   for ((i = 0; i < nodes; i++)); do
-    echo "NodeName=node$i NodeAddr=$subnet.$((i + 1)) CPUs=4 RealMemory=2000 State=UNKNOWN" \
-      >>"$dir/slurm.conf"
+    echo "NodeName=node$i NodeAddr=$subnet.$((i + 1)) CPUs=4 RealMemory=2000 Gres=gpu:2" \
+      "State=UNKNOWN" >>"$dir/slurm.conf"
   done
+  # Slurm 22.05 drops GPUs without a device file: two nodes like /dev/null's stand in.
+  mkdir -p "$dir/dev" && mknod "$dir/dev/gpu0" c 1 3 && mknod "$dir/dev/gpu1" c 1 3
+  printf 'AutoDetect=off\nNodeName=node[0-%d] Name=gpu File=%s/dev/gpu[0-1]\n' $((nodes - 1)) \
+    "$dir" >"$dir/gres.conf"
   echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP" >>"$dir/slurm.conf"
 }
 

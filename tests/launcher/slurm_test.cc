@@ -198,6 +198,35 @@ TEST_F(SlurmTest, ScancelStopsEveryNodeAndLeavesNoProcess) {
   std::printf("scancel to the job's end on every node: %.2f s\n", seconds_since(t0));
 }
 
+// With GPUs in the allocation (the test bed's nodes have 2 each, without devices behind them),
+// auto is one worker per GPU, whatever the CPUs; `gpu` on an allocation without any fails on
+// every node, saying why, before any worker starts.
+TEST_F(SlurmTest, AutoWorkersFollowTheAllocationsGpus) {
+  auto job = login({"srun", "--nodes", "2", "--ntasks-per-node", "1", "--gpus-per-node", "2", kRun,
+                    "--nproc-per-node", "auto", kWorker, "env"},
+                   "srun-gpus");
+  ASSERT_EQ(job->wait(0s), 0) << job->out() << job->err();
+  const std::string out = job->out();
+  size_t workers = 0;
+  for (size_t at = out.find("ENV LOCAL_WORLD_SIZE=2\n"); at != std::string::npos;
+       at = out.find("ENV LOCAL_WORLD_SIZE=2\n", at + 1))
+    ++workers;
+  EXPECT_EQ(workers, 4u) << out;
+  EXPECT_NE(out.find("ENV SLURM_GPUS_ON_NODE=2\n"), std::string::npos) << out;
+
+  auto none = login({"srun", "--nodes", "2", "--ntasks-per-node", "1", kRun, "--nproc-per-node",
+                     "gpu", kWorker, "env"},
+                    "srun-no-gpus");
+  EXPECT_EQ(none->wait(0s), 65) << none->err();  // invalid config
+  const std::string err = none->err();
+  size_t said = 0;
+  for (size_t at = err.find("the Slurm allocation has no GPUs"); at != std::string::npos;
+       at = err.find("the Slurm allocation has no GPUs", at + 1))
+    ++said;
+  EXPECT_EQ(said, 2u) << err;
+  EXPECT_EQ(none->out().find("ENV "), std::string::npos) << none->out();
+}
+
 // docs/launching.md's sbatch example as written (examples/slurm/train_gpt.sbatch), one CPU per
 // node: FSDP over 2 and over 3 nodes gives the losses of the same job on one node.
 TEST_F(SlurmTest, SbatchExampleTrainsFsdpWithTheLossesOfAStandaloneRun) {
