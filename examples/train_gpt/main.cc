@@ -61,9 +61,16 @@
 //   tessel-run --standalone --nproc-per-node 4 build/release/examples/train_gpt --model llama
 //       --kv-heads 2 --dp-shard 2 --tp 2 --export-hf /tmp/llama-hf         (one command line)
 //
+// Pipeline parallelism: --pp N splits the GPT into stages over N ranks (FSDP over the rest),
+// --pp-schedule gpipe|1f1b|interleaved-1f1b|zero-bubble, --microbatches M, --pp-virtual-stages V,
+// --pp-layout uniform|balanced|2,1,1,2 (pipeline.h; no checkpoints, eval or sample yet):
+//
+//   tessel-run --standalone --nproc-per-node 4 build/release/examples/train_gpt --threads 1
+//       --layers 4 --pp 2 --pp-schedule interleaved-1f1b --microbatches 4   (one command line)
+//
 // The program's parts: flags.h (the command line), data.h (what it trains on), layout.h (the
 // device, the world and the mesh), model.h (the model and how it is parallelised), train.h (the
-// run) and generate.h (text from a model).
+// run), pipeline.h (the run with --pp) and generate.h (text from a model).
 
 #include <fmt/format.h>
 
@@ -71,6 +78,7 @@
 #include <cstdio>
 
 #include "flags.h"
+#include "pipeline.h"
 #include "tessel/base/error.h"
 #include "tessel/base/tools/cli.h"
 #include "train.h"
@@ -80,16 +88,20 @@ int main(int argc, char** argv) {
   CLI::App app{"train_gpt: train a small byte-level GPT on the bundled corpus (docs/training.md)"};
   tessel::cli::show_defaults(app);
   tessel::train_gpt::add_flags(app, f);
+  tessel::train_gpt::PipelineFlags pipeline;
+  tessel::train_gpt::add_pipeline_flags(app, pipeline);
   tessel::cli::describe_options(app);
   if (const auto status = tessel::cli::parse(app, argc, argv, "train_gpt")) return *status;
   f.model_given = app.count("--model") > 0;
   try {
     tessel::train_gpt::check_flags(f);
+    tessel::train_gpt::check_pipeline_flags(f, pipeline);
   } catch (const tessel::Error& e) {
     fmt::print(stderr, "train_gpt: {}\n", e.message());
     return tessel::cli::kExitBadValue;
   }
   try {
+    if (pipeline.pp > 1) return tessel::train_gpt::run_pipeline(f, pipeline);
     return tessel::train_gpt::run(f);
   } catch (const tessel::Timeout& e) {
     // A collective timed out: its peers hang. 124 is the status tessel-run (and

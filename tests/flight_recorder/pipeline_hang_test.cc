@@ -95,7 +95,9 @@ TEST(PipelineHangTest, TheStageThatNeverSendsIsNamedWithItsAction) {
   ASSERT_EQ(v.positions.size(), 3u);
   // Where each stage is, in pipeline terms.
   EXPECT_EQ(v.positions[0].where, RankPosition::Where::kInCompute) << text;
-  EXPECT_NE(v.positions[0].summary.find("pipeline SEND_F0s0>1: mb 0, stage 0"), std::string::npos)
+  EXPECT_NE(v.positions[0].summary.find("since send #1 (group 'world/pp_act0>1'; pipeline "
+                                        "SEND_F0s0>1: mb 0, stage 0) completed"),
+            std::string::npos)
       << v.positions[0].summary;
   EXPECT_NE(v.positions[2].summary.find("pipeline RECV_F1s2<1: mb 1, stage 2"), std::string::npos)
       << v.positions[2].summary;

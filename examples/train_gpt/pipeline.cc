@@ -1,0 +1,194 @@
+#include "pipeline.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <vector>
+
+#include "data.h"
+#include "layout.h"
+#include "tessel/base/error.h"
+#include "tessel/base/launch_env.h"
+#include "tessel/collectives/init.h"
+#include "tessel/flight_recorder/recorder.h"
+#include "tessel/mesh/device_mesh.h"
+#include "tessel/nn/gpt.h"
+#include "tessel/nn/optim/adamw.h"
+#include "tessel/nn/optim/schedule.h"
+#include "tessel/parallel/fsdp/fsdp.h"
+#include "tessel/parallel/pp/gpt_stage.h"
+#include "tessel/parallel/pp/runtime.h"
+#include "tessel/parallel/pp/schedule_generate.h"
+#include "tessel/parallel/pp/stage_layout.h"
+#include "tessel/tensor/thread_pool.h"
+
+namespace tessel::train_gpt {
+
+void add_pipeline_flags(CLI::App& app, PipelineFlags& p) {
+  app.add_option("--pp", p.pp, "pipeline-parallel ranks: the model split into stages over them")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--pp-schedule", p.schedule, "pipeline schedule")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"}));
+  app.add_option("--microbatches", p.microbatches,
+                 "micro-batches per step with --pp (0: 2 x --pp); --batch must divide by it")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--pp-virtual-stages", p.virtual_stages,
+                 "stages per pipeline rank (0: 2 for interleaved-1f1b, else 1)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--pp-layout", p.layout,
+                 "blocks per stage: uniform, balanced (by a per-layer cost profile, embedding "
+                 "and head included) or counts such as 2,1,1,2");
+}
+
+namespace {
+
+int64_t microbatches(const PipelineFlags& p) {
+  return p.microbatches > 0 ? p.microbatches : 2 * p.pp;
+}
+int64_t virtual_stages(const PipelineFlags& p) {
+  if (p.virtual_stages > 0) return p.virtual_stages;
+  return p.schedule == "interleaved-1f1b" ? 2 : 1;
+}
+
+}  // namespace
+
+void check_pipeline_flags(const Flags& f, const PipelineFlags& p) {
+  if (p.pp <= 1) return;
+  auto unsupported = [&](bool bad, std::string_view flag) {
+    TESSEL_CHECK(!bad, InvalidArgument, "--pp {} with {}: not supported yet (docs/training.md)",
+                 p.pp, flag);
+  };
+  unsupported(f.model != "gpt", "--model " + f.model);
+  unsupported(f.tp > 1, "--tp");
+  unsupported(f.ddp, "--ddp");
+  unsupported(f.dp_replicate > 1, "--dp-replicate");
+  unsupported(!f.checkpoint_dir.empty() || f.resume, "--checkpoint-dir / --resume");
+  unsupported(!f.init_hf.empty() || !f.export_hf.empty(), "--init-hf / --export-hf");
+  unsupported(f.generate, "--generate");
+  unsupported(f.grad_accum > 1, "--grad-accum (use --microbatches)");
+  unsupported(f.device != "cpu", "--device " + f.device);
+  unsupported(f.activation_checkpointing != "none", "--activation-checkpointing");
+  const int64_t m = microbatches(p);
+  TESSEL_CHECK(f.batch % m == 0, InvalidArgument,
+               "--batch {} does not divide into --microbatches {}; use a multiple of it", f.batch,
+               m);
+  TESSEL_CHECK(p.schedule == "interleaved-1f1b" || p.virtual_stages <= 1, InvalidArgument,
+               "--pp-virtual-stages {} needs --pp-schedule interleaved-1f1b", p.virtual_stages);
+  const LaunchEnv env = read_launch_env();
+  TESSEL_CHECK(env.world_size % p.pp == 0, InvalidArgument,
+               "--pp {} does not divide the {} ranks the launcher started", p.pp, env.world_size);
+  // The schedule and the layout fail here, before any rank starts, when they cannot work.
+  const auto schedule = pp::make_schedule(p.schedule, static_cast<int>(p.pp), static_cast<int>(m),
+                                          static_cast<int>(virtual_stages(p)));
+  const int stages = schedule.num_stages;
+  if (p.layout != "uniform" && p.layout != "balanced") {
+    pp::parse_layout(p.layout, static_cast<int>(f.layers), stages);
+  }
+}
+
+int run_pipeline(const Flags& f, const PipelineFlags& p) {
+  if (f.threads > 0) set_num_threads(f.threads);
+  const int P = static_cast<int>(p.pp);
+  const int m = static_cast<int>(microbatches(p));
+  std::shared_ptr<ProcessGroup> world = init_process_group({.device = Device::cpu()});
+  const int64_t dp = world->size() / P;
+  DeviceMesh mesh = init_device_mesh(world, {P, dp}, {"pp", "dp_shard"});
+  const int stage_rank = static_cast<int>(mesh.local_rank("pp"));
+  const int dp_rank = static_cast<int>(mesh.local_rank("dp_shard"));
+  const bool lead = world->rank() == 0;
+
+  // Every rank of a pipeline reads its dp column's rows: stage 0 takes the tokens, the last
+  // stage the targets.
+  TrainingData data(f, dp_rank, dp);
+  const nn::GptConfig cfg{.vocab_size = data.vocab_size(),
+                          .block_size = f.seq,
+                          .n_layer = f.layers,
+                          .n_head = f.heads,
+                          .n_embd = f.embd,
+                          .seed = f.seed};
+  const pp::PipelineSchedule schedule =
+      pp::make_schedule(p.schedule, P, m, static_cast<int>(virtual_stages(p)));
+  const int S = schedule.num_stages;
+  const int L = static_cast<int>(f.layers);
+  const std::vector<int> layout = p.layout == "uniform" ? pp::uniform_layout(L, S)
+                                  : p.layout == "balanced"
+                                      ? pp::balanced_layout(pp::gpt_layer_costs(cfg, f.seq), S)
+                                      : pp::parse_layout(p.layout, L, S);
+  auto stages = pp::make_gpt_stages(cfg, layout, stage_rank, P);
+  std::vector<pp::LocalStage> local;
+  for (auto& s : stages) {
+    if (dp > 1) fully_shard(*s, mesh["dp_shard"]);
+    local.push_back({s->stage(), s});
+  }
+
+  nn::optim::AdamW* opt = nullptr;
+  pp::PipelineRuntime* runtime_ptr = nullptr;
+  double norm = 0;
+  pp::PipelineRuntime runtime(mesh.group("pp"), schedule, local, nn::GPT::loss,
+                              {.on_step =
+                                   [&] {
+                                     norm = pp::clip_grad_norm(*runtime_ptr, f.clip);
+                                     opt->step();
+                                   },
+                               .tied_parameters = pp::gpt_tied_parameters()});
+  runtime_ptr = &runtime;
+  nn::optim::AdamW adamw(runtime.parameters(),
+                         {.lr = f.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = f.weight_decay});
+  opt = &adamw;
+  nn::optim::WarmupCosine lr({.max_lr = f.lr,
+                              .min_lr = f.min_lr,
+                              .warmup_steps = std::min(f.warmup, f.steps),
+                              .total_steps = f.steps});
+  if (lead) {
+    fmt::print(
+        "train_gpt: pipeline of {} ranks x {} dp_shard, schedule {} ({} stages, {} "
+        "micro-batches of {} rows), layout {}; data {}\n",
+        P, dp, schedule.name, S, m, f.batch / m, pp::format_layout(layout), data.description());
+    std::fflush(stdout);
+  }
+  std::ofstream json;
+  if (lead && !f.log_json.empty()) {
+    json.open(f.log_json);
+    TESSEL_CHECK(json.good(), IoError, "cannot write --log-json file '{}'", f.log_json);
+  }
+  using Clock = std::chrono::steady_clock;
+  auto window_start = Clock::now();
+  double window_loss = 0;
+  int64_t window_steps = 0;
+  for (int64_t step = 0; step < f.steps; ++step) {
+    fr::FlightRecorder::global().set_step(step);
+    const auto [x, y] = data.next_train();
+    adamw.set_lr(lr.lr(step));
+    const double loss = world_mean(world.get(), runtime.step(x, y));
+    window_loss += loss;
+    ++window_steps;
+    if (json.is_open()) {
+      json << fmt::format(
+          "{{\"step\": {}, \"loss\": {:.6f}, \"grad_norm\": {:.6f}, \"lr\": {:.6g}}}\n", step + 1,
+          loss, norm, adamw.lr());
+      json.flush();
+    }
+    if (lead && ((step + 1) % f.log_every == 0 || step + 1 == f.steps)) {
+      const double seconds = std::chrono::duration<double>(Clock::now() - window_start).count();
+      fmt::print("step {:>5}/{} loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s\n",
+                 step + 1, f.steps, window_loss / window_steps, adamw.lr(), norm,
+                 static_cast<double>(f.batch * f.seq * window_steps) / seconds);
+      std::fflush(stdout);
+      window_loss = 0;
+      window_steps = 0;
+      window_start = Clock::now();
+    }
+  }
+  if (lead) {
+    const auto& st = runtime.stats();
+    fmt::print("train_gpt: done; rank 0 held at most {} micro-batches' activations\n",
+               st.peak_in_flight_rank);
+  }
+  return 0;
+}
+
+}  // namespace tessel::train_gpt
