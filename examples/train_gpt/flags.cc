@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "cp.h"
 #include "data.h"
 #include "moe.h"
 #include "tessel/base/error.h"
@@ -83,6 +84,7 @@ void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--dp-replicate", f.dp_replicate, "replicas of the sharded model (HSDP)")
       ->check(integer_at_least(1));
   app.add_flag("--ddp", f.ddp, "replicate the model on every rank (DDP) instead of sharding it");
+  add_cp_flags(app, f);
   app.add_option("--tp", f.tp, "tensor-parallel ranks: every layer split over them")
       ->check(integer_at_least(1));
   app.add_flag("--sequence-parallel", f.sequence_parallel,
@@ -157,6 +159,7 @@ void check_flags(const Flags& f) {
   TESSEL_CHECK(!f.sequence_parallel || f.tp > 1, InvalidArgument,
                "--sequence-parallel splits over the tp ranks: it needs --tp 2 or more");
   check_moe_flags(f);
+  check_cp_flags(f);
   if (!names_token_shards(f.data)) {
     std::ifstream data(f.data, std::ios::binary);
     TESSEL_CHECK(data.good(), InvalidArgument,
@@ -189,11 +192,12 @@ void check_flags(const Flags& f) {
     throw InvalidArgument(fmt::format("--device '{}': {}", f.device, e.message()));
   }
   // Parallel flags need as many processes as the mesh has ranks: one process cannot hold them.
-  const int64_t ranks = f.tp * std::max<int64_t>(f.dp_shard, 1) * f.dp_replicate;
+  const int64_t ranks = f.tp * f.cp * std::max<int64_t>(f.dp_shard, 1) * f.dp_replicate;
   if (ranks > 1 && read_launch_env().world_size == 1) {
     std::string flags;
     if (f.dp_replicate > 1) flags += fmt::format(" --dp-replicate {}", f.dp_replicate);
     if (f.dp_shard > 1) flags += fmt::format(" --dp-shard {}", f.dp_shard);
+    if (f.cp > 1) flags += fmt::format(" --cp {}", f.cp);
     if (f.tp > 1) flags += fmt::format(" --tp {}", f.tp);
     throw InvalidArgument(fmt::format(
         "{} needs {} processes, but this is one process that no launcher started: run it as "

@@ -45,6 +45,7 @@ struct Flags {
   int64_t dp_replicate = 1;  // replicas of the sharded model (HSDP when > 1)
   bool ddp = false;          // replicate the model instead of sharding it
   int64_t tp = 1;            // tensor-parallel ranks (each layer split over them)
+  int64_t cp = 1;            // context-parallel ranks (each sequence split over them; cp.h)
   bool sequence_parallel = false;
   std::string log_json;            // one JSON object per step
   std::string checkpoint_dir;      // distributed checkpoints (step_<N> folders)

@@ -38,13 +38,16 @@ Layout make_layout(const Flags& f, Device device) {
                "--sequence-parallel splits the sequence of {} over --tp {}: make --seq a multiple",
                f.seq, l.tp);
   l.replicate = f.dp_replicate;
-  TESSEL_CHECK(l.replicate >= 1 && world % (l.replicate * l.tp) == 0, InvalidArgument,
-               "--dp-replicate {} x --tp {} does not divide the {} ranks", l.replicate, l.tp,
-               world);
-  l.shard = f.dp_shard < 0 ? world / (l.replicate * l.tp) : f.dp_shard;
-  TESSEL_CHECK(l.replicate * l.shard * l.tp == world, InvalidArgument,
-               "--dp-replicate {} x --dp-shard {} x --tp {} = {} ranks, but the job has {}",
-               l.replicate, l.shard, l.tp, l.replicate * l.shard * l.tp, world);
+  l.cp = f.cp;
+  const int64_t cp_tp = l.cp * l.tp;
+  TESSEL_CHECK(l.replicate >= 1 && world % (l.replicate * cp_tp) == 0, InvalidArgument,
+               "--dp-replicate {} x --cp {} x --tp {} does not divide the {} ranks", l.replicate,
+               l.cp, l.tp, world);
+  l.shard = f.dp_shard < 0 ? world / (l.replicate * cp_tp) : f.dp_shard;
+  TESSEL_CHECK(l.replicate * l.shard * cp_tp == world, InvalidArgument,
+               "--dp-replicate {} x --dp-shard {} x --cp {} x --tp {} = {} ranks, but the job has "
+               "{}",
+               l.replicate, l.shard, l.cp, l.tp, l.replicate * l.shard * cp_tp, world);
   const int64_t dp = l.replicate * l.shard;
   TESSEL_CHECK(f.batch % dp == 0, InvalidArgument,
                "--batch {} (the global batch) does not split evenly over {} data-parallel ranks",
@@ -56,6 +59,10 @@ Layout make_layout(const Flags& f, Device device) {
   if (l.world) {
     std::vector<int64_t> shape = {l.replicate, l.shard};
     std::vector<std::string> names = {"dp_replicate", "dp_shard"};
+    if (l.cp > 1) {
+      shape.push_back(l.cp);
+      names.push_back("cp");
+    }
     if (l.tp > 1) {
       shape.push_back(l.tp);
       names.push_back("tp");

@@ -17,13 +17,13 @@ namespace tessel::train_gpt {
 // (one GPU per process). Fails with the reason when CUDA is asked for and none is usable.
 Device training_device(const Flags& f, const LaunchEnv& env);
 
-// How the ranks split the work: a mesh (dp_replicate, dp_shard[, tp]) over the world, and this
-// rank's slice of the global batch (the same for every rank of a tp group).
+// How the ranks split the work: a mesh (dp_replicate, dp_shard[, cp][, tp]) over the world, and
+// this rank's slice of the global batch (the same for every rank of a cp or tp group).
 struct Layout {
   std::shared_ptr<ProcessGroup> world;
   std::unique_ptr<DeviceMesh> mesh;
-  int64_t replicate = 1, shard = 1, tp = 1;  // mesh sizes
-  int64_t batch_index = 0;                   // this rank's slice of the global batch
+  int64_t replicate = 1, shard = 1, cp = 1, tp = 1;  // mesh sizes
+  int64_t batch_index = 0;                           // this rank's slice of the global batch
   int64_t batch_parts = 1;
 };
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "cp.h"
 #include "moe.h"
 #include "tessel/base/error.h"
 #include "tessel/nn/hf_format.h"
@@ -112,16 +113,16 @@ std::unique_ptr<nn::Module> build_model(const Flags& f, const ModelSpec& spec, c
     model = spec.make();
   }
   // Tensor parallelism first (each layer split over tp), then FSDP over the data-parallel ranks.
+  apply_cp(*model, f, l);  // --cp: the attention over the cp ranks (before TP replaces layers)
   if (l.tp > 1) parallelize_module(*model, (*l.mesh)["tp"], spec.tp_plan(f.sequence_parallel));
   if (ep != nullptr) *ep = parallelize_moe(*model, f, l);  // --ep: the experts over ep, efsdp
-  if (l.replicate * l.shard > 1) {
-    const DeviceMesh fsdp_mesh =
-        l.replicate > 1 ? l.mesh->slice({"dp_replicate", "dp_shard"}) : (*l.mesh)["dp_shard"];
+  if (l.replicate * l.shard * l.cp > 1) {
+    const DeviceMesh mesh = fsdp_mesh(l);  // with --cp, over dp_shard x cp
     auto& blocks = model->submodule(spec.blocks());
     for (int64_t i = 0; i < spec.layers(); ++i) {
-      fully_shard(blocks.child(std::to_string(i)), fsdp_mesh);
+      fully_shard(blocks.child(std::to_string(i)), mesh);
     }
-    fully_shard(*model, fsdp_mesh);
+    fully_shard(*model, mesh);
   }
   model->to_empty(device);
   if (!spec.hf_dir.empty()) {
