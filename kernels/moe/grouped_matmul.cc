@@ -1,6 +1,7 @@
 #include "tessel/kernels/moe/grouped_matmul.h"
 
 #include "tessel/base/error.h"
+#include "tessel/kernels/moe/cuda/grouped_matmul_cuda.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 
@@ -38,6 +39,11 @@ void run_groups(const Tensor& a, const std::vector<int64_t>& offsets, const Tens
   }
 }
 
+// CUDA tensors in a build with the kernel take it (one launch per product).
+bool use_cuda_kernel(const Tensor& x) {
+  return x.device().is_cuda() && grouped_matmul_cuda_is_available();
+}
+
 }  // namespace
 
 Tensor grouped_matmul(const Tensor& x, const Tensor& w, const std::vector<int64_t>& offsets) {
@@ -45,6 +51,14 @@ Tensor grouped_matmul(const Tensor& x, const Tensor& w, const std::vector<int64_
   auto forward = [offsets](FunctionContext& ctx, const std::vector<Tensor>& in) {
     const Tensor& a = in[0];
     const Tensor& b = in[1];
+    if (use_cuda_kernel(a)) {
+      const Tensor ac = contiguous(a), bc = contiguous(b);
+      const Tensor offs = to(from_vector<int64_t>(offsets), a.device());
+      Tensor out = empty({a.size(0), b.size(2)}, a.dtype(), a.device());
+      grouped_matmul_cuda(ac, bc, offs, /*transpose_w=*/false, out);
+      ctx.save_for_backward({ac, bc, offs});
+      return std::vector<Tensor>{out};
+    }
     Tensor out = zeros({a.size(0), b.size(2)}, a.dtype(), a.device());
     run_groups(a, offsets, out, [&](size_t g) { return select(b, 0, static_cast<int64_t>(g)); });
     ctx.save_for_backward({a, b});
@@ -55,6 +69,18 @@ Tensor grouped_matmul(const Tensor& x, const Tensor& w, const std::vector<int64_
     const Tensor& b = ctx.saved_tensors()[1];
     const Tensor dy = contiguous(grad[0]);
     Tensor dx, dw;
+    if (use_cuda_kernel(a)) {
+      const Tensor& offs = ctx.saved_tensors()[2];
+      if (ctx.needs_input_grad(0)) {
+        dx = empty(a.shape(), a.dtype(), a.device());
+        grouped_matmul_cuda(dy, b, offs, /*transpose_w=*/true, dx);
+      }
+      if (ctx.needs_input_grad(1)) {
+        dw = empty(b.shape(), b.dtype(), b.device());
+        grouped_matmul_cuda_weight_grad(a, dy, offs, dw);
+      }
+      return std::vector<Tensor>{dx, dw};
+    }
     if (ctx.needs_input_grad(0)) {
       dx = zeros(a.shape(), a.dtype(), a.device());
       run_groups(dy, offsets, dx,

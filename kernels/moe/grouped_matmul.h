@@ -16,9 +16,10 @@ namespace tessel::kernels {
 //
 // CPU (and any backend with matmul): the groups run in one call, each through the tensor
 // library's GEMM path (tessel::matmul), which splits a group's rows over the thread pool; the
-// result equals a per-group loop of matmul bit for bit. No fused CUDA kernel yet (a CUDA tensor
-// takes the same loop). Blocks on the CPU. Throws InvalidArgument naming the shapes or offsets
-// when they do not fit.
+// result equals a per-group loop of matmul bit for bit. CUDA tensors (in a build with CUDA) take
+// the kernels of cuda/grouped_matmul_cuda.h, one launch per product on the current stream, f32
+// accumulation (not bit-equal to cuBLAS). Blocks on the CPU. Throws InvalidArgument naming the
+// shapes or offsets when they do not fit.
 Tensor grouped_matmul(const Tensor& x, const Tensor& w, const std::vector<int64_t>& offsets);
 
 }  // namespace tessel::kernels

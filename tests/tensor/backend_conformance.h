@@ -490,4 +490,8 @@ KernelCase adamw_case();
 KernelCase rope_case(bool backward);
 KernelCase swiglu_case(bool backward);
 
+// ---- Case factories of backend_conformance_moe.cc (kernels/moe/) ------------------------------
+
+KernelCase grouped_matmul_case(bool backward);
+
 }  // namespace tessel::testing

@@ -19,7 +19,8 @@
 // failure reproduces by rerunning the same test. Adding a kernel: append a KernelCase to
 // all_cases() (make a Problem, run the kernel, compute the reference). The cases of the
 // neural-net kernels, matmul and AdamW are in backend_conformance_nn.cc; those of Llama's fused
-// RoPE and SwiGLU (kernels/llama/, fused on the CPU and CUDA) in backend_conformance_llama.cc.
+// RoPE and SwiGLU (kernels/llama/, fused on the CPU and CUDA) in backend_conformance_llama.cc;
+// the MoE grouped matmul (kernels/moe/) in backend_conformance_moe.cc.
 #include "backend_conformance.h"
 
 #include <gtest/gtest-spi.h>
@@ -575,7 +576,9 @@ const std::vector<KernelCase>& all_cases() {
                        rope_case(false),
                        rope_case(true),
                        swiglu_case(false),
-                       swiglu_case(true)});
+                       swiglu_case(true),
+                       grouped_matmul_case(false),
+                       grouped_matmul_case(true)});
     return c;
   }();
   return cases;
