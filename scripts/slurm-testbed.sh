@@ -40,6 +40,12 @@ why_not() {
       { echo "needs $tool (apt-get install slurmctld slurmd slurm-client; scripts/setup.sh)"; return; }
   done
   ip netns list >/dev/null 2>&1 || { echo "\`ip netns\` does not work here"; return; }
+  # A container may allow neither (no CAP_SYS_ADMIN): try both once.
+  local probe="tslmcheck$$"
+  ip netns add "$probe" 2>/dev/null || { echo "cannot create a network namespace here"; return; }
+  ip netns del "$probe"
+  unshare --mount --uts true 2>/dev/null ||
+    { echo "cannot create mount and UTS namespaces here (unshare)"; return; }
 }
 
 # ns_of DIR NAME: the namespace of node NAME (or "login") of the test bed in DIR.
