@@ -95,10 +95,11 @@ class CommBackend {
   // True for a transport whose calls on different groups must reach it in one order on every
   // rank, because it only enqueues them onto device streams where they may wait for each other
   // (NCCL: kernels of several communicators on one GPU, or of split-shared ones). ProcessGroup
-  // then runs every call of such a group at issue, on the calling thread, async ones too, and
-  // holds one process-wide lock from taking the sequence number to the end of the enqueue: the
-  // order of the calls reaching the transport is the order of issue, over every such group of
-  // the process. Default: false (calls may run on the group's worker thread).
+  // then runs every collective of such a group at issue, on the calling thread, async ones too,
+  // and holds one process-wide lock from taking the sequence number to the end of the enqueue:
+  // the order of the collectives reaching the transport is the order of issue, over every such
+  // group of the process. send/recv are left to their group's order (a ring of them has no
+  // order common to all ranks). Default: false (calls may run on the group's worker thread).
   virtual bool issues_in_process_order() const { return false; }
   // Group ranks known not to have reached collective `seq`; empty when unknown.
   virtual std::vector<int> missing_ranks(uint64_t seq) const;

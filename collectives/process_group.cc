@@ -384,7 +384,11 @@ Work ProcessGroup::issue(Call call) {
     call.issued_on_stream.emplace(call.stream->device());
     call.issued_on_stream->record(*call.stream);
   }
-  const bool in_process_order = backend_->issues_in_process_order();
+  // Not send/recv: a ring of them over per-direction groups (each rank sends, then receives) has
+  // no order that is the same on every rank, and the first call on a connection waits for the
+  // peer's matching one, so each keeps to its own group's thread as before.
+  const bool p2p = call.record.op == fr::OpType::kSend || call.record.op == fr::OpType::kRecv;
+  const bool in_process_order = backend_->issues_in_process_order() && !p2p;
   std::unique_lock<std::mutex> order_lock;
   if (in_process_order) order_lock = std::unique_lock(process_issue_mutex());
   std::unique_lock lock(mutex_);

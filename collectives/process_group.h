@@ -17,8 +17,8 @@
 // per-(peer, direction) p2p sequence number. Calls on one group execute one at a time in issue
 // order, on the caller's thread when nothing is queued and on the group's worker thread otherwise
 // (async calls); different groups run concurrently and the caller orders them consistently. A
-// backend that issues_in_process_order() (NCCL) has every call enqueued at issue on the caller's
-// thread, one at a time over all such groups (collectives/comm_backend.h).
+// backend that issues_in_process_order() (NCCL) has every collective (not send/recv) enqueued at
+// issue on the caller's thread, one at a time over all such groups (collectives/comm_backend.h).
 //
 // Every call is recorded in the flight recorder before it is issued, marked started when it runs
 // and completed or failed when it ends, and registered with the process's watchdog, which fails

@@ -1,9 +1,10 @@
 // The order in which calls on different groups reach their transport. For a backend that
 // issues_in_process_order() (NCCL, whose kernels of several communicators on one GPU can wait
-// for each other), every call, async ones too, reaches the transport at issue, on the calling
-// thread, one at a time over all such groups of the process: the transport sees the program's
-// order, the same on every rank. For other backends async calls run on each group's worker, so
-// a later call on one group can overtake an earlier one on another (checked as the contrast).
+// for each other), every collective, async ones too, reaches the transport at issue, on the
+// calling thread, one at a time over all such groups of the process: the transport sees the
+// program's order, the same on every rank. send/recv keep to their group's thread. For other
+// backends async calls run on each group's worker, so a later call on one group can overtake an
+// earlier one on another (checked as the contrast).
 
 #include <gtest/gtest.h>
 
@@ -39,11 +40,11 @@ struct TransportLog {
 
 class RecordingBackend final : public CommBackend {
  public:
-  RecordingBackend(std::string group, bool ordered, TransportLog* log)
-      : group_(std::move(group)), ordered_(ordered), log_(log) {}
+  RecordingBackend(std::string group, bool ordered, TransportLog* log, int size = 1)
+      : group_(std::move(group)), ordered_(ordered), log_(log), size_(size) {}
   std::string_view name() const override { return "recording"; }
   int rank() const override { return 0; }
-  int size() const override { return 1; }
+  int size() const override { return size_; }
   bool issues_in_process_order() const override { return ordered_; }
   void all_reduce(Tensor&, ReduceOp, const OpContext&) override { reach("all_reduce"); }
   void broadcast(Tensor&, int, const OpContext&) override { reach("broadcast"); }
@@ -85,6 +86,7 @@ class RecordingBackend final : public CommBackend {
   const std::string group_;
   const bool ordered_;
   TransportLog* log_;
+  const int size_;
 };
 
 std::shared_ptr<ProcessGroup> group(const std::string& name, uint64_t id, bool ordered,
@@ -114,6 +116,29 @@ TEST(IssueOrderTest, AsyncCallsOnSeveralGroupsReachTheTransportInIssueOrder) {
                                                  "dp:reduce_scatter", "cp:broadcast", "tp:barrier",
                                                  "cp:all_reduce", "dp:all_reduce"}));
   for (std::thread::id id : log.threads) EXPECT_EQ(id, std::this_thread::get_id());
+}
+
+// send/recv keep their group's order only: in a ring over per-direction groups every rank
+// sends first, and a send may wait in the transport for the peer's receive.
+TEST(IssueOrderTest, AsyncSendAndRecvStayOnTheirGroupsThread) {
+  TransportLog log;
+  // Two ranks, of which only this one runs: the recording backend moves nothing.
+  auto pair = std::make_shared<ProcessGroup>(
+      std::make_unique<RecordingBackend>("pair", /*ordered=*/true, &log, /*size=*/2),
+      ProcessGroupOptions{.name = "pair", .id = 9731, .timeout = seconds(30)},
+      std::vector<int>{0, 1});
+  auto dp = group("dp", 9732, /*ordered=*/true, &log);
+  Tensor t = zeros({4});
+  Work sent = pair->send(t, 1, {.async = true});
+  Work received = pair->recv(t, 1, {.async = true});
+  sent.wait(seconds(30));
+  received.wait(seconds(30));
+  dp->all_reduce(t, {.async = true}).wait(seconds(30));
+  EXPECT_EQ(log.calls, (std::vector<std::string>{"pair:send", "pair:recv", "dp:all_reduce"}));
+  ASSERT_EQ(log.threads.size(), 3u);
+  EXPECT_NE(log.threads[0], std::this_thread::get_id()) << "send runs on the group's thread";
+  EXPECT_NE(log.threads[1], std::this_thread::get_id()) << "recv runs on the group's thread";
+  EXPECT_EQ(log.threads[2], std::this_thread::get_id()) << "a collective runs at issue";
 }
 
 TEST(IssueOrderTest, CallsFromSeveralThreadsReachOrderedTransportsOneAtATime) {
