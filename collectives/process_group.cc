@@ -408,8 +408,9 @@ Work ProcessGroup::issue(Call call) {
     record.seq = seq;
   }
   // A blocking call with nothing queued runs at once on this thread: record it as started. So
-  // does every call of a group that issues in process order (under order_lock, nothing of it is
-  // queued or running elsewhere, so the slot is free).
+  // does every collective of a group that issues in process order: under order_lock only the
+  // group's send/recv can hold the slot, and a collective issued behind those (async p2p mixed
+  // with collectives on one group) waits its turn on the worker, outside the process order.
   const bool async = call.async;
   const bool run_inline = (!async || in_process_order) && worker_->try_begin_inline();
   auto& recorder = fr::FlightRecorder::global();
