@@ -82,6 +82,8 @@ function(tessel_use_test_pch target)
       <cstring> <filesystem> <fstream> <functional> <map> <memory> <mutex> <random> <set>
       <sstream> <string> <thread> <vector> [["tessel/base/error.h"]])
   endif()
+  # The header's flags and include path come with base (tests of the tree itself link nothing).
+  target_link_libraries(${target} PRIVATE tessel::base)
   target_precompile_headers(${target} REUSE_FROM tessel_test_pch)
 endfunction()
 
