@@ -7,8 +7,9 @@
 //   DeviceMesh moe_mesh = carve_ep_mesh(mesh, 4);        // (efsdp=2, ep=4) over the same ranks
 //   ExpertParallel ep = parallelize_experts(model, moe_mesh);      // before fully_shard
 //   for (nn::MoE* moe : ep.layers()) fully_shard(moe->child("experts"), moe_mesh["efsdp"]);
-//   for (auto& layer : layers) fully_shard(layer, moe_mesh.flatten({"efsdp", "ep"}, "dp_shard"));
-//   fully_shard(model, ...);
+//   DeviceMesh dp = moe_mesh.flatten({"efsdp", "ep"}, "dp_shard")["dp_shard"];   // 1-D
+//   for (auto& layer : layers) fully_shard(layer, dp);
+//   fully_shard(model, dp);
 //   ... train: each rank feeds its own rows (rank r of the flattened dp_shard) ...
 //   ep.stats();                                           // all-to-all count, bytes, time
 //

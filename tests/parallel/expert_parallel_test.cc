@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,9 @@
 #include "tessel/parallel/dtensor/dtensor.h"
 #include "tessel/parallel/fsdp/clip_grad_norm.h"
 #include "tessel/parallel/fsdp/fsdp.h"
+#include "tessel/parallel/tp/llama_plan.h"
+#include "tessel/parallel/tp/loss.h"
+#include "tessel/parallel/tp/parallelize.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 #include "tests/parallel/checkpoint_test_util.h"
@@ -80,9 +84,12 @@ nn::optim::AdamWOptions adamw() { return {.lr = 1e-2, .weight_decay = 0.1}; }
 template <typename Clip>
 double step_of(nn::Llama& model, nn::optim::AdamW& opt, const Tensor& x, const Tensor& y,
                const Clip& clip, Record& run, int step,
-               const std::function<void()>& after_backward = {}) {
+               const std::function<void()>& after_backward = {}, const DeviceMesh* tp = nullptr) {
   const nn::Tensors out = model(nn::Tensors{x});
-  const Tensor loss = add(nn::Llama::loss(out[0], y), out[1]);
+  // Under tensor parallelism the logits are this rank's vocabulary columns.
+  const Tensor ce = tp ? loss_parallel_cross_entropy(out[0], y, *tp, model.config().vocab_size)
+                       : nn::Llama::loss(out[0], y);
+  const Tensor loss = add(ce, out[1]);
   backward(loss);
   if (after_backward && step == 0) after_backward();
   clip(model.parameters(), 1.0);
@@ -112,6 +119,7 @@ Record train_single(const nn::LlamaConfig& config) {
 struct Setup {
   int world;
   int64_t ep;
+  int64_t tp = 1;
 };
 
 // One rank's model: experts over ep (carved from dp_shard = world), FSDP over efsdp for the
@@ -120,15 +128,24 @@ struct Parallel {
   std::unique_ptr<nn::Llama> model;
   ExpertParallel ep;
   int64_t dp_rank = 0, dp_size = 1;
+  std::optional<DeviceMesh> tp;  // with tensor parallelism on the dense layers
 };
 
-Parallel build(ProcessGroup& pg, const nn::LlamaConfig& config, int64_t ep) {
-  const DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {pg.size()}, {"dp_shard"});
+// With tp > 1 the mesh is (dp_shard, tp): the dense layers split over tp by llama_tp_plan (the
+// MoE layers' mlp stays whole on every tp rank), ep carved from dp_shard.
+Parallel build(ProcessGroup& pg, const nn::LlamaConfig& config, int64_t ep, int64_t tp = 1) {
+  const DeviceMesh mesh =
+      tp > 1 ? init_device_mesh(pg.shared_from_this(), {pg.size() / tp, tp}, {"dp_shard", "tp"})
+             : init_device_mesh(pg.shared_from_this(), {pg.size()}, {"dp_shard"});
   const DeviceMesh moe_mesh = carve_ep_mesh(mesh, ep);
   Parallel p;
   p.model = std::make_unique<nn::Llama>(config);
+  if (tp > 1) {
+    p.tp = mesh["tp"];
+    parallelize_module(*p.model, *p.tp, llama_tp_plan({}));
+  }
   p.ep = parallelize_experts(*p.model, moe_mesh);
-  const DeviceMesh dp = moe_mesh.flatten({"efsdp", "ep"}, "dp_shard");
+  const DeviceMesh dp = moe_mesh.flatten({"efsdp", "ep"}, "dp_shard")["dp_shard"];
   for (nn::MoE* moe : p.ep.layers()) fully_shard(moe->child("experts"), moe_mesh["efsdp"]);
   for (auto& [name, layer] : p.model->submodule("model.layers").children()) {
     fully_shard(*layer, dp);
@@ -143,8 +160,8 @@ Parallel build(ProcessGroup& pg, const nn::LlamaConfig& config, int64_t ep) {
 // step `save_at` into `save_to` when given; rank 0's record is returned through `out`.
 void train_rank(ProcessGroup& pg, const nn::LlamaConfig& config, int64_t ep, Record* out,
                 const std::string& load_from = "", const std::string& save_to = "",
-                int save_at = -1) {
-  Parallel p = build(pg, config, ep);
+                int save_at = -1, int64_t tp = 1) {
+  Parallel p = build(pg, config, ep, tp);
   nn::Llama& model = *p.model;
   const nn::StateDict whole = nn::Llama(config).state_dict();
   nn::optim::AdamW opt(model.parameters(), adamw());
@@ -169,7 +186,8 @@ void train_rank(ProcessGroup& pg, const nn::LlamaConfig& config, int64_t ep, Rec
             run.grads[name] =
                 clone(reshape(DTensor(t.grad(), as_dtensor(t).spec()).full_tensor(), shape));
           }
-        });
+        },
+        p.tp ? &*p.tp : nullptr);
     Tensor mean = from_vector<float>({static_cast<float>(loss)});
     pg.all_reduce(mean, {.op = ReduceOp::kAvg});
     run.losses.push_back(item(mean));
@@ -201,7 +219,9 @@ void expect_matches_one_process(const Setup& s) {
   const Record& want = reference();
   ASSERT_LT(want.losses.back(), want.losses.front() - 0.5) << "the data teaches nothing";
   Record got;
-  threads::run_ranks(s.world, [&](ProcessGroup& pg) { train_rank(pg, config_of(), s.ep, &got); });
+  threads::run_ranks(s.world, [&](ProcessGroup& pg) {
+    train_rank(pg, config_of(), s.ep, &got, "", "", -1, s.tp);
+  });
   expect_parity(got, want);
   ASSERT_EQ(got.grads.size(), want.grads.size());
   for (const auto& [name, w] : want.grads) {
@@ -224,6 +244,12 @@ TEST(ExpertParallelTest, Ep4MatchesOneProcess) { expect_matches_one_process({4, 
 
 // (efsdp, ep) = (2, 2) over the same 4 ranks: the experts FSDP-sharded over efsdp.
 TEST(ExpertParallelTest, Ep2TimesEfsdp2MatchesOneProcess) { expect_matches_one_process({4, 2}); }
+
+// Mesh (dp_shard 2, tp 2) with ep carved from dp_shard: attention and the dense MLP split over
+// tp, the experts over ep.
+TEST(ExpertParallelTest, Ep2WithTp2OnTheDenseLayersMatchesOneProcess) {
+  expect_matches_one_process({4, 2, 2});
+}
 
 TEST(ExpertParallelTest, CheckpointSavedAtEp4ResumesAtEp2) {
   testing::TempDir dir;
