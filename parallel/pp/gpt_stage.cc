@@ -4,22 +4,12 @@
 #include <string>
 
 #include "tessel/base/error.h"
+#include "tessel/parallel/pp/internal/stage_build.h"
 #include "tessel/parallel/pp/stage_layout.h"
 #include "tessel/tensor/ops.h"
 
 namespace tessel::pp {
-namespace {
-
-// The child `name` of `parent` as the shared handle the registry holds.
-std::shared_ptr<nn::Module> shared_child(const nn::Module& parent, std::string_view name) {
-  for (const auto& [child_name, child] : parent.children()) {
-    if (child_name == name) return child;
-  }
-  parent.child(name);  // throws OutOfRange naming it
-  return nullptr;
-}
-
-}  // namespace
+using internal::shared_child;
 
 GptStage::GptStage(std::shared_ptr<nn::GPT> model, int stage, int first_block, int num_blocks,
                    bool with_embedding, bool with_head)
@@ -77,34 +67,8 @@ Tensor GptStage::forward(const Tensor& input) {
 std::vector<std::shared_ptr<GptStage>> make_gpt_stages(const nn::GptConfig& config,
                                                        const std::vector<int>& layout, int rank,
                                                        int num_ranks, Device device) {
-  const int S = static_cast<int>(layout.size());
-  TESSEL_CHECK(
-      num_ranks >= 1 && S >= num_ranks && S % num_ranks == 0 && rank >= 0 && rank < num_ranks,
-      InvalidArgument,
-      "GPT stages for rank {} of {}: the layout has {} stages; expected a positive "
-      "multiple of the rank count and 0 <= rank < ranks",
-      rank, num_ranks, S);
-  check_layout(layout, static_cast<int>(config.n_layer), S);
-  // The whole model on the meta device: shapes only, and the generator's positions.
-  std::shared_ptr<nn::GPT> model;
-  {
-    DefaultDeviceGuard meta(Device::meta());
-    model = std::make_shared<nn::GPT>(config);
-  }
-  std::vector<std::shared_ptr<GptStage>> stages;
-  int first = 0;
-  for (int s = 0; s < S; ++s) {
-    if (s % num_ranks == rank) {
-      stages.push_back(std::make_shared<GptStage>(model, s, first, layout[static_cast<size_t>(s)],
-                                                  s == 0, s == S - 1));
-      stages.back()->to_empty(device);
-    }
-    first += layout[static_cast<size_t>(s)];
-  }
-  // Draws every parameter's values in the whole model's order: the ones with memory (this
-  // rank's) get them, the meta ones only advance the generator.
-  model->init_weights();
-  return stages;
+  return internal::build_stages<GptStage, nn::GPT>(config, static_cast<int>(config.n_layer), layout,
+                                                   rank, num_ranks, device, "GPT");
 }
 
 std::vector<std::string> gpt_tied_parameters() { return {"transformer.wte.weight"}; }

@@ -20,10 +20,12 @@
 #include "tessel/flight_recorder/recorder.h"
 #include "tessel/mesh/device_mesh.h"
 #include "tessel/nn/gpt.h"
+#include "tessel/nn/llama.h"
 #include "tessel/nn/optim/adamw.h"
 #include "tessel/nn/optim/clip.h"
 #include "tessel/parallel/fsdp/fsdp.h"
 #include "tessel/parallel/pp/gpt_stage.h"
+#include "tessel/parallel/pp/llama_stage.h"
 #include "tessel/parallel/pp/runtime.h"
 #include "tessel/parallel/pp/schedule_generate.h"
 #include "tessel/parallel/pp/schedule_validate.h"
@@ -47,6 +49,36 @@ nn::GptConfig tiny_config() {
 }
 
 nn::optim::AdamWOptions adamw_options() { return {.lr = 1e-2, .weight_decay = 0.1}; }
+
+// A pipeline runtime whose STEP clips over every stage and steps the AdamW it owns, as a
+// training loop sets one up.
+class Trainer {
+ public:
+  Trainer(std::shared_ptr<ProcessGroup> pp, const PipelineSchedule& schedule,
+          std::vector<LocalStage> local, PipelineLoss loss, std::vector<std::string> tied,
+          bool gather_once = true)
+      : runtime_(std::move(pp), schedule, std::move(local), std::move(loss),
+                 {.on_step =
+                      [this] {
+                        clip_grad_norm(runtime_, kMaxNorm);
+                        opt_->step();
+                      },
+                  .tied_parameters = std::move(tied),
+                  .fsdp_gather_once_per_step = gather_once}),
+        opt_(std::make_unique<nn::optim::AdamW>(runtime_.parameters(), adamw_options())) {}
+  PipelineRuntime& runtime() { return runtime_; }
+
+ private:
+  PipelineRuntime runtime_;
+  std::unique_ptr<nn::optim::AdamW> opt_;
+};
+
+template <typename Stage>
+std::vector<LocalStage> local_stages(const std::vector<std::shared_ptr<Stage>>& stages) {
+  std::vector<LocalStage> local;
+  for (auto& s : stages) local.push_back({s->stage(), s});
+  return local;
+}
 
 // Step i's batch: rows of a repeating pattern the model can learn, so the loss moves.
 std::pair<Tensor, Tensor> batch(int step) {
@@ -101,21 +133,10 @@ PipelineRun train(const PipelineSchedule& schedule, const std::vector<int>& layo
   std::mutex mu;
   threads::run_ranks(p, [&](ProcessGroup& pg) {
     const int rank = pg.rank();
-    auto stages = make_gpt_stages(tiny_config(), layout, rank, p);
-    std::vector<LocalStage> local;
-    for (auto& s : stages) local.push_back({s->stage(), s});
-    nn::optim::AdamW* opt = nullptr;
-    PipelineRuntime* self = nullptr;
-    PipelineRuntime runtime(pg.shared_from_this(), schedule, local, nn::GPT::loss,
-                            {.on_step =
-                                 [&] {
-                                   clip_grad_norm(*self, kMaxNorm);
-                                   opt->step();
-                                 },
-                             .tied_parameters = gpt_tied_parameters()});
-    self = &runtime;
-    nn::optim::AdamW adamw(runtime.parameters(), adamw_options());
-    opt = &adamw;
+    Trainer trainer(pg.shared_from_this(), schedule,
+                    local_stages(make_gpt_stages(tiny_config(), layout, rank, p)), nn::GPT::loss,
+                    gpt_tied_parameters());
+    PipelineRuntime& runtime = trainer.runtime();
     std::vector<double> mine;
     std::vector<int64_t> buffers;
     for (int step = 0; step < steps; ++step) {
@@ -197,24 +218,10 @@ void train_with_fsdp(bool gather_once, int steps) {
     const int stage_rank = static_cast<int>(mesh.local_rank("pp"));
     const int dp_rank = static_cast<int>(mesh.local_rank("dp_shard"));
     auto stages = make_gpt_stages(tiny_config(), uniform_layout(6, pp), stage_rank, pp);
-    std::vector<LocalStage> local;
-    for (auto& s : stages) {
-      fully_shard(*s, mesh["dp_shard"]);
-      local.push_back({s->stage(), s});
-    }
-    nn::optim::AdamW* opt = nullptr;
-    PipelineRuntime* self = nullptr;
-    PipelineRuntime runtime(mesh.group("pp"), schedule, local, nn::GPT::loss,
-                            {.on_step =
-                                 [&] {
-                                   clip_grad_norm(*self, kMaxNorm);
-                                   opt->step();
-                                 },
-                             .tied_parameters = gpt_tied_parameters(),
-                             .fsdp_gather_once_per_step = gather_once});
-    self = &runtime;
-    nn::optim::AdamW adamw(runtime.parameters(), adamw_options());
-    opt = &adamw;
+    for (auto& s : stages) fully_shard(*s, mesh["dp_shard"]);
+    Trainer trainer(mesh.group("pp"), schedule, local_stages(stages), nn::GPT::loss,
+                    gpt_tied_parameters(), gather_once);
+    PipelineRuntime& runtime = trainer.runtime();
     std::vector<double> mine;
     for (int step = 0; step < steps; ++step) {
       auto [x, y] = batch(step);
@@ -253,6 +260,63 @@ TEST(PipelineFsdpTest, GatheringPerMicroBatchAlsoMatches) {
   train_with_fsdp(/*gather_once=*/false, 5);
 }
 
+// The Llama's stages: 3 layers over 2 ranks, untied with 1F1B and tied (the LM head on the last
+// stage, the embedding on stage 0, summed at STEP) with interleaved 1F1B over 4 stages, one of
+// them empty; 10 steps against one process.
+void expect_llama_parity(bool tied, const std::string& schedule_name, int v) {
+  nn::LlamaConfig cfg = nn::LlamaConfig::tiny();
+  cfg.n_layers = 3;
+  cfg.tie_word_embeddings = tied;
+  cfg.seed = 3;
+  constexpr int kLlamaSteps = 10;
+  std::vector<double> ref;
+  {
+    nn::Llama model(cfg);
+    nn::optim::AdamW opt(model.parameters(), adamw_options());
+    for (int step = 0; step < kLlamaSteps; ++step) {
+      auto [x, y] = batch(step);
+      model.zero_grad();
+      Tensor loss = nn::Llama::loss(model(x), y);
+      tessel::backward(loss);
+      nn::optim::clip_grad_norm(model.parameters(), kMaxNorm);
+      opt.step();
+      ref.push_back(item(loss));
+    }
+  }
+  const int p = 2;
+  const PipelineSchedule schedule = make_schedule(schedule_name, p, 4, v);
+  const std::vector<int> layout = uniform_layout(3, schedule.num_stages);
+  std::vector<double> losses;
+  std::mutex mu;
+  threads::run_ranks(p, [&](ProcessGroup& pg) {
+    Trainer trainer(pg.shared_from_this(), schedule,
+                    local_stages(make_llama_stages(cfg, layout, pg.rank(), p)), nn::Llama::loss,
+                    llama_tied_parameters(cfg));
+    PipelineRuntime& runtime = trainer.runtime();
+    std::vector<double> mine;
+    for (int step = 0; step < kLlamaSteps; ++step) {
+      auto [x, y] = batch(step);
+      mine.push_back(runtime.step(x, y));
+    }
+    std::lock_guard lock(mu);
+    if (pg.rank() == 0) losses = mine;
+  });
+  ASSERT_EQ(losses.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_NEAR(losses[i], ref[i], kTolerance * std::abs(ref[i])) << "step " << i;
+  }
+}
+
+TEST(PipelineLlamaTest, UntiedOneFOneBMatchesOneProcess) { expect_llama_parity(false, "1f1b", 1); }
+
+TEST(PipelineLlamaTest, TiedInterleavedMatchesOneProcess) {
+  expect_llama_parity(true, "interleaved-1f1b", 2);
+}
+
+TEST(PipelineLlamaTest, MixtureOfExpertsIsRefused) {
+  EXPECT_THROW(make_llama_stages(nn::LlamaConfig::tiny_moe(), {1, 1}, 0, 2), InvalidArgument);
+}
+
 // 1F1B holds at most p micro-batches on stage 0, however many micro-batches run; GPipe all m.
 TEST(PipelineMemoryTest, OneFOneBHoldsAtMostPOnStageZero) {
   const int p = 4;
@@ -285,9 +349,8 @@ std::vector<std::string> errors_on_every_rank(int p,
   std::vector<std::string> errors(static_cast<size_t>(p));
   std::mutex mu;
   threads::run_ranks(p, [&](ProcessGroup& pg) {
-    auto stages = make_gpt_stages(tiny_config(), uniform_layout(6, p), pg.rank(), p);
-    std::vector<LocalStage> local;
-    for (auto& s : stages) local.push_back({s->stage(), s});
+    const auto local =
+        local_stages(make_gpt_stages(tiny_config(), uniform_layout(6, p), pg.rank(), p));
     try {
       PipelineRuntime runtime(pg.shared_from_this(), make(pg.rank()), local, nn::GPT::loss);
     } catch (const InvalidArgument& e) {
