@@ -333,12 +333,14 @@ INSTANTIATE_TEST_SUITE_P(Sweep, FlashCudaEmulatedTest, ::testing::ValuesIn(forwa
 
 // The backward costs about four times the forward under the emulator: every mask kind once,
 // alternating the two configurations and the two dQ paths, plus the odd shapes in both paths.
+// Batch 2 (the batch strides of the gradients and of the GQA workspace) on the first mask kind
+// only: the others take batch 1, which halves the suite's heaviest cases under CI's budget.
 std::vector<std::tuple<Case, bool>> backward_cases() {
   std::vector<std::tuple<Case, bool>> cases;
   for (int m = 0; m < static_cast<int>(MaskKind::kCount); ++m) {
     const auto mask = static_cast<MaskKind>(m);
     if (m % 2 == 0) {
-      cases.emplace_back(Case{DType::kBF16, 2, 2, 1, 130, 200, 64, mask}, m % 4 == 2);
+      cases.emplace_back(Case{DType::kBF16, m == 0 ? 2 : 1, 2, 1, 130, 200, 64, mask}, m % 4 == 2);
     } else {
       cases.emplace_back(Case{DType::kF16, 1, 2, 2, 77, 140, 128, mask}, m % 4 == 3);
     }
