@@ -170,8 +170,8 @@ struct CudnnFallback {
 };
 
 // Records that a call cuDNN declined ran on flash_cuda. Each distinct (direction, reason) is
-// logged once (component kernels; forward at info, backward at warn) and counted; at most 64 distinct ones are kept,
-// the rest counted under the last. Thread-safe.
+// logged once (component kernels; forward at info, backward at warn) and counted; at most 64
+// distinct ones are kept, the rest counted under the last. Thread-safe.
 void record_cudnn_sdpa_fallback(SdpaDirection direction, std::string_view call,
                                 std::string_view reason);
 
