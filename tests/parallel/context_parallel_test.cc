@@ -3,8 +3,8 @@
 // 1e-5 of its largest entry): cp = 2 and 3 (uneven slices of the 16-token sequences, the loss
 // rescaled by cp_shard_batch), and (dp_shard, cp, tp) = (2, 2, 2) with FSDP over dp_shard and
 // cp flattened; the Llama (rotary positions, grouped-query attention: all-gather K/V at cp = 2,
-// the ring at cp = 3): first-step loss and gradients within 1e-5, 8 steps' losses within 5e-4
-// relative; a checkpoint saved at cp = 2 resumes at cp = 1
+// the ring at cp = 3): 8 SGD steps' losses and the first-step gradients within 1e-5; a
+// checkpoint saved at cp = 2 resumes at cp = 1
 // and cp = 4 (and one saved at cp = 1 at cp = 3) within 1e-5 of the uninterrupted run.
 #include <gtest/gtest.h>
 
@@ -18,6 +18,7 @@
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/llama.h"
 #include "tessel/nn/optim/adamw.h"
+#include "tessel/nn/optim/sgd.h"
 #include "tessel/parallel/checkpoint/checkpoint.h"
 #include "tessel/parallel/cp/gpt_cp.h"
 #include "tessel/parallel/cp/llama_cp.h"
@@ -149,7 +150,7 @@ struct LlamaRun {
   std::map<std::string, Tensor> first_grads;
 };
 
-// kSteps AdamW steps of the tiny Llama on 32-token sequences at `cp` (FSDP over the cp ranks;
+// kSteps SGD steps of the tiny Llama on 32-token sequences at `cp` (FSDP over the cp ranks;
 // cp 1: one process, no FSDP). Rank 0's global losses and whole first-step gradients.
 LlamaRun train_llama(int cp) {
   nn::LlamaConfig config = nn::LlamaConfig::tiny();
@@ -167,7 +168,9 @@ LlamaRun train_llama(int cp) {
       }
       fully_shard(model, *mesh);
     }
-    nn::optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.1});
+    // SGD: AdamW at lr 1e-2 amplifies the reordered softmax sums of every layer's attention to
+    // ~1e-4 relative by step 8 (from 2e-5 at step 2, for both schedules); SGD keeps 1e-5.
+    nn::optim::Sgd opt(model.parameters(), {.lr = 1e-1});
     Generator data(7);
     for (int step = 0; step < kSteps; ++step) {
       const auto [x, y] = next_batch(data, T);
@@ -200,12 +203,8 @@ TEST(ContextParallelTest, LlamaAtCpTwoAndThreeMatchesOneProcess) {
     SCOPED_TRACE("cp " + std::to_string(cp));
     const LlamaRun got = train_llama(cp);
     ASSERT_EQ(got.losses.size(), one.losses.size());
-    // The first step's loss and gradients within 1e-5; later losses within 5e-4 relative: AdamW
-    // at lr 1e-2 amplifies the reordered softmax sums of every layer's attention (the drift
-    // starts at 2e-5 on step 2 for cp = 2 and 3 alike, the all-gather and the ring schedules).
-    EXPECT_NEAR(got.losses[0], one.losses[0], 1e-5 * std::abs(one.losses[0]));
     for (size_t i = 0; i < got.losses.size(); ++i) {
-      EXPECT_NEAR(got.losses[i], one.losses[i], 5e-4 * std::abs(one.losses[i])) << "step " << i;
+      EXPECT_NEAR(got.losses[i], one.losses[i], 1e-5 * std::abs(one.losses[i])) << "step " << i;
     }
     for (const auto& [name, want] : one.first_grads) {
       const Tensor g = reshape(got.first_grads.at(name), want.shape());
