@@ -522,6 +522,7 @@ struct NodeAgent::Impl {
           (void)!::read(event_fd, &n, sizeof(n));
           while (auto e = control.take()) {
             if (!e->server_lost) *out = e->event;
+            server_refused = e->server_lost && e->refused;
             const RoundEnd end = e->server_lost                                ? RoundEnd::kLinkLost
                                  : e->event.kind() == proto::JobEvent::RESTART ? RoundEnd::kRestart
                                                                                : RoundEnd::kFinal;
@@ -552,6 +553,7 @@ struct NodeAgent::Impl {
     std::optional<proto::JoinResponse> round = std::nullopt;  // joined
     std::optional<proto::JobEvent> finished = std::nullopt;   // the job had ended: its outcome
     std::optional<AgentResult> exit = std::nullopt;  // interrupted, unreachable, timed out...
+    bool again = false;  // the job moved to a standby server: join there
   };
 
   // Joins the next round. The Join waits on a scoped thread; this thread watches the signal
@@ -627,6 +629,18 @@ struct NodeAgent::Impl {
                                 signal_name(interrupt_signal), root_cause_note()),
                     log_dir}};
       }
+      if (silent_too_long && last_round && !server && o.min_nodes < o.max_nodes &&
+          !last_heartbeat.standby_addr().empty()) {
+        // The server's node has been silent for --rdzv-connect-timeout (its link cut, the node
+        // down): the standby it named takes the job over. If this node is the one cut off, the
+        // standby does not answer it either and it ends below, after as long again.
+        const std::string why = fmt::format(
+            "node lost: the rendezvous server there has not answered for {} "
+            "(--rdzv-connect-timeout)",
+            format_duration(o.rdzv_connect_timeout));
+        if (auto exit = take_over(*last_round, last_heartbeat, why)) return {.exit = *exit};
+        return {.again = true};
+      }
       if (silent_too_long) {
         return {.exit = error_with_cause(
                     ExitCode::kRendezvousUnreachable,
@@ -699,18 +713,76 @@ struct NodeAgent::Impl {
     return result;
   }
 
+  // Serves the job's rendezvous (and store) here.
+  void start_server(RendezvousServerOptions so) {
+    auto server_address = std::make_shared<std::string>();
+    so.on_hang = hang_hook(o, server_address, token, log_dir);
+    server = std::make_unique<RendezvousServer>(so);
+    *server_address = server->address();
+  }
+
+  bool server_refused = false;  // the last round's server was lost: its host refused us
+  std::optional<proto::JoinResponse> last_round;  // the last round this node ran
+  proto::HeartbeatResponse last_heartbeat;        // the server's last answer in it
+
+  // The server's node is gone (its host refused the connection). With --nnodes MIN:MAX and a
+  // standby named in the server's heartbeat answers, the job goes on: the standby serves it at
+  // its own address (the endpoint's port) with the restarts and exclusions it was told, the
+  // others join there. Otherwise the job ends here, naming the lost node. Returns the exit, or
+  // nullopt once connected to the new server.
+  std::optional<AgentResult> take_over(const proto::JoinResponse& r,
+                                       const proto::HeartbeatResponse& hb,
+                                       const std::string& reason) {
+    proto::Failure cause;
+    cause.set_rank(-1);
+    cause.set_addr(endpoint_host(endpoint));
+    cause.set_host(hb.server_host());
+    cause.set_group_rank(r.master_addr() == cause.addr() ? 0 : -1);
+    cause.set_round(r.round());
+    cause.set_server_time_us(wall_time_us());
+    cause.set_reason(reason);
+    last_root_cause = cause;
+    const bool standby = o.min_nodes < o.max_nodes && !hb.standby_addr().empty() &&
+                         o.tls.cert.empty() && o.tls.ca.empty() && local_token_port == 0;
+    if (!standby) {
+      events->server_lost(cause, "", false);
+      return error_with_cause(
+          ExitCode::kRendezvousUnreachable,
+          fmt::format("lost the rendezvous server {} ({}); {}", endpoint, reason,
+                      o.min_nodes < o.max_nodes
+                          ? "no standby can take over (TLS, or a job on one host)"
+                          : "with a fixed --nnodes the job cannot go on without that node"));
+    }
+    const std::string addr = hb.standby_addr();
+    const std::string next = (addr.find(':') != std::string::npos ? "[" + addr + "]" : addr) +
+                             endpoint.substr(endpoint.rfind(':'));
+    const bool serving = addr == route.address;
+    events->server_lost(cause, next, serving);
+    if (serving) {
+      RendezvousServerOptions so = server_options(o, next, token);
+      so.first_round = r.round() + 1;
+      so.restarts_done = hb.restart_count() + 1;
+      so.excluded.assign(hb.excluded().begin(), hb.excluded().end());
+      so.takeover_cause = cause;
+      start_server(so);
+    }
+    endpoint = next;
+    RendezvousClientOptions co;
+    co.tls = o.tls;
+    client = std::make_unique<RendezvousClient>(endpoint, token, co);
+    client->wait_connected(o.rdzv_connect_timeout);
+    exit_log = make_exit_log(endpoint, token, o.tls, o.rdzv_id, fr_files);
+    return std::nullopt;
+  }
+
   // The token, and whether this agent serves the rendezvous; starts the server if so.
   void start_rendezvous() {
-    auto server_address = std::make_shared<std::string>();
-    const auto start_server = [&](const std::string& bind) {
-      auto so = server_options(o, bind, token);
-      so.on_hang = hang_hook(o, server_address, token, log_dir);
-      server = std::make_unique<RendezvousServer>(so);
-      *server_address = server->address();
+    const auto serve_at = [&](const std::string& bind) {
+      this->start_server(server_options(o, bind, token));
     };
     if (o.standalone) {
       token = generate_token();
-      start_server("127.0.0.1:0");
+      serve_at("127.0.0.1:0");
       endpoint = server->address();
       return;
     }
@@ -726,7 +798,7 @@ struct NodeAgent::Impl {
     token = local_token ? generate_token() : load_token(o.rdzv_token_file);
     if (hosting) {
       try {
-        start_server(endpoint);
+        serve_at(endpoint);
       } catch (const CommError& e) {
         if (o.is_host.value_or(false)) throw;
         log_info(kL, "not hosting the rendezvous ({}); joining as a client", e.message());
@@ -829,6 +901,7 @@ struct NodeAgent::Impl {
       join.set_addr(route.address);
       Joined joined = join_round(join);
       if (joined.exit) return *joined.exit;
+      if (joined.again) continue;
       if (joined.finished) return final_result(*joined.finished);
       const proto::JoinResponse& r = *joined.round;
       events->round_started(r, route.address);
@@ -844,9 +917,27 @@ struct NodeAgent::Impl {
                            event_fd);
       workers->start(specs(r));
       proto::JobEvent event;
+      server_refused = false;
       const RoundEnd end = supervise(r, control, &event);
       control.stop();
-      if (end == RoundEnd::kLinkLost) continue;  // workers stopped; join the job again
+      last_round = r;
+      last_heartbeat = control.last_heartbeat();
+      if (end == RoundEnd::kLinkLost && server_refused && !server) {
+        const std::string why =
+            "the rendezvous server's agent there is gone (its host refused the connection)";
+        if (auto exit = take_over(r, control.last_heartbeat(), why)) return *exit;
+        continue;
+      }
+      if (end == RoundEnd::kLinkLost) {
+        // Workers stopped; join the job again on a new connection: the old one may hold data
+        // behind TCP retransmission timers that a blip of seconds has backed off to seconds,
+        // which would hold the next round's answer and first heartbeats past the bound.
+        RendezvousClientOptions co;
+        co.tls = o.tls;
+        co.private_connection = true;
+        client = std::make_unique<RendezvousClient>(endpoint, token, co);
+        continue;
+      }
       if (event.kind() != proto::JobEvent::SUCCEEDED) {
         events->round_failed(event);
         after_exclusions(event.root_cause());

@@ -102,6 +102,23 @@ void EventLog::round_failed(const proto::JobEvent& e) {
   }
 }
 
+void EventLog::server_lost(const proto::Failure& cause, const std::string& next, bool serving) {
+  nlohmann::json j = {{"event", "server_lost"},
+                      {"round", cause.round()},
+                      {"lost_addr", cause.addr()},
+                      {"lost_host", cause.host()},
+                      {"group_rank", cause.group_rank()},
+                      {"reason", cause.reason()},
+                      {"next_endpoint", next},
+                      {"serving", serving}};
+  emit(j.dump(), next.empty()
+                     ? fmt::format("round {} failed: {}", cause.round(), one_line_root_cause(cause))
+                     : fmt::format("round {} failed: {}; the job goes on with the "
+                                   "rendezvous server at {}{}",
+                                   cause.round(), one_line_root_cause(cause), next,
+                                   serving ? " (this node serves it)" : ""));
+}
+
 void EventLog::node_refused(const std::string& message) {
   nlohmann::json j = {{"event", "node_refused"}, {"reason", message}};
   emit(j.dump(), message);

@@ -29,6 +29,9 @@ class EventLog {
   // The round ended by a failure (RESTART, FAILED, STOP): the root cause (the culprit and its
   // evidence) and every node it took out of the job.
   void round_failed(const proto::JobEvent& e);
+  // The rendezvous server's node is gone (CAUSE); the job goes on with the server at NEXT
+  // (served by this node when SERVING), or ends when NEXT is "".
+  void server_lost(const proto::Failure& cause, const std::string& next, bool serving);
   // This node was refused: it was taken out of the job earlier.
   void node_refused(const std::string& message);
   // The job ended: succeeded, failed or stopped, and tessel-run's exit status here.

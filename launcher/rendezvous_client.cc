@@ -109,8 +109,8 @@ proto::JoinResponse RendezvousClient::join(const proto::JoinRequest& request,
   return response;
 }
 
-void RendezvousClient::heartbeat(const std::string& node_id, int64_t round,
-                                 std::chrono::milliseconds timeout) {
+proto::HeartbeatResponse RendezvousClient::heartbeat(const std::string& node_id, int64_t round,
+                                                     std::chrono::milliseconds timeout) {
   grpc::ClientContext context;
   prepare(context, timeout);
   proto::HeartbeatRequest request;
@@ -119,6 +119,7 @@ void RendezvousClient::heartbeat(const std::string& node_id, int64_t round,
   proto::HeartbeatResponse response;
   const grpc::Status status = stub_->Heartbeat(&context, request, &response);
   if (!status.ok()) fail("Heartbeat", status);
+  return response;
 }
 
 bool RendezvousClient::report_failure(const std::string& node_id, int64_t round,

@@ -57,7 +57,8 @@ class RendezvousClient {
   proto::JoinResponse join(const proto::JoinRequest& request, std::chrono::milliseconds timeout,
                            grpc::ClientContext* context = nullptr);
   // One heartbeat. Throws RpcError (FAILED_PRECONDITION when the round is stale).
-  void heartbeat(const std::string& node_id, int64_t round, std::chrono::milliseconds timeout);
+  proto::HeartbeatResponse heartbeat(const std::string& node_id, int64_t round,
+                                     std::chrono::milliseconds timeout);
   // Reports a failure; true when it became the round's root cause. Throws RpcError.
   bool report_failure(const std::string& node_id, int64_t round, const proto::Failure& failure,
                       std::chrono::milliseconds timeout);

@@ -69,7 +69,23 @@ class ParkedCall final : public grpc::ServerUnaryReactor {
 
 class RendezvousServer::State {
  public:
-  explicit State(RendezvousServerOptions options) : options_(std::move(options)) {}
+  explicit State(RendezvousServerOptions options) : options_(std::move(options)) {
+    round_ = options_.first_round;
+    outcome_.restart_count = options_.restarts_done;
+    for (const proto::Exclusion& x : options_.excluded) {
+      excluded_[node_key(x.host(), x.addr())] = x;
+      exclusion_order_.push_back(x);
+    }
+    if (options_.takeover_cause) {
+      root_ = *options_.takeover_cause;
+      if (options_.restarts_done > options_.max_restarts) {
+        outcome_.restart_count = options_.max_restarts;
+        outcome_.kind = JobEvent::FAILED;
+        phase_ = Phase::kFinished;
+        outcome_.root_cause = root_;
+      }
+    }
+  }
 
   const RendezvousServerOptions& options() const { return options_; }
   void set_kit(StoreServerKit* kit) { kit_ = kit; }
@@ -156,7 +172,13 @@ class RendezvousServer::State {
     check_stall_locked(lock);
     resp->set_current_round(round_);
     grpc::Status status = check_member_locked(req->node_id(), req->round());
-    if (status.ok()) members_[req->node_id()].last_seen = SteadyClock::now();
+    if (status.ok()) {
+      members_[req->node_id()].last_seen = SteadyClock::now();
+      resp->set_standby_addr(standby_addr_locked());
+      resp->set_restart_count(outcome_.restart_count);
+      resp->set_server_host(options_.host_name);
+      for (const proto::Exclusion& x : exclusion_order_) *resp->add_excluded() = x;
+    }
     return finish_now(ctx, status);
   }
 
@@ -266,6 +288,7 @@ class RendezvousServer::State {
           proto::Failure failure = node_failure_locked(
               id,
               fmt::format("node lost (no heartbeat for {})", format_duration(now - m.last_seen)));
+          if (every_other_node_silent_locked(now)) failure = own_node_cut_off_locked();
           m.lost = true;
           fail_round_locked(std::move(failure), lock);
           break;
@@ -584,6 +607,52 @@ class RendezvousServer::State {
       cv_.notify_all();
     }
     return done;
+  }
+
+  // The node that takes the job over if this server's node is lost: the lowest group rank of
+  // the round on another address than the server's.
+  std::string standby_addr_locked() const {
+    const std::string own = options_.bind_address.substr(0, options_.bind_address.rfind(':'));
+    const proto::NodeAssignment* best = nullptr;
+    for (const auto& [id, m] : members_) {
+      const auto& a = m.assignment;
+      if (a.addr() == own || (best != nullptr && best->group_rank() < a.group_rank())) continue;
+      best = &a;
+    }
+    return best == nullptr ? "" : best->addr();
+  }
+
+  // Every member on another address than the server's has been silent for half the bound or
+  // more, and there are two or more: it is this node that lost the network, not each of them.
+  bool every_other_node_silent_locked(SteadyClock::time_point now) const {
+    const std::string own = options_.bind_address.substr(0, options_.bind_address.rfind(':'));
+    const auto half = options_.heartbeat_interval * options_.heartbeat_misses / 2;
+    int remote = 0;
+    for (const auto& [id, m] : members_) {
+      if (m.assignment.addr() == own || m.done) continue;
+      if (now - m.last_seen < half) return false;
+      ++remote;
+    }
+    return remote >= 2;
+  }
+
+  proto::Failure own_node_cut_off_locked() const {
+    proto::Failure f;
+    const std::string own = options_.bind_address.substr(0, options_.bind_address.rfind(':'));
+    f.set_rank(-1);
+    f.set_host(options_.host_name);
+    f.set_addr(own);
+    f.set_group_rank(-1);
+    for (const auto& [id, m] : members_) {
+      if (m.assignment.addr() == own) {
+        f.set_node_id(id);
+        f.set_group_rank(m.assignment.group_rank());
+      }
+    }
+    f.set_reason(
+        "the rendezvous server's node lost contact with every other node at once (its link is "
+        "down, or the others' is)");
+    return f;
   }
 
   // The member whose ranks include RANK, or null.

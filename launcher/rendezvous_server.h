@@ -57,6 +57,14 @@ struct RendezvousServerOptions {
   // node lost — that node (by host and address) is refused for the rest of the job. When fewer
   // than min_nodes would be left the job fails instead, saying why.
   bool exclude_culprits = false;
+  // A standby taking the job over from a lost server: the job goes on at round FIRST_ROUND
+  // (the lost server's round + 1) with RESTARTS_DONE counted (the loss included), EXCLUDED
+  // refused, and TAKEOVER_CAUSE (the lost server's node) as the last round's root cause. When
+  // RESTARTS_DONE exceeds max_restarts the job has failed: every join is told so.
+  int64_t first_round = 0;
+  int restarts_done = 0;
+  std::vector<proto::Exclusion> excluded;
+  std::optional<proto::Failure> takeover_cause;
 };
 
 // Final state of a job as the server saw it.

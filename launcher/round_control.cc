@@ -48,6 +48,11 @@ std::optional<ControlEvent> RoundControl::take() {
   return e;
 }
 
+proto::HeartbeatResponse RoundControl::last_heartbeat() {
+  std::lock_guard lock(mu_);
+  return last_answer_;
+}
+
 void RoundControl::push(ControlEvent e) {
   {
     std::lock_guard lock(mu_);
@@ -62,31 +67,53 @@ void RoundControl::heartbeat_loop() {
   auto last_pass = last_ok;
   const auto bound = interval_ * misses_;
   std::unique_lock lock(mu_);
-  while (!cv_.wait_for(lock, interval_, [&] { return stopped_; })) {
+  for (;;) {
+    const bool stopping = cv_.wait_for(lock, interval_, [&] { return stopped_; });
     lock.unlock();
     if (const auto gap = SteadyClock::now() - last_pass; gap > bound) {
-      // Our own silence (SIGSTOP, a paused VM, CPU starvation), not the server's.
+      // Our own silence (SIGSTOP, a paused VM, CPU starvation), not the server's. Said even
+      // when the round's event, which the silence caused, stops this thread first.
       log_warn(kL,
                "this node did not run for {} (stopped or starved), longer than the "
                "heartbeat bound {}: the rendezvous server may have declared it lost",
                format_duration(gap), format_duration(bound));
       last_ok = SteadyClock::now();
     }
-    bool stale = false;
+    if (stopping) {
+      lock.lock();
+      return;
+    }
+    bool stale = false, refused = false;
     try {
-      client_.heartbeat(node_id_, round_, std::max(interval_, std::chrono::milliseconds(200)));
+      proto::HeartbeatResponse answer =
+          client_.heartbeat(node_id_, round_, std::max(interval_, std::chrono::milliseconds(200)));
       last_ok = SteadyClock::now();
+      std::lock_guard answer_lock(mu_);
+      last_answer_ = std::move(answer);
     } catch (const RpcError& e) {
       stale = e.code() == grpc::StatusCode::FAILED_PRECONDITION;
       if (e.code() == grpc::StatusCode::UNAUTHENTICATED) stale = true;
+      // The server's host answered that nothing listens there: its process is gone, which no
+      // wait for the bound would change.
+      refused = e.code() == grpc::StatusCode::UNAVAILABLE &&
+                e.message().find("onnection refused") != std::string::npos;
     }
     last_pass = SteadyClock::now();
+    if (refused) {
+      log_warn(kL,
+               "the rendezvous server {} refused the connection: it is gone; stopping this "
+               "node's workers",
+               client_.endpoint());
+      push({.server_lost = true, .refused = true, .event = {}});
+      lock.lock();
+      return;
+    }
     if (!stale && SteadyClock::now() - last_ok > bound) {
       log_warn(kL,
                "no answer from the rendezvous server {} for {} (the heartbeat bound): "
                "stopping this node's workers and joining the job again",
                client_.endpoint(), format_duration(SteadyClock::now() - last_ok));
-      push({.server_lost = true, .event = {}});
+      push({.server_lost = true, .refused = false, .event = {}});
       lock.lock();
       return;
     }
@@ -107,7 +134,7 @@ void RoundControl::watch_loop() {
       proto::JobEvent event = client_.wait_event(
           node_id_, round_, kEventPollLimit + std::chrono::seconds(5), context.get());
       if (event.kind() != proto::JobEvent::NONE) {
-        push({.server_lost = false, .event = event});
+        push({.server_lost = false, .refused = false, .event = event});
         return;
       }
     } catch (const RpcError& e) {

@@ -30,10 +30,11 @@ namespace tessel::launcher {
 // (RendezvousServerOptions::poll_limit); the agent's call waits 5 s longer.
 inline constexpr std::chrono::seconds kEventPollLimit{10};
 
-// What the control threads saw: the server lost (no heartbeat answered within the bound), or
-// the round's job event.
+// What the control threads saw: the server lost (no heartbeat answered within the bound, or
+// its host refused the connection: at once), or the round's job event.
 struct ControlEvent {
   bool server_lost = false;
+  bool refused = false;  // with server_lost: its host refused the connection (the server is gone)
   proto::JobEvent event;
 };
 
@@ -54,6 +55,8 @@ class RoundControl {
   void stop();
   // The oldest queued event, or nullopt when none is queued. Never blocks.
   std::optional<ControlEvent> take();
+  // The server's last answer to a heartbeat (what a standby needs to take the job over).
+  proto::HeartbeatResponse last_heartbeat();
 
  private:
   void push(ControlEvent e);
@@ -71,6 +74,7 @@ class RoundControl {
   bool stopped_ = false;                       // guarded by mu_
   std::shared_ptr<grpc::ClientContext> call_;  // guarded by mu_: the long-poll in flight
   std::deque<ControlEvent> events_;            // guarded by mu_
+  proto::HeartbeatResponse last_answer_;       // guarded by mu_
   std::thread heartbeat_;
   std::thread watcher_;
 };

@@ -79,7 +79,8 @@ class RecoveryTest : public ::testing::Test {
   }
 
   // Node i of a --nnodes 2:3 job (culprits excluded by default) training with `train`.
-  ChildProcess& start_node(int i, const std::vector<std::string>& train) {
+  ChildProcess& start_node(int i, const std::vector<std::string>& train,
+                           const std::vector<std::string>& flags = {}) {
     std::vector<std::string> argv{
         "ip", "netns", "exec", cluster_->ns(i), kRun, "--nnodes", "2:3", "--nproc-per-node", "2",
         "--rdzv-endpoint", NetnsCluster::addr(0) + ":29400", "--node-rank", std::to_string(i),
@@ -87,11 +88,26 @@ class RecoveryTest : public ::testing::Test {
         "--rdzv-timeout", "60s", "--hang-dump-timeout", "5s",
         // A bound that a busy machine (ctest -j2) does not miss.
         "--monitor-interval", "200ms", "--heartbeat-misses", "10", "--log-dir",
-        dir_ + "/node" + std::to_string(i), "--event-log", event_log(i), kWorker, "train", dir_};
+        dir_ + "/node" + std::to_string(i), "--event-log", event_log(i)};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.insert(argv.end(), {kWorker, "train", dir_});
     argv.insert(argv.end(), train.begin(), train.end());
     nodes_.push_back(std::make_unique<ChildProcess>(argv, std::vector<std::string>{marker_},
                                                     dir_ + "/out" + std::to_string(i)));
     return *nodes_.back();
+  }
+  // Once the step-4 checkpoint is committed, kills node I's agent with SIGKILL. Returns when
+  // (CLOCK_REALTIME ns), 0 when the checkpoint never came.
+  long long kill_agent_after_checkpoint(int i) {
+    if (!testing::wait_until([&] { return !testing::read_file(dir_ + "/ckpt/step_4").empty(); },
+                             60s)) {
+      ADD_FAILURE() << "no checkpoint at step 4: " << node(0).err();
+      return 0;
+    }
+    const long long at = realtime_ns();
+    node(i).signal(SIGKILL);
+    EXPECT_EQ(node(i).wait(10s), 128 + SIGKILL);
+    return at;
   }
   std::string event_log(int i) const { return dir_ + "/events" + std::to_string(i) + ".jsonl"; }
   ChildProcess& node(int i) { return *nodes_[static_cast<size_t>(i)]; }
@@ -196,12 +212,8 @@ TEST_F(RecoveryTest, HungRankOnNodeTwoTakesItOutAndTheJobResumesOnTwoNodes) {
 TEST_F(RecoveryTest, KilledAgentOfNodeTwoTakesItOutAndTheJobResumesOnTwoNodes) {
   const std::vector<std::string> train = {"40", "2", "-1", "0", "2", "50"};
   for (int i = 0; i < 3; ++i) start_node(i, train);
-  ASSERT_TRUE(
-      testing::wait_until([&] { return !testing::read_file(dir_ + "/ckpt/step_4").empty(); }, 60s))
-      << node(0).err();
-  const long long fault_ns = realtime_ns();
-  node(2).signal(SIGKILL);
-  EXPECT_EQ(node(2).wait(10s), 128 + SIGKILL);
+  const long long fault_ns = kill_agent_after_checkpoint(2);
+  ASSERT_GT(fault_ns, 0);
   expect_job_continued_on_nodes_0_and_1();
   EXPECT_NE(node(0).err().find("(the node was lost)"), std::string::npos) << node(0).err();
   const std::regex re(R"(resumed from step (\d+) world 4 attempt 1)");
@@ -213,6 +225,67 @@ TEST_F(RecoveryTest, KilledAgentOfNodeTwoTakesItOutAndTheJobResumesOnTwoNodes) {
   EXPECT_GE(std::stoi(m[1]), 4);
   std::printf("kill -9 of node 2's agent to the first resumed step: %.2f s\n",
               static_cast<double>(resumed.front().time_ns - fault_ns) / 1e9);
+}
+
+// Node 0's agent, which serves the rendezvous, is killed with SIGKILL: the others notice at once
+// (its host refuses the connection), name node 0, and go on under node 1, the standby the
+// server named in its heartbeat answers, from the latest checkpoint on nodes 1 and 2.
+TEST_F(RecoveryTest, KilledServerAgentOfNodeZeroHandsTheJobToTheStandby) {
+  const std::vector<std::string> train = {"40", "2", "-1", "0", "2", "50"};
+  for (int i = 0; i < 3; ++i) start_node(i, train);
+  const long long fault_ns = kill_agent_after_checkpoint(0);
+  ASSERT_GT(fault_ns, 0);
+  for (int i : {1, 2}) ASSERT_EQ(node(i).wait(120s), 0) << node(i).err();
+  EXPECT_NE(node(1).err().find("node 0 (10.77.1.1, host "), std::string::npos) << node(1).err();
+  EXPECT_NE(node(1).err().find("refused the connection"), std::string::npos) << node(1).err();
+  EXPECT_NE(node(1).err().find("at 10.77.1.2:29400 (this node serves it)"), std::string::npos)
+      << node(1).err();
+  EXPECT_NE(node(2).err().find("the job goes on with the rendezvous server at 10.77.1.2:29400"),
+            std::string::npos)
+      << node(2).err();
+  EXPECT_NE(node(2).err().find("round 1 started: 2 nodes, world size 4"), std::string::npos)
+      << node(2).err();
+  const std::regex re(R"(resumed from step (\d+) world 4 attempt 1)");
+  std::smatch m;
+  const std::string out = node(1).out();
+  ASSERT_TRUE(std::regex_search(out, m, re)) << out;
+  EXPECT_GE(std::stoi(m[1]), 4);
+  long long resumed_ns = 0;
+  for (const Step& s : rank0_steps(out)) {
+    if (s.attempt == 1 && resumed_ns == 0) resumed_ns = s.time_ns;
+  }
+  ASSERT_GT(resumed_ns, 0) << out;
+  std::printf("kill -9 of the server's agent (node 0) to the first resumed step: %.2f s\n",
+              static_cast<double>(resumed_ns - fault_ns) / 1e9);
+  EXPECT_TRUE(testing::wait_until([&] { return testing::pids_with_env(marker_).empty(); }, 30s));
+}
+
+// Node 0's link is cut: its server names its own node (not a healthy one), and after
+// --rdzv-connect-timeout the others go on under the standby, node 1, from the last checkpoint.
+TEST_F(RecoveryTest, CutLinkOfTheServersNodeIsNamedAndTheStandbyTakesOver) {
+  const std::vector<std::string> train = {"40", "2", "-1", "0", "2", "50"};
+  for (int i = 0; i < 3; ++i) start_node(i, train, {"--rdzv-connect-timeout", "3s"});
+  ASSERT_TRUE(
+      testing::wait_until([&] { return !testing::read_file(dir_ + "/ckpt/step_4").empty(); }, 60s))
+      << node(0).err();
+  cluster_->cut(0);
+  for (int i : {1, 2}) ASSERT_EQ(node(i).wait(120s), 0) << node(i).err();
+  EXPECT_NE(node(1).err().find("round 0 failed: round 0: node 0 (10.77.1.1, host "),
+            std::string::npos)
+      << node(1).err();
+  EXPECT_NE(node(1).err().find("at 10.77.1.2:29400 (this node serves it)"), std::string::npos)
+      << node(1).err();
+  EXPECT_NE(node(2).err().find("round 1 started: 2 nodes, world size 4"), std::string::npos)
+      << node(2).err();
+  EXPECT_TRUE(testing::wait_until(
+      [&] {
+        return node(0).err().find("lost contact with every other node at once") !=
+               std::string::npos;
+      },
+      30s))
+      << node(0).err();
+  EXPECT_EQ(node(0).err().find("round 0 failed: round 0: node 1"), std::string::npos)
+      << node(0).err();
 }
 
 }  // namespace
