@@ -58,6 +58,11 @@ TEST(ContextParallelTest, DpShardTimesCpTimesTpMatchesSingleProcess) {
   expect_parity({{2, 2, 2}, {"dp_shard", "cp", "tp"}});
 }
 
+// DDP over dp_shard and cp flattened (the replicas average the gradients of every slice).
+TEST(ContextParallelTest, CpTimesDdpMatchesSingleProcess) {
+  expect_parity({.shape = {2, 2, 1}, .names = {"dp_shard", "cp", "tp"}, .ddp = true});
+}
+
 TEST(ContextParallelTest, ShardBatchSlicesAndScalesTheLoss) {
   const parallel::CpLayout layout = parallel::cp_layout_load_balanced(16, 3);  // 3,3,3,3,2,2
   const Tensor x = reshape(arange(32), {2, 16}), docs = arange(16);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "tessel/collectives/threads/threads_backend.h"
 #include "tessel/nn/optim/adamw.h"
@@ -11,6 +12,7 @@
 #include "tessel/parallel/cp/gpt_cp.h"
 #include "tessel/parallel/dtensor/dtensor.h"
 #include "tessel/parallel/fsdp/clip_grad_norm.h"
+#include "tessel/parallel/fsdp/ddp.h"
 #include "tessel/parallel/fsdp/fsdp.h"
 #include "tessel/parallel/tp/gpt_plan.h"
 #include "tessel/parallel/tp/loss.h"
@@ -85,15 +87,20 @@ TpRun train_tensor_parallel(const std::shared_ptr<ProcessGroup>& world, const Tp
       gpt_tp_plan({.sequence_parallel = s.sequence_parallel, .overlap_chunks = s.overlap_chunks}));
   const std::vector<std::string> fsdp_dims(s.names.begin(), s.names.end() - 1);
   int64_t dp_size = 1, dp_rank = 0;
+  std::optional<DDPModule> ddp;  // s.ddp: the gradients averaged by DDP instead
   if (!fsdp_dims.empty()) {
     // FSDP shards over dp_shard and cp flattened together, as torchtitan folds them.
     const DeviceMesh dp = cp && fsdp_dims.size() > 1
                               ? mesh.flatten(fsdp_dims, "dp_shard_cp")["dp_shard_cp"]
                               : mesh.slice(fsdp_dims);
-    for (int64_t i = 0; i < config.n_layer; ++i) {
-      fully_shard(model.submodule("transformer.h").child(std::to_string(i)), dp);
+    if (s.ddp) {
+      ddp.emplace(replicate(model, dp));
+    } else {
+      for (int64_t i = 0; i < config.n_layer; ++i) {
+        fully_shard(model.submodule("transformer.h").child(std::to_string(i)), dp);
+      }
+      fully_shard(model, dp);
     }
-    fully_shard(model, dp);
     for (const std::string& d : fsdp_dims) {
       if (d == "cp") continue;  // cp ranks hold slices of the same sequences
       dp_rank = dp_rank * mesh.size(d) + mesh.local_rank(d);

@@ -35,6 +35,7 @@ struct TpSetup {
   int64_t overlap_chunks = 0;
   int steps = 20;
   Device device = Device::cpu();  // where the model is split and trains
+  bool ddp = false;               // replicate (DDP) over the dimensions before "tp" instead of FSDP
 };
 
 // One rank's training under gpt_tp_plan (then FSDP over the dimensions before "tp"): every rank
