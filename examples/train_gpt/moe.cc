@@ -52,12 +52,14 @@ void check_moe_flags(const Flags& f) {
 
 std::shared_ptr<ExpertParallel> parallelize_moe(nn::Module& model, const Flags& f,
                                                 const Layout& l) {
-  if (f.ep <= 1 || !l.mesh) return nullptr;
+  // Under data parallelism even ep 1 installs the dispatcher: it sums the per-expert counts over
+  // the ranks, so that routing and the balancing bias are one process's (and equal everywhere).
+  if (!l.mesh || f.model != "llama-moe") return nullptr;
   const DeviceMesh moe_mesh = carve_ep_mesh(*l.mesh, f.ep);  // (dp_replicate, efsdp, ep)
   auto ep = std::make_shared<ExpertParallel>(
       parallelize_experts(model, moe_mesh, {.data_dims = {"efsdp", "ep"}}));
   for (nn::MoE* moe : ep->layers()) fully_shard(moe->child("experts"), moe_mesh["efsdp"]);
-  if (l.world->rank() == 0) {
+  if (l.world->rank() == 0 && f.ep > 1) {
     fmt::print("expert parallel: ep {} x efsdp {}, {} experts per rank, ep groups of ranks {}\n",
                f.ep, moe_mesh.size("efsdp"), f.experts / f.ep,
                fmt::join(moe_mesh["ep"].ranks(), "+"));

@@ -27,8 +27,9 @@ nn::LlamaMoEConfig moe_config(const Flags& f);
 // experts dividing over ep. Throws InvalidArgument naming the flag.
 void check_moe_flags(const Flags& f);
 
-// Expert parallelism over --ep ranks of dp_shard when ep > 1 (before FSDP), and FSDP of the
-// experts over what is left (efsdp); null for ep 1 or a model without MoE layers.
+// Expert parallelism over --ep ranks of dp_shard (before FSDP; with ep 1 only the per-expert
+// counts are summed over the ranks), and FSDP of the experts over what is left (efsdp); null in
+// one process or for a model without MoE layers.
 std::shared_ptr<ExpertParallel> parallelize_moe(nn::Module& model, const Flags& f, const Layout& l);
 
 // The MoE layers' statistics of each step, for the log. Every rank calls after_step().

@@ -122,6 +122,13 @@ Tensor AllToAllDispatcher::dispatch(const Tensor& xs, const std::vector<int64_t>
                InvalidArgument,
                "AllToAllDispatcher::dispatch: {} counts summing to {} for {} experts and rows {}",
                counts.size(), sum_of(counts), num_experts_, xs.str());
+  if (P == 1) {  // every expert is here: no exchange, the rows stay in order
+    send_rows_ = recv_rows_ = {xs.size(0)};
+    by_source_.clear();
+    offsets->assign(1, 0);
+    for (int64_t c : counts) offsets->push_back(offsets->back() + c);
+    return xs;
+  }
   // 1. The split sizes: rank j learns how many rows of each of its L experts each rank sends.
   Tensor sent = to(from_vector<int64_t>(counts), ep_->default_device());
   Tensor got = empty({num_experts_}, DType::kI64, ep_->default_device());
@@ -176,6 +183,7 @@ Tensor AllToAllDispatcher::combine(const Tensor& ys) {
   TESSEL_CHECK(ys.dim() >= 1 && ys.size(0) == sum_of(recv_rows_), InvalidArgument,
                "AllToAllDispatcher::combine: expected the {} rows of the last dispatch, got {}",
                sum_of(recv_rows_), ys.str());
+  if (ep_->size() == 1) return ys;
   // 4. Back to [source][local expert], then 5. home to the rank each row came from.
   return all_to_all_rows_timed(gather_rows(ys, by_source_), ep_, recv_rows_, send_rows_, stats_);
 }

@@ -12,6 +12,8 @@
 //   5. all_to_all of the outputs (splits swapped)    all_to_all of the gradient, as in 2
 //
 // and, for the load statistics, one all_reduce of the E counts over the data-parallel ranks.
+// With an ep group of one rank nothing is exchanged (only the counts are summed): the way to
+// keep routing and the balancing bias those of one process under plain data parallelism.
 
 #include <chrono>
 #include <cstdint>

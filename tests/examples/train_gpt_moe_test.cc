@@ -1,7 +1,8 @@
 // train_gpt --model llama-moe as a user runs it: 20 steps of a tiny MoE Llama on 4 Gloo
 // processes under tessel-run with --ep 2 (experts over 2 ranks, FSDP over the other 2) print the
 // losses of one process within f32 relative 1e-5 and the same per-expert counts every step
-// (--log-json's moe_counts, with moe_imbalance = max / mean); a run checkpointed at --ep 4
+// (--log-json's moe_counts, with moe_imbalance = max / mean), as does --ep 1 (plain FSDP, the
+// counts summed over the ranks); a run checkpointed at --ep 4
 // resumes at --ep 2 with the one-process losses; experts that do not divide over --ep and --ep
 // without an MoE model fail naming the flags.
 #include <fmt/format.h>
@@ -97,6 +98,11 @@ TEST_F(TrainGptMoeTest, ExpertParallelOnFourRanksMatchesOneProcess) {
     EXPECT_EQ(total, 8 * 32 * 2) << "every token's two choices, step " << step;
     EXPECT_NEAR(s.imbalance[0], *std::max_element(c.begin(), c.end()) * 8.0 / total, 1e-4);
   }
+
+  // --ep 1: plain FSDP, the counts still summed over the ranks.
+  Result dp = run(on_four_ranks(), training(20, "ep1.jsonl", {"--ep", "1"}));
+  ASSERT_EQ(dp.status, 0) << dp.out << dp.err;
+  expect_same_run("ep1.jsonl", "one.jsonl", 1, 20);
 
   Result ep = run(on_four_ranks(), training(20, "ep2.jsonl", {"--ep", "2"}));
   ASSERT_EQ(ep.status, 0) << ep.out << ep.err;
