@@ -100,7 +100,7 @@ ExpertParallel parallelize_experts(nn::Module& model, const DeviceMesh& mesh,
   // dispatchers make their groups on the first forward (every rank, in the same order).
   const DeviceMesh ep_mesh = mesh[options.ep_dim];
   const DeviceMesh data_mesh =
-      data_dims.size() == 1 ? mesh[data_dims[0]] : mesh.flatten(data_dims, "ep_data");
+      data_dims.size() == 1 ? mesh[data_dims[0]] : mesh.flatten(data_dims, "ep_data")["ep_data"];
   ExpertParallel out;
   out.ep_ = ep;
   for (const auto& [name, moe] : layers) {
