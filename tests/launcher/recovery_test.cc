@@ -159,7 +159,12 @@ class RecoveryTest : public ::testing::Test {
 TEST_F(RecoveryTest, HungRankOnNodeTwoTakesItOutAndTheJobResumesOnTwoNodes) {
   // train DIR STEPS EVERY HANG_RANK HANG_STEP TIMEOUT_S PACE_MS
   const std::vector<std::string> train = {"10", "2", "5", "5", "2", "0"};
-  for (int i = 0; i < 3; ++i) start_node(i, train);
+  // Every node is given the hook; only the agent that serves the rendezvous runs it.
+  const std::string hook =
+      "echo \"$TESSEL_EXCLUDED_ADDR ranks $TESSEL_EXCLUDED_RANKS round $TESSEL_EXCLUDED_ROUND\" "
+      ">> " +
+      dir_ + "/excluded.txt";
+  for (int i = 0; i < 3; ++i) start_node(i, train, {"--on-exclude", hook});
   const std::regex hang_re(R"(hanging at step 5 time_ns (\d+))");
   std::smatch m;
   ASSERT_TRUE(testing::wait_until(
@@ -183,6 +188,7 @@ TEST_F(RecoveryTest, HungRankOnNodeTwoTakesItOutAndTheJobResumesOnTwoNodes) {
       << node(2).err();
   expect_job_continued_on_nodes_0_and_1();
   EXPECT_NE(node(0).err().find("culprit ranks 5"), std::string::npos) << node(0).err();
+  EXPECT_EQ(testing::read_file(dir_ + "/excluded.txt"), "10.77.1.3 ranks 5 round 0\n");
   EXPECT_NE(node(0).out().find("resumed from step 4 world 4 attempt 1"), std::string::npos)
       << node(0).out();
   const std::vector<Step> resumed = resumed_steps(4);
