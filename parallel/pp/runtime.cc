@@ -314,12 +314,20 @@ std::vector<Tensor> PipelineRuntime::norm_parameters() const {
 
 namespace {
 
+// Throws InvalidArgument unless dim 0 of `t` divides into m micro-batches.
+void check_batch(const Tensor& t, int m, const char* what) {
+  TESSEL_CHECK(t.defined() && t.dim() >= 1, InvalidArgument,
+               "pipeline step: the {} are {}; expected a batch with rows on dim 0", what,
+               t.defined() ? shape_str(t.shape()) : std::string("undefined"));
+  TESSEL_CHECK(t.size(0) >= m && t.size(0) % m == 0, InvalidArgument,
+               "pipeline step: the {} {} have {} rows, which the schedule's {} micro-batches do "
+               "not divide; use a batch of a multiple of {} rows",
+               what, shape_str(t.shape()), t.size(0), m, m);
+}
+
 // Cuts dim 0 of a batch into m contiguous micro-batches.
 std::vector<Tensor> split_batch(const Tensor& t, int m, const char* what) {
-  TESSEL_CHECK(t.defined() && t.dim() >= 1 && t.size(0) >= m && t.size(0) % m == 0, InvalidArgument,
-               "pipeline step: the {} {} need a batch dimension (dim 0) that the schedule's {} "
-               "micro-batches divide",
-               what, t.defined() ? t.str() : std::string("(undefined)"), m);
+  check_batch(t, m, what);
   const int64_t rows = t.size(0) / m;
   std::vector<Tensor> out;
   for (int i = 0; i < m; ++i) out.push_back(contiguous(narrow(t, 0, i * rows, rows)));
@@ -335,6 +343,10 @@ double PipelineRuntime::step(const Tensor& inputs, const Tensor& targets) {
   const size_t L = stages_.size();
   const bool has_first = I.local_index.count(0) != 0;
   const bool has_last = I.local_index.count(S - 1) != 0;
+  // Every rank checks what it is given, so a batch m does not divide fails on every rank it
+  // is passed to, before anything is sent.
+  if (inputs.defined()) check_batch(inputs, m, "inputs");
+  if (targets.defined()) check_batch(targets, m, "targets");
   I.inputs = has_first ? split_batch(inputs, m, "inputs") : std::vector<Tensor>{};
   I.targets = has_last ? split_batch(targets, m, "targets") : std::vector<Tensor>{};
   for (const auto& st : stages_) st.module->zero_grad();

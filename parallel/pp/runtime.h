@@ -108,8 +108,10 @@ class PipelineRuntime {
   // One training step over the global batch: zeroes the local stages' gradients, runs this
   // rank's actions in order, and returns the batch's mean loss on every rank (a broadcast from
   // the last stage's rank). `inputs` is read on the rank of stage 0 and `targets` on the rank of
-  // the last stage (others may pass undefined tensors); dim 0 is the batch and must divide by m
-  // (InvalidArgument otherwise). Blocking; every rank of the group calls it.
+  // the last stage (others may pass undefined tensors); dim 0 is the batch and must divide by m,
+  // checked on every rank that is given them (InvalidArgument otherwise, before anything is
+  // sent: pass the batch on every rank and every rank fails alike). Blocking; every rank of the
+  // group calls it.
   double step(const Tensor& inputs, const Tensor& targets);
 
   // The local stages' parameters, each tensor once (what the optimizer updates).

@@ -398,14 +398,28 @@ TEST(PipelineRuntimeErrorTest, StagesNotTheSchedulesFail) {
   });
 }
 
-TEST(PipelineRuntimeErrorTest, BatchNotDivisibleByMicroBatches) {
-  threads::run_ranks(1, [&](ProcessGroup& pg) {
-    auto stages = make_gpt_stages(tiny_config(), {6}, 0, 1);
-    PipelineRuntime runtime(pg.shared_from_this(), make_gpipe(1, 3), {{0, stages[0]}},
+// Given the batch, every rank fails (a middle stage too), naming the shape, before any send.
+TEST(PipelineRuntimeErrorTest, BatchNotDivisibleByMicroBatchesFailsOnEveryRank) {
+  std::vector<std::string> errors(3);
+  std::mutex mu;
+  threads::run_ranks(3, [&](ProcessGroup& pg) {
+    PipelineRuntime runtime(pg.shared_from_this(), make_gpipe(3, 3),
+                            local_stages(make_gpt_stages(tiny_config(), {2, 2, 2}, pg.rank(), 3)),
                             nn::GPT::loss);
-    auto [x, y] = batch(0);
-    EXPECT_THROW(runtime.step(x, y), InvalidArgument);
+    auto [x, y] = batch(0);  // 8 rows for 3 micro-batches
+    try {
+      runtime.step(x, y);
+    } catch (const InvalidArgument& e) {
+      std::lock_guard lock(mu);
+      errors[static_cast<size_t>(pg.rank())] = e.what();
+    }
   });
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("the inputs (8, 8) have 8 rows, which the schedule's 3 micro-batches do not "
+                     "divide"),
+              std::string::npos)
+        << e;
+  }
 }
 
 // Stages hold only their own layers, with the whole model's names and initial values.
