@@ -1,0 +1,85 @@
+// train_gpt --cp as a user runs it: 20 steps of a tiny GPT on 4 Gloo processes under tessel-run
+// at --cp 2 --dp-shard 2 and at --cp 4 (every sequence split over the ranks, ring attention,
+// FSDP over dp_shard x cp) print the losses of one process within f32 relative 1e-5; flags that
+// do not go with --cp fail naming them.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tests/examples/train_gpt_run.h"
+
+namespace {
+
+using namespace train_gpt_test;
+
+class TrainGptCpTest : public TrainGptRunTest {
+ protected:
+  TrainGptCpTest() : TrainGptRunTest("train_gpt_cp") {}
+
+  std::vector<std::string> training(const std::string& log,
+                                    std::vector<std::string> more = {}) const {
+    std::vector<std::string> args = {"--threads",    "1",
+                                     "--steps",      "20",
+                                     "--batch",      "8",
+                                     "--seq",        "32",
+                                     "--layers",     "2",
+                                     "--embd",       "32",
+                                     "--heads",      "4",
+                                     "--sample",     "0",
+                                     "--log-every",  "10",
+                                     "--log-json",   log,
+                                     "--checkpoint", (dir_ / (log + ".st")).string()};
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  }
+
+  std::map<int, double> losses(const std::string& name) const {
+    std::map<int, double> out;
+    std::ifstream in(dir_ / name);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("loss")) out[j["step"].get<int>()] = j["loss"].get<double>();
+    }
+    return out;
+  }
+};
+
+TEST_F(TrainGptCpTest, ContextParallelRunsMatchOneProcess) {
+  Result one = run(TRAIN_GPT_PATH, training("one.jsonl"));
+  ASSERT_EQ(one.status, 0) << one.err;
+  Result cp2 = run(on_four_ranks(), training("cp2.jsonl", {"--cp", "2", "--dp-shard", "2"}));
+  ASSERT_EQ(cp2.status, 0) << cp2.out << cp2.err;
+  EXPECT_NE(cp2.out.find("FSDP x context parallel (cp 2) over 4 ranks"), std::string::npos)
+      << cp2.out;
+  Result cp4 = run(on_four_ranks(), training("cp4.jsonl", {"--cp", "4"}));
+  ASSERT_EQ(cp4.status, 0) << cp4.out << cp4.err;
+  const auto want = losses("one.jsonl");
+  ASSERT_EQ(want.size(), 20u);
+  for (const std::string log : {"cp2.jsonl", "cp4.jsonl"}) {
+    const auto got = losses(log);
+    ASSERT_EQ(got.size(), 20u) << log;
+    for (const auto& [step, loss] : want) {
+      EXPECT_NEAR(got.at(step), loss, 1e-5 * loss) << log << " step " << step;
+    }
+  }
+}
+
+TEST_F(TrainGptCpTest, FlagsThatDoNotGoWithCpAreNamed) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--cp", "2", "--model", "llama"}, "it needs --model gpt"},
+      {{"--cp", "2", "--ddp"}, "drop --ddp"},
+      {{"--cp", "3"}, "make --seq 32 a multiple of 6"},
+  };
+  for (const auto& [flags, message] : cases) {
+    Result r = run(TRAIN_GPT_PATH, training("bad.jsonl", flags));
+    EXPECT_NE(r.status, 0) << fmt::format("{}", fmt::join(flags, " "));
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+  }
+}
+
+}  // namespace
