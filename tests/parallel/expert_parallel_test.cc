@@ -1,12 +1,13 @@
 // Expert parallelism (parallel/ep/) on rank threads against one process: an MoE Llama trained
-// 20 AdamW steps with its experts over ep = 1, 2 and 4 ranks (ep carved from dp_shard, the
-// experts FSDP-sharded over what remains, the dense layers FSDP over all of dp_shard) gives the
-// one-process loss at every step (f32, relative 1e-5: the reductions reorder sums), the same
-// first-step gradient of every parameter, and routes exactly as one process does (every step's
-// per-expert counts equal). The all-to-all of uneven row splits and its backward; bad input
-// (experts that do not divide over ep, top_k above the expert count, ep that does not divide the
-// mesh, a capacity factor) refused on every rank before any collective; and a checkpoint saved at
-// ep = 4 resuming at ep = 2.
+// 20 AdamW steps with its experts over ep = 1 (3 ranks), 2 and 4 ranks (ep carved from dp_shard,
+// the experts FSDP-sharded over what remains, the dense layers FSDP over all of dp_shard, and
+// once with tensor parallelism on the dense layers) gives the one-process loss at every step
+// (f32, relative 1e-5: the reductions reorder sums), the same first-step gradient of every
+// parameter, and routes exactly as one process does (every step's per-expert counts equal, the
+// same balancing bias on every rank). Also: the all-to-all of uneven row splits and its
+// backward; bad input (experts that do not divide over ep, top_k above the expert count, ep that
+// does not divide the mesh, a capacity factor) refused on every rank before any collective; and
+// a checkpoint saved at ep = 4 resuming at ep = 2.
 #include "tessel/parallel/ep/expert_parallel.h"
 
 #include <fmt/format.h>
@@ -160,7 +161,8 @@ Parallel build(ProcessGroup& pg, const nn::LlamaConfig& config, int64_t ep, int6
 // step `save_at` into `save_to` when given; rank 0's record is returned through `out`.
 void train_rank(ProcessGroup& pg, const nn::LlamaConfig& config, int64_t ep, Record* out,
                 const std::string& load_from = "", const std::string& save_to = "",
-                int save_at = -1, int64_t tp = 1) {
+                int save_at = -1, int64_t tp = 1,
+                std::vector<std::vector<float>>* biases = nullptr) {
   Parallel p = build(pg, config, ep, tp);
   nn::Llama& model = *p.model;
   const nn::StateDict whole = nn::Llama(config).state_dict();
@@ -197,6 +199,9 @@ void train_rank(ProcessGroup& pg, const nn::LlamaConfig& config, int64_t ep, Rec
     }
   }
   run.stats = p.ep.stats();
+  if (biases != nullptr) {  // every rank's balancing bias after the last step
+    (*biases)[pg.rank()] = to_vector<float>(model.moe_layers().back()->buffer("expert_bias"));
+  }
   if (pg.rank() == 0) *out = std::move(run);
 }
 
@@ -219,10 +224,14 @@ void expect_matches_one_process(const Setup& s) {
   const Record& want = reference();
   ASSERT_LT(want.losses.back(), want.losses.front() - 0.5) << "the data teaches nothing";
   Record got;
+  std::vector<std::vector<float>> biases(static_cast<size_t>(s.world));
   threads::run_ranks(s.world, [&](ProcessGroup& pg) {
-    train_rank(pg, config_of(), s.ep, &got, "", "", -1, s.tp);
+    train_rank(pg, config_of(), s.ep, &got, "", "", -1, s.tp, &biases);
   });
   expect_parity(got, want);
+  // Every rank routes alike: the same bias (moved by the same counts) everywhere, not zero.
+  EXPECT_NE(biases[0], std::vector<float>(biases[0].size(), 0.0f));
+  for (int r = 1; r < s.world; ++r) EXPECT_EQ(biases[r], biases[0]) << "rank " << r;
   ASSERT_EQ(got.grads.size(), want.grads.size());
   for (const auto& [name, w] : want.grads) {
     ASSERT_TRUE(got.grads.count(name)) << name;
