@@ -773,9 +773,10 @@ class RendezvousServer::State {
         root_.rank() >= 0 && root_.signal() == 0 && root_.exit_code() == kConfigurationExitCode;
     if (unfit) {
       root_.set_outcome_note(fmt::format(
-          "rank {} exited {}: its configuration cannot work with {} ranks on {} nodes (its "
+          "rank {} exited {}: its configuration cannot work with {} ranks on {} node{} (its "
           "message says why); a restart would repeat it, so the job ends here",
-          root_.rank(), kConfigurationExitCode, world_size_, members_.size()));
+          root_.rank(), kConfigurationExitCode, world_size_, members_.size(),
+          members_.size() == 1 ? "" : "s"));
       log_error(kL, "{}", root_.outcome_note());
     }
     const bool fatal = interrupted || unfit;
