@@ -71,6 +71,30 @@ std::vector<std::shared_ptr<GptStage>> make_gpt_stages(const nn::GptConfig& conf
                                                    rank, num_ranks, device, "GPT");
 }
 
+ParallelizePlan gpt_stage_tp_plan(const GptStage& stage, const GptTpOptions& options) {
+  TESSEL_CHECK(!options.sequence_parallel, InvalidArgument,
+               "gpt_stage_tp_plan: sequence parallelism across pipeline stages is not supported "
+               "yet (stage {} would send sequence shards)",
+               stage.stage());
+  const nn::Module& transformer = stage.child("transformer");
+  auto holds = [&](std::string_view name) {
+    for (const auto& [child_name, child] : transformer.children()) {
+      if (child_name == name) return true;
+    }
+    return false;
+  };
+  ParallelizePlan plan;
+  for (auto& [path, style] : gpt_tp_plan(options)) {
+    // "transformer.<child>..." with <child> "h" for the blocks.
+    const std::string_view rest =
+        std::string_view(path).substr(std::string_view("transformer.").size());
+    const std::string_view child = rest.substr(0, rest.find('.'));
+    const bool keep = child == "h" ? stage.num_blocks() > 0 : holds(child);
+    if (keep) plan.emplace_back(path, style);
+  }
+  return plan;
+}
+
 std::vector<std::string> gpt_tied_parameters() { return {"transformer.wte.weight"}; }
 
 }  // namespace tessel::pp

@@ -21,6 +21,7 @@
 
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/module.h"
+#include "tessel/parallel/tp/gpt_plan.h"
 #include "tessel/tensor/device.h"
 
 namespace tessel::pp {
@@ -57,6 +58,14 @@ std::vector<std::shared_ptr<GptStage>> make_gpt_stages(const nn::GptConfig& conf
                                                        const std::vector<int>& layout, int rank,
                                                        int num_ranks,
                                                        Device device = Device::cpu());
+
+// The tensor-parallel plan of one stage: gpt_tp_plan's entries for the modules the stage holds
+// (the embeddings on stage 0, the blocks, ln_f on the last stage; the last stage's copy of wte is
+// split by vocabulary as the whole model's is, so its logits come out split and the loss is
+// loss_parallel_cross_entropy). Apply it with parallelize_module(*stage, mesh["tp"], plan)
+// before making the runtime. Throws InvalidArgument for sequence parallelism (a stage boundary
+// would carry sequence shards; not supported yet).
+ParallelizePlan gpt_stage_tp_plan(const GptStage& stage, const GptTpOptions& options = {});
 
 // The parameters shared by stage 0 and the last stage: {"transformer.wte.weight"}.
 std::vector<std::string> gpt_tied_parameters();

@@ -30,6 +30,7 @@
 #include "tessel/parallel/pp/schedule_generate.h"
 #include "tessel/parallel/pp/schedule_validate.h"
 #include "tessel/parallel/pp/stage_layout.h"
+#include "tessel/parallel/tp/loss.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
 
@@ -258,6 +259,91 @@ TEST(PipelineFsdpTest, Pp2DpShard2MatchesOneProcessGatheringOncePerStep) {
 
 TEST(PipelineFsdpTest, GatheringPerMicroBatchAlsoMatches) {
   train_with_fsdp(/*gather_once=*/false, 5);
+}
+
+// (pp, tp) = (2, 2): each stage split by gpt_stage_tp_plan over its tp pair, the logits split
+// by vocabulary into loss_parallel_cross_entropy; the losses match one process.
+TEST(PipelineTpTest, Pp2Tp2MatchesOneProcess) {
+  const int pp = 2, tp = 2;
+  const PipelineSchedule schedule = make_1f1b(pp, 4);
+  std::vector<std::vector<double>> losses(pp * tp);
+  std::mutex mu;
+  threads::run_ranks(pp * tp, [&](ProcessGroup& pg) {
+    DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {pp, tp}, {"pp", "tp"});
+    const int stage_rank = static_cast<int>(mesh.local_rank("pp"));
+    auto stages = make_gpt_stages(tiny_config(), {2, 4}, stage_rank, pp);
+    for (auto& s : stages) parallelize_module(*s, mesh["tp"], gpt_stage_tp_plan(*s));
+    const DeviceMesh tp_mesh = mesh["tp"];
+    const int64_t vocab = tiny_config().vocab_size;
+    Trainer trainer(
+        mesh.group("pp"), schedule, local_stages(stages),
+        [tp_mesh, vocab](const Tensor& logits, const Tensor& y) {
+          return loss_parallel_cross_entropy(logits, y, tp_mesh, vocab);
+        },
+        gpt_tied_parameters());
+    std::vector<double> mine;
+    for (int step = 0; step < kSteps; ++step) {
+      auto [x, y] = batch(step);
+      mine.push_back(trainer.runtime().step(x, y));
+    }
+    std::lock_guard lock(mu);
+    losses[static_cast<size_t>(pg.rank())] = mine;
+  });
+  const auto& ref = reference_losses();
+  for (const auto& l : losses) {
+    ASSERT_EQ(l.size(), ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      EXPECT_NEAR(l[i], ref[i], kTolerance * std::abs(ref[i])) << "step " << i;
+    }
+  }
+  EXPECT_THROW(
+      gpt_stage_tp_plan(*make_gpt_stages(tiny_config(), {6}, 0, 1)[0], {.sequence_parallel = true}),
+      InvalidArgument);
+}
+
+// (pp, dp_shard, tp) = (2, 2, 2) on 8 rank threads: tensor parallelism inside each stage, FSDP
+// over dp_shard (each dp rank on half the batch), the pipeline over pp; 10 steps against one
+// process.
+TEST(PipelineTpTest, ThreeDimensionalMatchesOneProcess) {
+  const int pp = 2, dp = 2, tp = 2, steps = 10;
+  const PipelineSchedule schedule = make_interleaved_1f1b(pp, 2, 2);
+  std::vector<std::vector<double>> losses(pp * dp * tp);
+  std::mutex mu;
+  threads::run_ranks(pp * dp * tp, [&](ProcessGroup& pg) {
+    DeviceMesh mesh =
+        init_device_mesh(pg.shared_from_this(), {pp, dp, tp}, {"pp", "dp_shard", "tp"});
+    const int stage_rank = static_cast<int>(mesh.local_rank("pp"));
+    const int dp_rank = static_cast<int>(mesh.local_rank("dp_shard"));
+    auto stages = make_gpt_stages(tiny_config(), {1, 2, 2, 1}, stage_rank, pp);
+    for (auto& s : stages) {
+      parallelize_module(*s, mesh["tp"], gpt_stage_tp_plan(*s));
+      fully_shard(*s, mesh["dp_shard"]);
+    }
+    const DeviceMesh tp_mesh = mesh["tp"];
+    const int64_t vocab = tiny_config().vocab_size;
+    Trainer trainer(
+        mesh.group("pp"), schedule, local_stages(stages),
+        [tp_mesh, vocab](const Tensor& logits, const Tensor& y) {
+          return loss_parallel_cross_entropy(logits, y, tp_mesh, vocab);
+        },
+        gpt_tied_parameters());
+    std::vector<double> mine;
+    for (int step = 0; step < steps; ++step) {
+      auto [x, y] = batch(step);
+      const int64_t rows = kBatch / dp;
+      mine.push_back(trainer.runtime().step(contiguous(narrow(x, 0, dp_rank * rows, rows)),
+                                            contiguous(narrow(y, 0, dp_rank * rows, rows))));
+    }
+    std::lock_guard lock(mu);
+    losses[static_cast<size_t>(pg.rank())] = mine;
+  });
+  const auto& ref = reference_losses();
+  for (int step = 0; step < steps; ++step) {
+    double sum = 0;
+    for (const auto& l : losses) sum += l[static_cast<size_t>(step)];
+    const double mean = sum / static_cast<double>(losses.size());  // the dp halves' mean
+    EXPECT_NEAR(mean, ref[static_cast<size_t>(step)], kTolerance * std::abs(ref[step])) << step;
+  }
 }
 
 // The Llama's stages: 3 layers over 2 ranks, untied with 1F1B and tied (the LM head on the last
