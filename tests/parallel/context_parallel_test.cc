@@ -33,17 +33,8 @@
 namespace tessel {
 namespace {
 
-using testing::TpRun;
-using testing::TpSetup;
-
-const TpRun& single() {
-  static const TpRun run = testing::train_single_process(20);
-  return run;
-}
-
-void expect_parity(const TpSetup& setup) {
-  const TpRun got = testing::train_tensor_parallel_threads(setup);
-  const std::string error = testing::parity_error(got, single());
+void expect_parity(const testing::TpSetup& setup) {
+  const std::string error = testing::threads_parity_error(setup);
   EXPECT_TRUE(error.empty()) << error;
 }
 

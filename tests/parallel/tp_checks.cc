@@ -147,6 +147,15 @@ TpRun train_tensor_parallel_threads(const TpSetup& setup) {
   return got;
 }
 
+std::string threads_parity_error(const TpSetup& setup) {
+  static std::map<int, TpRun> singles;  // by step count; tests run one at a time
+  auto it = singles.find(setup.steps);
+  if (it == singles.end()) {
+    it = singles.emplace(setup.steps, train_single_process(setup.steps)).first;
+  }
+  return parity_error(train_tensor_parallel_threads(setup), it->second);
+}
+
 std::string parity_error(const TpRun& got, const TpRun& want, double loss_rtol, double grad_tol) {
   if (want.losses.back() > want.losses.front() - 1.0) {
     return fmt::format(

@@ -52,4 +52,8 @@ TpRun train_tensor_parallel_threads(const TpSetup& setup);
 std::string parity_error(const TpRun& got, const TpRun& want, double loss_rtol = 1e-5,
                          double grad_tol = 1e-5);
 
+// parity_error of train_tensor_parallel_threads(setup) against single-process training of as
+// many steps on the CPU (one single run per step count, kept for the process's lifetime).
+std::string threads_parity_error(const TpSetup& setup);
+
 }  // namespace tessel::testing
