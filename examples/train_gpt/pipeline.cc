@@ -24,6 +24,8 @@
 #include "tessel/parallel/pp/runtime.h"
 #include "tessel/parallel/pp/schedule_generate.h"
 #include "tessel/parallel/pp/stage_layout.h"
+#include "tessel/parallel/tp/loss.h"
+#include "tessel/parallel/tp/parallelize.h"
 #include "tessel/tensor/thread_pool.h"
 
 namespace tessel::train_gpt {
@@ -63,7 +65,7 @@ void check_pipeline_flags(const Flags& f, const PipelineFlags& p) {
                  p.pp, flag);
   };
   unsupported(f.model != "gpt", "--model " + f.model);
-  unsupported(f.tp > 1, "--tp");
+  unsupported(f.sequence_parallel, "--sequence-parallel");
   unsupported(f.ddp, "--ddp");
   unsupported(f.dp_replicate > 1, "--dp-replicate");
   unsupported(!f.checkpoint_dir.empty() || f.resume, "--checkpoint-dir / --resume");
@@ -79,8 +81,9 @@ void check_pipeline_flags(const Flags& f, const PipelineFlags& p) {
   TESSEL_CHECK(p.schedule == "interleaved-1f1b" || p.virtual_stages <= 1, InvalidArgument,
                "--pp-virtual-stages {} needs --pp-schedule interleaved-1f1b", p.virtual_stages);
   const LaunchEnv env = read_launch_env();
-  TESSEL_CHECK(env.world_size % p.pp == 0, InvalidArgument,
-               "--pp {} does not divide the {} ranks the launcher started", p.pp, env.world_size);
+  TESSEL_CHECK(env.world_size % (p.pp * f.tp) == 0, InvalidArgument,
+               "--pp {} x --tp {} does not divide the {} ranks the launcher started", p.pp, f.tp,
+               env.world_size);
   // The schedule and the layout fail here, before any rank starts, when they cannot work.
   const auto schedule = pp::make_schedule(p.schedule, static_cast<int>(p.pp), static_cast<int>(m),
                                           static_cast<int>(virtual_stages(p)));
@@ -95,14 +98,15 @@ int run_pipeline(const Flags& f, const PipelineFlags& p) {
   const int P = static_cast<int>(p.pp);
   const int m = static_cast<int>(microbatches(p));
   std::shared_ptr<ProcessGroup> world = init_process_group({.device = Device::cpu()});
-  const int64_t dp = world->size() / P;
-  DeviceMesh mesh = init_device_mesh(world, {P, dp}, {"pp", "dp_shard"});
+  const int64_t tp = f.tp;
+  const int64_t dp = world->size() / (P * tp);
+  DeviceMesh mesh = init_device_mesh(world, {P, dp, tp}, {"pp", "dp_shard", "tp"});
   const int stage_rank = static_cast<int>(mesh.local_rank("pp"));
   const int dp_rank = static_cast<int>(mesh.local_rank("dp_shard"));
   const bool lead = world->rank() == 0;
 
-  // Every rank of a pipeline reads its dp column's rows: stage 0 takes the tokens, the last
-  // stage the targets.
+  // Every rank of a pipeline (and of a tp group) reads its dp column's rows: stage 0 takes the
+  // tokens, the last stage the targets.
   TrainingData data(f, dp_rank, dp);
   const nn::GptConfig cfg{.vocab_size = data.vocab_size(),
                           .block_size = f.seq,
@@ -121,6 +125,8 @@ int run_pipeline(const Flags& f, const PipelineFlags& p) {
   auto stages = pp::make_gpt_stages(cfg, layout, stage_rank, P);
   std::vector<pp::LocalStage> local;
   for (auto& s : stages) {
+    // Tensor parallelism inside the stage first, then FSDP over dp_shard.
+    if (tp > 1) parallelize_module(*s, mesh["tp"], pp::gpt_stage_tp_plan(*s));
     if (dp > 1) fully_shard(*s, mesh["dp_shard"]);
     local.push_back({s->stage(), s});
   }
@@ -128,7 +134,16 @@ int run_pipeline(const Flags& f, const PipelineFlags& p) {
   nn::optim::AdamW* opt = nullptr;
   pp::PipelineRuntime* runtime_ptr = nullptr;
   double norm = 0;
-  pp::PipelineRuntime runtime(mesh.group("pp"), schedule, local, nn::GPT::loss,
+  // With --tp the last stage's logits are split by vocabulary.
+  const DeviceMesh tp_mesh = mesh["tp"];
+  const int64_t vocab = cfg.vocab_size;
+  pp::PipelineLoss loss = nn::GPT::loss;
+  if (tp > 1) {
+    loss = [tp_mesh, vocab](const Tensor& logits, const Tensor& y) {
+      return loss_parallel_cross_entropy(logits, y, tp_mesh, vocab);
+    };
+  }
+  pp::PipelineRuntime runtime(mesh.group("pp"), schedule, local, loss,
                               {.on_step =
                                    [&] {
                                      norm = pp::clip_grad_norm(*runtime_ptr, f.clip);
@@ -145,9 +160,9 @@ int run_pipeline(const Flags& f, const PipelineFlags& p) {
                               .total_steps = f.steps});
   if (lead) {
     fmt::print(
-        "train_gpt: pipeline of {} ranks x {} dp_shard, schedule {} ({} stages, {} "
+        "train_gpt: pipeline of {} ranks x {} dp_shard x {} tp, schedule {} ({} stages, {} "
         "micro-batches of {} rows), layout {}; data {}\n",
-        P, dp, schedule.name, S, m, f.batch / m, pp::format_layout(layout), data.description());
+        P, dp, tp, schedule.name, S, m, f.batch / m, pp::format_layout(layout), data.description());
     std::fflush(stdout);
   }
   std::ofstream json;

@@ -1,8 +1,8 @@
 // train_gpt --pp as a user runs it: 20 steps of a tiny GPT on 4 Gloo processes under tessel-run,
 // pipelined over 2 ranks with FSDP over the other 2 (interleaved 1F1B, 2 virtual stages) and over
-// 4 ranks (zero-bubble, a balanced layout), print the losses of one process within f32 relative
-// 2e-4 (micro-batch gradients summed in another order); flags the pipeline does not support yet
-// fail naming them.
+// 4 ranks (zero-bubble, a balanced layout), and on 8 processes as (pp, dp_shard, tp) =
+// (2, 2, 2), print the losses of one process within f32 relative 2e-4 (micro-batch gradients
+// summed in another order); flags the pipeline does not support yet fail naming them.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -59,8 +59,9 @@ TEST_F(TrainGptPipelineTest, PipelinedRunsMatchOneProcess) {
       run(on_four_ranks(), training("pp2.jsonl", {"--pp", "2", "--pp-schedule", "interleaved-1f1b",
                                                   "--microbatches", "4"}));
   ASSERT_EQ(pp2.status, 0) << pp2.out << pp2.err;
-  EXPECT_NE(pp2.out.find("pipeline of 2 ranks x 2 dp_shard, schedule interleaved-1f1b (4 stages"),
-            std::string::npos)
+  EXPECT_NE(
+      pp2.out.find("pipeline of 2 ranks x 2 dp_shard x 1 tp, schedule interleaved-1f1b (4 stages"),
+      std::string::npos)
       << pp2.out;
   Result pp4 =
       run(on_four_ranks(), training("pp4.jsonl", {"--pp", "4", "--pp-schedule", "zero-bubble",
@@ -74,6 +75,24 @@ TEST_F(TrainGptPipelineTest, PipelinedRunsMatchOneProcess) {
     for (const auto& [step, loss] : want) {
       EXPECT_NEAR(got.at(step), loss, kLossRtol * loss) << log << " step " << step;
     }
+  }
+}
+
+// (pp, dp_shard, tp) = (2, 2, 2) on 8 processes under tessel-run: the one-process losses.
+TEST_F(TrainGptPipelineTest, ThreeDimensionalOnEightProcessesMatchesOneProcess) {
+  Result one = run(TRAIN_GPT_PATH, training("one.jsonl"));
+  ASSERT_EQ(one.status, 0) << one.err;
+  const std::string eight =
+      fmt::format("'{}' --standalone --nproc-per-node 8 '{}'", TESSEL_RUN_PATH, TRAIN_GPT_PATH);
+  Result three = run(eight, training("3d.jsonl", {"--pp", "2", "--tp", "2"}));
+  ASSERT_EQ(three.status, 0) << three.out << three.err;
+  EXPECT_NE(three.out.find("pipeline of 2 ranks x 2 dp_shard x 2 tp"), std::string::npos)
+      << three.out;
+  const auto want = losses("one.jsonl");
+  const auto got = losses("3d.jsonl");
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [step, loss] : want) {
+    EXPECT_NEAR(got.at(step), loss, kLossRtol * loss) << "step " << step;
   }
 }
 
