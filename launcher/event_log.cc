@@ -82,8 +82,12 @@ void EventLog::round_failed(const proto::JobEvent& e) {
       {"restart_count", e.restart_count()},
       {"root_cause", nlohmann::json::parse(failure_report_json(f, e.restart_count()))}};
   std::string line = fmt::format("round {} failed: {}", f.round(), one_line_root_cause(f));
-  if (!f.verdict().empty()) line += fmt::format("; verdict: {}", f.verdict());
-  if (!f.evidence().empty()) line += fmt::format("; evidence: {}", f.evidence(0));
+  // The verdict and its evidence when they named the culprit (a verdict that names nobody is
+  // in the log and the report, not in the event line).
+  if (!f.culprits().empty()) {
+    line += fmt::format("; {}", f.verdict());
+    if (!f.evidence().empty()) line += fmt::format("; evidence: {}", f.evidence(0));
+  }
   emit(j.dump(), line);
   for (const proto::Exclusion& x : f.excluded()) {
     nlohmann::json xj = {{"event", "node_excluded"},     {"round", x.round()},
