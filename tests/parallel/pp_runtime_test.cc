@@ -205,45 +205,63 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"pp4_zero_bubble_uneven", 4, "zero-bubble", 1, "1,3,0,2"}),
     [](const auto& info) { return info.param.name; });
 
-// (pp, dp_shard) = (2, 2): each stage fully_shard'ed over its dp_shard pair, each dp rank on half
-// the batch. Parameters are gathered once per step per stage (or per micro-batch by option) and
-// gradients reduce-scattered once per step; the losses match one process.
-void train_with_fsdp(bool gather_once, int steps) {
-  const int pp = 2, dp = 2, m = 2;
-  const PipelineSchedule schedule = make_1f1b(pp, m);
-  std::vector<std::vector<double>> losses(pp * dp);
-  std::vector<FSDPStats> fsdp_stats(pp * dp);
+// Trains the tiny GPT on a (pp, dp_shard, tp) mesh of rank threads: the pipeline over pp, each
+// stage split by gpt_stage_tp_plan over tp (tp > 1; the logits split by vocabulary into
+// loss_parallel_cross_entropy) and fully_shard'ed over dp_shard (dp > 1), each dp rank on its
+// rows of the batch. Checks that the mean over ranks of each step's loss (the mean of the dp
+// rows' losses) is the one-process loss, and returns the FSDP stats of each rank's first stage.
+std::vector<FSDPStats> expect_mesh_parity(int pp, int dp, int tp, const PipelineSchedule& schedule,
+                                          const std::vector<int>& layout, int steps,
+                                          bool gather_once = true) {
+  const int world = pp * dp * tp;
+  std::vector<std::vector<double>> losses(static_cast<size_t>(world));
+  std::vector<FSDPStats> fsdp_stats(static_cast<size_t>(world));
   std::mutex mu;
-  threads::run_ranks(pp * dp, [&](ProcessGroup& pg) {
-    DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {pp, dp}, {"pp", "dp_shard"});
+  threads::run_ranks(world, [&](ProcessGroup& pg) {
+    DeviceMesh mesh =
+        init_device_mesh(pg.shared_from_this(), {pp, dp, tp}, {"pp", "dp_shard", "tp"});
     const int stage_rank = static_cast<int>(mesh.local_rank("pp"));
     const int dp_rank = static_cast<int>(mesh.local_rank("dp_shard"));
-    auto stages = make_gpt_stages(tiny_config(), uniform_layout(6, pp), stage_rank, pp);
-    for (auto& s : stages) fully_shard(*s, mesh["dp_shard"]);
-    Trainer trainer(mesh.group("pp"), schedule, local_stages(stages), nn::GPT::loss,
-                    gpt_tied_parameters(), gather_once);
-    PipelineRuntime& runtime = trainer.runtime();
+    auto stages = make_gpt_stages(tiny_config(), layout, stage_rank, pp);
+    for (auto& s : stages) {
+      if (tp > 1) parallelize_module(*s, mesh["tp"], gpt_stage_tp_plan(*s));
+      if (dp > 1) fully_shard(*s, mesh["dp_shard"]);
+    }
+    PipelineLoss loss = nn::GPT::loss;
+    if (tp > 1) {
+      loss = [tp_mesh = mesh["tp"]](const Tensor& logits, const Tensor& y) {
+        return loss_parallel_cross_entropy(logits, y, tp_mesh, tiny_config().vocab_size);
+      };
+    }
+    Trainer trainer(mesh.group("pp"), schedule, local_stages(stages), loss, gpt_tied_parameters(),
+                    gather_once);
     std::vector<double> mine;
+    const int64_t rows = kBatch / dp;
     for (int step = 0; step < steps; ++step) {
       auto [x, y] = batch(step);
-      const int64_t rows = kBatch / dp;
-      Tensor xs = contiguous(narrow(x, 0, dp_rank * rows, rows));
-      Tensor ys = contiguous(narrow(y, 0, dp_rank * rows, rows));
-      mine.push_back(runtime.step(xs, ys));
+      mine.push_back(trainer.runtime().step(contiguous(narrow(x, 0, dp_rank * rows, rows)),
+                                            contiguous(narrow(y, 0, dp_rank * rows, rows))));
     }
     std::lock_guard lock(mu);
     losses[static_cast<size_t>(pg.rank())] = mine;
-    fsdp_stats[static_cast<size_t>(pg.rank())] = fsdp_module(*stages[0])->stats();
+    if (dp > 1) fsdp_stats[static_cast<size_t>(pg.rank())] = fsdp_module(*stages[0])->stats();
   });
   const auto& ref = reference_losses();
   for (int step = 0; step < steps; ++step) {
-    // The batch's mean loss: the mean over the dp ranks' halves (rank r = pp * dp_rank...).
     double sum = 0;
     for (const auto& l : losses) sum += l[static_cast<size_t>(step)];
-    const double mean = sum / (pp * dp);
+    const double mean = sum / world;
     EXPECT_NEAR(mean, ref[static_cast<size_t>(step)], kTolerance * std::abs(ref[step])) << step;
   }
-  for (const FSDPStats& st : fsdp_stats) {
+  return fsdp_stats;
+}
+
+// (pp, dp_shard) = (2, 2): parameters gathered once per step per stage (or per micro-batch by
+// option), gradients reduce-scattered once per step.
+void expect_fsdp_parity(bool gather_once, int steps) {
+  const auto stats =
+      expect_mesh_parity(2, 2, 1, make_1f1b(2, 2), uniform_layout(6, 2), steps, gather_once);
+  for (const FSDPStats& st : stats) {
     EXPECT_EQ(st.reduce_scatters, steps) << "one reduce_scatter per stage and step";
     if (gather_once) {
       EXPECT_EQ(st.all_gathers, steps) << "one all_gather per stage and step";
@@ -254,96 +272,24 @@ void train_with_fsdp(bool gather_once, int steps) {
 }
 
 TEST(PipelineFsdpTest, Pp2DpShard2MatchesOneProcessGatheringOncePerStep) {
-  train_with_fsdp(/*gather_once=*/true, kSteps);
+  expect_fsdp_parity(/*gather_once=*/true, kSteps);
 }
 
 TEST(PipelineFsdpTest, GatheringPerMicroBatchAlsoMatches) {
-  train_with_fsdp(/*gather_once=*/false, 5);
+  expect_fsdp_parity(/*gather_once=*/false, 5);
 }
 
-// (pp, tp) = (2, 2): each stage split by gpt_stage_tp_plan over its tp pair, the logits split
-// by vocabulary into loss_parallel_cross_entropy; the losses match one process.
+// (pp, tp) = (2, 2), uneven stages.
 TEST(PipelineTpTest, Pp2Tp2MatchesOneProcess) {
-  const int pp = 2, tp = 2;
-  const PipelineSchedule schedule = make_1f1b(pp, 4);
-  std::vector<std::vector<double>> losses(pp * tp);
-  std::mutex mu;
-  threads::run_ranks(pp * tp, [&](ProcessGroup& pg) {
-    DeviceMesh mesh = init_device_mesh(pg.shared_from_this(), {pp, tp}, {"pp", "tp"});
-    const int stage_rank = static_cast<int>(mesh.local_rank("pp"));
-    auto stages = make_gpt_stages(tiny_config(), {2, 4}, stage_rank, pp);
-    for (auto& s : stages) parallelize_module(*s, mesh["tp"], gpt_stage_tp_plan(*s));
-    const DeviceMesh tp_mesh = mesh["tp"];
-    const int64_t vocab = tiny_config().vocab_size;
-    Trainer trainer(
-        mesh.group("pp"), schedule, local_stages(stages),
-        [tp_mesh, vocab](const Tensor& logits, const Tensor& y) {
-          return loss_parallel_cross_entropy(logits, y, tp_mesh, vocab);
-        },
-        gpt_tied_parameters());
-    std::vector<double> mine;
-    for (int step = 0; step < kSteps; ++step) {
-      auto [x, y] = batch(step);
-      mine.push_back(trainer.runtime().step(x, y));
-    }
-    std::lock_guard lock(mu);
-    losses[static_cast<size_t>(pg.rank())] = mine;
-  });
-  const auto& ref = reference_losses();
-  for (const auto& l : losses) {
-    ASSERT_EQ(l.size(), ref.size());
-    for (size_t i = 0; i < ref.size(); ++i) {
-      EXPECT_NEAR(l[i], ref[i], kTolerance * std::abs(ref[i])) << "step " << i;
-    }
-  }
+  expect_mesh_parity(2, 1, 2, make_1f1b(2, 4), {2, 4}, kSteps);
   EXPECT_THROW(
       gpt_stage_tp_plan(*make_gpt_stages(tiny_config(), {6}, 0, 1)[0], {.sequence_parallel = true}),
       InvalidArgument);
 }
 
-// (pp, dp_shard, tp) = (2, 2, 2) on 8 rank threads: tensor parallelism inside each stage, FSDP
-// over dp_shard (each dp rank on half the batch), the pipeline over pp; 10 steps against one
-// process.
+// (pp, dp_shard, tp) = (2, 2, 2) on 8 rank threads, interleaved: 10 steps.
 TEST(PipelineTpTest, ThreeDimensionalMatchesOneProcess) {
-  const int pp = 2, dp = 2, tp = 2, steps = 10;
-  const PipelineSchedule schedule = make_interleaved_1f1b(pp, 2, 2);
-  std::vector<std::vector<double>> losses(pp * dp * tp);
-  std::mutex mu;
-  threads::run_ranks(pp * dp * tp, [&](ProcessGroup& pg) {
-    DeviceMesh mesh =
-        init_device_mesh(pg.shared_from_this(), {pp, dp, tp}, {"pp", "dp_shard", "tp"});
-    const int stage_rank = static_cast<int>(mesh.local_rank("pp"));
-    const int dp_rank = static_cast<int>(mesh.local_rank("dp_shard"));
-    auto stages = make_gpt_stages(tiny_config(), {1, 2, 2, 1}, stage_rank, pp);
-    for (auto& s : stages) {
-      parallelize_module(*s, mesh["tp"], gpt_stage_tp_plan(*s));
-      fully_shard(*s, mesh["dp_shard"]);
-    }
-    const DeviceMesh tp_mesh = mesh["tp"];
-    const int64_t vocab = tiny_config().vocab_size;
-    Trainer trainer(
-        mesh.group("pp"), schedule, local_stages(stages),
-        [tp_mesh, vocab](const Tensor& logits, const Tensor& y) {
-          return loss_parallel_cross_entropy(logits, y, tp_mesh, vocab);
-        },
-        gpt_tied_parameters());
-    std::vector<double> mine;
-    for (int step = 0; step < steps; ++step) {
-      auto [x, y] = batch(step);
-      const int64_t rows = kBatch / dp;
-      mine.push_back(trainer.runtime().step(contiguous(narrow(x, 0, dp_rank * rows, rows)),
-                                            contiguous(narrow(y, 0, dp_rank * rows, rows))));
-    }
-    std::lock_guard lock(mu);
-    losses[static_cast<size_t>(pg.rank())] = mine;
-  });
-  const auto& ref = reference_losses();
-  for (int step = 0; step < steps; ++step) {
-    double sum = 0;
-    for (const auto& l : losses) sum += l[static_cast<size_t>(step)];
-    const double mean = sum / static_cast<double>(losses.size());  // the dp halves' mean
-    EXPECT_NEAR(mean, ref[static_cast<size_t>(step)], kTolerance * std::abs(ref[step])) << step;
-  }
+  expect_mesh_parity(2, 2, 2, make_interleaved_1f1b(2, 2, 2), {1, 2, 2, 1}, 10);
 }
 
 // The Llama's stages: 3 layers over 2 ranks, untied with 1F1B and tied (the LM head on the last
