@@ -6,7 +6,8 @@
 //   train  a long-sequence GPT's training step (--seq tokens, FSDP over the cp ranks): tokens/s.
 // Beside PyTorch at cp = 1 with the same global sequence (bench/context_parallel/cp_torch.py:
 // F.scaled_dot_product_attention and the same GPT, one thread): PyTorch's context_parallel
-// (torch.distributed.tensor.experimental) is not run here.
+// (torch.distributed.tensor.experimental) does not run on the CPU (2.15: no sharding strategy
+// for aten._scaled_dot_product_flash_attention_for_cpu).
 //
 //   bench/context_parallel/run.sh                     # + PyTorch (scripts/torch-venv.sh)
 //   build/release/bench/cp_bench --torch PYTHON --attn-seq 8192 --reps 3
