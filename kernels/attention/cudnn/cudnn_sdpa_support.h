@@ -19,8 +19,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tessel/base/lru_cache.h"
 #include "tessel/kernels/attention/attention_problem.h"
-#include "tessel/kernels/attention/internal/lru_cache.h"
 
 namespace tessel::kernels::attention {
 
