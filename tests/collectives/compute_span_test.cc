@@ -27,7 +27,8 @@ using testing::eventually;
 struct PretendEvent {
   std::atomic<bool> done{false};
   std::atomic<bool> recorded{false};
-  std::atomic<int64_t> at_ns{0};  // device time when it completed
+  std::atomic<int64_t> at_ns{0};           // device time when it completed
+  std::atomic<int> completion_queries{0};  // the watchdog's looks at it
 };
 
 class PretendCuda final : public DeviceRuntime {
@@ -55,7 +56,9 @@ class PretendCuda final : public DeviceRuntime {
   }
   bool query_event_completion(void* event) override {
     if (broken) throw CommError("cudaEventQuery: an illegal memory access was encountered");
-    return static_cast<PretendEvent*>(event)->done;
+    auto* e = static_cast<PretendEvent*>(event);
+    ++e->completion_queries;
+    return e->done;
   }
   void synchronize_event(void*) override {}
   Nanoseconds event_elapsed(void* start, void* end) override {
@@ -153,8 +156,10 @@ TEST_F(ComputeSpanTest, DeviceSpanTakesItsDurationFromTheEventsOnceTheWatchdogSe
   span.end();
   const std::vector<PretendEvent*> events = cuda.newest(2);  // begin, end
   ASSERT_TRUE(events[0]->recorded && events[1]->recorded);
-  // The device has not run it yet: the span stays open, however long the watchdog looks.
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // The device has not run it yet: the span stays open, however often the watchdog looks.
+  ASSERT_TRUE(
+      eventually([&] { return events[0]->completion_queries + events[1]->completion_queries >= 3; },
+                 std::chrono::seconds(30)));
   EXPECT_EQ(entry(id).state, fr::EntryState::kStarted);
   events[0]->at_ns = 1'000'000;
   events[1]->at_ns = 4'000'000;  // 3 ms of device time
