@@ -185,7 +185,7 @@ TEST(RingAttention, MasksAcrossRanksMatchOneProcess) {
 }
 
 TEST(RingAttention, Bf16MatchesOneProcessWithinBf16Tolerance) {
-  for (int cp : {2, 3}) {
+  for (int cp : {2, 3, 4}) {
     check_case({cp, true, Split::kLoadBalanced, 29, -1, -1, Docs::kNone, DType::kBF16});
     check_case({cp, true, Split::kLoadBalanced, 29, 7, -1, Docs::kShared, DType::kBF16});
   }
