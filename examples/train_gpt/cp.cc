@@ -2,7 +2,9 @@
 
 #include "tessel/base/error.h"
 #include "tessel/nn/gpt.h"
+#include "tessel/nn/llama.h"
 #include "tessel/parallel/cp/gpt_cp.h"
+#include "tessel/parallel/cp/llama_cp.h"
 
 namespace tessel::train_gpt {
 
@@ -15,8 +17,9 @@ void add_cp_flags(CLI::App& app, Flags& f) {
 
 void check_cp_flags(const Flags& f) {
   if (f.cp == 1) return;
-  TESSEL_CHECK(f.model == "gpt", InvalidArgument,
-               "--cp {} runs the GPT's attention as ring attention: it needs --model gpt, not {}",
+  TESSEL_CHECK(f.model == "gpt" || f.model == "llama", InvalidArgument,
+               "--cp {} runs the attention as ring attention: it needs --model gpt or llama, not "
+               "{}",
                f.cp, f.model);
   TESSEL_CHECK(!f.ddp && f.ep == 1 && !f.sequence_parallel && f.init_hf.empty(), InvalidArgument,
                "--cp {} goes with FSDP (and --tp): drop --ddp, --ep, --sequence-parallel and "
@@ -30,8 +33,13 @@ void check_cp_flags(const Flags& f) {
 
 void apply_cp(nn::Module& model, const Flags& f, const Layout& l) {
   if (l.cp == 1) return;
-  parallel::apply_gpt_context_parallel(dynamic_cast<nn::GPT&>(model), l.mesh->group("cp"),
-                                       parallel::cp_layout_load_balanced(f.seq, l.cp));
+  const parallel::CpLayout layout = parallel::cp_layout_load_balanced(f.seq, l.cp);
+  if (auto* llama = dynamic_cast<nn::Llama*>(&model)) {
+    parallel::apply_llama_context_parallel(*llama, l.mesh->group("cp"), layout);
+  } else {
+    parallel::apply_gpt_context_parallel(dynamic_cast<nn::GPT&>(model), l.mesh->group("cp"),
+                                         layout);
+  }
 }
 
 DeviceMesh fsdp_mesh(const Layout& l) {

@@ -1,6 +1,6 @@
-// train_gpt's context parallelism: --cp N splits every sequence over N ranks (the GPT's
-// attention as ring attention over the mesh's cp dimension, load-balanced causal slices, global
-// positions), with FSDP over dp_shard and cp flattened.
+// train_gpt's context parallelism: --cp N splits every sequence over N ranks (the GPT's or the
+// Llama's attention as ring attention over the mesh's cp dimension, load-balanced causal slices,
+// global positions), with FSDP over dp_shard and cp flattened.
 #pragma once
 
 #include <utility>
@@ -16,13 +16,13 @@ namespace tessel::train_gpt {
 // --cp.
 void add_cp_flags(CLI::App& app, Flags& f);
 
-// --cp's checks that need no mesh: --model gpt, no --ddp, --ep, --sequence-parallel or
+// --cp's checks that need no mesh: --model gpt or llama, no --ddp, --ep, --sequence-parallel or
 // --init-hf, --seq a multiple of 2 x cp (equal load-balanced slices). Throws InvalidArgument
 // naming the flag.
 void check_cp_flags(const Flags& f);
 
-// With --cp > 1: the GPT's attention over the cp group (call before TP and FSDP, on the
-// meta-device model).
+// With --cp > 1: the GPT's or the Llama's attention over the cp group (call before TP and FSDP, on
+// the meta-device model).
 void apply_cp(nn::Module& model, const Flags& f, const Layout& l);
 
 // The mesh FSDP shards over: dp_shard (and dp_replicate for HSDP), with cp folded into

@@ -66,6 +66,17 @@ void apply_llama_context_parallel(nn::Llama& model, std::shared_ptr<ProcessGroup
     model.set_submodule(path,
                         std::make_shared<CpLlamaAttention>(original, cp_group, layout, options));
   }
+  // Called with tokens alone, the model gets this rank's global positions for its rotary
+  // embedding (not 0..S_local-1).
+  const Tensor positions = cp_global_positions(layout, cp_group->rank());
+  model.register_forward_pre_hook([positions](nn::Module&, nn::Tensors& inputs) {
+    if (inputs.size() != 1) return;
+    TESSEL_CHECK(inputs[0].dim() == 2 && inputs[0].size(1) == positions.size(0), InvalidArgument,
+                 "context-parallel Llama: called with tokens {}; this rank holds {} tokens of "
+                 "every sequence",
+                 shape_str(inputs[0].shape()), positions.size(0));
+    inputs.push_back(to(positions, inputs[0].device()));
+  });
 }
 
 }  // namespace tessel::parallel

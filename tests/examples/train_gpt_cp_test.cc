@@ -58,8 +58,20 @@ TEST_F(TrainGptCpTest, ContextParallelRunsMatchOneProcess) {
       << cp2.out;
   Result cp4 = run(on_four_ranks(), training("cp4.jsonl", {"--cp", "4"}));
   ASSERT_EQ(cp4.status, 0) << cp4.out << cp4.err;
+  // The Llama (rotary positions at each rank's global positions) at --cp 2 --dp-shard 2.
+  Result llama_one = run(TRAIN_GPT_PATH, training("llama_one.jsonl", {"--model", "llama"}));
+  ASSERT_EQ(llama_one.status, 0) << llama_one.err;
+  Result llama_cp2 =
+      run(on_four_ranks(),
+          training("llama_cp2.jsonl", {"--model", "llama", "--cp", "2", "--dp-shard", "2"}));
+  ASSERT_EQ(llama_cp2.status, 0) << llama_cp2.out << llama_cp2.err;
   const auto want = losses("one.jsonl");
   ASSERT_EQ(want.size(), 20u);
+  const auto llama_want = losses("llama_one.jsonl"), llama_got = losses("llama_cp2.jsonl");
+  ASSERT_EQ(llama_got.size(), 20u);
+  for (const auto& [step, loss] : llama_want) {
+    EXPECT_NEAR(llama_got.at(step), loss, 1e-5 * loss) << "llama step " << step;
+  }
   for (const std::string log : {"cp2.jsonl", "cp4.jsonl"}) {
     const auto got = losses(log);
     ASSERT_EQ(got.size(), 20u) << log;
@@ -71,7 +83,7 @@ TEST_F(TrainGptCpTest, ContextParallelRunsMatchOneProcess) {
 
 TEST_F(TrainGptCpTest, FlagsThatDoNotGoWithCpAreNamed) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--cp", "2", "--model", "llama"}, "it needs --model gpt"},
+      {{"--cp", "2", "--model", "llama-moe"}, "it needs --model gpt or llama"},
       {{"--cp", "2", "--ddp"}, "drop --ddp"},
       {{"--cp", "3"}, "make --seq 32 a multiple of 6"},
   };
