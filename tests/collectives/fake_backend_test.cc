@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
-#include <thread>
 
 #include "device_test_util.h"
 #include "tessel/base/error.h"
