@@ -336,7 +336,8 @@ struct NodeAgent::Impl {
                        {"addr", x.addr()},
                        {"round", x.round()},
                        {"ranks", std::vector<int>(x.ranks().begin(), x.ranks().end())},
-                       {"reason", x.reason()}});
+                       {"reason", x.reason()},
+                       {"agent", x.node_id()}});
       }
       StoreClient(client).set("tessel/excluded_nodes", all.dump());
     } catch (const Error& e) {
@@ -349,12 +350,16 @@ struct NodeAgent::Impl {
             {"/bin/sh", "-c", o.on_exclude},
             {"TESSEL_EXCLUDED_HOST=" + x.host(), "TESSEL_EXCLUDED_ADDR=" + x.addr(),
              "TESSEL_EXCLUDED_RANKS=" + ranks, "TESSEL_EXCLUDED_ROUND=" + std::to_string(x.round()),
-             "TESSEL_EXCLUDED_REASON=" + x.reason()},
+             "TESSEL_EXCLUDED_REASON=" + x.reason(), "TESSEL_EXCLUDED_AGENT=" + x.node_id()},
             kHookTimeout);
         if (status != 0) log_warn(kL, "--on-exclude for {} exited with {}", x.host(), status);
       }
       const char* slurm_job = std::getenv("SLURM_JOB_ID");
-      if (o.drain_excluded && slurm_job != nullptr && *slurm_job != '\0') {
+      if (o.drain_excluded && !x.node_id().empty()) {
+        // Only that agent was taken out: healthy agents of the job run on the same machine.
+        log_warn(kL, "not draining {}: other agents of the job run there (only agent {} is out)",
+                 x.host(), x.node_id());
+      } else if (o.drain_excluded && slurm_job != nullptr && *slurm_job != '\0') {
         const std::string reason = ("tessel verdict: " + x.reason()).substr(0, 200);
         const int status = run_hook(
             {"scontrol", "update", "nodename=" + x.host(), "state=drain", "reason=" + reason}, {},

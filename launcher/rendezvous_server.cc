@@ -41,6 +41,14 @@ std::string peer_host(const std::string& peer) {
 // A node's identity across agents (an agent killed and started again is the same node).
 std::string node_key(const std::string& host, const std::string& addr) { return host + " " + addr; }
 
+// What an exclusion refuses: the machine (host and address), or one agent of it when others of
+// the job share the machine.
+std::string exclusion_key(const proto::Exclusion& x) {
+  std::string key = node_key(x.host(), x.addr());
+  if (!x.node_id().empty()) key += " " + x.node_id();
+  return key;
+}
+
 // Signals that end a worker through no decision of the job's: a crash, or a kill from outside.
 bool fatal_signal(int sig) {
   return sig == SIGSEGV || sig == SIGBUS || sig == SIGILL || sig == SIGFPE || sig == SIGABRT ||
@@ -73,7 +81,7 @@ class RendezvousServer::State {
     round_ = options_.first_round;
     outcome_.restart_count = options_.restarts_done;
     for (const proto::Exclusion& x : options_.excluded) {
-      excluded_[node_key(x.host(), x.addr())] = x;
+      excluded_[exclusion_key(x)] = x;
       exclusion_order_.push_back(x);
     }
     if (options_.takeover_cause) {
@@ -121,8 +129,8 @@ class RendezvousServer::State {
       excluded_.erase(d->second);
       died_.erase(d);
     }
-    if (auto x = excluded_.find(node_key(req->host(), addr)); x != excluded_.end()) {
-      return finish_now(ctx, excluded_status(x->second));
+    if (const proto::Exclusion* x = exclusion_of_locked(req->host(), addr, req->node_id())) {
+      return finish_now(ctx, excluded_status(*x));
     }
     if (grpc::Status taken = check_rank_free_locked(*req); !taken.ok()) {
       return finish_now(ctx, taken);
@@ -674,6 +682,15 @@ class RendezvousServer::State {
     }
   }
 
+  // The exclusion that refuses an agent: its machine's, or its own.
+  const proto::Exclusion* exclusion_of_locked(const std::string& host, const std::string& addr,
+                                              const std::string& node_id) const {
+    for (const std::string& key : {node_key(host, addr), node_key(host, addr) + " " + node_id}) {
+      if (auto x = excluded_.find(key); x != excluded_.end()) return &x->second;
+    }
+    return nullptr;
+  }
+
   grpc::Status excluded_status(const proto::Exclusion& x) const {
     return grpc::Status(
         grpc::StatusCode::PERMISSION_DENIED,
@@ -714,6 +731,14 @@ class RendezvousServer::State {
       proto::Exclusion x;
       x.set_host(a.host());
       x.set_addr(a.addr());
+      // Another agent that is no culprit runs on the same machine: take out this agent only.
+      for (const auto& [other_id, other] : members_) {
+        if (ranks.count(other_id) == 0 && other.assignment.host() == a.host() &&
+            other.assignment.addr() == a.addr()) {
+          x.set_node_id(id);
+          break;
+        }
+      }
       x.set_group_rank(a.group_rank());
       x.set_round(round_);
       x.set_reason(one_line_root_cause(r));
@@ -728,28 +753,32 @@ class RendezvousServer::State {
   bool exclude_culprits_locked(std::vector<Finisher>& refused) {
     const std::vector<proto::Exclusion> taken = culprit_nodes_locked();
     if (taken.empty()) return true;
-    for (const auto& [id, m] : members_) {
-      if (m.died) died_[id] = node_key(m.assignment.host(), m.assignment.addr());
-    }
     for (const proto::Exclusion& x : taken) {
-      excluded_[node_key(x.host(), x.addr())] = x;
+      for (const auto& [id, m] : members_) {
+        if (m.died && m.assignment.host() == x.host() && m.assignment.addr() == x.addr() &&
+            (x.node_id().empty() || x.node_id() == id)) {
+          died_[id] = exclusion_key(x);
+        }
+      }
+      excluded_[exclusion_key(x)] = x;
       exclusion_order_.push_back(x);
       *root_.add_excluded() = x;
       log_warn(kL, "node {} ({}, host {}) is taken out of the job for its life: {}", x.group_rank(),
                x.addr(), x.host(), x.reason());
     }
     for (auto it = joining_.begin(); it != joining_.end();) {
-      auto x = excluded_.find(node_key(it->request.host(), it->addr));
-      if (x == excluded_.end()) {
+      const proto::Exclusion* x =
+          exclusion_of_locked(it->request.host(), it->addr, it->request.node_id());
+      if (x == nullptr) {
         ++it;
         continue;
       }
-      refused.push_back({it->call, excluded_status(x->second)});
+      refused.push_back({it->call, excluded_status(*x)});
       it = joining_.erase(it);
     }
     int left = 0;
     for (const auto& [id, m] : members_) {
-      left += excluded_.count(node_key(m.assignment.host(), m.assignment.addr())) == 0 ? 1 : 0;
+      left += exclusion_of_locked(m.assignment.host(), m.assignment.addr(), id) == nullptr ? 1 : 0;
     }
     if (left >= options_.min_nodes) return true;
     std::string names;
@@ -860,7 +889,7 @@ class RendezvousServer::State {
   std::map<std::string, Member> members_;
   std::map<std::string, proto::Exclusion> excluded_;  // by node_key: refused for the job's life
   std::vector<proto::Exclusion> exclusion_order_;
-  std::map<std::string, std::string> died_;  // node id -> node_key of nodes taken out as dead
+  std::map<std::string, std::string> died_;  // node id -> exclusion key of nodes taken out as dead
   bool round_failed_ = false;
   bool pending_hang_ = false;
   proto::Failure root_;

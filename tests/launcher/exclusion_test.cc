@@ -92,6 +92,48 @@ TEST(ExclusionTest, CrashedWorkerTakesItsNodeOutAndTheNextRoundFormsWithoutIt) {
   EXPECT_EQ(server.excluded().size(), 1u);
 }
 
+// Several agents of the job on one machine (a test, or a user running two agents per host):
+// the culprit agent is taken out, not the machine under its healthy neighbours; the machine
+// goes when the culprit is the only agent on it.
+TEST(ExclusionTest, OnASharedMachineOnlyTheCulpritAgentIsTakenOut) {
+  RendezvousServer server(options(1, 3));
+  proto::JoinRequest n0 = node(0), n1 = node(1), n2 = node(2);
+  n1.set_host("h0");
+  n1.set_addr(n0.addr());  // nodes 0 and 1 share a machine; node 2 has one of its own
+  join_all(server.address(), {n0, n1, n2});
+  RendezvousClient client(server.address(), kToken);
+  client.report_failure("n1", 0, worker_failure(3, 0, SIGSEGV), 5s);
+  grpc::ClientContext ctx;
+  const JobEvent e = client.wait_event("n0", 0, 20s, &ctx);
+  ASSERT_EQ(e.kind(), JobEvent::RESTART);
+  ASSERT_EQ(e.root_cause().excluded_size(), 1);
+  EXPECT_EQ(e.root_cause().excluded(0).node_id(), "n1");
+  // Node 0, on the same machine, forms the next round with node 2; node 1's agent is refused.
+  try {
+    client.join(n1, 5s);
+    FAIL() << "the excluded agent joined again";
+  } catch (const RpcError& err) {
+    EXPECT_EQ(err.code(), grpc::StatusCode::PERMISSION_DENIED) << err.message();
+  }
+  const auto r = join_all(server.address(), {n0, n2});
+  EXPECT_EQ(r[0].round(), 1);
+  EXPECT_EQ(r[0].group_world_size(), 2);
+  // Node 2 alone on its machine: a crash there takes the machine out (any agent on it).
+  client.report_failure("n2", 1, worker_failure(3, 0, SIGSEGV), 5s);
+  grpc::ClientContext ctx2;
+  const JobEvent e2 = client.wait_event("n0", 1, 20s, &ctx2);
+  ASSERT_EQ(e2.kind(), JobEvent::RESTART);
+  ASSERT_EQ(e2.root_cause().excluded_size(), 1);
+  EXPECT_EQ(e2.root_cause().excluded(0).host(), "h2");
+  EXPECT_TRUE(e2.root_cause().excluded(0).node_id().empty());
+  try {
+    client.join(node(2, "-restarted"), 5s);
+    FAIL() << "a new agent on the excluded machine joined";
+  } catch (const RpcError& err) {
+    EXPECT_EQ(err.code(), grpc::StatusCode::PERMISSION_DENIED) << err.message();
+  }
+}
+
 TEST(ExclusionTest, AProgramErrorExitCodeTakesNobodyOut) {
   RendezvousServer server(options(2, 3));
   const JobEvent e = fail_round_zero(server, worker_failure(5, 1, 0));
