@@ -201,6 +201,86 @@ class Analysis {
   }
 
  private:
+  // Pipeline evidence, from the runtime's text on sends and receives ("pipeline SEND_F2s1>2: mb
+  // 2, stage 1"): the first send of `rank`'s that its receiver took for another action or
+  // micro-batch (a send skipped or reordered); "" when there is none.
+  std::string pipeline_mismatch(int rank) const {
+    // "F2" from "pipeline SEND_F2s1>2: ..." (kind and micro-batch), "" when not a pipeline text.
+    const auto action_of = [](std::string_view text) -> std::string_view {
+      constexpr std::string_view kPrefix = "pipeline ";
+      if (text.substr(0, kPrefix.size()) != kPrefix || text.size() < kPrefix.size() + 6) return {};
+      text.remove_prefix(kPrefix.size() + 5);  // "SEND_" / "RECV_"
+      return text.substr(0, text.find('s'));
+    };
+    const auto* held = m_.held(rank);
+    if (held == nullptr) return {};
+    for (const auto& h : *held) {
+      if (h.op != OpType::kSend) continue;
+      const std::string_view sent = action_of(m_.call(h.call).text);
+      const GroupInfo* g = m_.group_info(h.group_id);
+      if (sent.empty() || g == nullptr || h.peer < 0 ||
+          h.peer >= static_cast<int32_t>(g->ranks.size())) {
+        continue;
+      }
+      const int dst = g->ranks[static_cast<size_t>(h.peer)];
+      const Op op{h.group_id, h.p2p_seq, true, rank, dst};
+      const auto* r = m_.p2p_entry(dst, op, h.p2p_seq);
+      if (r == nullptr) continue;
+      const std::string_view expected = action_of(m_.call(r->call).text);
+      if (expected.empty() || expected == sent) continue;
+      return fmt::format("{} was taken by rank {} as ({}): rank {} skipped or reordered a send",
+                         m_.describe_p2p(op, false, &h), dst, m_.call(r->call).text, rank);
+    }
+    return {};
+  }
+
+  // A pipeline rank's newest send or receive that failed (the runtime's text on it: "pipeline
+  // RECV_F3s2<1: mb 3, stage 2"): what it waited in before it left the others waiting; "" when
+  // there is none.
+  std::string pipeline_failure(int rank) const {
+    const auto* held = m_.held(rank);
+    if (held == nullptr) return {};
+    for (auto it = held->rbegin(); it != held->rend(); ++it) {
+      if (!it->is_p2p() || it->state != EntryState::kFailed) continue;
+      const std::string& text = m_.call(it->call).text;
+      const GroupInfo* g = m_.group_info(it->group_id);
+      if (text.rfind("pipeline ", 0) != 0 || g == nullptr || it->peer < 0 ||
+          it->peer >= static_cast<int32_t>(g->ranks.size())) {
+        return {};
+      }
+      const int peer = g->ranks[static_cast<size_t>(it->peer)];
+      const bool send = it->op == OpType::kSend;
+      const Op op{it->group_id, it->p2p_seq, true, send ? rank : peer, send ? peer : rank};
+      return fmt::format("rank {} gave up in {} first: rank {} never posted its half", rank,
+                         m_.describe_p2p(op, !send, &*it), peer);
+    }
+    return {};
+  }
+
+  // A split that made several groups and named each its own way (a pipeline's point-to-point
+  // pairs): the names differ, but no rank's new group, as its dump registers it, holds a rank
+  // that asked for another name. Then the names do not disagree. False when a dump does not say.
+  bool split_into_named_groups(const std::vector<MemberClass>& members) const {
+    std::map<int, std::string_view> name_of;
+    std::set<std::string_view> names;
+    for (const auto& c : members) {
+      const internal::Call& call = m_.call(c.call);
+      if (call.op != OpType::kSplit) return false;
+      for (int r : c.ranks) name_of[r] = call.text;
+      names.insert(call.text);
+    }
+    if (names.size() < 2) return false;
+    for (const auto& [rank, name] : name_of) {
+      const std::vector<int> made = m_.made_group(rank, name);
+      if (made.empty()) return false;
+      for (int other : made) {
+        const auto it = name_of.find(other);
+        if (it != name_of.end() && it->second != name) return false;
+      }
+    }
+    return true;
+  }
+
   // Argument mismatches: at each (group, seq) whose members disagree, the ranks that disagree
   // with a strict majority of the members and of the members of sibling groups at that seq.
   void find_mismatches() {
@@ -216,6 +296,7 @@ class Analysis {
       for (const auto& list : siblings) {
         for (const auto& c : list) compare_names &= !m_.call(c.call).text.empty();
       }
+      if (compare_names && split_into_named_groups(members)) compare_names = false;
       // Ranks by signature. A signature's example is the call of its lowest rank among the
       // members, or else in the first sibling group that made it.
       std::map<Signature, std::vector<int>> classes, everyone;
@@ -530,6 +611,8 @@ class Analysis {
         f.details.push_back("evidence: " + m_.describe_deviation(dev->second));
       }
       f.details.insert(f.details.begin(), culprit_detail(s));
+      const std::string failed = pipeline_failure(s);
+      if (!failed.empty()) f.details.push_back("evidence: " + failed);
     }
     add_finding(std::move(f));
   }
@@ -571,6 +654,8 @@ class Analysis {
                             is_send ? "recv" : "send", w.missing.front());
     f.details.push_back(culprit_detail(w.missing.front()));
     if (!evidence.empty()) f.details.push_back("evidence: " + evidence);
+    const std::string skipped = pipeline_mismatch(w.missing.front());
+    if (!skipped.empty()) f.details.push_back("evidence: " + skipped);
     add_finding(std::move(f));
   }
 

@@ -946,6 +946,17 @@ std::string Model::group_name(uint64_t group) const {
   return it == groups_.end() ? fmt::format("#{}", group) : it->second->name;
 }
 
+std::vector<int> Model::made_group(int rank, std::string_view name) const {
+  const Dump* d = dump_of(rank);
+  if (d == nullptr) return {};
+  for (const GroupInfo* g : d->digest->registered) {
+    if (g->name == name && std::find(g->ranks.begin(), g->ranks.end(), rank) != g->ranks.end()) {
+      return g->ranks;
+    }
+  }
+  return {};
+}
+
 std::string Model::describe_collective(uint64_t group, uint64_t seq, const Call& e,
                                        int64_t step) const {
   // A scoped thread's call names its purpose: "(checkpoint writer thread, no step, ...)".

@@ -15,6 +15,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -160,6 +161,19 @@ class Model {
   const HeldEntry* p2p_entry(int rank, const Op& op, uint64_t seq) const;
 
   std::string group_name(uint64_t group) const;
+  // The members of the group named `name` that `rank`'s dump registers with `rank` among them
+  // (what a split of that name made there); empty when the dump registers none.
+  std::vector<int> made_group(int rank, std::string_view name) const;
+  // `rank`'s entries as its ring holds them (null without a dump), and a group's registration
+  // (null when no dump registers it).
+  const std::vector<HeldEntry>* held(int rank) const {
+    const Dump* d = dump_of(rank);
+    return d == nullptr ? nullptr : &d->digest->held;
+  }
+  const GroupInfo* group_info(uint64_t group) const {
+    const auto it = groups_.find(group);
+    return it == groups_.end() ? nullptr : it->second;
+  }
   std::string describe_collective(uint64_t group, uint64_t seq, const Call& call,
                                   int64_t step) const;
   std::string describe_collective(uint64_t group, uint64_t seq, const HeldEntry& e) const {

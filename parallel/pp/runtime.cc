@@ -162,19 +162,46 @@ PipelineRuntime::PipelineRuntime(std::shared_ptr<ProcessGroup> group, PipelineSc
                "PipelineOptions::recv_lookahead {} must be >= 0", I.options.recv_lookahead);
 
   // Every rank runs the same schedule.
-  if (I.p > 1) {
-    Tensor mine = from_vector<int64_t>({schedule_hash(schedule_)});
-    Tensor all = empty({I.p}, DType::kI64, Device::cpu());
-    group_->all_gather(to(mine, group_->default_device()), all);
-    all = to(all, Device::cpu());
-    std::vector<int> differ;
-    for (int r = 0; r < I.p; ++r) {
-      if (all.data<int64_t>()[r] != all.data<int64_t>()[0]) differ.push_back(r);
+  if (I.p > 1 && I.options.check_schedule_agreement) {
+    // Each rank's hash, stage and micro-batch counts and name, so the message names what differs.
+    constexpr int64_t kNameChars = 32;
+    std::vector<int64_t> mine = {schedule_hash(schedule_), schedule_.num_stages,
+                                 schedule_.num_microbatches};
+    for (int64_t c = 0; c < kNameChars; ++c) {
+      mine.push_back(c < static_cast<int64_t>(schedule_.name.size())
+                         ? static_cast<unsigned char>(schedule_.name[static_cast<size_t>(c)])
+                         : 0);
     }
+    const int64_t width = static_cast<int64_t>(mine.size());
+    Tensor all = empty({I.p * width}, DType::kI64, group_->default_device());
+    group_->all_gather(to(from_vector<int64_t>(mine), group_->default_device()), all);
+    all = to(all, Device::cpu());
+    const int64_t* v = all.data<int64_t>();
+    auto describe = [&](int r) {
+      const int64_t* row = v + r * width;
+      std::string name;
+      for (int64_t c = 0; c < kNameChars && row[3 + c] != 0; ++c) {
+        name.push_back(static_cast<char>(row[3 + c]));
+      }
+      return fmt::format("rank {} runs '{}' ({} stages, {} micro-batches)", r, name, row[1],
+                         row[2]);
+    };
+    std::vector<int> differ;
+    std::vector<std::string> described = {describe(0)};
+    for (int r = 0; r < I.p; ++r) {
+      if (v[r * width] != v[0]) {
+        differ.push_back(r);
+        described.push_back(describe(r));
+      }
+    }
+    const bool same_outline = std::all_of(differ.begin(), differ.end(), [&](int r) {
+      return std::equal(v + 1, v + width, v + r * width + 1);
+    });
     TESSEL_CHECK(differ.empty(), InvalidArgument,
-                 "pipeline group '{}': ranks {} run a schedule that differs from rank 0's (this "
-                 "rank {} runs '{}'); every rank must run the same schedule",
-                 group_->name(), fmt::join(differ, ","), I.rank, schedule_.name);
+                 "pipeline group '{}': ranks {} run a schedule that differs from rank 0's: {}{} "
+                 "(this is rank {}); every rank must run the same schedule",
+                 group_->name(), fmt::join(differ, ","), fmt::join(described, "; "),
+                 same_outline ? " (the same name and sizes, different action lists)" : "", I.rank);
   }
 
   // The stages are exactly this rank's.
@@ -491,6 +518,7 @@ double PipelineRuntime::step(const Tensor& inputs, const Tensor& targets) {
   bool stepped = false;
   for (size_t k = 0; k < actions.size(); ++k) {
     const Action& a = actions[k];
+    if (I.options.before_action && !I.options.before_action(a)) continue;
     if (I.options.recv_lookahead > 0) post_ahead(k);
     const int mb = a.microbatch;
     const int s = a.stage;
