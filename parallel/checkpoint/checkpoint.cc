@@ -115,11 +115,50 @@ struct Snapshot {
   }
 };
 
+// Generator and optimizer names, which every rank must share even when its tensors differ.
+uint64_t shared_digest(const CheckpointState& state) {
+  CheckpointState names(state.group());
+  for (const auto& [name, gen] : state.generators()) names.add_generator(name, *gen);
+  return internal::state_digest(names) ^ std::hash<size_t>{}(state.optimizers().size());
+}
+
+// The save plan of a state whose ranks hold different tensors: every rank's description of its
+// tensors, gathered (lengths first), and their union.
+internal::SavePlan plan_of_union(const CheckpointState& state, Snapshot& s, Nanoseconds timeout) {
+  ProcessGroup* group = state.group().get();
+  const std::vector<int64_t> mine = internal::describe(state.tensors());
+  const std::vector<int64_t> heads = all_gather(
+      group, {static_cast<int64_t>(mine.size()), static_cast<int64_t>(shared_digest(state))},
+      timeout);
+  size_t longest = 0;
+  for (size_t r = 0; r < heads.size() / 2; ++r) {
+    TESSEL_CHECK(heads[2 * r + 1] == heads[1], InvalidArgument,
+                 "checkpoint: rank {} saves other generators or optimizers than rank 0; every "
+                 "rank must add the same ones (its tensors may differ)",
+                 r);
+    longest = std::max(longest, static_cast<size_t>(heads[2 * r]));
+  }
+  std::vector<int64_t> padded = mine;
+  padded.resize(longest, 0);
+  const std::vector<int64_t> all = all_gather(group, padded, timeout);
+  std::vector<std::vector<int64_t>> descriptions;
+  for (size_t r = 0; r < heads.size() / 2; ++r) {
+    const auto begin = all.begin() + static_cast<std::ptrdiff_t>(r * longest);
+    descriptions.emplace_back(begin, begin + heads[2 * r]);
+  }
+  internal::UnionOfStates u = internal::union_of(descriptions);
+  s.digest = u.digest ^ static_cast<uint64_t>(heads[1]);
+  return internal::plan_save(u.infos, std::move(u.holdings), s.rank, s.world, s.rank == 0);
+}
+
 // The save plan of `state` on this rank. When a DTensor lives on a sub-mesh of the group, every
 // rank's own boxes are exchanged over the state's group (after a check that every rank saves the
 // same state, so the exchange cannot be mismatched).
-internal::SavePlan plan_of(const CheckpointState& state, const Snapshot& s, Nanoseconds timeout) {
+// A state whose ranks hold different tensors exchanges every rank's description instead, and
+// its digest becomes the union's (checked again at the commit).
+internal::SavePlan plan_of(const CheckpointState& state, Snapshot& s, Nanoseconds timeout) {
   const bool all_files = s.rank == 0;
+  if (state.ranks_hold_different_tensors) return plan_of_union(state, s, timeout);
   if (!internal::needs_exchange(state.tensors(), s.world)) {
     return internal::plan_save(state.tensors(), s.rank, s.world, all_files);
   }
@@ -152,9 +191,7 @@ Snapshot make_snapshot(const CheckpointState& state, Staging* staging, Nanosecon
   if (const auto file = plan.files.find(s.rank); file != plan.files.end()) {
     const SafetensorsLayout& layout = file->second;
     std::map<std::string_view, size_t> index;  // tensor name -> position in the state
-    for (size_t i = 0; i < plan.tensors.size(); ++i) {
-      if (plan.tensors[i].mine >= 0) index[plan.tensors[i].name] = i;
-    }
+    for (size_t i = 0; i < state.tensors().size(); ++i) index[state.tensors()[i].name] = i;
     s.writes = true;
     std::byte* image = staging ? staging->reserve(layout.file_bytes) : nullptr;
     if (image) {
@@ -530,8 +567,15 @@ void CheckpointState::add_tensors(const std::string& prefix, const nn::StateDict
   for (const auto& [name, t] : tensors) add_tensor(joined(prefix, name), t);
 }
 
+bool CheckpointState::holds(const std::string& name, const Tensor& local) const {
+  return std::any_of(tensors_.begin(), tensors_.end(), [&](const StateTensor& o) {
+    return o.name == name && &o.local.impl() == &local.impl();
+  });
+}
+
 void CheckpointState::add_model(const std::string& prefix, nn::Module& model) {
   for (const auto& [name, t] : model.state_dict()) {
+    if (holds(joined(prefix, name), is_dtensor(t) ? as_dtensor(t).to_local() : t)) continue;
     add_tensor(joined(prefix, name), t);
     tensors_.back().logical_shape = logical_shape_of(model, name, tensors_.back());
   }
@@ -549,11 +593,15 @@ void CheckpointState::add_optimizer(const std::string& prefix, nn::optim::Optimi
     const std::shared_ptr<const DTensorSpec> spec =
         is_dtensor(p) ? std::make_shared<DTensorSpec>(as_dtensor(p).spec()) : nullptr;
     for (const auto& [state_name, t] : optimizer.state(static_cast<size_t>(it - params.begin()))) {
+      if (holds(joined(prefix, name + "." + state_name), t)) continue;
       add({joined(prefix, name + "." + state_name), t, spec, {}});
       tensors_.back().logical_shape = logical_shape_of(model, name, tensors_.back());
     }
   }
-  optimizers_.emplace_back(prefix, &optimizer);
+  const std::pair<std::string, nn::optim::Optimizer*> entry(prefix, &optimizer);
+  if (std::find(optimizers_.begin(), optimizers_.end(), entry) == optimizers_.end()) {
+    optimizers_.push_back(entry);
+  }
 }
 
 void CheckpointState::add_generator(const std::string& name, Generator& generator) {

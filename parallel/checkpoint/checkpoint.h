@@ -24,9 +24,11 @@
 //
 // Collective rules: save, async_save's commit, load and load_latest are collectives over the
 // state's group: every rank calls them in the same order with states of the same names, specs
-// and generators. A failure on one rank (a bad file, a full disk) fails the call on every rank
-// with a message naming that rank. Thread-safety: a Checkpointer is used by one thread (its
-// writer thread is internal); a CheckpointState refers to tensors and generators it does not own.
+// and generators — or, with CheckpointState::ranks_hold_different_tensors (pipeline stages),
+// each with the tensors it holds and the same generators and optimizers. A failure on one rank (a
+// bad file, a full disk) fails the call on every rank with a message naming that rank.
+// Thread-safety: a Checkpointer is used by one thread (its writer thread is internal); a
+// CheckpointState refers to tensors and generators it does not own.
 
 #include <cstdint>
 #include <map>
@@ -84,12 +86,15 @@ class CheckpointState {
   void add_tensors(const std::string& prefix, const nn::StateDict& tensors);
   // Every parameter and buffer of `model` as "<prefix>.<name>", in the shape a whole state dict
   // of the model has (module-recorded shapes: see StateTensor::logical_shape) — the way to add a
-  // model that tensor parallelism or FSDP has sharded.
+  // model that tensor parallelism or FSDP has sharded. A name already added with the same tensor
+  // is skipped, so the several pipeline stages of one rank (which may share a tied embedding)
+  // are added one after another.
   void add_model(const std::string& prefix, nn::Module& model);
   // The optimizer's state of each parameter of `model` as "<prefix>.<param>.<state>" (AdamW:
   // exp_avg, exp_avg_sq), with the parameter's spec and logical shape, and its step count (restored
   // on load). Parameters are matched to the optimizer's by identity; throws InvalidArgument naming
-  // one that the optimizer does not hold.
+  // one that the optimizer does not hold. As add_model, state already added with the same tensor
+  // is skipped (one optimizer over several stages: call it once per stage).
   void add_optimizer(const std::string& prefix, nn::optim::Optimizer& optimizer, nn::Module& model);
   // A generator's (seed, offset), saved per rank and restored in place.
   void add_generator(const std::string& name, Generator& generator);
@@ -104,8 +109,20 @@ class CheckpointState {
 
   int64_t step = 0;
   std::map<std::string, std::string> metadata;
+  // False: every rank adds the same tensors (each its shard of them). True: ranks may hold
+  // different tensors — the stages of a pipeline, each rank adding its stages' parameters and
+  // optimizer state under the whole model's names. A save then exchanges every rank's names,
+  // shapes and boxes once and writes their union (each distinct box once, by one of its holders);
+  // it throws InvalidArgument on every rank when holders of a name disagree on its dtype or
+  // shape, or when some elements of a tensor are held by no rank. A load reads into each rank the
+  // names it holds (the checkpoint's other tensors are ignored, as always). Generators and
+  // optimizers must still be the same on every rank.
+  bool ranks_hold_different_tensors = false;
 
  private:
+  // True when `name` was added with the tensor `local` (the same object).
+  bool holds(const std::string& name, const Tensor& local) const;
+
   std::shared_ptr<ProcessGroup> group_;
   std::vector<StateTensor> tensors_;
   std::vector<std::pair<std::string, Generator*>> generators_;

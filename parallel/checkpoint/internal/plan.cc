@@ -179,19 +179,32 @@ std::vector<Holdings> gathered_holdings(const std::vector<StateTensor>& tensors,
 
 SavePlan plan_save(const std::vector<StateTensor>& tensors, int rank, int world, bool all_files,
                    const std::vector<Holdings>* holdings) {
+  std::vector<TensorInfo> infos;
+  std::vector<Holdings> held;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    infos.push_back(info_of(tensors[i]));
+    held.push_back(holdings ? (*holdings)[i] : holdings_of(tensors[i], rank, world));
+  }
+  return plan_save(infos, std::move(held), rank, world, all_files);
+}
+
+TensorInfo info_of(const StateTensor& t) {
+  return {t.name, t.spec ? t.spec->dtype() : t.local.dtype(),
+          t.spec ? t.spec->global_shape() : t.local.shape(), t.logical_shape,
+          t.spec ? t.spec->str() : "replicated (a plain tensor)"};
+}
+
+SavePlan plan_save(const std::vector<TensorInfo>& infos, std::vector<Holdings> holdings, int rank,
+                   int world, bool all_files) {
   SavePlan plan;
   std::vector<uint64_t> assigned(static_cast<size_t>(world), 0);  // bytes per writer so far
   std::map<int, std::vector<SafetensorsEntry>> entries;
-  for (const StateTensor& t : tensors) {
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const TensorInfo& t = infos[i];
     PlannedTensor p;
-    p.name = t.name;
-    p.dtype = t.spec ? t.spec->dtype() : t.local.dtype();
-    p.shape = t.spec ? t.spec->global_shape() : t.local.shape();
-    p.logical_shape = t.logical_shape;
-    p.saved_from = t.spec ? t.spec->str() : "replicated (a plain tensor)";
-    Holdings held = holdings ? (*holdings)[plan.tensors.size()] : holdings_of(t, rank, world);
-    p.boxes = std::move(held.boxes);
-    const std::vector<std::vector<int>>& holders = held.holders;
+    static_cast<TensorInfo&>(p) = t;
+    p.boxes = std::move(holdings[i].boxes);
+    const std::vector<std::vector<int>>& holders = holdings[i].holders;
     for (size_t b = 0; b < p.boxes.size(); ++b) {
       // The holder with the fewest bytes so far writes it (ties: the lowest rank).
       int writer = holders[b].front();
@@ -214,6 +227,140 @@ SavePlan plan_save(const std::vector<StateTensor>& tensors, int rank, int world,
     plan.files.emplace(writer, plan_safetensors(list, {{"format", "tessel-checkpoint-shard"}}));
   }
   return plan;
+}
+
+namespace {
+
+void put_text(std::vector<int64_t>* out, std::string_view text) {
+  out->push_back(static_cast<int64_t>(text.size()));
+  for (size_t at = 0; at < text.size(); at += 8) {
+    uint64_t word = 0;
+    for (size_t i = 0; i < 8 && at + i < text.size(); ++i) {
+      word |= static_cast<uint64_t>(static_cast<unsigned char>(text[at + i])) << (8 * i);
+    }
+    out->push_back(static_cast<int64_t>(word));
+  }
+}
+
+void put_shape(std::vector<int64_t>* out, const Shape& shape) {
+  out->push_back(static_cast<int64_t>(shape.size()));
+  out->insert(out->end(), shape.begin(), shape.end());
+}
+
+// Reads what put_text/put_shape wrote; throws Internal past the end.
+struct Words {
+  const std::vector<int64_t>& words;
+  size_t at = 0;
+  int64_t next() {
+    TESSEL_CHECK(at < words.size(), Internal, "checkpoint: a rank's description is truncated");
+    return words[at++];
+  }
+  std::string text() {
+    const auto n = static_cast<size_t>(next());
+    std::string out;
+    for (size_t i = 0; i < n; i += 8) {
+      const auto word = static_cast<uint64_t>(next());
+      for (size_t j = 0; j < 8 && i + j < n; ++j) {
+        out.push_back(static_cast<char>((word >> (8 * j)) & 0xff));
+      }
+    }
+    return out;
+  }
+  Shape shape(size_t n) {
+    Shape out;
+    for (size_t i = 0; i < n; ++i) out.push_back(next());
+    return out;
+  }
+  Shape shape() { return shape(static_cast<size_t>(next())); }
+};
+
+}  // namespace
+
+std::vector<int64_t> describe(const std::vector<StateTensor>& tensors) {
+  const std::vector<int64_t> boxes = own_boxes(tensors);
+  std::vector<int64_t> out = {static_cast<int64_t>(tensors.size())};
+  auto box = boxes.begin();
+  for (const StateTensor& t : tensors) {
+    const TensorInfo info = info_of(t);
+    put_text(&out, info.name);
+    put_text(&out, info.saved_from);
+    out.push_back(static_cast<int64_t>(info.dtype));
+    put_shape(&out, info.shape);
+    put_shape(&out, info.logical_shape);
+    const auto n = static_cast<std::ptrdiff_t>(2 * info.shape.size());  // offsets, sizes
+    out.insert(out.end(), box, box + n);
+    box += n;
+  }
+  return out;
+}
+
+UnionOfStates union_of(const std::vector<std::vector<int64_t>>& descriptions) {
+  UnionOfStates u;
+  std::map<std::string, size_t> index;      // name -> position in u
+  std::vector<std::vector<int>> described;  // per tensor: the ranks describing it
+  for (size_t r = 0; r < descriptions.size(); ++r) {
+    const int rank = static_cast<int>(r);
+    Words in{descriptions[r]};
+    const int64_t count = in.next();
+    for (int64_t i = 0; i < count; ++i) {
+      TensorInfo info;
+      info.name = in.text();
+      info.saved_from = in.text();
+      info.dtype = static_cast<DType>(in.next());
+      info.shape = in.shape();
+      info.logical_shape = in.shape();
+      Shape offsets = in.shape(info.shape.size());
+      Shape sizes = in.shape(info.shape.size());
+      const auto [it, added] = index.emplace(info.name, u.infos.size());
+      if (added) {
+        u.infos.push_back(info);
+        u.holdings.emplace_back();
+        described.emplace_back();
+      }
+      const TensorInfo& first = u.infos[it->second];
+      TESSEL_CHECK(first.dtype == info.dtype && first.shape == info.shape &&
+                       first.logical_shape == info.logical_shape,
+                   InvalidArgument,
+                   "checkpoint: rank {} holds tensor '{}' as {} (saved as {}) but rank {} as {} "
+                   "(saved as {}); every rank holding a tensor must hold the same tensor",
+                   described[it->second].front(), info.name,
+                   typed_shape_str(first.dtype, first.shape),
+                   shape_str(first.logical_shape.empty() ? first.shape : first.logical_shape), rank,
+                   typed_shape_str(info.dtype, info.shape),
+                   shape_str(info.logical_shape.empty() ? info.shape : info.logical_shape));
+      described[it->second].push_back(rank);
+      hold(&u.holdings[it->second], Box{std::move(offsets), std::move(sizes)}, rank);
+    }
+  }
+  uint64_t h = 14695981039346656037ull;
+  for (size_t i = 0; i < u.infos.size(); ++i) {
+    const TensorInfo& t = u.infos[i];
+    const Holdings& held = u.holdings[i];
+    // Every element held once: distinct boxes are disjoint and together as large as the tensor.
+    int64_t covered = 0;
+    for (size_t a = 0; a < held.boxes.size(); ++a) {
+      covered += shape_numel(held.boxes[a].sizes);
+      for (size_t b = a + 1; b < held.boxes.size(); ++b) {
+        TESSEL_CHECK(!intersect(held.boxes[a], held.boxes[b]), InvalidArgument,
+                     "checkpoint: tensor '{}' is held in overlapping pieces (offsets {} sizes {} "
+                     "on rank {}, offsets {} sizes {} on rank {}); its holders disagree on how "
+                     "it is sharded",
+                     t.name, shape_str(held.boxes[a].offsets), shape_str(held.boxes[a].sizes),
+                     held.holders[a].front(), shape_str(held.boxes[b].offsets),
+                     shape_str(held.boxes[b].sizes), held.holders[b].front());
+      }
+    }
+    TESSEL_CHECK(covered == shape_numel(t.shape), InvalidArgument,
+                 "checkpoint: {} of the {} elements of tensor '{}' ({}) are held by no rank "
+                 "(it is held by rank {}); every element of a saved tensor must be held by some "
+                 "rank",
+                 shape_numel(t.shape) - covered, shape_numel(t.shape), t.name,
+                 typed_shape_str(t.dtype, t.shape), fmt::join(described[i], ", "));
+    h = fnv1a(h, fmt::format("{}|{}|{}|{}", t.name, typed_shape_str(t.dtype, t.shape),
+                             shape_str(t.logical_shape), held.boxes.size()));
+  }
+  u.digest = h;
+  return u;
 }
 
 CheckpointMetadata metadata_of(const SavePlan& plan, int64_t step, int world) {

@@ -35,12 +35,16 @@ std::optional<Box> intersect(const Box& a, const Box& b);
 std::vector<Box> logical_boxes(const Box& box, const Shape& global, const Shape& logical,
                                const std::string& name);
 
-struct PlannedTensor {
+// What a save plan needs of a tensor without its data (one that another rank may hold).
+struct TensorInfo {
   std::string name;
   DType dtype = DType::kF32;
   Shape shape;          // global
   Shape logical_shape;  // saved as (empty: `shape`)
   std::string saved_from;
+};
+
+struct PlannedTensor : TensorInfo {
   std::vector<Box> boxes;    // the distinct non-empty boxes (of `shape`)
   std::vector<int> writers;  // the group rank writing each box
   int mine = -1;             // the index of the box this rank writes, -1: none
@@ -79,6 +83,26 @@ std::vector<Holdings> gathered_holdings(const std::vector<StateTensor>& tensors,
 // ranks outside the group.
 SavePlan plan_save(const std::vector<StateTensor>& tensors, int rank, int world, bool all_files,
                    const std::vector<Holdings>* holdings = nullptr);
+
+TensorInfo info_of(const StateTensor& t);
+// The plan of tensors described by `infos` with `holdings` (one per info).
+SavePlan plan_save(const std::vector<TensorInfo>& infos, std::vector<Holdings> holdings, int rank,
+                   int world, bool all_files);
+
+// States whose ranks hold different tensors (CheckpointState::ranks_hold_different_tensors:
+// pipeline stages). Each rank describes what it holds — per tensor its TensorInfo and its own
+// box — as 64-bit words (text packed 8 bytes a word); union_of takes every rank's description
+// and gives the checkpoint's tensors (in order of first appearance, rank 0's first) with their
+// holdings, the same on every rank. Throws InvalidArgument naming the tensor and the ranks when
+// holders disagree on its dtype or shapes, when their boxes overlap, or when some elements of a
+// tensor are held by no rank.
+std::vector<int64_t> describe(const std::vector<StateTensor>& tensors);
+struct UnionOfStates {
+  std::vector<TensorInfo> infos;
+  std::vector<Holdings> holdings;
+  uint64_t digest = 0;  // of the infos and holdings: equal on every rank
+};
+UnionOfStates union_of(const std::vector<std::vector<int64_t>>& descriptions);
 
 // The metadata rank 0 writes for `plan` (generators and strings are filled in by the caller).
 CheckpointMetadata metadata_of(const SavePlan& plan, int64_t step, int world);
