@@ -19,6 +19,7 @@
 #include "tessel/nn/gpt.h"
 #include "tessel/nn/optim/adamw.h"
 #include "tessel/nn/optim/schedule.h"
+#include "tessel/parallel/checkpoint/checkpoint.h"
 #include "tessel/parallel/fsdp/fsdp.h"
 #include "tessel/parallel/pp/gpt_stage.h"
 #include "tessel/parallel/pp/runtime.h"
@@ -68,7 +69,6 @@ void check_pipeline_flags(const Flags& f, const PipelineFlags& p) {
   unsupported(f.sequence_parallel, "--sequence-parallel");
   unsupported(f.ddp, "--ddp");
   unsupported(f.dp_replicate > 1, "--dp-replicate");
-  unsupported(!f.checkpoint_dir.empty() || f.resume, "--checkpoint-dir / --resume");
   unsupported(!f.init_hf.empty() || !f.export_hf.empty(), "--init-hf / --export-hf");
   unsupported(f.generate, "--generate");
   unsupported(f.grad_accum > 1, "--grad-accum (use --microbatches)");
@@ -158,6 +158,30 @@ int run_pipeline(const Flags& f, const PipelineFlags& p) {
                               .min_lr = f.min_lr,
                               .warmup_steps = std::min(f.warmup, f.steps),
                               .total_steps = f.steps});
+  // Checkpoints: each rank its stages' parameters (shards under FSDP / TP) and AdamW state, under
+  // the whole model's names, so a run resumes at another --pp, --pp-virtual-stages or dp_shard.
+  checkpoint::CheckpointState ckpt_state(world);
+  ckpt_state.ranks_hold_different_tensors = true;
+  std::unique_ptr<checkpoint::Checkpointer> ckpt;
+  int64_t first_step = 0;
+  if (!f.checkpoint_dir.empty()) {
+    ckpt_state.metadata["model.config"] = model_config_str(f);
+    for (auto& s : stages) {
+      ckpt_state.add_model("model", *s);
+      ckpt_state.add_optimizer("optim", adamw, *s);
+    }
+    ckpt = std::make_unique<checkpoint::Checkpointer>(
+        world, f.checkpoint_dir, checkpoint::CheckpointerOptions{.keep_last = f.keep_checkpoints});
+    if (f.resume) {
+      if (const auto dir = ckpt->load_latest(ckpt_state)) {
+        data.restore(ckpt_state.metadata);
+        first_step = ckpt_state.step;
+        if (lead) fmt::print("resumed from {} at step {}\n", *dir, first_step);
+      } else if (lead) {
+        fmt::print("no checkpoint under {}: starting from step 0\n", f.checkpoint_dir);
+      }
+    }
+  }
   if (lead) {
     fmt::print(
         "train_gpt: pipeline of {} ranks x {} dp_shard x {} tp, schedule {} ({} stages, {} "
@@ -167,14 +191,14 @@ int run_pipeline(const Flags& f, const PipelineFlags& p) {
   }
   std::ofstream json;
   if (lead && !f.log_json.empty()) {
-    json.open(f.log_json);
+    json.open(f.log_json, first_step > 0 ? std::ios::app : std::ios::trunc);
     TESSEL_CHECK(json.good(), IoError, "cannot write --log-json file '{}'", f.log_json);
   }
   using Clock = std::chrono::steady_clock;
   auto window_start = Clock::now();
   double window_loss = 0;
   int64_t window_steps = 0;
-  for (int64_t step = 0; step < f.steps; ++step) {
+  for (int64_t step = first_step; step < f.steps; ++step) {
     fr::FlightRecorder::global().set_step(step);
     const auto [x, y] = data.next_train();
     adamw.set_lr(lr.lr(step));
@@ -197,7 +221,14 @@ int run_pipeline(const Flags& f, const PipelineFlags& p) {
       window_steps = 0;
       window_start = Clock::now();
     }
+    if (ckpt && f.checkpoint_every > 0 && (step + 1) % f.checkpoint_every == 0) {
+      ckpt_state.step = step + 1;
+      data.save(ckpt_state.metadata);
+      ckpt->async_save(ckpt_state);  // waits for the previous save first
+      if (lead) fmt::print("saving checkpoint step {} in the background\n", step + 1);
+    }
   }
+  if (ckpt) ckpt->wait();  // rethrows a failed save
   if (lead) {
     const auto& st = runtime.stats();
     fmt::print("train_gpt: done; rank 0 held at most {} micro-batches' activations\n",
