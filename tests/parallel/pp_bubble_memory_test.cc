@@ -235,7 +235,7 @@ double theory(const std::string& name, int p, int m, int v) {
 // 60 us interleaved stage) lengthen the step a little past free-link theory.
 constexpr double kBubbleMargin = 0.02;
 
-TEST(PipelineBubbleTest, MeasuredIdleMatchesTheoryAndTheModel) {
+TEST(PipelineModeledBubbleTest, MeasuredIdleMatchesTheoryAndTheModel) {
   const ScheduleCosts costs{.forward = kForward,
                             .backward_input = kBackwardInput,
                             .backward_weight = kBackwardWeight,
@@ -278,7 +278,7 @@ TEST(PipelineBubbleTest, MeasuredIdleMatchesTheoryAndTheModel) {
 
 // Stage 0's activations over a step, from the allocator: GPipe holds all m micro-batches,
 // 1F1B at most p.
-TEST(PipelineMemoryTest, StageZeroPeakFollowsTheSchedule) {
+TEST(PipelineActivationPeakTest, StageZeroPeakFollowsTheSchedule) {
   constexpr int64_t kSavedFloats = 256 * 1024;  // 1 MiB per micro-batch on stage 0
   // What one micro-batch's forward on stage 0 keeps until its backward, as the allocator counts.
   int64_t activation = 0;
