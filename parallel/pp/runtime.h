@@ -77,9 +77,10 @@ struct PipelineOptions {
   // the gradients accumulate unsharded and are reduce-scattered once per step, in the stage's
   // last backward.
   bool fsdp_gather_once_per_step = true;
-  // Fault injection, for the tests of hang diagnosis only (tests/parallel/pp_hang_test.cc);
-  // leave both unset in a real run. before_action runs before each action of step(), on its
-  // thread (it may block, as a stage stuck in compute does); returning false skips the action.
+  // For tests only: fault injection (tests/parallel/pp_hang_test.cc) and a modeled clock per
+  // action (pp_bubble_memory_test.cc); leave both unset in a real run. before_action runs before
+  // each action of step(), on its thread (it may block, as a stage stuck in compute does);
+  // returning false skips the action.
   // check_schedule_agreement = false skips the constructor's check that every rank runs the
   // same schedule, so a test can run ranks whose micro-batch counts differ.
   std::function<bool(const Action&)> before_action = {};
