@@ -8,6 +8,7 @@
 #include "tessel/base/error.h"
 #include "tessel/tensor/autocast.h"
 #include "tessel/tensor/backend.h"
+#include "tessel/tensor/deferred_grad.h"
 #include "tessel/tensor/ops.h"
 
 namespace tessel {
@@ -112,6 +113,25 @@ Tensor conform(const Tensor& grad, const Node& node, int slot) {
                "gradient of shape {} reached output {} of {} whose shape is {}",
                shape_str(grad.shape()), slot, node.name, shape_str(m.shape));
   return grad.dtype() == m.dtype ? grad : to(grad, m.dtype);
+}
+
+// Installs a pass's queue of end-of-backward callbacks on this thread for its scope.
+struct CallbackScope {
+  std::vector<std::function<void()>>* previous;
+  explicit CallbackScope(std::vector<std::function<void()>>* mine) : previous(t_callbacks) {
+    t_callbacks = mine;
+  }
+  ~CallbackScope() { t_callbacks = previous; }
+  CallbackScope(const CallbackScope&) = delete;
+  CallbackScope& operator=(const CallbackScope&) = delete;
+};
+
+// A callback may queue another; runs until the queue is empty, in order.
+void run_callbacks(std::vector<std::function<void()>>& callbacks) {
+  for (size_t i = 0; i < callbacks.size(); ++i) {
+    std::function<void()> callback = std::move(callbacks[i]);
+    callback();
+  }
 }
 
 struct ByNewest {
@@ -231,13 +251,7 @@ void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
   // Callbacks queued while this pass runs; restored on exit, so a backward() inside a hook
   // keeps its own queue.
   std::vector<std::function<void()>> callbacks;
-  struct CallbackScope {
-    std::vector<std::function<void()>>* previous;
-    explicit CallbackScope(std::vector<std::function<void()>>* mine) : previous(t_callbacks) {
-      t_callbacks = mine;
-    }
-    ~CallbackScope() { t_callbacks = previous; }
-  } callback_scope(&callbacks);
+  CallbackScope callback_scope(&callbacks);
 
   // Count, for every node reachable from the root, how many edges lead into it.
   std::unordered_map<Node*, int> dependencies;
@@ -301,11 +315,7 @@ void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
       if (--dependencies[e.node.get()] == 0) ready.push(e.node.get());
     }
   }
-  // A callback may queue another; run until the queue is empty, in order.
-  for (size_t i = 0; i < callbacks.size(); ++i) {
-    std::function<void()> callback = std::move(callbacks[i]);
-    callback();
-  }
+  run_callbacks(callbacks);
 }
 
 void queue_callback(std::function<void()> callback) {
@@ -355,6 +365,59 @@ OpOutputCacheGuard::OpOutputCacheGuard(OpOutputCache* cache) : previous_(t_op_ou
 OpOutputCacheGuard::~OpOutputCacheGuard() { t_op_output_cache = previous_; }
 
 OpOutputCache* op_output_cache() { return t_op_output_cache; }
+
+// ---- Deferred weight gradients ----------------------------------------------------------------
+
+void DeferredWeightGrads::defer(std::vector<Tensor> leaves, Compute compute) {
+  for (const Tensor& leaf : leaves) {
+    TESSEL_CHECK(leaf.defined() && leaf.requires_grad() && is_leaf(leaf), Internal,
+                 "deferred weight gradient for {}, which is not a leaf that requires a gradient",
+                 leaf.defined() ? leaf.str() : std::string("an undefined tensor"));
+  }
+  entries_.push_back({std::move(leaves), std::move(compute)});
+  ++deferred_total_;
+}
+
+void DeferredWeightGrads::run() {
+  std::vector<Entry> entries = std::move(entries_);
+  entries_.clear();
+  // As backward(): no recording, the saved dtypes, and a callback queue for the hooks.
+  NoGradGuard no_grad;
+  AutocastGuard no_autocast(DType::kBF16, /*enabled=*/false);
+  std::vector<std::function<void()>> callbacks;
+  {
+    CallbackScope callback_scope(&callbacks);
+    for (Entry& entry : entries) {
+      std::vector<Tensor> grads = entry.compute();
+      entry.compute = nullptr;  // frees the saved input and output gradient
+      TESSEL_CHECK(grads.size() == entry.leaves.size(), Internal,
+                   "a deferred weight gradient returned {} gradients for {} leaves", grads.size(),
+                   entry.leaves.size());
+      for (size_t i = 0; i < grads.size(); ++i) {
+        if (!grads[i].defined()) continue;
+        const std::shared_ptr<Node> sink = grad_accumulator(entry.leaves[i]);
+        std::vector<Tensor> in;
+        in.push_back(conform(grads[i], *sink, 0));
+        grads[i] = Tensor();  // so the sink may take the gradient as it is, as backward() does
+        sink->apply(std::move(in));
+      }
+    }
+    run_callbacks(callbacks);
+  }
+}
+
+namespace {
+thread_local DeferredWeightGrads* t_deferred_weight_grads = nullptr;
+}  // namespace
+
+DeferWeightGradsGuard::DeferWeightGradsGuard(DeferredWeightGrads* store)
+    : previous_(t_deferred_weight_grads) {
+  t_deferred_weight_grads = store;
+}
+
+DeferWeightGradsGuard::~DeferWeightGradsGuard() { t_deferred_weight_grads = previous_; }
+
+DeferredWeightGrads* deferred_weight_grads() { return t_deferred_weight_grads; }
 
 // ---- Custom functions -------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 // (tensor/autocast.h) they compute in the autocast dtype.
 #include "tessel/tensor/autocast.h"
 #include "tessel/tensor/autograd.h"
+#include "tessel/tensor/deferred_grad.h"
 #include "tessel/tensor/internal/op_util.h"
 #include "tessel/tensor/ops.h"
 
@@ -141,30 +142,56 @@ Tensor fused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, D
   if (needs_grad({x, weight, bias})) {
     const bool rx = x.requires_grad(), rw = weight.requires_grad();
     const bool rb = bias.defined() && bias.requires_grad();
+    // Under a DeferWeightGradsGuard the weight and bias gradients wait for the store's run()
+    // (zero-bubble's W); only leaves can wait (a non-leaf's node is freed by this pass).
+    const bool deferrable = (!rw || is_leaf(weight)) && (!rb || is_leaf(bias)) && (rw || rb);
     record_op(
         "linear", {x, weight, bias}, {out},
         [rx, rw, rb, compute, rows, x_shape = x.shape(), x_dtype = x.dtype(),
          w_dtype = weight.dtype(), b_dtype = bias.defined() ? bias.dtype() : compute,
-         xc = rw ? xc : Tensor(), wc = rx ? wc : Tensor()](const std::vector<Tensor>& g) {
+         xc = rw ? xc : Tensor(), wc = rx ? wc : Tensor(),
+         weight = deferrable && rw ? weight : Tensor(),
+         bias = deferrable && rb ? bias : Tensor()](const std::vector<Tensor>& g) {
           const int64_t n = g[0].size(-1);
           const Tensor g2 = contiguous(reshape(g[0], {rows, n}));
           Backend& backend = internal::backend_of(g2);
-          Tensor dx, dw, db;
+          Tensor dx;
           if (rx) {
             dx = empty({g2.size(0), wc.size(1)}, gemm_grad_dtype(x_dtype, compute), g2.device());
             backend.matmul(g2, wc, dx);
             dx = reshape(dx, x_shape);
           }
-          if (rw) {
-            dw = empty({n, xc.size(1)}, gemm_grad_dtype(w_dtype, compute), g2.device());
-            backend.matmul(transpose(g2, 0, 1), xc, dw);
+          // dW = g^T @ x and db = column sums of g.
+          auto weight_grads = [rw, rb, n, compute, w_dtype, b_dtype, g2, xc] {
+            Backend& b = internal::backend_of(g2);
+            Tensor dw, db;
+            if (rw) {
+              dw = empty({n, xc.size(1)}, gemm_grad_dtype(w_dtype, compute), g2.device());
+              b.matmul(transpose(g2, 0, 1), xc, dw);
+            }
+            if (rb) {
+              db = empty({1, n}, gemm_grad_dtype(b_dtype, compute), g2.device());
+              b.reduce(ReduceOp::kSum, g2, {0}, db);
+              db = db.as_strided({n}, {1}, 0);
+            }
+            return std::vector<Tensor>{dw, db};
+          };
+          DeferredWeightGrads* store = deferred_weight_grads();
+          if (store != nullptr && (weight.defined() || bias.defined())) {
+            std::vector<Tensor> leaves;
+            if (rw) leaves.push_back(weight);
+            if (rb) leaves.push_back(bias);
+            store->defer(std::move(leaves), [rw, rb, weight_grads] {
+              std::vector<Tensor> grads = weight_grads();
+              std::vector<Tensor> out;
+              if (rw) out.push_back(std::move(grads[0]));
+              if (rb) out.push_back(std::move(grads[1]));
+              return out;
+            });
+            return std::vector<Tensor>{dx, Tensor(), Tensor()};
           }
-          if (rb) {
-            db = empty({1, n}, gemm_grad_dtype(b_dtype, compute), g2.device());
-            backend.reduce(ReduceOp::kSum, g2, {0}, db);
-            db = db.as_strided({n}, {1}, 0);
-          }
-          return std::vector<Tensor>{dx, dw, db};
+          std::vector<Tensor> grads = weight_grads();
+          return std::vector<Tensor>{dx, std::move(grads[0]), std::move(grads[1])};
         });
   }
   return out;

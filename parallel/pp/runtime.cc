@@ -16,6 +16,7 @@
 #include "tessel/parallel/fsdp/fsdp.h"
 #include "tessel/parallel/pp/schedule_validate.h"
 #include "tessel/tensor/autograd.h"
+#include "tessel/tensor/deferred_grad.h"
 #include "tessel/tensor/ops.h"
 
 namespace tessel::pp {
@@ -73,6 +74,10 @@ struct MicroState {
   Tensor input;         // the stage's input as an autograd leaf (stages > 0)
   Tensor output;        // the stage's output (the last stage: its scaled loss)
   Tensor input_buffer;  // the receive buffer the input came in, returned to the pool at release
+  // Split backward (B then W): the weight gradients B deferred, run by W, and the receive
+  // buffer of the output gradient they read, returned to the pool at release.
+  std::shared_ptr<DeferredWeightGrads> weight_grads;
+  Tensor gradient_buffer;
   bool held = false;
 };
 
@@ -495,6 +500,7 @@ double PipelineRuntime::step(const Tensor& inputs, const Tensor& targets) {
     MicroState& st = I.state[li][static_cast<size_t>(mb)];
     if (!st.held) return;
     I.release({false, stage - 1}, st.input_buffer);
+    I.release({true, stage}, st.gradient_buffer);
     st = MicroState{};
     --I.held[li];
     --I.held_rank;
@@ -569,14 +575,30 @@ double PipelineRuntime::step(const Tensor& inputs, const Tensor& targets) {
           fsdp[li]->set_requires_gradient_sync(true);
           fsdp[li]->set_reshard_after_backward(true);
         }
-        if (s == S - 1) {
-          tessel::backward(st.output);
-        } else {
-          tessel::backward(st.output, I.gradient_in[li][static_cast<size_t>(mb)]);
-          I.release({true, s}, I.gradient_buffer[li][static_cast<size_t>(mb)]);
+        // B of a split backward leaves linear layers' weight gradients to W. Not under FSDP:
+        // its reduce-scatter wants a parameter's whole gradient within one backward pass.
+        const bool split = a.kind == ActionKind::kBackwardInput &&
+                           I.options.defer_weight_gradients && fsdp[li] == nullptr;
+        if (split) st.weight_grads = std::make_shared<DeferredWeightGrads>();
+        {
+          const DeferWeightGradsGuard defer(split ? st.weight_grads.get() : nullptr);
+          if (s == S - 1) {
+            tessel::backward(st.output);
+          } else {
+            tessel::backward(st.output, I.gradient_in[li][static_cast<size_t>(mb)]);
+          }
+        }
+        if (s < S - 1) {
+          // The deferred weight gradients read the output gradient: its buffer waits for W.
+          if (split && !st.weight_grads->empty()) {
+            st.gradient_buffer = I.gradient_buffer[li][static_cast<size_t>(mb)];
+          } else {
+            I.release({true, s}, I.gradient_buffer[li][static_cast<size_t>(mb)]);
+          }
           I.gradient_in[li][static_cast<size_t>(mb)] = Tensor();
           I.gradient_buffer[li][static_cast<size_t>(mb)] = Tensor();
         }
+        if (split) stats_.weight_grads_deferred += st.weight_grads->deferred_total();
         if (s > 0 && st.input.requires_grad()) {
           Tensor g = st.input.grad();
           if (is_local(s - 1)) {
@@ -589,9 +611,13 @@ double PipelineRuntime::step(const Tensor& inputs, const Tensor& targets) {
         if (a.kind == ActionKind::kBackward) release(li, s, mb);
         break;
       }
-      case ActionKind::kBackwardWeight:
-        release(local(s), s, mb);
+      case ActionKind::kBackwardWeight: {
+        const size_t li = local(s);
+        MicroState& st = I.state[li][static_cast<size_t>(mb)];
+        if (st.weight_grads != nullptr) st.weight_grads->run();
+        release(li, s, mb);
         break;
+      }
       case ActionKind::kSendGradient: {
         const size_t li = local(s);
         send(a, I.gradient_out[li][static_cast<size_t>(mb)]);

@@ -27,10 +27,12 @@
 // it. Shapes are agreed once: the first message of each stage boundary and direction carries
 // the tensor's dtype and shape; receive buffers are allocated once per boundary and reused.
 //
-// The backward split (B then W, zero-bubble schedules): tessel's autograd has no input-only pass,
-// so B runs the stage's whole backward (input and weight gradients) and W releases the
-// micro-batch's saved state. The order, the communication and the memory are the schedule's; the
-// compute saving of a separate weight pass is not there yet.
+// The backward split (B then W, zero-bubble schedules): B runs the stage's backward under a
+// DeferWeightGradsGuard (tensor/deferred_grad.h), so linear layers (attention and MLP
+// projections, the LM head) compute their input gradients and queue their weight and bias
+// gradients; W computes those and accumulates them, then releases the micro-batch's saved state.
+// Embeddings and norms still get their (cheap) weight gradients in B. FSDP stages, and
+// defer_weight_gradients = false, run the whole backward in B (W then only releases).
 //
 // Thread-safety: one thread per rank calls step(). Ownership: the runtime shares the stage
 // modules and the groups.
@@ -77,6 +79,10 @@ struct PipelineOptions {
   // the gradients accumulate unsharded and are reduce-scattered once per step, in the stage's
   // last backward.
   bool fsdp_gather_once_per_step = true;
+  // Zero-bubble schedules (B and W actions): B computes input gradients only and W the linear
+  // layers' weight gradients. false: B runs the whole backward, W only frees saved state.
+  // Stages under fully_shard always run the whole backward in B.
+  bool defer_weight_gradients = true;
   // For tests only: fault injection (tests/parallel/pp_hang_test.cc) and a modeled clock per
   // action (pp_bubble_memory_test.cc); leave both unset in a real run. before_action runs before
   // each action of step(), on its thread (it may block, as a stage stuck in compute does);
@@ -98,6 +104,9 @@ struct PipelineStats {
   int64_t recvs = 0;
   int64_t recvs_posted_early = 0;  // receives issued before their action
   int64_t buffers_allocated = 0;   // receive buffers ever allocated (reused afterwards)
+  // Weight-gradient computations B actions left to their W (one per linear layer and
+  // micro-batch; 0 without B/W actions).
+  int64_t weight_grads_deferred = 0;
 };
 
 class PipelineRuntime {

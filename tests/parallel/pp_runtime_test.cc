@@ -345,6 +345,11 @@ TEST(PipelineLlamaTest, TiedInterleavedMatchesOneProcess) {
   expect_llama_parity(true, "interleaved-1f1b", 2);
 }
 
+// Zero-bubble: B defers the Llama's projections and its tied LM head to W.
+TEST(PipelineLlamaTest, TiedZeroBubbleMatchesOneProcess) {
+  expect_llama_parity(true, "zero-bubble", 1);
+}
+
 TEST(PipelineLlamaTest, MixtureOfExpertsIsRefused) {
   EXPECT_THROW(make_llama_stages(nn::LlamaConfig::tiny_moe(), {1, 1}, 0, 2), InvalidArgument);
 }
@@ -359,6 +364,78 @@ TEST(PipelineMemoryTest, OneFOneBHoldsAtMostPOnStageZero) {
   for (int r = 0; r < p; ++r) EXPECT_EQ(one_f_one_b.peak_in_flight[static_cast<size_t>(r)], p - r);
   const PipelineRun gpipe = train(make_gpipe(p, m), layout, 1);
   EXPECT_EQ(gpipe.peak_in_flight_stage0[0], m);
+}
+
+// Zero-bubble's split backward is real: on every rank, B leaves the linear layers' weight and
+// bias gradients untouched (queued: one per linear layer and micro-batch, the LM head's
+// included) and W adds them; the step's gradients equal, bit for bit, those of the same schedule
+// run with defer_weight_gradients = false (B the whole backward), which runs the same ops.
+TEST(PipelineZeroBubbleTest, BLeavesLinearWeightGradientsToW) {
+  const int p = 2, m = 4;
+  const PipelineSchedule schedule = make_schedule("zero-bubble", p, m, 1);
+  const std::vector<int> layout = uniform_layout(static_cast<int>(tiny_config().n_layer), p);
+  using Grads = std::vector<std::vector<float>>;
+  auto grads_of = [](const std::vector<Tensor>& params) {
+    Grads out;
+    for (const Tensor& t : params) {
+      out.push_back(t.grad().defined() ? to_vector<float>(t.grad()) : std::vector<float>{});
+    }
+    return out;
+  };
+  std::vector<Grads> at_step[2];  // [split][rank]: every parameter's gradient at STEP
+  for (int split = 0; split < 2; ++split) {
+    at_step[split].assign(static_cast<size_t>(p), {});
+    threads::run_ranks(p, [&](ProcessGroup& pg) {
+      const int rank = pg.rank();
+      auto stages = make_gpt_stages(tiny_config(), layout, rank, p);
+      std::vector<Tensor> linear;  // c_attn, c_proj, c_fc weights and biases
+      for (auto& [name, t] : stages[0]->named_parameters()) {
+        if (name.find(".c_") != std::string::npos) linear.push_back(t);
+      }
+      ASSERT_EQ(linear.size(), 3u * 4 * 2) << "3 blocks of 4 linear layers with biases";
+      Grads before;
+      const Action* previous = nullptr;
+      int b_checked = 0, w_checked = 0;
+      PipelineRuntime rt(
+          pg.shared_from_this(), schedule, local_stages(stages), nn::GPT::loss,
+          {.on_step =
+               [&] { at_step[split][static_cast<size_t>(rank)] = grads_of(rt.parameters()); },
+           .tied_parameters = gpt_tied_parameters(),
+           .defer_weight_gradients = split == 1,
+           .before_action =
+               [&](const Action& a) {
+                 Grads now = grads_of(linear);
+                 if (split == 1 && previous != nullptr &&
+                     previous->kind == ActionKind::kBackwardInput) {
+                   EXPECT_EQ(now, before)
+                       << "B of mb " << previous->microbatch << " on rank " << rank;
+                   ++b_checked;
+                 }
+                 if (split == 1 && previous != nullptr &&
+                     previous->kind == ActionKind::kBackwardWeight) {
+                   EXPECT_NE(now, before)
+                       << "W of mb " << previous->microbatch << " on rank " << rank;
+                   ++w_checked;
+                 }
+                 before = std::move(now);
+                 previous = &a;
+                 return true;
+               }});
+      auto [x, y] = batch(0);
+      rt.step(x, y);
+      const int64_t linears = 4 * 3 + (rank == p - 1 ? 1 : 0);  // the LM head on the last stage
+      EXPECT_EQ(rt.stats().weight_grads_deferred, split == 1 ? m * linears : 0);
+      if (split == 1) {
+        EXPECT_EQ(b_checked, m);
+        EXPECT_EQ(w_checked, m);
+      }
+    });
+  }
+  for (int r = 0; r < p; ++r) {
+    const Grads& plain = at_step[0][static_cast<size_t>(r)];
+    ASSERT_FALSE(plain.empty());
+    EXPECT_EQ(at_step[1][static_cast<size_t>(r)], plain) << "rank " << r;
+  }
 }
 
 // Every send and receive is flight-recorded with the pipeline action it serves, so tessel-trace
