@@ -287,6 +287,12 @@ TEST(PipelineTpTest, Pp2Tp2MatchesOneProcess) {
       InvalidArgument);
 }
 
+// (pp, tp) = (2, 2) with zero-bubble: B defers the column- and row-parallel linears' weight
+// gradients (their pieces are leaves) while the input gradients' all-reduces stay in B.
+TEST(PipelineTpTest, ZeroBubbleMatchesOneProcess) {
+  expect_mesh_parity(2, 1, 2, make_schedule("zero-bubble", 2, 4, 1), {3, 3}, 5);
+}
+
 // (pp, dp_shard, tp) = (2, 2, 2) on 8 rank threads, interleaved: 10 steps.
 TEST(PipelineTpTest, ThreeDimensionalMatchesOneProcess) {
   expect_mesh_parity(2, 2, 2, make_interleaved_1f1b(2, 2, 2), {1, 2, 2, 1}, 10);
