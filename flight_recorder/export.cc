@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <vector>
 
 namespace tessel::fr {
@@ -33,18 +34,39 @@ std::string entry_name(const RankDump& d, const TraceEntry& e) {
   return fmt::format("{} #{} ({})", op_name(e.op), e.seq, group_label(d, e.group_id));
 }
 
-// The rank's spans, in ring order, each given a lane (a track): within one lane spans nest or
-// follow one another, as slices of one track must; a span that begins inside an open one and
-// outlasts it (spans of two threads, or one group's backward ending just after the next one's
-// began) goes to the first lane where it fits.
-std::vector<int> span_lanes(const RankDump& d) {
+// A pipeline runtime's compute action span: "F mb3 s1", "B ...", "W ...", "BW ..." (see
+// parallel/pp/runtime.cc); these go on the rank's pipeline track.
+bool is_pipeline_action(std::string_view text) {
+  const size_t space = text.find(' ');
+  if (space == std::string_view::npos) return false;
+  const std::string_view kind = text.substr(0, space);
+  if (kind != "F" && kind != "B" && kind != "W" && kind != "BW") return false;
+  auto number = [&](size_t& at, std::string_view prefix) {
+    if (text.substr(at, prefix.size()) != prefix) return false;
+    at += prefix.size();
+    const size_t digits = at;
+    while (at < text.size() && text[at] >= '0' && text[at] <= '9') ++at;
+    return at > digits;
+  };
+  size_t at = space;
+  return number(at, " mb") && number(at, " s") && at == text.size();
+}
+
+bool is_pipeline_span(const TraceEntry& e) { return e.is_span() && is_pipeline_action(e.text); }
+bool is_compute_span(const TraceEntry& e) { return e.is_span() && !is_pipeline_action(e.text); }
+
+// The rank's spans that `pick` selects, in ring order, each given a lane (a track): within one
+// lane spans nest or follow one another, as slices of one track must; a span that begins inside
+// an open one and outlasts it (spans of two threads, or one group's backward ending just after
+// the next one's began) goes to the first lane where it fits.
+std::vector<int> span_lanes(const RankDump& d, bool (*pick)(const TraceEntry&)) {
   struct Span {
     int64_t begin, end;
     size_t index;  // among the rank's spans, in ring order
   };
   std::vector<Span> spans;
   for (const auto& e : d.entries) {
-    if (!e.is_span()) continue;
+    if (!pick(e)) continue;
     const int64_t begin = e.started_ns != 0 ? e.started_ns : e.enqueued_ns;
     const int64_t end = e.finished() ? e.completed_ns : INT64_MAX;
     spans.push_back({begin, std::max(begin, end), spans.size()});
@@ -116,8 +138,9 @@ std::string export_perfetto(const DumpSet& set) {
                       {"pid", d.rank},
                       {"args", {{"sort_index", d.rank}}}});
     // Thread ids are small per-rank track numbers (Perfetto's JSON importer takes 32-bit ids;
-    // group ids are 64-bit hashes): 0 for user markers, 1..L for the compute lanes, then one
-    // per group in order of first use, each named and sorted by id.
+    // group ids are 64-bit hashes): 0 for user markers, 1..P for the pipeline's action lanes,
+    // then the compute lanes, then one per group in order of first use, each named and sorted
+    // by id.
     auto name_track = [&](int tid, const std::string& name) {
       events.push_back({{"ph", "M"},
                         {"name", "thread_name"},
@@ -147,14 +170,22 @@ std::string export_perfetto(const DumpSet& set) {
                         {"dur", static_cast<double>(std::max<int64_t>(end - begin, 0)) / 1000.0},
                         {"args", std::move(args)}});
     };
-    const std::vector<int> lanes = span_lanes(d);
-    const int lane_count = lanes.empty() ? 0 : *std::max_element(lanes.begin(), lanes.end()) + 1;
-    for (int lane = 0; lane < lane_count; ++lane) {
-      name_track(1 + lane, lane == 0 ? "compute" : fmt::format("compute {}", lane + 1));
+    auto lane_count = [](const std::vector<int>& lanes) {
+      return lanes.empty() ? 0 : *std::max_element(lanes.begin(), lanes.end()) + 1;
+    };
+    const std::vector<int> actions = span_lanes(d, is_pipeline_span);
+    const std::vector<int> lanes = span_lanes(d, is_compute_span);
+    const int first_compute = 1 + lane_count(actions);
+    for (int lane = 0; lane < lane_count(actions); ++lane) {
+      name_track(1 + lane, lane == 0 ? "pipeline" : fmt::format("pipeline {}", lane + 1));
     }
+    for (int lane = 0; lane < lane_count(lanes); ++lane) {
+      name_track(first_compute + lane, lane == 0 ? "compute" : fmt::format("compute {}", lane + 1));
+    }
+    const int first_group = first_compute + lane_count(lanes);
     std::map<uint64_t, int> track;
     bool markers = false;
-    size_t span = 0;
+    size_t span = 0, action = 0;
     for (const auto& e : d.entries) {
       if (e.is_user_event()) {
         if (!markers) {
@@ -170,11 +201,15 @@ std::string export_perfetto(const DumpSet& set) {
                           {"args", {{"step", e.step}}}});
         continue;
       }
-      if (e.is_span()) {
-        slice(e, e.text, 1 + lanes[span++], {{"thread_id", e.thread_id}});
+      if (is_pipeline_span(e)) {
+        slice(e, e.text, 1 + actions[action++], {{"thread_id", e.thread_id}});
         continue;
       }
-      auto [it, fresh] = track.emplace(e.group_id, lane_count + static_cast<int>(track.size()) + 1);
+      if (e.is_span()) {
+        slice(e, e.text, first_compute + lanes[span++], {{"thread_id", e.thread_id}});
+        continue;
+      }
+      auto [it, fresh] = track.emplace(e.group_id, first_group + static_cast<int>(track.size()));
       if (fresh) name_track(it->second, "group " + group_label(d, e.group_id));
       Json args = {
           {"seq", e.seq}, {"input", tensor_text(e.input)}, {"output", tensor_text(e.output)}};

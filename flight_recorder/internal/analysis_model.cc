@@ -650,6 +650,20 @@ RankPosition Model::position(int rank) const {
                           format_duration(Nanoseconds(d->monotonic_ns - w.entry->enqueued_ns)));
     }
     p.where = RankPosition::Where::kInOperation;
+  } else if (const auto& open = dump->digest->open_spans; !open.empty()) {
+    // Inside spans of its own work that never ended (the pipeline's action, FSDP's block): say
+    // which, outermost first, and for how long the outermost has run.
+    std::string spans;
+    for (const auto& s : open) spans += (spans.empty() ? "" : " > ") + s.text;
+    const std::string after = last_done == nullptr
+                                  ? ""
+                                  : fmt::format(", after {} {}", describe_entry(*last_done),
+                                                state_name(last_done->state));
+    place = fmt::format("in compute: {}{}", spans, after);
+    where =
+        fmt::format("in compute: {} for {}{}", spans,
+                    format_duration(Nanoseconds(d->monotonic_ns - open.front().started_ns)), after);
+    p.where = RankPosition::Where::kInCompute;
   } else if (last_done != nullptr) {
     const std::string op = describe_entry(*last_done);
     place = fmt::format("in compute since {} {}", op, state_name(last_done->state));

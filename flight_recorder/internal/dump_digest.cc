@@ -165,8 +165,16 @@ void RankFold::fold(const TraceEntry& e) {
     last_event_ = e.text;
     return;
   }
-  // Spans of the rank's own work take a ring slot but are no operation of a group: no evidence.
-  if (e.is_span()) return;
+  // Spans of the rank's own work take a ring slot but are no operation of a group: no evidence,
+  // only, for those still open, what the rank computes (a few, the newest).
+  if (e.is_span()) {
+    constexpr size_t kMaxOpenSpans = 4;
+    if (!e.finished() && e.purpose.empty()) {
+      if (open_spans_.size() == kMaxOpenSpans) open_spans_.erase(open_spans_.begin());
+      open_spans_.push_back({e.text, e.started_ns != 0 ? e.started_ns : e.enqueued_ns});
+    }
+    return;
+  }
   // How long the rank spent in its previous operation (straggler evidence).
   const int64_t waited = previous_wait_ns_;
   if (e.completed_ns != 0) previous_wait_ns_ = e.completed_ns - e.enqueued_ns;
@@ -244,6 +252,7 @@ RankDigest RankFold::finish(const RankDump& dump, std::vector<const GroupInfo*> 
   RankDigest r;
   r.registered = std::move(registered);
   r.last_event = std::move(last_event_);
+  r.open_spans = std::move(open_spans_);
   r.entries = index_;
   r.oldest_enqueued_ns = oldest_enqueued_ns_;
   r.failed = std::move(failed_);

@@ -61,7 +61,7 @@ struct Call {
 };
 
 // An operation as the analyzer holds it. User events are not held (RankDigest::last_event),
-// nor are spans (only counted in RankDigest::entries).
+// nor are spans (counted in RankDigest::entries; open ones kept in RankDigest::open_spans).
 struct HeldEntry {
   uint64_t record_id = 0, group_id = 0, seq = 0, p2p_seq = 0;
   int64_t step = -1, enqueued_ns = 0, completed_ns = 0;
@@ -120,8 +120,15 @@ struct RankDigest {
   std::vector<FailedOp> failed;
   std::vector<const GroupInfo*> registered;  // the groups its dump registers, by id
   std::string last_event;                    // its newest user event's text
-  uint64_t entries = 0;                      // entries in its ring, user events and spans too
-  int64_t oldest_enqueued_ns = 0;            // its oldest entry's
+  // Spans of the training loop's threads (no ThreadScope) still open at the dump, in ring order
+  // (outermost first when nested): the compute it is in ("F mb1 s1", the pipeline's action).
+  struct OpenSpan {
+    std::string text;
+    int64_t started_ns = 0;
+  };
+  std::vector<OpenSpan> open_spans;
+  uint64_t entries = 0;            // entries in its ring, user events and spans too
+  int64_t oldest_enqueued_ns = 0;  // its oldest entry's
 
   const GroupHistory* history(uint64_t group) const;
 };
@@ -257,6 +264,7 @@ class RankFold {
   std::vector<P2pRun> p2p_;
   std::vector<FailedOp> failed_;
   std::string last_event_;
+  std::vector<RankDigest::OpenSpan> open_spans_;
   uint32_t index_ = 0;
   int64_t previous_wait_ns_ = 0;
   int64_t oldest_enqueued_ns_ = 0;

@@ -214,8 +214,9 @@ INSTANTIATE_TEST_SUITE_P(MeshScenarios, MeshScenarioTest,
                                             ::testing::ValuesIn(kMeshCases)),
                          mesh_case_name);
 
-// Spans of compute are evidence of nothing: the same dumps with a span after every entry (and
-// one left open at the end, as a rank hung in its compute would leave) give the same verdict.
+// Spans of compute are evidence of nothing: the same dumps with a span after every entry give
+// the same verdict; one left open at the end, as a rank hung in its compute would leave, changes
+// only where a rank in compute is said to be (inside that span), never whom it blames.
 TEST(AnalyzerTest, SpansDoNotChangeAnyVerdict) {
   SynthOptions o;
   o.ranks = 5;
@@ -226,32 +227,61 @@ TEST(AnalyzerTest, SpansDoNotChangeAnyVerdict) {
     TempDir dir;
     synth_write(scenario, o, dir.path());
     const DumpSet set = read_dump_dir(dir.path());
-    DumpSet with_spans = set;
-    for (RankDump& d : with_spans.dumps) {
-      std::vector<TraceEntry> entries;
-      auto span = [&](int64_t at, bool open) {
-        TraceEntry e;
-        e.op = OpType::kUserSpan;
-        e.text = "fsdp backward transformer.h.3";
-        e.state = open ? EntryState::kStarted : EntryState::kCompleted;
-        e.enqueued_ns = e.started_ns = at;
-        e.completed_ns = open ? 0 : at + 1;
-        entries.push_back(e);
-      };
-      for (const TraceEntry& e : d.entries) {
-        entries.push_back(e);
-        span(e.enqueued_ns, false);
+    auto add_spans = [&](bool open_at_end) {
+      DumpSet with_spans = set;
+      for (RankDump& d : with_spans.dumps) {
+        std::vector<TraceEntry> entries;
+        auto span = [&](int64_t at, bool open) {
+          TraceEntry e;
+          e.op = OpType::kUserSpan;
+          e.text = "fsdp backward transformer.h.3";
+          e.state = open ? EntryState::kStarted : EntryState::kCompleted;
+          e.enqueued_ns = e.started_ns = at;
+          e.completed_ns = open ? 0 : at + 1;
+          entries.push_back(e);
+        };
+        for (const TraceEntry& e : d.entries) {
+          entries.push_back(e);
+          span(e.enqueued_ns, false);
+        }
+        if (open_at_end && !d.entries.empty()) span(d.entries.back().enqueued_ns, true);
+        // A ring that held them all: record ids in ring order, as the recorder gives them.
+        const uint64_t added = entries.size() - d.entries.size();
+        const uint64_t first = d.recorded + added + 1 - entries.size();
+        for (size_t i = 0; i < entries.size(); ++i) entries[i].record_id = first + i;
+        d.entries = std::move(entries);
+        d.recorded += added;
+        d.capacity += added;
       }
-      if (!d.entries.empty()) span(d.entries.back().enqueued_ns, true);
-      // A ring that held them all: record ids in ring order, as the recorder gives them.
-      const uint64_t added = entries.size() - d.entries.size();
-      const uint64_t first = d.recorded + added + 1 - entries.size();
-      for (size_t i = 0; i < entries.size(); ++i) entries[i].record_id = first + i;
-      d.entries = std::move(entries);
-      d.recorded += added;
-      d.capacity += added;
+      return with_spans;
+    };
+    const Verdict plain = analyze(set);
+    EXPECT_EQ(verdict_to_json(analyze(add_spans(false))), verdict_to_json(plain));
+    const Verdict open = analyze(add_spans(true));
+    EXPECT_EQ(open.status, plain.status);
+    EXPECT_EQ(open.culprits, plain.culprits);
+    EXPECT_EQ(open.suspects, plain.suspects);
+    ASSERT_EQ(open.findings.size(), plain.findings.size());
+    for (size_t i = 0; i < open.findings.size(); ++i) {
+      EXPECT_EQ(open.findings[i].kind, plain.findings[i].kind);
+      EXPECT_EQ(open.findings[i].culprits, plain.findings[i].culprits);
+      EXPECT_EQ(open.findings[i].waiting, plain.findings[i].waiting);
     }
-    EXPECT_EQ(verdict_to_json(analyze(with_spans)), verdict_to_json(analyze(set)));
+    ASSERT_EQ(open.positions.size(), plain.positions.size());
+    for (size_t r = 0; r < open.positions.size(); ++r) {
+      const RankPosition& was = plain.positions[r];
+      const RankPosition& now = open.positions[r];
+      EXPECT_EQ(now.where, was.where) << "rank " << r;
+      // In compute (or a stale dump's rank that was): now inside the open span.
+      if (was.summary.find("in compute for ") != std::string::npos ||
+          was.summary.find("in compute;") != std::string::npos) {
+        EXPECT_NE(now.summary.find("in compute: fsdp backward transformer.h.3 for "),
+                  std::string::npos)
+            << "rank " << r << ": " << now.summary;
+      } else {
+        EXPECT_EQ(now.summary, was.summary) << "rank " << r;
+      }
+    }
   }
 }
 
