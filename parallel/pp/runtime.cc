@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "tessel/base/error.h"
+#include "tessel/collectives/compute_span.h"
 #include "tessel/flight_recorder/record_text.h"
 #include "tessel/parallel/fsdp/clip_grad_norm.h"
 #include "tessel/parallel/fsdp/fsdp.h"
@@ -84,6 +85,20 @@ struct MicroState {
 // What the flight recorder notes on a send or receive: "pipeline RECV_F1s1<0: mb 1, stage 1".
 std::string record_text(const Action& a) {
   return fmt::format("pipeline {}: mb {}, stage {}", to_string(a), a.microbatch, a.stage);
+}
+
+// A compute action's flight-recorder span, "F mb3 s1" ("B", "W", "BW"); inactive for the other
+// actions. `tessel-trace export` draws these on each rank's pipeline track (bubbles are the gaps)
+// and a hang's verdict names the one a stuck stage is in. No allocation.
+ComputeSpan action_span(const Action& a, Device device) {
+  if (!is_compute(a.kind)) return {};
+  const char* kind = a.kind == ActionKind::kForward          ? "F"
+                     : a.kind == ActionKind::kBackwardInput  ? "B"
+                     : a.kind == ActionKind::kBackwardWeight ? "W"
+                                                             : "BW";
+  char text[40];
+  const auto end = fmt::format_to_n(text, sizeof(text), "{} mb{} s{}", kind, a.microbatch, a.stage);
+  return ComputeSpan(std::string_view(text, end.out - text), device);
 }
 
 }  // namespace
@@ -524,6 +539,8 @@ double PipelineRuntime::step(const Tensor& inputs, const Tensor& targets) {
   bool stepped = false;
   for (size_t k = 0; k < actions.size(); ++k) {
     const Action& a = actions[k];
+    // Covers the test hook too: a stage stuck there is stuck in this action.
+    const ComputeSpan span = action_span(a, group_->default_device());
     if (I.options.before_action && !I.options.before_action(a)) continue;
     if (I.options.recv_lookahead > 0) post_ahead(k);
     const int mb = a.microbatch;
@@ -578,7 +595,7 @@ double PipelineRuntime::step(const Tensor& inputs, const Tensor& targets) {
         // B of a split backward leaves linear layers' weight gradients to W. Not under FSDP:
         // its reduce-scatter wants a parameter's whole gradient within one backward pass.
         const bool split = a.kind == ActionKind::kBackwardInput &&
-                           I.options.defer_weight_gradients && fsdp[li] == nullptr;
+                           I.options.defer_weight_gradients;
         if (split) st.weight_grads = std::make_shared<DeferredWeightGrads>();
         {
           const DeferWeightGradsGuard defer(split ? st.weight_grads.get() : nullptr);

@@ -201,7 +201,8 @@ TEST(PipelineHangScenarioTest, ExtraMicroBatchOnOneStageBlamesThatStage) {
 TEST(PipelineHangScenarioTest, StageStuckInComputeIsTheCulprit) {
   if (gloo_missing()) GTEST_SKIP() << "this build has no Gloo backend";
   // Stage 1 blocks in micro-batch 1's forward until the others have timed out and it has
-  // dumped: the verdict names it in compute after its last completed call.
+  // dumped: the verdict names it in that action (the span the runtime records for it) after its
+  // last completed call.
   const HangRun run =
       run_pipeline([](int rank, const fs::path& dumps, PipelineSchedule&, PipelineOptions& o) {
         if (rank != 1) return;
@@ -213,9 +214,9 @@ TEST(PipelineHangScenarioTest, StageStuckInComputeIsTheCulprit) {
           return true;
         };
       });
-  // In compute after its last call completed: micro-batch 1's receive, or micro-batch 0's send
-  // when that completed later (sends are asynchronous).
-  expect_culprit(run, 1, "rank 1: in compute since ");
+  // In micro-batch 1's forward, after its last call completed: micro-batch 1's receive, or
+  // micro-batch 0's send when that completed later (sends are asynchronous).
+  expect_culprit(run, 1, "rank 1: in compute: F mb1 s1 for ");
   EXPECT_TRUE(contains(run.text, "pipeline RECV_F1s1<0: mb 1, stage 1) completed") ||
               contains(run.text, "pipeline SEND_F0s1>2: mb 0, stage 1) completed"))
       << run.text;
