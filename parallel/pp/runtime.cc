@@ -595,7 +595,7 @@ double PipelineRuntime::step(const Tensor& inputs, const Tensor& targets) {
         // B of a split backward leaves linear layers' weight gradients to W. Not under FSDP:
         // its reduce-scatter wants a parameter's whole gradient within one backward pass.
         const bool split = a.kind == ActionKind::kBackwardInput &&
-                           I.options.defer_weight_gradients;
+                           I.options.defer_weight_gradients && fsdp[li] == nullptr;
         if (split) st.weight_grads = std::make_shared<DeferredWeightGrads>();
         {
           const DeferWeightGradsGuard defer(split ? st.weight_grads.get() : nullptr);
