@@ -1,9 +1,11 @@
 // The pipeline runtime on rank threads: a tiny GPT split into stages (uniform, user-given and
 // balanced layouts; virtual stages; uneven and empty stages) trains 20 steps with every built-in
 // schedule for pp = 1 (virtual stages only), 2 and 4, and its losses match one process training
-// the whole model on the whole batch. The activations each rank holds at once, counted by the
-// runtime, equal the validator's peak (1F1B: at most p on stage 0). A malformed schedule, and
-// ranks running different schedules, fail on every rank naming the problem.
+// the whole model on the whole batch. Zero-bubble's B leaves the linear layers' weight gradients to
+// W (bit-identical to running B and W as one backward), except on FSDP stages. The activations each
+// rank holds at once, counted by the runtime, equal the validator's peak (1F1B: at most p on stage
+// 0). A malformed schedule, and ranks running different schedules, fail on every rank naming the
+// problem.
 
 #include <gtest/gtest.h>
 
@@ -277,6 +279,15 @@ TEST(PipelineFsdpTest, Pp2DpShard2MatchesOneProcessGatheringOncePerStep) {
 
 TEST(PipelineFsdpTest, GatheringPerMicroBatchAlsoMatches) {
   expect_fsdp_parity(/*gather_once=*/false, 5);
+}
+
+// Zero-bubble over FSDP stages: B runs the whole backward there (the reduce-scatter wants each
+// gradient complete within one pass), still one reduce_scatter per stage and step.
+TEST(PipelineFsdpTest, ZeroBubbleKeepsTheWholeBackwardInB) {
+  const int steps = 5;
+  const auto stats = expect_mesh_parity(2, 2, 1, make_schedule("zero-bubble", 2, 4, 1),
+                                        uniform_layout(6, 2), steps);
+  for (const FSDPStats& st : stats) EXPECT_EQ(st.reduce_scatters, steps);
 }
 
 // (pp, tp) = (2, 2), uneven stages.
