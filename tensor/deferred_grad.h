@@ -17,6 +17,8 @@
 // a weight reached once per pass gets bit-identical gradients; hooks fire in run(), not in the
 // deferring pass. A data-parallel wrapper that reduces when all its parameters' gradients of a
 // pass are ready (FSDP) does not see them in one pass: do not defer its modules.
+// A queued computation holds its op's input and output gradient as they were (views, not
+// copies): do not overwrite them (a reused receive buffer) before run().
 //
 // Thread-safety: none; a store is used by one thread. A guard installs it on its thread only.
 
