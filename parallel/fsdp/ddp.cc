@@ -422,6 +422,7 @@ ProcessGroup& DDPModule::group() const { return *state_->group; }
 
 void DDPModule::set_requires_gradient_sync(bool sync) { state_->requires_sync = sync; }
 bool DDPModule::requires_gradient_sync() const { return state_->requires_sync; }
+void DDPModule::set_next_backward_sync(bool sync) { state_->forward_sync = sync; }
 
 DDPModule::NoSyncGuard::NoSyncGuard(DDPModule& ddp)
     : ddp_(ddp), previous_(ddp.requires_gradient_sync()) {

@@ -125,6 +125,11 @@ class DDPModule {
   // false, gradients accumulate locally and nothing is communicated.
   void set_requires_gradient_sync(bool sync);
   bool requires_gradient_sync() const;
+  // Whether the next backward pass averages gradients, whatever the setting was when the
+  // module's forward last ran (PyTorch pipelining's reducer.prepare_for_backward). For callers
+  // that interleave forwards and backwards of several micro-batches, as the pipeline runtime
+  // does: call it just before each backward. Later forwards capture the setting again.
+  void set_next_backward_sync(bool sync);
 
   // Turns gradient sync off for its scope and restores the previous setting (PyTorch's no_sync).
   class NoSyncGuard {

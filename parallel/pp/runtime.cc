@@ -14,6 +14,7 @@
 #include "tessel/collectives/compute_span.h"
 #include "tessel/flight_recorder/record_text.h"
 #include "tessel/parallel/fsdp/clip_grad_norm.h"
+#include "tessel/parallel/fsdp/ddp.h"
 #include "tessel/parallel/fsdp/fsdp.h"
 #include "tessel/parallel/pp/schedule_validate.h"
 #include "tessel/tensor/autograd.h"
@@ -230,6 +231,11 @@ PipelineRuntime::PipelineRuntime(std::shared_ptr<ProcessGroup> group, PipelineSc
   for (size_t i = 0; i < stages_.size(); ++i) {
     TESSEL_CHECK(stages_[i].module != nullptr, InvalidArgument,
                  "PipelineRuntime: stage {} has no module", stages_[i].stage);
+    TESSEL_CHECK(stages_[i].ddp == nullptr || &stages_[i].ddp->module() == stages_[i].module.get(),
+                 InvalidArgument,
+                 "PipelineRuntime: stage {}'s DDP handle replicates another module; pass the "
+                 "handle replicate() returned for the stage's module",
+                 stages_[i].stage);
     given.push_back(stages_[i].stage);
     I.local_index[stages_[i].stage] = static_cast<int>(i);
   }
@@ -592,10 +598,16 @@ double PipelineRuntime::step(const Tensor& inputs, const Tensor& targets) {
           fsdp[li]->set_requires_gradient_sync(true);
           fsdp[li]->set_reshard_after_backward(true);
         }
-        // B of a split backward leaves linear layers' weight gradients to W. Not under FSDP:
-        // its reduce-scatter wants a parameter's whole gradient within one backward pass.
+        // DDP averages in the stage's last backward only (set per backward: forwards of later
+        // micro-batches run between a micro-batch's forward and its backward).
+        DDPModule* ddp = stages_[li].ddp.get();
+        if (ddp != nullptr) ddp->set_next_backward_sync(k == last_backward[li]);
+        // B of a split backward leaves linear layers' weight gradients to W. Not under FSDP or
+        // DDP: their reduce-scatter or all_reduce wants a parameter's whole gradient within one
+        // backward pass.
         const bool split = a.kind == ActionKind::kBackwardInput &&
-                           I.options.defer_weight_gradients && fsdp[li] == nullptr;
+                           I.options.defer_weight_gradients && fsdp[li] == nullptr &&
+                           ddp == nullptr;
         if (split) st.weight_grads = std::make_shared<DeferredWeightGrads>();
         {
           const DeferWeightGradsGuard defer(split ? st.weight_grads.get() : nullptr);

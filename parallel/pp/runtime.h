@@ -31,8 +31,13 @@
 // DeferWeightGradsGuard (tensor/deferred_grad.h), so linear layers (attention and MLP
 // projections, the LM head) compute their input gradients and queue their weight and bias
 // gradients; W computes those and accumulates them, then releases the micro-batch's saved state.
-// Embeddings and norms still get their (cheap) weight gradients in B. FSDP stages, and
-// defer_weight_gradients = false, run the whole backward in B (W then only releases).
+// Embeddings and norms still get their (cheap) weight gradients in B. FSDP and DDP stages, and
+// defer_weight_gradients = false, run the whole backward in B (W then only releases): their
+// gradient communication wants each gradient complete within one backward pass.
+//
+// Data parallelism inside stages: fully_shard over dp_shard, or over a (dp_replicate, dp_shard)
+// mesh (HSDP), before the runtime is made; or replicate() (DDP) with the handle in LocalStage.
+// Either way a stage's gradients are communicated once per step, in its last backward.
 //
 // Thread-safety: one thread per rank calls step(). Ownership: the runtime shares the stage
 // modules and the groups.
@@ -48,14 +53,21 @@
 #include "tessel/nn/module.h"
 #include "tessel/parallel/pp/schedule.h"
 
+namespace tessel {
+class DDPModule;  // tessel/parallel/fsdp/ddp.h
+}  // namespace tessel
+
 namespace tessel::pp {
 
 // A stage this rank runs: its index in the pipeline (s % p == rank) and its module. The module
 // maps the previous stage's output (stage 0: the micro-batch's inputs) to its own output (the
-// last stage: what the loss reads).
+// last stage: what the loss reads). `ddp`: the handle replicate() returned for the module when
+// the stage is replicated over data-parallel ranks (DDP); the runtime then averages its
+// gradients once per step, in the stage's last backward, and runs its whole backward in B.
 struct LocalStage {
   int stage = 0;
   std::shared_ptr<nn::Module> module;
+  std::shared_ptr<DDPModule> ddp = nullptr;
 };
 
 // The loss of one micro-batch: (last stage's output, targets) -> a scalar mean.
@@ -72,16 +84,16 @@ struct PipelineOptions {
   int recv_lookahead = 2;
   // Per point-to-point call; 0: the group's default.
   Nanoseconds timeout{0};
-  // Stages under fully_shard (over a data-parallel mesh dimension, applied before the runtime
-  // is made): true gathers each stage's parameters once per step for all its micro-batches
-  // (issued at the start of the step, freed after the stage's last backward); false gathers
-  // them per micro-batch as FSDP does by default (less memory, more all_gathers). Either way
-  // the gradients accumulate unsharded and are reduce-scattered once per step, in the stage's
+  // Stages under fully_shard (over dp_shard, or (dp_replicate, dp_shard) for HSDP, applied
+  // before the runtime is made): true gathers each stage's parameters once per step for all its
+  // micro-batches (issued at the start of the step, freed after the stage's last backward); false
+  // gathers them per micro-batch as FSDP does by default (less memory, more all_gathers). Either
+  // way the gradients accumulate unsharded and are reduce-scattered once per step, in the stage's
   // last backward.
   bool fsdp_gather_once_per_step = true;
   // Zero-bubble schedules (B and W actions): B computes input gradients only and W the linear
   // layers' weight gradients. false: B runs the whole backward, W only frees saved state.
-  // Stages under fully_shard always run the whole backward in B.
+  // Stages under fully_shard or replicate always run the whole backward in B.
   bool defer_weight_gradients = true;
   // For tests only: fault injection (tests/parallel/pp_hang_test.cc) and a modeled clock per
   // action (pp_bubble_memory_test.cc); leave both unset in a real run. before_action runs before
