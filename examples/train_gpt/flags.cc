@@ -46,6 +46,8 @@ void add_flags(CLI::App& app, Flags& f) {
   add_moe_flags(app, f);
   app.add_option("--kv-heads", f.kv_heads, "llama: key/value heads, dividing --heads (0: --heads)")
       ->check(integer_at_least(0));
+  app.add_flag("--tie-embeddings", f.tie_embeddings,
+               "llama: the LM head shares the token embedding's weight");
   app.add_option("--init-hf", f.init_hf,
                  "start from this Hugging Face folder (its config.json sets the model)");
   app.add_option("--export-hf", f.export_hf,
@@ -109,12 +111,16 @@ std::string model_config_str(const Flags& f) {
   std::string s =
       fmt::format("layers={} heads={} embd={} context={}", f.layers, f.heads, f.embd, f.seq);
   if (f.model != "gpt") s += fmt::format(" model={} kv_heads={}", f.model, f.kv_heads);
+  if (f.tie_embeddings) s += " tied";
   if (f.model == "llama-moe") s += fmt::format(" experts={} top_k={}", f.experts, f.experts_top_k);
   if (!f.init_hf.empty()) s += " init_hf=" + f.init_hf;
   return s;
 }
 
 void check_flags(const Flags& f) {
+  TESSEL_CHECK(!f.tie_embeddings || (f.model == "llama" && f.init_hf.empty()), InvalidArgument,
+               "--tie-embeddings applies to --model llama without --init-hf (the GPT always "
+               "ties; a Hugging Face folder's config.json says)");
   TESSEL_CHECK(f.embd % f.heads == 0, InvalidArgument,
                "--embd {} does not split over --heads {}: expected a multiple of {}", f.embd,
                f.heads, f.heads);

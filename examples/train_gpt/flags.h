@@ -17,14 +17,15 @@ struct Flags {
   int64_t layers = 3;
   int64_t heads = 4;
   int64_t embd = 96;
-  std::string model = "gpt";  // gpt, llama or llama-moe
-  int64_t kv_heads = 0;       // llama: K/V heads (0: --heads)
-  int64_t experts = 8;        // llama-moe: routed experts per MoE layer (moe.h)
-  int64_t experts_top_k = 2;  // llama-moe: experts per token
-  int64_t ep = 1;             // llama-moe: expert-parallel ranks, carved from --dp-shard
-  std::string init_hf;        // start from this Hugging Face folder
-  std::string export_hf;      // write the trained model here in Hugging Face's format
-  bool model_given = false;   // --model was on the command line (--init-hf's config must agree)
+  std::string model = "gpt";    // gpt, llama or llama-moe
+  int64_t kv_heads = 0;         // llama: K/V heads (0: --heads)
+  bool tie_embeddings = false;  // llama: the LM head shares the token embedding
+  int64_t experts = 8;          // llama-moe: routed experts per MoE layer (moe.h)
+  int64_t experts_top_k = 2;    // llama-moe: experts per token
+  int64_t ep = 1;               // llama-moe: expert-parallel ranks, carved from --dp-shard
+  std::string init_hf;          // start from this Hugging Face folder
+  std::string export_hf;        // write the trained model here in Hugging Face's format
+  bool model_given = false;     // --model was on the command line (--init-hf's config must agree)
   double lr = 3e-3;
   double min_lr = 3e-4;
   int64_t warmup = 20;

@@ -76,7 +76,8 @@ ModelSpec model_spec(const Flags& f, int64_t data_vocab) {
               .n_head = f.heads,
               .n_embd = f.embd,
               .seed = f.seed};
-  // A tiny Llama: Meta's MLP size rule rounded to 32, plain RoPE at theta 10000, untied.
+  // A tiny Llama: Meta's MLP size rule rounded to 32, plain RoPE at theta 10000, untied unless
+  // --tie-embeddings.
   spec.llama.vocab_size = data_vocab;
   spec.llama.dim = f.embd;
   spec.llama.n_layers = f.layers;
@@ -86,6 +87,7 @@ ModelSpec model_spec(const Flags& f, int64_t data_vocab) {
   spec.llama.rope_theta = 10000.0;
   spec.llama.max_seq_len = f.seq;
   spec.llama.seed = f.seed;
+  spec.llama.tie_word_embeddings = f.tie_embeddings;
   if (f.model == "llama-moe") spec.llama.moe = moe_config(f);
   return spec;
 }

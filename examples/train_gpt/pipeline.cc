@@ -11,6 +11,7 @@
 
 #include "data.h"
 #include "layout.h"
+#include "model.h"
 #include "tessel/base/error.h"
 #include "tessel/base/launch_env.h"
 #include "tessel/collectives/init.h"
@@ -20,8 +21,10 @@
 #include "tessel/nn/optim/adamw.h"
 #include "tessel/nn/optim/schedule.h"
 #include "tessel/parallel/checkpoint/checkpoint.h"
+#include "tessel/parallel/fsdp/ddp.h"
 #include "tessel/parallel/fsdp/fsdp.h"
 #include "tessel/parallel/pp/gpt_stage.h"
+#include "tessel/parallel/pp/llama_stage.h"
 #include "tessel/parallel/pp/runtime.h"
 #include "tessel/parallel/pp/schedule_generate.h"
 #include "tessel/parallel/pp/stage_layout.h"
@@ -65,10 +68,11 @@ void check_pipeline_flags(const Flags& f, const PipelineFlags& p) {
     TESSEL_CHECK(!bad, InvalidArgument, "--pp {} with {}: not supported yet (docs/training.md)",
                  p.pp, flag);
   };
-  unsupported(f.model != "gpt", "--model " + f.model);
+  unsupported(f.model != "gpt" && f.model != "llama", "--model " + f.model);
   unsupported(f.sequence_parallel, "--sequence-parallel");
-  unsupported(f.ddp, "--ddp");
-  unsupported(f.dp_replicate > 1, "--dp-replicate");
+  unsupported(f.model == "llama" && f.tp > 1, "--model llama and --tp");
+  unsupported(f.model == "llama" && p.layout == "balanced",
+              "--model llama and --pp-layout balanced");
   unsupported(!f.init_hf.empty() || !f.export_hf.empty(), "--init-hf / --export-hf");
   unsupported(f.generate, "--generate");
   unsupported(f.grad_accum > 1, "--grad-accum (use --microbatches)");
@@ -84,6 +88,23 @@ void check_pipeline_flags(const Flags& f, const PipelineFlags& p) {
   TESSEL_CHECK(env.world_size % (p.pp * f.tp) == 0, InvalidArgument,
                "--pp {} x --tp {} does not divide the {} ranks the launcher started", p.pp, f.tp,
                env.world_size);
+  const int64_t dp = env.world_size / (p.pp * f.tp);
+  TESSEL_CHECK(!f.ddp || (f.tp == 1 && f.dp_replicate == 1), InvalidArgument,
+               "--pp {} --ddp replicates each stage over the other ranks; drop --tp and "
+               "--dp-replicate (or use --dp-replicate for HSDP instead of --ddp)",
+               p.pp);
+  TESSEL_CHECK(dp % f.dp_replicate == 0, InvalidArgument,
+               "--dp-replicate {} does not divide the {} data-parallel ranks left by --pp {} x "
+               "--tp {} of {}",
+               f.dp_replicate, dp, p.pp, f.tp, env.world_size);
+  TESSEL_CHECK(f.batch % dp != 0 || f.batch / dp % m == 0, InvalidArgument,
+               "--batch {} gives each of the {} data-parallel ranks {} rows, which --microbatches "
+               "{} does not divide; use a --batch of a multiple of {}",
+               f.batch, dp, f.batch / dp, m, dp * m);
+  TESSEL_CHECK(f.dp_shard < 0 || f.ddp || f.dp_shard * f.dp_replicate == dp, InvalidArgument,
+               "--dp-shard {}: with --pp {}, --tp {} and --dp-replicate {} of {} ranks, the "
+               "stages shard over {}; leave --dp-shard out",
+               f.dp_shard, p.pp, f.tp, f.dp_replicate, env.world_size, dp / f.dp_replicate);
   // The schedule and the layout fail here, before any rank starts, when they cannot work.
   const auto schedule = pp::make_schedule(p.schedule, static_cast<int>(p.pp), static_cast<int>(m),
                                           static_cast<int>(virtual_stages(p)));
@@ -100,20 +121,22 @@ int run_pipeline(const Flags& f, const PipelineFlags& p) {
   std::shared_ptr<ProcessGroup> world = init_process_group({.device = Device::cpu()});
   const int64_t tp = f.tp;
   const int64_t dp = world->size() / (P * tp);
-  DeviceMesh mesh = init_device_mesh(world, {P, dp, tp}, {"pp", "dp_shard", "tp"});
+  // Data parallelism inside the stages: FSDP over dp_shard, HSDP over (dp_replicate, dp_shard),
+  // or DDP (every dp rank a replica).
+  const int64_t replicas = f.ddp ? dp : f.dp_replicate;
+  const int64_t shards = dp / replicas;
+  DeviceMesh mesh =
+      init_device_mesh(world, {P, replicas, shards, tp}, {"pp", "dp_replicate", "dp_shard", "tp"});
   const int stage_rank = static_cast<int>(mesh.local_rank("pp"));
-  const int dp_rank = static_cast<int>(mesh.local_rank("dp_shard"));
+  const int dp_rank =
+      static_cast<int>(mesh.local_rank("dp_replicate") * shards + mesh.local_rank("dp_shard"));
   const bool lead = world->rank() == 0;
 
   // Every rank of a pipeline (and of a tp group) reads its dp column's rows: stage 0 takes the
   // tokens, the last stage the targets.
   TrainingData data(f, dp_rank, dp);
-  const nn::GptConfig cfg{.vocab_size = data.vocab_size(),
-                          .block_size = f.seq,
-                          .n_layer = f.layers,
-                          .n_head = f.heads,
-                          .n_embd = f.embd,
-                          .seed = f.seed};
+  const ModelSpec spec = model_spec(f, data.vocab_size());
+  const nn::GptConfig& cfg = spec.gpt;
   const pp::PipelineSchedule schedule =
       pp::make_schedule(p.schedule, P, m, static_cast<int>(virtual_stages(p)));
   const int S = schedule.num_stages;
@@ -122,13 +145,33 @@ int run_pipeline(const Flags& f, const PipelineFlags& p) {
                                   : p.layout == "balanced"
                                       ? pp::balanced_layout(pp::gpt_layer_costs(cfg, f.seq), S)
                                       : pp::parse_layout(p.layout, L, S);
-  auto stages = pp::make_gpt_stages(cfg, layout, stage_rank, P);
+  std::vector<std::shared_ptr<nn::Module>> stages;
+  std::vector<int> stage_index;
+  if (spec.is_llama) {
+    for (auto& s : pp::make_llama_stages(spec.llama, layout, stage_rank, P)) {
+      stages.push_back(s);
+      stage_index.push_back(s->stage());
+    }
+  } else {
+    for (auto& s : pp::make_gpt_stages(cfg, layout, stage_rank, P)) {
+      // Tensor parallelism inside the stage first, then data parallelism.
+      if (tp > 1) parallelize_module(*s, mesh["tp"], pp::gpt_stage_tp_plan(*s));
+      stages.push_back(s);
+      stage_index.push_back(s->stage());
+    }
+  }
   std::vector<pp::LocalStage> local;
-  for (auto& s : stages) {
-    // Tensor parallelism inside the stage first, then FSDP over dp_shard.
-    if (tp > 1) parallelize_module(*s, mesh["tp"], pp::gpt_stage_tp_plan(*s));
-    if (dp > 1) fully_shard(*s, mesh["dp_shard"]);
-    local.push_back({s->stage(), s});
+  for (size_t i = 0; i < stages.size(); ++i) {
+    pp::LocalStage st{stage_index[i], stages[i]};
+    if (f.ddp && dp > 1) {
+      const DeviceMesh dp_mesh = mesh.flatten({"dp_replicate", "dp_shard"}, "dp");
+      st.ddp = std::make_shared<DDPModule>(replicate(*stages[i], dp_mesh, {.dim = "dp"}));
+    } else if (replicas > 1) {
+      fully_shard(*stages[i], mesh.slice({"dp_replicate", "dp_shard"}));
+    } else if (dp > 1) {
+      fully_shard(*stages[i], mesh["dp_shard"]);
+    }
+    local.push_back(st);
   }
 
   nn::optim::AdamW* opt = nullptr;
@@ -137,19 +180,21 @@ int run_pipeline(const Flags& f, const PipelineFlags& p) {
   // With --tp the last stage's logits are split by vocabulary.
   const DeviceMesh tp_mesh = mesh["tp"];
   const int64_t vocab = cfg.vocab_size;
-  pp::PipelineLoss loss = nn::GPT::loss;
+  pp::PipelineLoss loss = lm_loss;
   if (tp > 1) {
     loss = [tp_mesh, vocab](const Tensor& logits, const Tensor& y) {
       return loss_parallel_cross_entropy(logits, y, tp_mesh, vocab);
     };
   }
-  pp::PipelineRuntime runtime(mesh.group("pp"), schedule, local, loss,
-                              {.on_step =
-                                   [&] {
-                                     norm = pp::clip_grad_norm(*runtime_ptr, f.clip);
-                                     opt->step();
-                                   },
-                               .tied_parameters = pp::gpt_tied_parameters()});
+  pp::PipelineRuntime runtime(
+      mesh.group("pp"), schedule, local, loss,
+      {.on_step =
+           [&] {
+             norm = pp::clip_grad_norm(*runtime_ptr, f.clip);
+             opt->step();
+           },
+       .tied_parameters =
+           spec.is_llama ? pp::llama_tied_parameters(spec.llama) : pp::gpt_tied_parameters()});
   runtime_ptr = &runtime;
   nn::optim::AdamW adamw(runtime.parameters(),
                          {.lr = f.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = f.weight_decay});
@@ -183,10 +228,15 @@ int run_pipeline(const Flags& f, const PipelineFlags& p) {
     }
   }
   if (lead) {
+    const std::string data_parallel =
+        f.ddp          ? fmt::format("{} ddp", dp)
+        : replicas > 1 ? fmt::format("{} dp_replicate x {} dp_shard", replicas, shards)
+                       : fmt::format("{} dp_shard", dp);
     fmt::print(
-        "train_gpt: pipeline of {} ranks x {} dp_shard x {} tp, schedule {} ({} stages, {} "
-        "micro-batches of {} rows), layout {}; data {}\n",
-        P, dp, tp, schedule.name, S, m, f.batch / m, pp::format_layout(layout), data.description());
+        "train_gpt: pipeline of {} ranks x {} x {} tp, schedule {} ({} stages, {} "
+        "micro-batches of {} rows), layout {}; {}{}; data {}\n",
+        P, data_parallel, tp, schedule.name, S, m, f.batch / m, pp::format_layout(layout),
+        spec.is_llama ? "" : "gpt ", spec.describe(), data.description());
     std::fflush(stdout);
   }
   std::ofstream json;

@@ -1,5 +1,7 @@
-// train_gpt --pp N: the GPT split into pipeline stages over N ranks (tessel/parallel/pp), with
-// FSDP over the remaining ranks (dp_shard = world / N), trained by the pipeline runtime.
+// train_gpt --pp N: the GPT or the Llama split into pipeline stages over N ranks
+// (tessel/parallel/pp), with data parallelism over the remaining ranks inside each stage (FSDP
+// over dp_shard = world / (N x tp); HSDP with --dp-replicate; DDP with --ddp) and, for the GPT,
+// tensor parallelism over --tp, trained by the pipeline runtime.
 #pragma once
 
 #include <CLI/CLI.hpp>

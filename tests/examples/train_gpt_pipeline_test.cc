@@ -136,9 +136,9 @@ TEST_F(TrainGptPipelineTest, CheckpointsResumeOnOtherPipelineDegrees) {
 }
 
 TEST_F(TrainGptPipelineTest, UnsupportedFlagsAreNamed) {
-  Result llama = run(on_four_ranks(), {"--pp", "2", "--model", "llama"});
+  Result llama = run(on_four_ranks(), {"--pp", "2", "--model", "llama-moe"});
   EXPECT_NE(llama.status, 0);
-  EXPECT_NE((llama.out + llama.err).find("--pp 2 with --model llama: not supported yet"),
+  EXPECT_NE((llama.out + llama.err).find("--pp 2 with --model llama-moe: not supported yet"),
             std::string::npos)
       << llama.out << llama.err;
   Result batch = run(on_four_ranks(), {"--pp", "2", "--batch", "6", "--microbatches", "4"});
