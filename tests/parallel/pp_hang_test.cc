@@ -42,7 +42,9 @@ constexpr int kRanks = 3;
 constexpr int kMicrobatches = 3;
 constexpr int64_t kRows = 2;  // per micro-batch
 constexpr int64_t kSeq = 8;
-constexpr Nanoseconds kTimeout = 1500ms;
+// Long enough that a healthy stage never times out before the fault on a loaded machine (a
+// stage waits for its neighbours' compute; a 1.5 s bound failed once at load average 14).
+constexpr Nanoseconds kTimeout = 3000ms;
 
 nn::GptConfig tiny_config() {
   return {.vocab_size = 64, .block_size = kSeq, .n_layer = 3, .n_head = 2, .n_embd = 16, .seed = 7};
