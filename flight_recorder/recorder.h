@@ -275,8 +275,9 @@ class FlightRecorder {
   // user_span entry born started (enqueued = started = now); returns its record id (0 when
   // disabled). end_span(id) completes it now; a span timed on a device stream is completed
   // with completed(id, device_time) instead (collectives/compute_span.h does both). Costs what
-  // a blocking collective's record does; spans are not operations of any group, and the
-  // analyzer leaves them out of its verdicts.
+  // a blocking collective's record does; spans are not operations of any group: the analyzer
+  // never blames or clears a rank by them, but places a rank still inside one in that span
+  // ("in compute: F mb1 s1 for 2.1s").
   uint64_t begin_span(std::string_view text) noexcept;
   void end_span(uint64_t record_id) noexcept { completed(record_id); }
   // State transitions; a no-op for an id whose slot has since been overwritten.
