@@ -32,10 +32,10 @@ const nn::GptConfig kConfig{
 constexpr int kWorld = 4;
 
 TEST(FsdpTraceTest, AllGathersOverlapBlockComputeInTheExportedTrace) {
-  // Every call takes 2 ms: longer than the gap between a prefetch starting and the compute it
+  // Every call takes 10 ms: longer than the gap between a prefetch starting and the compute it
   // hides behind, shorter than the test's patience.
   auto pg = fake::create_process_group(0, kWorld,
-                                       fake::FakeOptions{.latency = std::chrono::milliseconds(2)});
+                                       fake::FakeOptions{.latency = std::chrono::milliseconds(10)});
   const DeviceMesh mesh = init_device_mesh(pg, {kWorld}, {"dp"});
   const std::unique_ptr<nn::GPT> gpt = testing::sharded_gpt(kConfig, mesh, Device::cpu());
   auto step = [&] {
@@ -43,37 +43,44 @@ TEST(FsdpTraceTest, AllGathersOverlapBlockComputeInTheExportedTrace) {
     backward(nn::GPT::loss((*gpt)(x), x));
   };
   step();  // records the forward order: prefetching starts with the next step
-  const uint64_t since = fr::FlightRecorder::global().recorded();
-  step();
 
-  const std::vector<TraceSlice> slices = testing::exported_slices(since, 0, kWorld);
-  std::vector<std::string> spans;
-  for (const TraceSlice& s : slices) {
-    if (s.category != "user_span") continue;
-    EXPECT_EQ(s.track.rfind("compute", 0), 0u) << s.name << " on " << s.track;
-    EXPECT_GE(s.end_us, s.begin_us) << s.name;
-    spans.push_back(s.name);
-  }
-  std::sort(spans.begin(), spans.end());
-  std::vector<std::string> expected = {"fsdp backward (root)", "fsdp forward (root)"};
-  for (int i = 0; i < kConfig.n_layer; ++i) {
-    expected.push_back(fmt::format("fsdp backward transformer.h.{}", i));
-    expected.push_back(fmt::format("fsdp forward transformer.h.{}", i));
-  }
-  std::sort(expected.begin(), expected.end());
-  EXPECT_EQ(spans, expected);  // one of each, none pending
-
-  const std::vector<std::string> overlaps = gathers_during_block_compute(slices);
-  auto during = [&](std::string_view pass) {
-    return std::count_if(overlaps.begin(), overlaps.end(), [&](const std::string& o) {
-      return o.find(fmt::format("during fsdp {} transformer.h.", pass)) != std::string::npos;
-    });
-  };
+  // Overlap is seen in wall time: on a machine so loaded that this thread is descheduled for
+  // the whole of a prefetch, one step can show none. Up to three steps; one must show both.
   std::string listed;
-  for (const std::string& o : overlaps) listed += "\n  " + o;
-  std::printf("all_gathers during block compute:%s\n", listed.c_str());
-  EXPECT_GE(during("forward"), 1) << "overlaps found:" << listed;
-  EXPECT_GE(during("backward"), 1) << "overlaps found:" << listed;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const uint64_t since = fr::FlightRecorder::global().recorded();
+    step();
+    const std::vector<TraceSlice> slices = testing::exported_slices(since, 0, kWorld);
+    std::vector<std::string> spans;
+    for (const TraceSlice& s : slices) {
+      if (s.category != "user_span") continue;
+      EXPECT_EQ(s.track.rfind("compute", 0), 0u) << s.name << " on " << s.track;
+      EXPECT_GE(s.end_us, s.begin_us) << s.name;
+      spans.push_back(s.name);
+    }
+    std::sort(spans.begin(), spans.end());
+    std::vector<std::string> expected = {"fsdp backward (root)", "fsdp forward (root)"};
+    for (int i = 0; i < kConfig.n_layer; ++i) {
+      expected.push_back(fmt::format("fsdp backward transformer.h.{}", i));
+      expected.push_back(fmt::format("fsdp forward transformer.h.{}", i));
+    }
+    std::sort(expected.begin(), expected.end());
+    EXPECT_EQ(spans, expected);  // one of each, none pending
+
+    const std::vector<std::string> overlaps = gathers_during_block_compute(slices);
+    auto during = [&](std::string_view pass) {
+      return std::count_if(overlaps.begin(), overlaps.end(), [&](const std::string& o) {
+        return o.find(fmt::format("during fsdp {} transformer.h.", pass)) != std::string::npos;
+      });
+    };
+    listed.clear();
+    for (const std::string& o : overlaps) listed += "\n  " + o;
+    std::printf("step %d: all_gathers during block compute:%s\n", attempt + 2, listed.c_str());
+    if (during("forward") >= 1 && during("backward") >= 1) return;
+  }
+  ADD_FAILURE() << "no step of three had an all_gather running during both a block's forward "
+                   "and a block's backward; the last step's overlaps:"
+                << listed;
 }
 
 }  // namespace
