@@ -29,31 +29,8 @@ class TrainGptLlamaTest : public TrainGptRunTest {
 
   // A tiny Llama on the bundled corpus, `steps` steps, logged to `log`.
   std::vector<std::string> training(int steps, const std::string& log,
-                                    std::vector<std::string> more = {}) const {
-    std::vector<std::string> args = {"--threads",    "1",
-                                     "--steps",      std::to_string(steps),
-                                     "--batch",      "8",
-                                     "--seq",        "32",
-                                     "--layers",     "2",
-                                     "--embd",       "32",
-                                     "--heads",      "4",
-                                     "--sample",     "0",
-                                     "--log-every",  "10",
-                                     "--log-json",   log,
-                                     "--checkpoint", (dir_ / (log + ".safetensors")).string()};
-    args.insert(args.end(), more.begin(), more.end());
-    return args;
-  }
-
-  // step -> loss of a --log-json file.
-  std::map<int, double> losses(const std::string& name) const {
-    std::map<int, double> out;
-    std::ifstream in(dir_ / name);
-    for (std::string line; std::getline(in, line);) {
-      const auto j = nlohmann::json::parse(line);
-      if (j.contains("loss")) out[j["step"].get<int>()] = j["loss"].get<double>();
-    }
-    return out;
+                                    const std::vector<std::string>& more = {}) const {
+    return tiny_training(steps, 2, log, more);
   }
 
   void expect_same_losses(const std::string& got_log, const std::string& want_log, size_t steps) {

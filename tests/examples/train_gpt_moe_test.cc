@@ -38,20 +38,10 @@ class TrainGptMoeTest : public TrainGptRunTest {
 
   // A tiny MoE Llama (8 experts, top-2) on the bundled corpus, logged to `log`.
   std::vector<std::string> training(int steps, const std::string& log,
-                                    std::vector<std::string> more = {}) const {
-    std::vector<std::string> args = {"--model",      "llama-moe",
-                                     "--threads",    "1",
-                                     "--steps",      std::to_string(steps),
-                                     "--batch",      "8",
-                                     "--seq",        "32",
-                                     "--layers",     "2",
-                                     "--embd",       "32",
-                                     "--heads",      "4",
-                                     "--sample",     "0",
-                                     "--log-every",  "10",
-                                     "--log-json",   log,
-                                     "--checkpoint", (dir_ / (log + ".st")).string()};
-    args.insert(args.end(), more.begin(), more.end());
+                                    const std::vector<std::string>& more = {}) const {
+    std::vector<std::string> args = {"--model", "llama-moe"};
+    const std::vector<std::string> tiny = tiny_training(steps, 2, log, more);
+    args.insert(args.end(), tiny.begin(), tiny.end());
     return args;
   }
 

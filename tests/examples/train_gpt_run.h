@@ -11,8 +11,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
+
+#include "tests/examples/train_gpt_log.h"
 
 namespace train_gpt_test {
 
@@ -57,6 +60,28 @@ class TrainGptRunTest : public ::testing::Test {
     r.err = slurp(dir_ / "err.txt");
     return r;
   }
+
+  // The tiny model the train_gpt tests train: `layers` blocks of width 32 with 4 heads, batches
+  // of 8 x 32 on one thread, `steps` steps logged to `log` in the scratch folder; then `more`.
+  std::vector<std::string> tiny_training(int steps, int layers, const std::string& log,
+                                         const std::vector<std::string>& more = {}) const {
+    std::vector<std::string> args = {"--threads",    "1",
+                                     "--steps",      std::to_string(steps),
+                                     "--batch",      "8",
+                                     "--seq",        "32",
+                                     "--layers",     std::to_string(layers),
+                                     "--embd",       "32",
+                                     "--heads",      "4",
+                                     "--sample",     "0",
+                                     "--log-every",  "10",
+                                     "--log-json",   log,
+                                     "--checkpoint", (dir_ / (log + ".st")).string()};
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  }
+
+  // step -> loss of the --log-json file `log` in the scratch folder.
+  std::map<int, double> losses(const std::string& log) const { return logged_losses(dir_ / log); }
 
   static std::string on_four_ranks() {
     return fmt::format("'{}' --standalone --nproc-per-node 4 '{}'", TESSEL_RUN_PATH,
