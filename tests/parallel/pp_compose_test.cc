@@ -27,54 +27,26 @@
 #include "tessel/parallel/pp/stage_layout.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
+#include "tests/parallel/pp_checks.h"
 
 namespace tessel::pp {
 namespace {
 
 constexpr int kSteps = 6;
-constexpr int64_t kBatch = 8;
-constexpr int64_t kSeq = 8;
-constexpr double kMaxNorm = 1.0;
 // Relative, per step: micro-batch and data-parallel gradients are summed in another order.
 constexpr double kTolerance = 2e-4;
 
-nn::GptConfig tiny_config() {
-  return {.vocab_size = 64, .block_size = kSeq, .n_layer = 4, .n_head = 2, .n_embd = 16, .seed = 7};
-}
+nn::GptConfig tiny_config() { return testing::tiny_gpt(4); }
 
-nn::optim::AdamWOptions adamw_options() { return {.lr = 1e-2, .weight_decay = 0.1}; }
-
-// Step i's batch: rows of a repeating pattern the model can learn, so the loss moves.
-std::pair<Tensor, Tensor> batch(int step) {
-  std::vector<int64_t> tokens, targets;
-  for (int64_t b = 0; b < kBatch; ++b) {
-    for (int64_t t = 0; t <= kSeq; ++t) {
-      const int64_t v = (step * 5 + b * 3 + t * (b % 3 + 1)) % 64;
-      if (t < kSeq) tokens.push_back(v);
-      if (t > 0) targets.push_back(v);
-    }
-  }
-  return {from_vector<int64_t>(tokens, {kBatch, kSeq}),
-          from_vector<int64_t>(targets, {kBatch, kSeq})};
-}
+using testing::adamw_options;
+using testing::batch;
+using testing::kBatch;
+using testing::kMaxNorm;
+using testing::kSeq;
 
 // One process, the whole model, the whole batch.
 const std::vector<double>& reference_losses() {
-  static const std::vector<double> losses = [] {
-    nn::GPT model(tiny_config());
-    nn::optim::AdamW opt(model.parameters(), adamw_options());
-    std::vector<double> out;
-    for (int step = 0; step < kSteps; ++step) {
-      auto [x, y] = batch(step);
-      model.zero_grad();
-      Tensor loss = nn::GPT::loss(model(x), y);
-      tessel::backward(loss);
-      nn::optim::clip_grad_norm(model.parameters(), kMaxNorm);
-      opt.step();
-      out.push_back(item(loss));
-    }
-    return out;
-  }();
+  static const std::vector<double> losses = testing::one_process_losses(tiny_config(), kSteps);
   return losses;
 }
 

@@ -35,23 +35,23 @@
 #include "tessel/parallel/tp/loss.h"
 #include "tessel/tensor/autograd.h"
 #include "tessel/tensor/ops.h"
+#include "tests/parallel/pp_checks.h"
 
 namespace tessel::pp {
 namespace {
 
 constexpr int kSteps = 20;
-constexpr int64_t kBatch = 8;
-constexpr int64_t kSeq = 8;
-constexpr double kMaxNorm = 1.0;
 // Relative, per step: the pipeline sums micro-batch gradients where one process takes the
 // whole batch's, so f32 sums run in another order.
 constexpr double kTolerance = 2e-4;
 
-nn::GptConfig tiny_config() {
-  return {.vocab_size = 64, .block_size = kSeq, .n_layer = 6, .n_head = 2, .n_embd = 16, .seed = 7};
-}
+nn::GptConfig tiny_config() { return testing::tiny_gpt(6); }
 
-nn::optim::AdamWOptions adamw_options() { return {.lr = 1e-2, .weight_decay = 0.1}; }
+using testing::adamw_options;
+using testing::batch;
+using testing::kBatch;
+using testing::kMaxNorm;
+using testing::kSeq;
 
 // A pipeline runtime whose STEP clips over every stage and steps the AdamW it owns, as a
 // training loop sets one up.
@@ -83,37 +83,9 @@ std::vector<LocalStage> local_stages(const std::vector<std::shared_ptr<Stage>>& 
   return local;
 }
 
-// Step i's batch: rows of a repeating pattern the model can learn, so the loss moves.
-std::pair<Tensor, Tensor> batch(int step) {
-  std::vector<int64_t> tokens, targets;
-  for (int64_t b = 0; b < kBatch; ++b) {
-    for (int64_t t = 0; t <= kSeq; ++t) {
-      const int64_t v = (step * 5 + b * 3 + t * (b % 3 + 1)) % 64;
-      if (t < kSeq) tokens.push_back(v);
-      if (t > 0) targets.push_back(v);
-    }
-  }
-  return {from_vector<int64_t>(tokens, {kBatch, kSeq}),
-          from_vector<int64_t>(targets, {kBatch, kSeq})};
-}
-
 // One process, the whole model, the whole batch: the losses every pipeline must match.
 const std::vector<double>& reference_losses() {
-  static const std::vector<double> losses = [] {
-    nn::GPT model(tiny_config());
-    nn::optim::AdamW opt(model.parameters(), adamw_options());
-    std::vector<double> out;
-    for (int step = 0; step < kSteps; ++step) {
-      auto [x, y] = batch(step);
-      model.zero_grad();
-      Tensor loss = nn::GPT::loss(model(x), y);
-      tessel::backward(loss);
-      nn::optim::clip_grad_norm(model.parameters(), kMaxNorm);
-      opt.step();
-      out.push_back(item(loss));
-    }
-    return out;
-  }();
+  static const std::vector<double> losses = testing::one_process_losses(tiny_config(), kSteps);
   return losses;
 }
 
